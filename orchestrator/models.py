@@ -1,0 +1,167 @@
+"""SQLAlchemy 2 typed models (the schema lives in Alembic migrations).
+
+Tables: ``experiments``, ``runs`` (one row per run, its full resolved
+configuration and state), ``run_metrics`` (summary numbers, one row per metric
+name), ``run_samples`` (the ``/metrics`` time series), ``run_requests``
+(per-request client timings) and ``run_logs`` (the whole engine log).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    func,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+JSONType = JSON().with_variant(JSONB(), "postgresql")
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Experiment(Base):
+    __tablename__ = "experiments"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(200))
+    description: Mapped[str | None] = mapped_column(Text)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    model_id: Mapped[str] = mapped_column(String(500))
+    model_digest: Mapped[str] = mapped_column(String(64))
+    request_list_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    runs: Mapped[list[Run]] = relationship(
+        back_populates="experiment", order_by="Run.position", lazy="selectin"
+    )
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    __table_args__ = (
+        Index("ix_runs_status_created", "status", "created_at"),
+        Index("ix_runs_experiment_position", "experiment_id", "position"),
+        CheckConstraint(
+            "status IN ('queued', 'preparing', 'running', 'succeeded', 'failed', "
+            "'cancelled', 'blocked')",
+            name="status_valid",
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    experiment_id: Mapped[str] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), index=False
+    )
+    name: Mapped[str] = mapped_column(String(200))
+    position: Mapped[int] = mapped_column(Integer)
+    is_baseline: Mapped[bool] = mapped_column(Boolean, default=False)
+    reference_run_id: Mapped[str | None] = mapped_column(String(36))
+    changes: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+
+    status: Mapped[str] = mapped_column(String(20), default="queued")
+    status_reason: Mapped[str | None] = mapped_column(Text)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    claimed_by: Mapped[str | None] = mapped_column(String(100))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    progress: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    engine_args: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    explicit_engine_args: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    layout: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    workload: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    model_id: Mapped[str] = mapped_column(String(500))
+    model_path: Mapped[str] = mapped_column(Text)
+    model_digest: Mapped[str] = mapped_column(String(64))
+    max_model_len: Mapped[int | None] = mapped_column(Integer)
+    seed: Mapped[int] = mapped_column(Integer)
+    request_list_hash: Mapped[str] = mapped_column(String(64))
+    vllm_version: Mapped[str | None] = mapped_column(String(100))
+    engine_info: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    timings: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    error: Mapped[str | None] = mapped_column(Text)
+
+    experiment: Mapped[Experiment] = relationship(back_populates="runs")
+
+
+class RunMetric(Base):
+    __tablename__ = "run_metrics"
+
+    run_id: Mapped[str] = mapped_column(
+        ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    value: Mapped[float] = mapped_column(Float)
+
+
+class RunSample(Base):
+    __tablename__ = "run_samples"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    t_s: Mapped[float] = mapped_column(Float)
+    phase: Mapped[str] = mapped_column(String(10))
+    values: Mapped[dict[str, Any]] = mapped_column(JSONType)
+
+
+class RunRequest(Base):
+    __tablename__ = "run_requests"
+
+    run_id: Mapped[str] = mapped_column(
+        ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    request_index: Mapped[int] = mapped_column(Integer)
+    warmup: Mapped[bool] = mapped_column(Boolean)
+    success: Mapped[bool] = mapped_column(Boolean)
+    error: Mapped[str | None] = mapped_column(Text)
+    start_s: Mapped[float] = mapped_column(Float)
+    ttft_s: Mapped[float | None] = mapped_column(Float)
+    tpot_s: Mapped[float | None] = mapped_column(Float)
+    e2el_s: Mapped[float | None] = mapped_column(Float)
+    itl_s: Mapped[list[float]] = mapped_column(JSONType, default=list)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    output_tokens: Mapped[int | None] = mapped_column(Integer)
+
+
+class RunLog(Base):
+    __tablename__ = "run_logs"
+
+    run_id: Mapped[str] = mapped_column(
+        ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    content: Mapped[str] = mapped_column(Text)
