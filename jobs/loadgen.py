@@ -300,9 +300,7 @@ def _percentile_word(p: float) -> str:
     return str(int(p)) if int(p) == p else str(p)
 
 
-def _stats_ms(
-    name: str, values_s: list[float], percentiles: Iterable[float]
-) -> dict[str, float]:
+def _stats_ms(name: str, values_s: list[float], percentiles: Iterable[float]) -> dict[str, float]:
     """``mean_/median_/std_/pNN_{name}_ms`` of ``values_s`` (seconds); {} when empty."""
     if not values_s:
         return {}

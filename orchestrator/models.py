@@ -121,9 +121,7 @@ class Run(Base):
 class RunMetric(Base):
     __tablename__ = "run_metrics"
 
-    run_id: Mapped[str] = mapped_column(
-        ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
-    )
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     name: Mapped[str] = mapped_column(String(100), primary_key=True)
     value: Mapped[float] = mapped_column(Float)
 
@@ -141,9 +139,7 @@ class RunSample(Base):
 class RunRequest(Base):
     __tablename__ = "run_requests"
 
-    run_id: Mapped[str] = mapped_column(
-        ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
-    )
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     seq: Mapped[int] = mapped_column(Integer, primary_key=True)
     request_index: Mapped[int] = mapped_column(Integer)
     warmup: Mapped[bool] = mapped_column(Boolean)
@@ -161,7 +157,5 @@ class RunRequest(Base):
 class RunLog(Base):
     __tablename__ = "run_logs"
 
-    run_id: Mapped[str] = mapped_column(
-        ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
-    )
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     content: Mapped[str] = mapped_column(Text)

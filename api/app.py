@@ -1,0 +1,255 @@
+"""The FastAPI application: ``/api/v1`` routers, ``/healthz``, problem+json, dashboard mount."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.responses import PlainTextResponse
+from fastapi.staticfiles import StaticFiles
+from sqlalchemy import text
+from sqlalchemy.orm import Session, sessionmaker
+
+from api import problems
+from api.schemas import (
+    ExperimentCreated,
+    ExperimentListItem,
+    ExperimentOut,
+    Page,
+    RequestOut,
+    RunBrief,
+    RunMetricsOut,
+    RunOut,
+    SampleOut,
+)
+from orchestrator import service
+from orchestrator.engine_catalog import load_catalog
+from orchestrator.errors import NotFoundError
+from orchestrator.models import Experiment, Run
+from orchestrator.repositories import ExperimentRepository, RunRepository
+from orchestrator.settings import Settings
+from orchestrator.spec import ExperimentSpec
+from orchestrator.states import RunStatus
+
+WEB_DIR = Path(__file__).resolve().parent.parent / "web" / "static"
+
+
+def _session(request: Request) -> Iterator[Session]:
+    factory: sessionmaker[Session] = request.app.state.session_factory
+    session = factory()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def _settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+SessionDep = Annotated[Session, Depends(_session)]
+SettingsDep = Annotated[Settings, Depends(_settings)]
+Limit = Annotated[int, Query(ge=1, le=500)]
+Offset = Annotated[int, Query(ge=0)]
+
+
+def experiment_status(runs: list[Run]) -> str:
+    """Aggregate status: queued, running, succeeded, failed or cancelled."""
+    statuses = {r.status for r in runs}
+    if not statuses or statuses == {RunStatus.QUEUED.value}:
+        return "queued"
+    if statuses & {"queued", "preparing", "running"}:
+        return "running"
+    if statuses == {"succeeded"}:
+        return "succeeded"
+    if statuses & {"failed", "blocked"}:
+        return "failed"
+    return "cancelled"
+
+
+def _run_url(request: Request, run_id: str) -> str:
+    return str(request.url_for("get_run", run_id=run_id))
+
+
+def _run_out(request: Request, run: Run, metrics: dict[str, float] | None = None) -> RunOut:
+    data: dict[str, Any] = {k: getattr(run, k) for k in RunOut.model_fields if hasattr(run, k)}
+    data["url"] = _run_url(request, run.id)
+    data["metrics"] = metrics
+    return RunOut.model_validate(data)
+
+
+def _experiment_out(request: Request, session: Session, exp: Experiment) -> ExperimentOut:
+    metrics = RunRepository(session).metrics_for([r.id for r in exp.runs])
+    return ExperimentOut(
+        id=exp.id,
+        url=str(request.url_for("get_experiment", experiment_id=exp.id)),
+        name=exp.name,
+        description=exp.description,
+        model_id=exp.model_id,
+        model_digest=exp.model_digest,
+        request_list_hash=exp.request_list_hash,
+        created_at=exp.created_at,
+        status=experiment_status(list(exp.runs)),
+        spec=exp.spec,
+        runs=[_run_out(request, r, metrics.get(r.id)) for r in exp.runs],
+    )
+
+
+router = APIRouter(prefix="/api/v1")
+
+
+@router.post("/experiments", status_code=201, response_model=ExperimentCreated)
+def create_experiment(
+    spec: ExperimentSpec, request: Request, session: SessionDep, settings: SettingsDep
+) -> ExperimentCreated:
+    """Validate and store an experiment; its runs are queued for the orchestrator.
+
+    422 problem+json (code ``spec_invalid`` / ``request_invalid``) names every
+    bad field; nothing is stored then. 503 ``engine_unavailable`` when the
+    engine environment cannot list its arguments.
+    """
+    catalog = load_catalog(settings)
+    exp = service.create_experiment(session, settings, spec, catalog)
+    return ExperimentCreated(
+        id=exp.id,
+        url=str(request.url_for("get_experiment", experiment_id=exp.id)),
+        runs=[
+            RunBrief(
+                id=r.id,
+                name=r.name,
+                position=r.position,
+                status=r.status,
+                url=_run_url(request, r.id),
+            )
+            for r in exp.runs
+        ],
+    )
+
+
+@router.get("/experiments", response_model=Page[ExperimentListItem])
+def list_experiments(
+    request: Request, session: SessionDep, limit: Limit = 50, offset: Offset = 0
+) -> Page[ExperimentListItem]:
+    rows, total = ExperimentRepository(session).list(limit=limit, offset=offset)
+    items = [
+        ExperimentListItem(
+            id=e.id,
+            url=str(request.url_for("get_experiment", experiment_id=e.id)),
+            name=e.name,
+            model_id=e.model_id,
+            created_at=e.created_at,
+            status=experiment_status(list(e.runs)),
+            run_count=len(e.runs),
+        )
+        for e in rows
+    ]
+    return Page(items=items, total=total, limit=limit, offset=offset)
+
+
+@router.get("/experiments/{experiment_id}", response_model=ExperimentOut)
+def get_experiment(experiment_id: str, request: Request, session: SessionDep) -> ExperimentOut:
+    return _experiment_out(request, session, service.get_experiment(session, experiment_id))
+
+
+@router.get("/runs", response_model=Page[RunOut])
+def list_runs(
+    request: Request,
+    session: SessionDep,
+    experiment_id: str | None = None,
+    status: RunStatus | None = None,
+    limit: Limit = 50,
+    offset: Offset = 0,
+) -> Page[RunOut]:
+    repo = RunRepository(session)
+    rows, total = repo.list(
+        experiment_id=experiment_id,
+        status=status.value if status else None,
+        limit=limit,
+        offset=offset,
+    )
+    metrics = repo.metrics_for([r.id for r in rows])
+    return Page(
+        items=[_run_out(request, r, metrics.get(r.id)) for r in rows],
+        total=total,
+        limit=limit,
+        offset=offset,
+    )
+
+
+@router.get("/runs/{run_id}", response_model=RunOut)
+def get_run(run_id: str, request: Request, session: SessionDep) -> RunOut:
+    run = service.get_run(session, run_id)
+    return _run_out(request, run, RunRepository(session).metrics(run_id))
+
+
+@router.get("/runs/{run_id}/metrics", response_model=RunMetricsOut)
+def get_run_metrics(run_id: str, session: SessionDep) -> RunMetricsOut:
+    """Summary metrics (``vllm bench serve`` names, plus server-side ones) and the time series."""
+    run = service.get_run(session, run_id)
+    repo = RunRepository(session)
+    return RunMetricsOut(
+        run_id=run.id,
+        status=run.status,
+        metrics=repo.metrics(run_id),
+        samples=[
+            SampleOut(t_s=s.t_s, phase=s.phase, values=s.values) for s in repo.samples(run_id)
+        ],
+    )
+
+
+@router.get("/runs/{run_id}/requests", response_model=Page[RequestOut])
+def get_run_requests(
+    run_id: str, session: SessionDep, limit: Limit = 100, offset: Offset = 0
+) -> Page[RequestOut]:
+    service.get_run(session, run_id)
+    rows, total = RunRepository(session).requests(run_id, limit=limit, offset=offset)
+    return Page(
+        items=[RequestOut.model_validate(r, from_attributes=True) for r in rows],
+        total=total,
+        limit=limit,
+        offset=offset,
+    )
+
+
+@router.get("/runs/{run_id}/log", response_class=PlainTextResponse)
+def get_run_log(run_id: str, session: SessionDep) -> str:
+    """The whole engine log captured for the run (text/plain)."""
+    service.get_run(session, run_id)
+    content = RunRepository(session).log(run_id)
+    if content is None:
+        raise NotFoundError(f"run {run_id} has no engine log yet", code_hint="log_not_found")
+    return content
+
+
+@router.post("/runs/{run_id}/cancel", response_model=RunOut, status_code=202)
+def cancel_run(run_id: str, request: Request, session: SessionDep) -> RunOut:
+    """Cancel a run: queued runs end at once; active ones are stopped by their orchestrator."""
+    return _run_out(request, service.request_cancel(session, run_id))
+
+
+def create_app(settings: Settings, session_factory: sessionmaker[Session]) -> FastAPI:
+    app = FastAPI(
+        title="vlab",
+        version="0.1.0",
+        description="Controlled, one-variable-at-a-time experiments on vLLM, run through Ray.",
+    )
+    app.state.settings = settings
+    app.state.session_factory = session_factory
+    problems.install(app)
+    app.include_router(router)
+
+    @app.get("/healthz")
+    def healthz(session: SessionDep) -> dict[str, str]:
+        session.execute(text("SELECT 1"))
+        return {"status": "ok", "database": "ok"}
+
+    if WEB_DIR.is_dir():
+        app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web")
+    return app

@@ -1,0 +1,116 @@
+"""Response schemas of the REST API (requests use :class:`orchestrator.spec.ExperimentSpec`)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel
+
+T = TypeVar("T")
+
+
+class Page(BaseModel, Generic[T]):
+    items: list[T]
+    total: int
+    limit: int
+    offset: int
+
+
+class RunBrief(BaseModel):
+    id: str
+    name: str
+    position: int
+    status: str
+    url: str
+
+
+class ExperimentCreated(BaseModel):
+    id: str
+    url: str
+    runs: list[RunBrief]
+
+
+class RunOut(BaseModel):
+    id: str
+    url: str
+    experiment_id: str
+    name: str
+    position: int
+    is_baseline: bool
+    reference_run_id: str | None
+    changes: dict[str, Any]
+    status: str
+    status_reason: str | None
+    cancel_requested: bool
+    progress: dict[str, Any]
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    model_id: str
+    model_path: str
+    model_digest: str
+    max_model_len: int | None
+    seed: int
+    request_list_hash: str
+    vllm_version: str | None
+    layout: dict[str, Any]
+    workload: dict[str, Any]
+    explicit_engine_args: dict[str, Any]
+    engine_args: dict[str, Any]
+    engine_info: dict[str, Any]
+    timings: dict[str, Any]
+    error: str | None
+    metrics: dict[str, float] | None = None
+
+
+class ExperimentOut(BaseModel):
+    id: str
+    url: str
+    name: str
+    description: str | None
+    model_id: str
+    model_digest: str
+    request_list_hash: str
+    created_at: datetime
+    status: str
+    spec: dict[str, Any]
+    runs: list[RunOut]
+
+
+class ExperimentListItem(BaseModel):
+    id: str
+    url: str
+    name: str
+    model_id: str
+    created_at: datetime
+    status: str
+    run_count: int
+
+
+class SampleOut(BaseModel):
+    t_s: float
+    phase: str
+    values: dict[str, float]
+
+
+class RunMetricsOut(BaseModel):
+    run_id: str
+    status: str
+    metrics: dict[str, float]
+    samples: list[SampleOut]
+
+
+class RequestOut(BaseModel):
+    seq: int
+    request_index: int
+    warmup: bool
+    success: bool
+    error: str | None
+    start_s: float
+    ttft_s: float | None
+    tpot_s: float | None
+    e2el_s: float | None
+    itl_s: list[float]
+    prompt_tokens: int | None
+    output_tokens: int | None

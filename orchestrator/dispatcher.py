@@ -1,0 +1,184 @@
+"""The dispatcher: claims queued runs, hands them to a run backend, records results.
+
+It owns every state change of an active run. A run backend (the Ray layer in
+:mod:`orchestrator.raylayer.backend`) reserves the run's devices and runs a
+supervisor that calls :mod:`jobs`; the dispatcher polls it once per tick.
+
+Claiming uses ``SELECT ... FOR UPDATE SKIP LOCKED``, so several orchestrators
+can share one database without taking the same run. On start (and
+periodically) runs whose heartbeat went stale are reconciled: re-attached when
+their supervisor is still alive, otherwise marked failed with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from jobs.schemas import RunJob, RunResult
+from orchestrator.db import unit_of_work
+from orchestrator.repositories import RunRepository
+from orchestrator.service import build_job, record_result
+from orchestrator.settings import Settings
+from orchestrator.states import RunStatus, is_terminal
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Poll:
+    """What a backend knows about one active run."""
+
+    done: bool
+    result: RunResult | None = None
+    progress: dict[str, Any] | None = None
+    error: str | None = None
+
+
+class RunBackend(Protocol):
+    def total_devices(self) -> int: ...
+
+    def has_capacity(self, devices: int) -> bool: ...
+
+    def launch(self, run_id: str, job: RunJob, devices: int) -> None: ...
+
+    def poll(self, run_id: str) -> Poll: ...
+
+    def cancel(self, run_id: str) -> None: ...
+
+    def attach(self, run_id: str) -> bool: ...
+
+    def release(self, run_id: str) -> None: ...
+
+
+@dataclass
+class Dispatcher:
+    settings: Settings
+    session_factory: sessionmaker[Session]
+    backend: RunBackend
+    orchestrator_id: str = field(
+        default_factory=lambda: f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+    )
+    active: dict[str, str] = field(default_factory=dict)  # run_id -> last status
+    _last_reconcile: float = 0.0
+
+    def reconcile(self) -> list[str]:
+        """Adopt or fail stale non-terminal runs; returns the ids that were failed."""
+        failed: list[str] = []
+        with unit_of_work(self.session_factory) as s:
+            repo = RunRepository(s)
+            for run in repo.stale_active(self.settings.orchestrator.stale_after_s):
+                if run.id in self.active:
+                    continue
+                if self.backend.attach(run.id):
+                    run.claimed_by = self.orchestrator_id
+                    repo.heartbeat(run.id, None)
+                    self.active[run.id] = run.status
+                    log.info("re-attached to run %s", run.id)
+                else:
+                    repo.transition(
+                        run,
+                        RunStatus.FAILED,
+                        "orchestrator restarted and the run's supervisor is gone",
+                    )
+                    run.error = run.error or "orchestrator lost the run: supervisor not found"
+                    failed.append(run.id)
+        self._last_reconcile = time.monotonic()
+        return failed
+
+    def tick(self) -> None:
+        """One round: poll active runs, then claim at most one queued run."""
+        for run_id in list(self.active):
+            self._poll_one(run_id)
+        if time.monotonic() - self._last_reconcile > self.settings.orchestrator.stale_after_s / 2:
+            self.reconcile()
+        if len(self.active) < self.settings.orchestrator.max_concurrent_runs:
+            self._claim_one()
+
+    def _poll_one(self, run_id: str) -> None:
+        poll = self.backend.poll(run_id)
+        with unit_of_work(self.session_factory) as s:
+            repo = RunRepository(s)
+            run = repo.get(run_id, for_update=True)
+            if run is None or is_terminal(run.status):
+                self.active.pop(run_id, None)
+                self.backend.release(run_id)
+                return
+            if poll.done:
+                result = poll.result or RunResult(
+                    run_id=run_id, status="failed", error=poll.error or "run supervisor died"
+                )
+                record_result(s, run, result)
+                self.active.pop(run_id, None)
+                self.backend.release(run_id)
+                log.info("run %s ended %s", run_id, result.status)
+                return
+            if run.cancel_requested:
+                self.backend.cancel(run_id)
+            phase = (poll.progress or {}).get("phase")
+            if run.status == RunStatus.PREPARING.value and phase in ("warmup", "measuring"):
+                repo.transition(run, RunStatus.RUNNING)
+            repo.heartbeat(run_id, poll.progress)
+
+    def _claim_one(self) -> None:
+        with unit_of_work(self.session_factory) as s:
+            repo = RunRepository(s)
+            run = repo.claim_next_queued(self.orchestrator_id)
+            if run is None:
+                return
+            devices = int(run.layout.get("tensor_parallel_size", 1)) * int(
+                run.layout.get("pipeline_parallel_size", 1)
+            )
+            total = self.backend.total_devices()
+            if devices > total:
+                repo.transition(
+                    run,
+                    RunStatus.FAILED,
+                    f"needs {devices} {self.settings.orchestrator.device_resource} devices; "
+                    f"the cluster has {total}",
+                )
+                return
+            if not self.backend.has_capacity(devices):
+                s.rollback()  # leaves it queued for a later tick
+                return
+            job = build_job(self.settings, run)
+            try:
+                self.backend.launch(run.id, job, devices)
+            except Exception as exc:  # noqa: BLE001 - any launch failure ends the run
+                log.exception("launch of run %s failed", run.id)
+                repo.transition(run, RunStatus.FAILED, f"launch failed: {exc}")
+                run.error = f"launch failed: {exc}"
+                self.backend.release(run.id)
+                return
+            self.active[run.id] = run.status
+
+    def run_forever(self, stop: threading.Event) -> None:
+        """Tick every ``poll_interval_s`` until ``stop`` is set; cancel active runs on exit."""
+        self.reconcile()
+        while not stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - keep the loop alive; the error is logged
+                log.exception("dispatcher tick failed")
+            stop.wait(self.settings.orchestrator.poll_interval_s)
+        self.shutdown()
+
+    def shutdown(self, timeout_s: float = 60.0) -> None:
+        """Cancel every active run and record what they return (engines torn down)."""
+        for run_id in list(self.active):
+            self.backend.cancel(run_id)
+        deadline = time.monotonic() + timeout_s
+        while self.active and time.monotonic() < deadline:
+            for run_id in list(self.active):
+                try:
+                    self._poll_one(run_id)
+                except Exception:  # noqa: BLE001
+                    log.exception("poll during shutdown failed")
+            time.sleep(0.5)

@@ -1,0 +1,161 @@
+"""vLLM's own engine-argument list, used to validate specs at submission.
+
+The list comes from the engine environment itself (``jobs/vllm_launcher.py
+engine-args`` builds ``vllm serve``'s parser and dumps every argument), is
+cached as JSON in ``<home>/engine_args.json`` keyed by the engine python, and
+is loaded once per process. Nothing here imports vLLM.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import EngineUnavailableError
+from orchestrator.settings import Settings
+
+# Set by the orchestrator for every run, or through ``layout``: refused in engine_args.
+RESERVED: dict[str, str] = {
+    "model": "set the experiment's `model` instead",
+    "model_tag": "set the experiment's `model` instead",
+    "served_model_name": "set by the orchestrator",
+    "host": "set by the orchestrator",
+    "port": "set by the orchestrator",
+    "tensor_parallel_size": "set `layout.tensor_parallel_size` instead",
+    "pipeline_parallel_size": "set `layout.pipeline_parallel_size` instead",
+    "headless": "set by the orchestrator for multi-node launches",
+    "nnodes": "set by the orchestrator for multi-node launches",
+    "node_rank": "set by the orchestrator for multi-node launches",
+    "master_addr": "set by the orchestrator for multi-node launches",
+    "master_port": "set by the orchestrator for multi-node launches",
+    "api_server_count": "set by the orchestrator",
+}
+
+
+@dataclass
+class EngineArgCatalog:
+    """Every ``vllm serve`` argument of one engine environment.
+
+    ``args`` maps the snake_case ``dest`` to the entry the launcher printed:
+    ``options``, ``default``, ``type``, ``choices``, ``is_bool_flag``, ``help``.
+    """
+
+    vllm_version: str
+    args: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> EngineArgCatalog:
+        return cls(
+            vllm_version=str(doc.get("vllm_version", "unknown")),
+            args={a["dest"]: a for a in doc.get("args", []) if a.get("dest")},
+        )
+
+    def defaults(self) -> dict[str, Any]:
+        """``dest -> default`` for every argument vLLM knows (JSON-safe values)."""
+        return {k: v.get("default") for k, v in sorted(self.args.items())}
+
+    def resolve(self, explicit: dict[str, Any]) -> dict[str, Any]:
+        """The full resolved engine arguments: vLLM's defaults overlaid with ``explicit``."""
+        resolved = self.defaults()
+        resolved.update(explicit)
+        return resolved
+
+    def check(self, engine_args: dict[str, Any], loc: list[str | int]) -> list[dict[str, Any]]:
+        """Problems with ``engine_args`` as ``{"loc", "msg", "type"}`` entries (empty if fine).
+
+        Checks: the name is one vLLM knows (with a close-match suggestion),
+        is not reserved, and the value fits the argument's kind (boolean
+        flags take booleans, int/float arguments numbers, choices one of them).
+        """
+        errors: list[dict[str, Any]] = []
+        for name, value in engine_args.items():
+            where = [*loc, name]
+            if name in RESERVED:
+                errors.append(
+                    {"loc": where, "msg": f"{name}: {RESERVED[name]}", "type": "reserved_arg"}
+                )
+                continue
+            info = self.args.get(name)
+            if info is None:
+                near = difflib.get_close_matches(name, list(self.args), n=1)
+                hint = f"; did you mean {near[0]!r}?" if near else ""
+                errors.append(
+                    {
+                        "loc": where,
+                        "msg": f"vLLM {self.vllm_version} has no engine argument {name!r}{hint}",
+                        "type": "unknown_engine_arg",
+                    }
+                )
+                continue
+            problem = _value_problem(info, value)
+            if problem:
+                errors.append({"loc": where, "msg": problem, "type": "bad_engine_arg_value"})
+        return errors
+
+
+def _value_problem(info: dict[str, Any], value: Any) -> str | None:
+    name = info["dest"]
+    if value is None:
+        return None
+    if info.get("is_bool_flag"):
+        if not isinstance(value, bool):
+            return f"{name} is a boolean flag; got {value!r}"
+        return None
+    choices = info.get("choices")
+    if choices and not isinstance(value, list) and value not in choices:
+        return f"{name} must be one of {choices}; got {value!r}"
+    kind = info.get("type")
+    if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+        return f"{name} takes an integer; got {value!r}"
+    if kind == "float" and (isinstance(value, bool) or not isinstance(value, int | float)):
+        return f"{name} takes a number; got {value!r}"
+    return None
+
+
+_lock = threading.Lock()
+_cache: dict[str, EngineArgCatalog] = {}
+
+
+def load_catalog(settings: Settings, *, refresh: bool = False) -> EngineArgCatalog:
+    """The catalogue for ``settings.engine.python``: memory, then file cache, then the engine.
+
+    Raises :class:`EngineUnavailableError` when the engine environment is
+    missing or cannot describe its arguments.
+    """
+    python = str(settings.engine.python)
+    cache_file: Path = settings.engine_args_cache
+    with _lock:
+        if not refresh and python in _cache:
+            return _cache[python]
+        if not refresh and cache_file.exists():
+            try:
+                stored = json.loads(cache_file.read_text())
+                if stored.get("engine_python") == python:
+                    cat = EngineArgCatalog.from_doc(stored)
+                    _cache[python] = cat
+                    return cat
+            except (OSError, ValueError):
+                pass
+        if not Path(python).exists():
+            raise EngineUnavailableError(
+                f"engine environment not found at {python}; run `make engine` "
+                "(or set VLAB_ENGINE__PYTHON)"
+            )
+        from jobs.engine import EngineError, list_engine_args
+
+        try:
+            doc = list_engine_args(python)
+        except EngineError as exc:
+            raise EngineUnavailableError(f"cannot list vLLM engine arguments: {exc}") from exc
+        doc["engine_python"] = python
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(cache_file)
+        cat = EngineArgCatalog.from_doc(doc)
+        _cache[python] = cat
+        return cat

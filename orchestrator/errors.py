@@ -1,0 +1,63 @@
+"""One error hierarchy for the service; the API maps each to RFC 9457 problem+json.
+
+Every error carries a stable machine-readable ``code``, an HTTP ``status``, a
+human ``title`` and ``detail``, and optional extra members (``errors`` for a
+list of field problems).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class VlabError(Exception):
+    status: int = 500
+    code: str = "internal_error"
+    title: str = "Internal error"
+
+    def __init__(self, detail: str, *, code_hint: str | None = None, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.extra = extra
+        if code_hint:
+            self.code = code_hint
+
+
+class NotFoundError(VlabError):
+    status = 404
+    code = "not_found"
+    title = "Not found"
+
+
+class SpecInvalidError(VlabError):
+    """The experiment spec is invalid; ``errors`` lists every bad field.
+
+    Each entry: ``{"loc": [...path...], "msg": str, "type": str}``.
+    """
+
+    status = 422
+    code = "spec_invalid"
+    title = "Invalid experiment spec"
+
+    def __init__(self, errors: list[dict[str, Any]], detail: str | None = None) -> None:
+        super().__init__(
+            detail or f"{len(errors)} problem(s) in the experiment spec", errors=errors
+        )
+        self.errors = errors
+
+
+class ConflictError(VlabError):
+    status = 409
+    code = "conflict"
+    title = "Conflict"
+
+
+class InvalidTransitionError(ConflictError):
+    code = "invalid_transition"
+    title = "Invalid run state transition"
+
+
+class EngineUnavailableError(VlabError):
+    status = 503
+    code = "engine_unavailable"
+    title = "Engine environment unavailable"

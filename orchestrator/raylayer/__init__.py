@@ -1,0 +1,1 @@
+"""Everything that imports Ray: cluster connection, run supervisor actor, run backend."""

@@ -1,0 +1,219 @@
+"""Every query the service makes lives here. Repositories never commit.
+
+The caller owns the transaction (see :func:`orchestrator.db.unit_of_work`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy.orm import Session
+
+from orchestrator.models import Experiment, Run, RunLog, RunMetric, RunRequest, RunSample
+from orchestrator.states import TERMINAL, RunStatus, check_transition
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class ExperimentRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def add(self, experiment: Experiment) -> Experiment:
+        self.session.add(experiment)
+        self.session.flush()
+        return experiment
+
+    def get(self, experiment_id: str) -> Experiment | None:
+        return self.session.get(Experiment, experiment_id)
+
+    def list(self, *, limit: int, offset: int) -> tuple[Sequence[Experiment], int]:
+        total = self.session.scalar(select(func.count()).select_from(Experiment)) or 0
+        rows = self.session.scalars(
+            select(Experiment)
+            .order_by(Experiment.created_at.desc(), Experiment.id)
+            .limit(limit)
+            .offset(offset)
+        ).all()
+        return rows, total
+
+
+class RunRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def get(self, run_id: str, *, for_update: bool = False) -> Run | None:
+        stmt = select(Run).where(Run.id == run_id)
+        if for_update:
+            stmt = stmt.with_for_update()
+        return self.session.scalars(stmt).first()
+
+    def list(
+        self,
+        *,
+        experiment_id: str | None = None,
+        status: str | None = None,
+        limit: int,
+        offset: int,
+    ) -> tuple[Sequence[Run], int]:
+        conds = []
+        if experiment_id:
+            conds.append(Run.experiment_id == experiment_id)
+        if status:
+            conds.append(Run.status == status)
+        total = self.session.scalar(select(func.count()).select_from(Run).where(*conds)) or 0
+        order = (Run.position, Run.id) if experiment_id else (Run.created_at.desc(), Run.position)
+        rows = self.session.scalars(
+            select(Run).where(*conds).order_by(*order).limit(limit).offset(offset)
+        ).all()
+        return rows, total
+
+    def claim_next_queued(self, orchestrator_id: str) -> Run | None:
+        """Claim the oldest queued run: ``queued -> preparing``.
+
+        Uses ``SELECT ... FOR UPDATE SKIP LOCKED`` so two orchestrators never
+        take the same run. Returns ``None`` when nothing is queued.
+        """
+        run = self.session.scalars(
+            select(Run)
+            .where(Run.status == RunStatus.QUEUED.value)
+            .order_by(Run.created_at, Run.position, Run.id)
+            .limit(1)
+            .with_for_update(skip_locked=True)
+        ).first()
+        if run is None:
+            return None
+        self.transition(run, RunStatus.PREPARING)
+        now = utcnow()
+        run.claimed_by = orchestrator_id
+        run.claimed_at = now
+        run.heartbeat_at = now
+        self.session.flush()
+        return run
+
+    def transition(self, run: Run, new: RunStatus, reason: str | None = None) -> None:
+        """Move ``run`` through the state machine (raises on a forbidden move)."""
+        check_transition(run.status, new.value)
+        run.status = new.value
+        now = utcnow()
+        if reason is not None:
+            run.status_reason = reason
+        if new == RunStatus.RUNNING and run.started_at is None:
+            run.started_at = now
+        if new in TERMINAL:
+            run.finished_at = now
+        self.session.flush()
+
+    def heartbeat(self, run_id: str, progress: dict[str, Any] | None) -> None:
+        values: dict[str, Any] = {"heartbeat_at": utcnow()}
+        if progress is not None:
+            values["progress"] = progress
+        self.session.execute(update(Run).where(Run.id == run_id).values(**values))
+
+    def stale_active(self, stale_after_s: float) -> Sequence[Run]:
+        """Non-terminal, claimed runs whose heartbeat is older than ``stale_after_s``."""
+        cutoff = utcnow() - timedelta(seconds=stale_after_s)
+        return self.session.scalars(
+            select(Run)
+            .where(
+                Run.status.in_([RunStatus.PREPARING.value, RunStatus.RUNNING.value]),
+                or_(Run.heartbeat_at.is_(None), Run.heartbeat_at < cutoff),
+            )
+            .with_for_update(skip_locked=True)
+        ).all()
+
+    def claimed_by(self, orchestrator_id: str) -> Sequence[Run]:
+        return self.session.scalars(
+            select(Run).where(
+                Run.claimed_by == orchestrator_id,
+                Run.status.in_([RunStatus.PREPARING.value, RunStatus.RUNNING.value]),
+            )
+        ).all()
+
+    def save_measurements(
+        self,
+        run_id: str,
+        *,
+        metrics: dict[str, float],
+        samples: list[dict[str, Any]],
+        requests: list[dict[str, Any]],
+        engine_log: str,
+    ) -> None:
+        """Replace the run's measurements (metrics, samples, requests, log) in one go."""
+        for model in (RunMetric, RunSample, RunRequest, RunLog):
+            self.session.execute(delete(model).where(model.run_id == run_id))
+        self.session.add_all(
+            RunMetric(run_id=run_id, name=k, value=float(v)) for k, v in sorted(metrics.items())
+        )
+        self.session.add_all(
+            RunSample(run_id=run_id, t_s=s["t_s"], phase=s["phase"], values=s["values"])
+            for s in samples
+        )
+        self.session.add_all(
+            RunRequest(
+                run_id=run_id,
+                seq=i,
+                request_index=r["index"],
+                warmup=r["warmup"],
+                success=r["success"],
+                error=r.get("error"),
+                start_s=r["start_s"],
+                ttft_s=r.get("ttft_s"),
+                tpot_s=r.get("tpot_s"),
+                e2el_s=r.get("e2el_s"),
+                itl_s=r.get("itl_s") or [],
+                prompt_tokens=r.get("prompt_tokens"),
+                output_tokens=r.get("output_tokens"),
+            )
+            for i, r in enumerate(requests)
+        )
+        self.session.add(RunLog(run_id=run_id, content=engine_log.replace("\x00", "")))
+        self.session.flush()
+
+    def metrics(self, run_id: str) -> dict[str, float]:
+        rows = self.session.execute(
+            select(RunMetric.name, RunMetric.value).where(RunMetric.run_id == run_id)
+        ).all()
+        return {name: value for name, value in rows}
+
+    def metrics_for(self, run_ids: list[str]) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {rid: {} for rid in run_ids}
+        if not run_ids:
+            return out
+        rows = self.session.execute(
+            select(RunMetric.run_id, RunMetric.name, RunMetric.value).where(
+                RunMetric.run_id.in_(run_ids)
+            )
+        ).all()
+        for rid, name, value in rows:
+            out[rid][name] = value
+        return out
+
+    def samples(self, run_id: str) -> Sequence[RunSample]:
+        return self.session.scalars(
+            select(RunSample).where(RunSample.run_id == run_id).order_by(RunSample.id)
+        ).all()
+
+    def requests(self, run_id: str, *, limit: int, offset: int) -> tuple[Sequence[RunRequest], int]:
+        total = (
+            self.session.scalar(
+                select(func.count()).select_from(RunRequest).where(RunRequest.run_id == run_id)
+            )
+            or 0
+        )
+        rows = self.session.scalars(
+            select(RunRequest)
+            .where(RunRequest.run_id == run_id)
+            .order_by(RunRequest.seq)
+            .limit(limit)
+            .offset(offset)
+        ).all()
+        return rows, total
+
+    def log(self, run_id: str) -> str | None:
+        return self.session.scalar(select(RunLog.content).where(RunLog.run_id == run_id))
