@@ -95,6 +95,16 @@ def _error_text(exc: BaseException) -> str:
     return f"{name}: {text}"[:_MAX_ERROR_CHARS] if text else name
 
 
+def _delta_content(chunk: dict[str, Any]) -> str:
+    """``choices[0].delta.content`` of a chat stream chunk, ``""`` when absent or malformed."""
+    choices = chunk.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return ""
+    delta = choices[0].get("delta")
+    content = delta.get("content") if isinstance(delta, dict) else None
+    return content if isinstance(content, str) else ""
+
+
 async def _one_request(
     client: httpx.AsyncClient,
     url: str,
@@ -132,11 +142,10 @@ async def _one_request(
                 chunk = json.loads(payload)
                 if not isinstance(chunk, dict):
                     continue
-                if chunk.get("error"):
-                    raise _RequestFailed(f"error chunk: {json.dumps(chunk['error'])}")
-                choices = chunk.get("choices") or []
-                delta = (choices[0].get("delta") or {}) if choices else {}
-                if delta.get("content"):
+                if chunk.get("error") or chunk.get("object") == "error":
+                    # vLLM streams errors as {"error": {...}} (newer) or {"object": "error", ...}
+                    raise _RequestFailed(f"error chunk: {json.dumps(chunk)}")
+                if _delta_content(chunk):
                     content_chunks += 1
                     if first is None:
                         first = now
@@ -153,7 +162,7 @@ async def _one_request(
         error = str(exc)[:_MAX_ERROR_CHARS]
     except TimeoutError:
         error = f"timeout after {timeout_s:g} s"
-    except (httpx.HTTPError, OSError, ValueError) as exc:  # ValueError: bad JSON
+    except (httpx.HTTPError, OSError, ValueError, TypeError) as exc:  # bad JSON or usage
         error = _error_text(exc)
 
     start_s = start - origin

@@ -1,0 +1,40 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+ENGINE_VENV := .engine-venv
+BIN := $(VENV)/bin
+export VLAB_ENGINE__PYTHON ?= $(CURDIR)/$(ENGINE_VENV)/bin/python
+
+.PHONY: demo up test lint engine venv clean
+
+$(VENV)/.ok: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]' 2>&1 | grep -v "is ignored: it is neither" || true
+	$(BIN)/python -c "import orchestrator, api, jobs, ray, fastapi"
+	touch $@
+
+$(ENGINE_VENV)/.ok: scripts/setup_engine.sh
+	PYTHON=$(PYTHON) bash scripts/setup_engine.sh $(ENGINE_VENV)
+
+venv: $(VENV)/.ok
+engine: $(ENGINE_VENV)/.ok
+
+## demo: set everything up, run the APC off/on experiment end to end, print the results
+demo: venv engine
+	$(BIN)/vlab demo
+
+## up: the service in the foreground (API on :8000, orchestrator, embedded Postgres, local Ray)
+up: venv engine
+	$(BIN)/vlab up
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+## test: lint, type-check and the whole test suite (real Postgres, Ray and vLLM CPU build)
+test: venv engine lint
+	$(BIN)/pytest -q -rs --durations=15
+
+clean:
+	rm -rf $(VENV) $(ENGINE_VENV) .vlab

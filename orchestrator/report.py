@@ -1,0 +1,127 @@
+"""Terminal progress and result tables for experiments (rich), read over the REST API."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+
+ACTIVE = {"queued", "preparing", "running"}
+
+# (header, metric key, scale, format)
+RESULT_COLUMNS: list[tuple[str, str, float, str]] = [
+    ("TTFT p50 ms", "median_ttft_ms", 1.0, "{:.1f}"),
+    ("TTFT p99 ms", "p99_ttft_ms", 1.0, "{:.1f}"),
+    ("TPOT p50 ms", "median_tpot_ms", 1.0, "{:.1f}"),
+    ("E2EL p50 ms", "median_e2el_ms", 1.0, "{:.1f}"),
+    ("out tok/s", "output_throughput", 1.0, "{:.1f}"),
+    ("prefix cache hit rate", "prefix_cache_hit_rate", 100.0, "{:.1f}%"),
+    ("KV cache usage peak", "kv_cache_usage_peak", 100.0, "{:.2f}%"),
+]
+
+
+def fetch_experiment(client: httpx.Client, api: str, experiment_id: str) -> dict[str, Any]:
+    resp = client.get(f"{api}/api/v1/experiments/{experiment_id}")
+    resp.raise_for_status()
+    data: dict[str, Any] = resp.json()
+    return data
+
+
+def progress_view(exp: dict[str, Any]) -> Table:
+    table = Table(title=f"experiment {exp['name']} ({exp['status']})", expand=False)
+    for col in ("run", "change", "status", "phase", "requests", ""):
+        table.add_column(col)
+    for run in exp["runs"]:
+        prog = run.get("progress") or {}
+        done, total = int(prog.get("requests_done", 0)), int(prog.get("requests_total", 0))
+        if run["status"] == "succeeded":
+            done = total = max(total, 1)
+        bar = ProgressBar(total=max(total, 1), completed=done, width=24)
+        table.add_row(
+            run["name"],
+            describe_change(run),
+            run["status"],
+            str(prog.get("phase", "")) if run["status"] in ACTIVE else "",
+            f"{done}/{total}" if total else "",
+            bar,
+        )
+    return table
+
+
+def describe_change(run: dict[str, Any]) -> str:
+    if run.get("is_baseline"):
+        return "(baseline)"
+    return ", ".join(f"{k}={v}" for k, v in (run.get("changes") or {}).items())
+
+
+def _fmt(metrics: dict[str, float] | None, key: str, scale: float, fmt: str) -> str:
+    if not metrics or key not in metrics:
+        return "-"
+    return fmt.format(metrics[key] * scale)
+
+
+def result_table(exp: dict[str, Any]) -> Table:
+    """One row per run; the last column is the baseline's TTFT p50 over this run's."""
+    table = Table(title=f"results: {exp['name']} (model {exp['model_id']})")
+    table.add_column("run")
+    table.add_column("change")
+    table.add_column("status")
+    for header, *_ in RESULT_COLUMNS:
+        table.add_column(header, justify="right")
+    table.add_column("TTFT p50 vs baseline", justify="right")
+    base = next((r for r in exp["runs"] if r.get("is_baseline")), None)
+    base_ttft = (base or {}).get("metrics", {}) or {}
+    for run in exp["runs"]:
+        m = run.get("metrics") or {}
+        ratio = "-"
+        if (
+            not run.get("is_baseline")
+            and m.get("median_ttft_ms")
+            and base_ttft.get("median_ttft_ms")
+        ):
+            ratio = f"{base_ttft['median_ttft_ms'] / m['median_ttft_ms']:.2f}x faster"
+        table.add_row(
+            run["name"],
+            describe_change(run),
+            run["status"],
+            *[_fmt(m, key, scale, fmt) for _, key, scale, fmt in RESULT_COLUMNS],
+            ratio,
+        )
+    return table
+
+
+def watch(
+    api: str,
+    experiment_id: str,
+    *,
+    console: Console | None = None,
+    interval_s: float = 1.0,
+    timeout_s: float | None = None,
+) -> dict[str, Any]:
+    """Show live progress until every run of the experiment ends; return the experiment."""
+    console = console or Console()
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    with httpx.Client(timeout=30) as client:
+        exp = fetch_experiment(client, api, experiment_id)
+        with Live(progress_view(exp), console=console, refresh_per_second=4) as live:
+            while any(r["status"] in ACTIVE for r in exp["runs"]):
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"experiment {experiment_id} still running")
+                time.sleep(interval_s)
+                exp = fetch_experiment(client, api, experiment_id)
+                live.update(Group(progress_view(exp)))
+    return exp
+
+
+def print_results(exp: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(result_table(exp))
+    for run in exp["runs"]:
+        console.print(f"  {run['name']}: {run['url']}  (metrics: {run['url']}/metrics)")
+        if run.get("error"):
+            console.print(f"    [red]error:[/red] {run['error'][:2000]}")
