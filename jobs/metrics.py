@@ -78,7 +78,8 @@ SAMPLE_KEYS: dict[str, str] = {
     "prompt_tokens": "counter, prefill tokens processed; vllm:prompt_tokens_total, summed",
     "generation_tokens": "counter, tokens generated; vllm:generation_tokens_total, summed",
     "request_success": (
-        "counter, finished requests; vllm:request_success_total, summed over finished_reason"
+        "counter, finished requests; vllm:request_success_total, summed over finished_reason "
+        "(in vLLM 0.32 that includes the 'abort' and 'error' reasons)"
     ),
 }
 """Keys :func:`parse_metrics` may return, with kind, unit and source metric."""

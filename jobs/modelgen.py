@@ -320,7 +320,9 @@ def model_digest(model_dir: Path | str) -> str:
     if not root.is_dir():
         raise NotADirectoryError(f"not a directory: {root}")
     h = hashlib.sha256()
-    files = sorted((p for p in root.rglob("*") if p.is_file()), key=lambda p: p.relative_to(root).as_posix())
+    files = sorted(
+        (p for p in root.rglob("*") if p.is_file()), key=lambda p: p.relative_to(root).as_posix()
+    )
     for path in files:
         rel = path.relative_to(root).as_posix()
         size = path.stat().st_size

@@ -98,29 +98,35 @@ def _measure(text: str, tokenizer: Tokenizer | None) -> int:
 
 
 def truncate_to_tokens(text: str, max_tokens: int, tokenizer: Tokenizer | None = None) -> str:
-    """Cut ``text`` to at most about ``max_tokens`` tokens, preferring a word boundary.
+    """Cut ``text`` to at most ``max_tokens`` tokens, preferring a word boundary.
 
-    With a tokenizer the cut is at the end of token ``max_tokens`` (then moved back to the
-    previous whitespace when one is within the last 40 characters, and right-stripped), so
-    re-encoding the result gives ``max_tokens`` tokens or slightly fewer. Without one, the
-    cut is at ``max_tokens * 4`` characters. ``max_tokens <= 0`` gives ``""``.
+    With a tokenizer the cut is just before the last token among the first ``max_tokens + 1``
+    that starts a word (begins with whitespace), looking back at most 8 tokens, else after
+    token ``max_tokens``; the result is right-stripped, so re-encoding it gives between
+    ``max_tokens - 9`` and ``max_tokens`` tokens. Without one, the cut is at
+    ``max_tokens * 4`` characters, moved back to a space within the last 16 characters.
+    ``max_tokens <= 0`` gives ``""``; a text that already fits is returned unchanged.
     """
     if max_tokens <= 0:
         return ""
     if tokenizer is None:
         end = max_tokens * CHARS_PER_TOKEN
-    else:
-        enc = tokenizer.encode(text, add_special_tokens=False)
-        if len(enc.ids) <= max_tokens:
+        if end >= len(text):
             return text
-        end = enc.offsets[max_tokens - 1][1]
-    if end >= len(text):
+        space = max(text.rfind(" ", 0, end + 1), text.rfind("\n", 0, end + 1))
+        if space >= max(1, end - 16):
+            end = space
+        return text[:end].rstrip()
+    offsets = tokenizer.encode(text, add_special_tokens=False).offsets
+    if len(offsets) <= max_tokens:
         return text
-    cut = text[:end]
-    space = max(cut.rfind(" "), cut.rfind("\n"))
-    if space >= max(1, end - 40):
-        cut = cut[:space]
-    return cut.rstrip()
+    end = offsets[max_tokens - 1][1]
+    for j in range(max_tokens, max(0, max_tokens - 8), -1):
+        start = offsets[j][0]
+        if start < len(text) and text[start].isspace():
+            end = start
+            break
+    return text[:end].rstrip()
 
 
 def _fill(
@@ -143,12 +149,12 @@ def _fill(
 def shared_prefix_text(seed: int, prefix_tokens: int, tokenizer: Tokenizer | None = None) -> str:
     """Return the shared system-prompt text of a ``shared_prefix`` workload.
 
-    Layout: instructions, ``Tools:`` + the :data:`TOOLS` JSON (``sort_keys``, 2-space indent),
+    Layout: instructions, ``Tools:`` + the :data:`TOOLS` JSON (one line, ``sort_keys``),
     the document header, then a corpus passage drawn with ``random.Random(seed)``; the
     whole text is cut to about ``prefix_tokens`` tokens (for small targets the cut falls
     inside the instructions). ``prefix_tokens == 0`` gives ``""``.
     """
-    tools_json = json.dumps(TOOLS, sort_keys=True, indent=2, ensure_ascii=True)
+    tools_json = json.dumps(TOOLS, sort_keys=True, ensure_ascii=True)
     doc_id = f"OPS-{1000 + seed % 9000:04d}"
     header = (
         f"{SYSTEM_INSTRUCTIONS}\n\n"

@@ -92,9 +92,7 @@ def _paragraphs(text: str) -> Iterator[str]:
     """Split ``text`` on blank lines and yield the paragraphs that read as English prose."""
     for block in re.split(r"\n\s*\n", text):
         lines = [ln.strip() for ln in block.splitlines()]
-        if any(
-            ln.startswith((">>>", "...", "$ ", "|", "+-", "--", "==", "::")) for ln in lines
-        ):
+        if any(ln.startswith((">>>", "...", "$ ", "|", "+-", "--", "==", "::")) for ln in lines):
             continue
         para = " ".join(ln for ln in lines if ln)
         para = re.sub(r"\s+", " ", para).strip()

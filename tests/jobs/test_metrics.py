@@ -1,8 +1,8 @@
 """Tests of jobs.metrics: parsing vLLM /metrics text of several vintages, scraping, run deltas.
 
 The exposition texts in ``data/metrics/`` are copies of ``/work/shared/cases/metrics``
-(published vLLM shapes, with ``*.expected.json`` answers) plus, when present,
-``vllm032_cpu.txt`` captured from a real vLLM 0.32 CPU server after a few requests.
+(published vLLM shapes, with ``*.expected.json`` answers) plus
+``vllm032_cpu.txt`` captured from a real vLLM 0.32 CPU server (see ``README.md`` there).
 """
 
 from __future__ import annotations
@@ -182,6 +182,12 @@ def test_real_vllm_032_cpu_capture() -> None:
     assert got["request_success"] >= 1
     assert 0 <= got["prefix_cache_hits"] <= got["prefix_cache_queries"]
     assert got["generation_tokens"] >= got["request_success"]
+    # the capture's own numbers: 5 requests x 8 tokens, ~475-token prompts sharing a prefix
+    assert got["request_success"] == 5.0
+    assert got["generation_tokens"] == 40.0
+    assert got["prompt_tokens"] == 2373.0
+    assert got["prefix_cache_queries"] == 2373.0
+    assert got["prefix_cache_hits"] == 1536.0
 
 
 def _sample(t: float, phase: str, **values: float) -> MetricSample:

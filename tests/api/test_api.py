@@ -1,0 +1,188 @@
+"""The REST API against a real Postgres: submission, validation problems, reads, cancel.
+
+The engine-argument catalogue is the real list vLLM 0.32.0 printed, seeded into
+the service's cache (no engine needs to start for these tests).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.app import create_app
+from orchestrator.models import Experiment, Run
+from orchestrator.settings import EngineSettings, Settings
+from tests.factories import DATA
+
+PROBLEM = "application/problem+json"
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    python = tmp_path / "engine-python-placeholder"
+    s = Settings(home=tmp_path / "home", engine=EngineSettings(python=python))
+    s.home.mkdir()
+    doc = json.loads((DATA / "engine_args_vllm032cpu.json").read_text())
+    doc["engine_python"] = str(python)
+    s.engine_args_cache.write_text(json.dumps(doc))
+    return s
+
+
+@pytest.fixture
+def client(settings: Settings, session_factory: sessionmaker[Session]) -> Iterator[TestClient]:
+    with TestClient(create_app(settings, session_factory)) as c:
+        yield c
+
+
+def demo_spec(**kw: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "name": "apc test",
+        "model": "tiny",
+        "baseline": {
+            "engine_args": {"enable_prefix_caching": False, "max_model_len": 1024},
+            "workload": {"num_requests": 4, "prefix_tokens": 128, "seed": 3},
+        },
+        "variants": [{"name": "apc-on", "changes": {"engine_args.enable_prefix_caching": True}}],
+    }
+    doc.update(kw)
+    return doc
+
+
+def count(session_factory: sessionmaker[Session], model: type) -> int:
+    with session_factory() as s:
+        return int(s.scalar(select(func.count()).select_from(model)) or 0)
+
+
+def test_submit_stores_experiment_and_queued_runs(
+    client: TestClient, session_factory: sessionmaker[Session]
+) -> None:
+    resp = client.post("/api/v1/experiments", json=demo_spec())
+    assert resp.status_code == 201, resp.text
+    body = resp.json()
+    assert [r["name"] for r in body["runs"]] == ["baseline", "apc-on"]
+    assert all(r["status"] == "queued" for r in body["runs"])
+
+    exp = client.get(f"/api/v1/experiments/{body['id']}").json()
+    assert exp["status"] == "queued"
+    base, apc = exp["runs"]
+    # the full resolved engine args: vLLM's defaults overlaid with the spec
+    assert base["engine_args"]["enable_prefix_caching"] is False
+    assert apc["engine_args"]["enable_prefix_caching"] is True
+    assert base["engine_args"]["gpu_memory_utilization"] == 0.92
+    assert base["explicit_engine_args"]["load_format"] == "dummy"
+    assert base["max_model_len"] == 1024
+    assert len(base["model_digest"]) == 64 and base["model_digest"] == apc["model_digest"]
+    assert base["request_list_hash"] == apc["request_list_hash"]
+    assert apc["reference_run_id"] == base["id"]
+    assert apc["changes"] == {"engine_args.enable_prefix_caching": True}
+
+    runs = client.get("/api/v1/runs", params={"experiment_id": body["id"]}).json()
+    assert runs["total"] == 2 and [r["position"] for r in runs["items"]] == [0, 1]
+    one = client.get(f"/api/v1/runs/{base['id']}")
+    assert one.status_code == 200 and one.json()["status"] == "queued"
+    m = client.get(f"/api/v1/runs/{base['id']}/metrics").json()
+    assert m == {"run_id": base["id"], "status": "queued", "metrics": {}, "samples": []}
+
+
+def test_invalid_spec_is_422_naming_every_bad_field_and_stores_nothing(
+    client: TestClient, session_factory: sessionmaker[Session]
+) -> None:
+    before = (count(session_factory, Experiment), count(session_factory, Run))
+    spec = demo_spec(name="")
+    spec["baseline"]["workload"]["concurrency"] = 0
+    spec["baseline"]["layout"] = {"tensor_parallel_size": -1}
+    resp = client.post("/api/v1/experiments", json=spec)
+    assert resp.status_code == 422
+    assert resp.headers["content-type"].startswith(PROBLEM)
+    body = resp.json()
+    assert body["status"] == 422 and body["code"] == "request_invalid"
+    locs = {".".join(map(str, e["loc"])) for e in body["errors"]}
+    assert {
+        "body.name",
+        "body.baseline.workload.concurrency",
+        "body.baseline.layout.tensor_parallel_size",
+    } <= locs
+    assert (count(session_factory, Experiment), count(session_factory, Run)) == before
+
+
+def test_unknown_engine_arg_is_refused_at_submission(
+    client: TestClient, session_factory: sessionmaker[Session]
+) -> None:
+    before = count(session_factory, Run)
+    spec = demo_spec()
+    spec["baseline"]["engine_args"]["max_num_seq"] = 8
+    spec["variants"].append({"name": "bogus", "changes": {"engine_args.no_such_knob": 1}})
+    resp = client.post("/api/v1/experiments", json=spec)
+    assert resp.status_code == 422
+    body = resp.json()
+    assert body["code"] == "spec_invalid"
+    got = {(".".join(map(str, e["loc"])), e["type"]) for e in body["errors"]}
+    assert ("body.baseline.engine_args.max_num_seq", "unknown_engine_arg") in got
+    assert ("body.variants.1.changes.engine_args.no_such_knob", "unknown_engine_arg") in got
+    assert "max_num_seqs" in json.dumps(body["errors"])  # suggestion
+    assert count(session_factory, Run) == before
+
+
+def test_variant_with_two_changes_is_refused(client: TestClient) -> None:
+    spec = demo_spec(
+        variants=[
+            {
+                "name": "two",
+                "changes": {
+                    "engine_args.enable_prefix_caching": True,
+                    "engine_args.max_num_seqs": 4,
+                },
+            }
+        ]
+    )
+    resp = client.post("/api/v1/experiments", json=spec)
+    assert resp.status_code == 422
+    assert resp.json()["errors"][0]["type"] == "more_than_one_variable"
+
+
+def test_unknown_model_is_a_problem(client: TestClient) -> None:
+    resp = client.post("/api/v1/experiments", json=demo_spec(model="/no/such/model"))
+    assert resp.status_code == 422
+    assert resp.json()["errors"][0]["loc"] == ["body", "model"]
+
+
+def test_missing_things_are_404_problems(client: TestClient) -> None:
+    for path in (
+        "/api/v1/runs/nope",
+        "/api/v1/experiments/nope",
+        "/api/v1/runs/nope/metrics",
+        "/api/v1/nothing-here",
+    ):
+        resp = client.get(path)
+        assert resp.status_code == 404, path
+        assert resp.headers["content-type"].startswith(PROBLEM)
+        assert resp.json()["status"] == 404
+
+
+def test_cancel_queued_run_ends_it(client: TestClient) -> None:
+    created = client.post("/api/v1/experiments", json=demo_spec()).json()
+    run_id = created["runs"][1]["id"]
+    resp = client.post(f"/api/v1/runs/{run_id}/cancel")
+    assert resp.status_code == 202 and resp.json()["status"] == "cancelled"
+    again = client.post(f"/api/v1/runs/{run_id}/cancel")
+    assert again.json()["status"] == "cancelled"
+
+
+def test_pagination_and_health_and_openapi(client: TestClient) -> None:
+    for _ in range(3):
+        client.post("/api/v1/experiments", json=demo_spec())
+    page = client.get("/api/v1/experiments", params={"limit": 2, "offset": 1}).json()
+    assert page["limit"] == 2 and page["offset"] == 1 and len(page["items"]) == 2
+    assert page["total"] >= 3
+    bad = client.get("/api/v1/experiments", params={"limit": 0})
+    assert bad.status_code == 422 and bad.json()["code"] == "request_invalid"
+    assert client.get("/healthz").json() == {"status": "ok", "database": "ok"}
+    paths = client.get("/openapi.json").json()["paths"]
+    assert "/api/v1/experiments" in paths and "/api/v1/runs/{run_id}/metrics" in paths

@@ -1,0 +1,282 @@
+"""Tests of :mod:`jobs.engine`: command rendering, process-group handling, real vLLM.
+
+The process tests use a *fake engine python*: a small script written by the
+test (a test double standing in for the engine venv's interpreter) that
+ignores the launcher path and either crashes with a traceback, never becomes
+healthy, or ignores SIGTERM. Tests marked ``engine`` need the real vLLM CPU
+environment: set ``VLAB_ENGINE_PYTHON`` to its python.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from jobs.engine import (
+    LAUNCHER_PATH,
+    EngineCancelledError,
+    EngineError,
+    EngineServer,
+    EngineStartError,
+    build_serve_command,
+    engine_env,
+    error_lines,
+    group_members,
+    list_engine_args,
+    render_engine_args,
+)
+from jobs.schemas import EngineLaunch
+
+ENGINE_PYTHON = os.environ.get("VLAB_ENGINE_PYTHON", "")
+HAVE_ENGINE = bool(ENGINE_PYTHON) and Path(ENGINE_PYTHON).is_file()
+needs_engine = pytest.mark.skipif(
+    not HAVE_ENGINE, reason="VLAB_ENGINE_PYTHON does not point at the vLLM engine python"
+)
+
+
+def _launch(tmp_path: Path, engine_python: str, **kw: object) -> EngineLaunch:
+    data: dict[str, object] = {
+        "engine_python": engine_python,
+        "model_dir": str(tmp_path / "model"),
+        "served_model_name": "m",
+        "log_path": str(tmp_path / "logs" / "server.log"),
+    }
+    data.update(kw)
+    return EngineLaunch.model_validate(data)
+
+
+# --------------------------------------------------------------------------- command
+
+
+def test_build_serve_command_layout(tmp_path: Path) -> None:
+    launch = _launch(tmp_path, "/venv/bin/python", port=8125, host="0.0.0.0")
+    cmd = build_serve_command(launch)
+    assert cmd == [
+        "/venv/bin/python",
+        str(LAUNCHER_PATH),
+        "serve",
+        str(tmp_path / "model"),
+        "--served-model-name",
+        "m",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8125",
+    ]
+    assert build_serve_command(launch, port=9000)[-1] == "9000"
+
+
+def test_render_bool_flags_and_kebab_case() -> None:
+    args = render_engine_args(
+        {
+            "enable_prefix_caching": False,
+            "enforce_eager": True,
+            "max_model_len": 2048,
+            "gpu_memory_utilization": 0.5,
+            "load_format": "dummy",
+            "block_size": None,
+        }
+    )
+    assert args == [
+        "--no-enable-prefix-caching",
+        "--enforce-eager",
+        "--max-model-len",
+        "2048",
+        "--gpu-memory-utilization",
+        "0.5",
+        "--load-format",
+        "dummy",
+    ]
+    assert render_engine_args({"enable_prefix_caching": True}) == ["--enable-prefix-caching"]
+
+
+def test_render_lists_dicts_and_reserved() -> None:
+    assert render_engine_args({"cudagraph_capture_sizes": [1, 2, 4]}) == [
+        "--cudagraph-capture-sizes",
+        "1",
+        "2",
+        "4",
+    ]
+    assert render_engine_args({"allowed_media_domains": []}) == []
+    assert render_engine_args({"compilation_config": {"mode": 0}}) == [
+        "--compilation-config",
+        '{"mode":0}',
+    ]
+    # dashes in keys are accepted and normalised
+    assert render_engine_args({"max-num-seqs": 4}) == ["--max-num-seqs", "4"]
+    for reserved in ("model", "port", "host", "served_model_name"):
+        with pytest.raises(ValueError):
+            render_engine_args({reserved: "x"})
+    with pytest.raises(ValueError):
+        render_engine_args({"bad name": 1})
+
+
+def test_engine_env(tmp_path: Path) -> None:
+    launch = _launch(tmp_path, "/engine/bin/python", env={"VLLM_CPU_KVCACHE_SPACE": "2", "X": "1"})
+    base = {
+        "VIRTUAL_ENV": "/ours",
+        "PYTHONPATH": "/src",
+        "PATH": "/ours/bin:/usr/bin",
+        "HOME": "/root",
+    }
+    env = engine_env(launch, base)
+    assert "VIRTUAL_ENV" not in env and "PYTHONPATH" not in env
+    assert env["PATH"] == "/engine/bin:/usr/bin"
+    assert env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert env["X"] == "1" and env["HOME"] == "/root"
+    assert engine_env(_launch(tmp_path, "/e/bin/python"), {})["VLLM_CPU_KVCACHE_SPACE"] == "1"
+
+
+def test_error_lines_keeps_tracebacks() -> None:
+    log = "\n".join(
+        [
+            "INFO starting",
+            "INFO loading 10%\rINFO loading 100%",
+            "(EngineCore pid=7) Traceback (most recent call last):",
+            '(EngineCore pid=7)   File "x.py", line 1, in <module>',
+            "(EngineCore pid=7)     boom()",
+            "(EngineCore pid=7) RuntimeError: Not enough memory",
+            "INFO shutting down",
+        ]
+    )
+    lines = error_lines(log)
+    assert lines[0].endswith("Traceback (most recent call last):")
+    assert lines[-1].endswith("RuntimeError: Not enough memory")
+    assert "INFO shutting down" not in lines
+    assert error_lines("a\n\nb") == ["a", "b"]  # no error lines -> plain tail
+
+
+# --------------------------------------------------------------------------- fake engine
+
+FAKE_ENGINE_PYTHON = """\
+#!{python}
+# Test double for the engine venv's python: ignores the launcher path and
+# behaves as MODE says. Spawns a child so the process group has 2 members.
+import os, signal, subprocess, sys, time
+mode = {mode!r}
+child = subprocess.Popen([{python!r}, "-c", "import time, signal; {child_code}"])
+print("INFO fake engine starting", flush=True)
+if mode == "crash":
+    time.sleep(0.5)
+    print("Traceback (most recent call last):", flush=True)
+    print('  File "fake.py", line 1, in <module>', flush=True)
+    print("RuntimeError: fake engine could not allocate the KV cache", flush=True)
+    child.kill()
+    sys.exit(3)
+if mode == "ignore_term":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+while True:
+    time.sleep(0.2)
+"""
+
+
+def _fake_engine(tmp_path: Path, mode: str) -> str:
+    child_code = (
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+        if mode == "ignore_term"
+        else "time.sleep(600)"
+    )
+    path = tmp_path / f"fake_engine_python_{mode}"
+    path.write_text(
+        FAKE_ENGINE_PYTHON.format(python=sys.executable, mode=mode, child_code=child_code)
+    )
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def _wait_members(pgid: int, n: int, timeout_s: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        members = group_members(pgid)
+        if len(members) >= n:
+            return members
+        time.sleep(0.05)
+    return group_members(pgid)
+
+
+def test_engine_start_error_carries_error_lines(tmp_path: Path) -> None:
+    server = EngineServer(_launch(tmp_path, _fake_engine(tmp_path, "crash"), port=0))
+    server.start()
+    try:
+        assert server.port > 0
+        with pytest.raises(EngineStartError) as info:
+            server.wait_healthy(timeout_s=30)
+        assert "exited with code 3" in str(info.value)
+        assert any("fake engine could not allocate" in ln for ln in info.value.log_lines)
+        assert any("Traceback" in ln for ln in info.value.log_lines)
+    finally:
+        server.stop(timeout_s=5)
+    assert server.pgid is not None and group_members(server.pgid) == []
+    # the log starts with the command line
+    assert server.log_tail(100)[0].startswith("# vlab: ")
+
+
+def test_engine_never_healthy_times_out_and_group_is_gone(tmp_path: Path) -> None:
+    with EngineServer(_launch(tmp_path, _fake_engine(tmp_path, "hang"), port=0)) as server:
+        assert server.pgid is not None
+        assert len(_wait_members(server.pgid, 2)) >= 2
+        t = time.monotonic()
+        with pytest.raises(EngineStartError) as info:
+            server.wait_healthy(timeout_s=1.5)
+        assert 1.0 < time.monotonic() - t < 10
+        assert "not healthy after" in str(info.value)
+        assert any("fake engine starting" in ln for ln in info.value.log_lines)
+    assert group_members(server.pgid) == []
+    assert server.stop() is not None  # idempotent
+
+
+def test_wait_healthy_cancel(tmp_path: Path) -> None:
+    cancel = threading.Event()
+    with EngineServer(_launch(tmp_path, _fake_engine(tmp_path, "hang"), port=0)) as server:
+        threading.Timer(0.5, cancel.set).start()
+        with pytest.raises(EngineCancelledError):
+            server.wait_healthy(cancel, timeout_s=60)
+    assert server.pgid is not None and group_members(server.pgid) == []
+
+
+def test_stop_escalates_to_sigkill(tmp_path: Path) -> None:
+    server = EngineServer(_launch(tmp_path, _fake_engine(tmp_path, "ignore_term"), port=0))
+    server.start()
+    assert server.pgid is not None
+    members = _wait_members(server.pgid, 2)
+    assert len(members) >= 2
+    time.sleep(0.5)  # let the fake install its SIGTERM handler
+    t = time.monotonic()
+    rc = server.stop(timeout_s=1.0)
+    elapsed = time.monotonic() - t
+    assert rc == -9  # killed by SIGKILL
+    assert 0.9 < elapsed < 15
+    assert group_members(server.pgid) == []
+    assert not server.is_running()
+
+
+def test_list_engine_args_failure_is_engine_error(tmp_path: Path) -> None:
+    with pytest.raises(EngineError) as info:
+        list_engine_args(_fake_engine(tmp_path, "crash"), timeout_s=30)
+    assert "exited with code 3" in str(info.value)
+    with pytest.raises(EngineError):
+        list_engine_args(str(tmp_path / "no-such-python"))
+
+
+# --------------------------------------------------------------------------- real vLLM
+
+
+@pytest.mark.engine
+@needs_engine
+def test_list_engine_args_real() -> None:
+    data = list_engine_args(ENGINE_PYTHON)
+    assert "cpu" in data["vllm_version"] or data["vllm_version"][0].isdigit()
+    by_dest = {a["dest"]: a for a in data["args"]}
+    apc = by_dest["enable_prefix_caching"]
+    assert apc["is_bool_flag"] and "--no-enable-prefix-caching" in apc["options"]
+    assert by_dest["max_model_len"]["options"] == ["--max-model-len"]
+    assert by_dest["headless"]["is_bool_flag"]
+    assert "nnodes" in by_dest and "node_rank" in by_dest
+    assert len(data["args"]) > 100

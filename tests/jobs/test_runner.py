@@ -1,0 +1,209 @@
+"""Tests of :func:`jobs.runner.execute`.
+
+Without vLLM: a fake engine python (test double) that crashes or hangs, to
+check that failures and cancellation become a :class:`RunResult` and that no
+process is left. With vLLM (``@pytest.mark.engine``, ``VLAB_ENGINE_PYTHON``
+pointing at the engine venv's python): real runs on the tiny model, APC on
+and off.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from jobs.engine import group_members
+from jobs.runner import execute, parse_engine_log
+from jobs.schemas import EngineLaunch, Progress, RunJob, WorkloadSpec
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _engine_python() -> str | None:
+    for cand in (
+        os.environ.get("VLAB_ENGINE_PYTHON"),
+        os.environ.get("VLAB_ENGINE__PYTHON"),
+        str(REPO / ".engine-venv" / "bin" / "python"),
+    ):
+        if cand and Path(cand).is_file():
+            return cand
+    return None
+
+
+ENGINE_PYTHON = _engine_python()
+needs_engine = pytest.mark.skipif(
+    ENGINE_PYTHON is None, reason="no vLLM engine python (set VLAB_ENGINE_PYTHON)"
+)
+
+FAKE_ENGINE_PYTHON = """\
+#!{python}
+# Test double for the engine venv's python (see tests/jobs/test_engine.py).
+import sys, time
+print("INFO fake engine starting", flush=True)
+if {crash!r}:
+    print("ERROR fake engine: CPU KV cache does not fit", flush=True)
+    sys.exit(1)
+while True:
+    time.sleep(0.2)
+"""
+
+
+def _fake_engine(tmp_path: Path, crash: bool) -> str:
+    path = tmp_path / f"fake_engine_python_{'crash' if crash else 'hang'}"
+    path.write_text(FAKE_ENGINE_PYTHON.format(python=sys.executable, crash=crash))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def _job(
+    tmp_path: Path,
+    model_dir: Path,
+    engine_python: str,
+    engine_args: dict[str, object] | None = None,
+    **workload: int,
+) -> RunJob:
+    spec = {"num_requests": 4, "prefix_tokens": 256, "output_tokens": 8, "warmup_requests": 1}
+    spec.update(workload)
+    return RunJob(
+        run_id="r-test",
+        launch=EngineLaunch(
+            engine_python=engine_python,
+            model_dir=str(model_dir),
+            served_model_name="tiny",
+            engine_args=engine_args or {},
+            port=0,
+            startup_timeout_s=600,
+            log_path=str(tmp_path / "server.log"),
+        ),
+        workload=WorkloadSpec.model_validate(spec),
+        scrape_interval_s=0.5,
+        request_timeout_s=120,
+    )
+
+
+def _pgid_of(result_command_port: int | None) -> None:  # pragma: no cover - helper doc only
+    """Processes are checked through the port-free command line (see _engine_procs)."""
+
+
+def _engine_procs(marker: str) -> list[int]:
+    """Pids whose command line contains ``marker`` (the job's unique log/model path)."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes().replace(b"\0", b" ")
+            state = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmd and state not in ("Z", "X"):
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_parse_engine_log() -> None:
+    log = (
+        "(APIServer pid=1) INFO [api_utils.py:347] banner version 0.32.0\n"
+        "(EngineCore pid=2) INFO Initializing a V1 LLM engine (v0.32.0) with config: ...\n"
+        "(EngineCore pid=2) INFO CPU KV cache size: 2,097,152 tokens, Maximum concurrency "
+        "for 2,048 tokens per request: 1024.00x\n"
+    )
+    info = parse_engine_log(log)
+    assert info == {
+        "vllm_version": "0.32.0",
+        "kv_cache_size_tokens": 2097152,
+        "kv_cache_device": "CPU",
+        "kv_cache_max_concurrency": 1024.0,
+        "kv_cache_max_concurrency_len": 2048,
+    }
+    assert parse_engine_log("nothing") == {}
+
+
+def test_execute_engine_crash_is_a_failed_result(tmp_path: Path, tiny_model_dir: Path) -> None:
+    phases: list[str] = []
+    job = _job(tmp_path, tiny_model_dir, _fake_engine(tmp_path, crash=True))
+    result = execute(job, progress=lambda p: phases.append(p.phase))
+    assert result.status == "failed"
+    assert result.error is not None and "CPU KV cache does not fit" in result.error
+    assert "fake engine starting" in result.engine_log
+    assert result.engine_info["request_list_hash"]
+    assert phases[:2] == ["starting", "waiting_health"] and phases[-1] == "done"
+    assert "stopping" in phases
+    assert _engine_procs(str(tmp_path)) == []
+
+
+def test_execute_cancel_during_startup(tmp_path: Path, tiny_model_dir: Path) -> None:
+    cancel = threading.Event()
+    job = _job(tmp_path, tiny_model_dir, _fake_engine(tmp_path, crash=False))
+    threading.Timer(1.0, cancel.set).start()
+    t = time.monotonic()
+    result = execute(job, cancel=cancel)
+    assert time.monotonic() - t < 30
+    assert result.status == "cancelled"
+    assert _engine_procs(str(tmp_path)) == []
+
+
+def test_execute_bad_model_dir_fails_without_engine(tmp_path: Path) -> None:
+    job = _job(tmp_path, tmp_path / "missing-model", _fake_engine(tmp_path, crash=False))
+    result = execute(job)
+    assert result.status == "failed"
+    assert result.error is not None and "request list" in result.error
+    assert _engine_procs(str(tmp_path)) == []
+
+
+# --------------------------------------------------------------------------- real vLLM
+
+ENGINE_ARGS = {"load_format": "dummy", "max_model_len": 2048}
+
+
+@pytest.mark.engine
+@needs_engine
+def test_execute_real_apc_on(tmp_path: Path, tiny_model_dir: Path) -> None:
+    assert ENGINE_PYTHON is not None
+    progress: list[Progress] = []
+    job = _job(
+        tmp_path,
+        tiny_model_dir,
+        ENGINE_PYTHON,
+        {**ENGINE_ARGS, "enable_prefix_caching": True},
+    )
+    result = execute(job, progress=progress.append)
+    assert result.status == "succeeded", result.error
+    assert [r.warmup for r in result.requests] == [True] + [False] * 4
+    assert all(r.success for r in result.requests)
+    assert result.metrics["completed"] == 4
+    assert result.metrics["mean_ttft_ms"] > 0
+    assert result.metrics["prefix_cache_hit_rate"] > 0
+    assert result.engine_info["prefix_cache_reset_ok"] is True
+    assert result.engine_info.get("vllm_version", "").startswith("0.")
+    assert {s.phase for s in result.samples} >= {"before", "after"}
+    for key in ("startup_s", "warmup_s", "measure_s", "total_s"):
+        assert result.timings[key] > 0
+    done = [p.requests_done for p in progress if p.phase == "measuring"]
+    assert done[-1] == 4
+    assert _engine_procs(str(tmp_path)) == []
+    assert group_members(result.engine_info["command"] and os.getpgid(0)) != []  # we survive
+
+
+@pytest.mark.engine
+@needs_engine
+def test_execute_real_apc_off(tmp_path: Path, tiny_model_dir: Path) -> None:
+    assert ENGINE_PYTHON is not None
+    job = _job(
+        tmp_path,
+        tiny_model_dir,
+        ENGINE_PYTHON,
+        {**ENGINE_ARGS, "enable_prefix_caching": False},
+    )
+    result = execute(job)
+    assert result.status == "succeeded", result.error
+    assert "--no-enable-prefix-caching" in result.engine_info["command"]
+    assert result.metrics["prefix_cache_hits_delta"] == 0
+    assert result.metrics.get("prefix_cache_hit_rate", 0.0) == 0
+    assert _engine_procs(str(tmp_path)) == []
