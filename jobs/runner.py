@@ -120,7 +120,7 @@ def execute(
         ``requests``: warm-ups (``warmup=True``) then measured records;
         ``samples``: ``before`` / ``during`` / ``after`` scrapes;
         ``engine_log``: the whole server log; ``engine_info``: ``command``,
-        ``port``, ``vllm_version`` (from the log), ``startup_s``,
+        ``port``, ``pgid`` (process group of the server, gone on return), ``vllm_version`` (from the log), ``startup_s``,
         ``request_list_hash``, ``prefix_cache_reset_ok``, KV cache size...;
         ``timings`` (seconds): ``startup_s``, ``warmup_s``, ``measure_s``,
         ``stop_s``, ``total_s``.
@@ -189,6 +189,7 @@ class _Run:
             server.start()
             self.engine_info["command"] = list(server.command)
             self.engine_info["port"] = server.port
+            self.engine_info["pgid"] = server.pgid
             self.report("waiting_health", f"waiting for {server.base_url}/health")
             startup_s = server.wait_healthy(self.cancel, job.launch.startup_timeout_s)
             self.timings["startup_s"] = startup_s

@@ -20,7 +20,7 @@ import pytest
 
 from jobs.engine import group_members
 from jobs.runner import execute, parse_engine_log
-from jobs.schemas import EngineLaunch, Progress, RunJob, WorkloadSpec
+from jobs.schemas import EngineLaunch, Progress, RunJob, RunResult, WorkloadSpec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -87,24 +87,10 @@ def _job(
     )
 
 
-def _pgid_of(result_command_port: int | None) -> None:  # pragma: no cover - helper doc only
-    """Processes are checked through the port-free command line (see _engine_procs)."""
-
-
-def _engine_procs(marker: str) -> list[int]:
-    """Pids whose command line contains ``marker`` (the job's unique log/model path)."""
-    pids = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes().replace(b"\0", b" ")
-            state = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker.encode() in cmd and state not in ("Z", "X"):
-            pids.append(int(entry.name))
-    return pids
+def _assert_no_engine_left(result: RunResult) -> None:
+    pgid = result.engine_info.get("pgid")
+    if pgid is not None:
+        assert group_members(pgid) == []
 
 
 def test_parse_engine_log() -> None:
@@ -133,9 +119,10 @@ def test_execute_engine_crash_is_a_failed_result(tmp_path: Path, tiny_model_dir:
     assert result.error is not None and "CPU KV cache does not fit" in result.error
     assert "fake engine starting" in result.engine_log
     assert result.engine_info["request_list_hash"]
+    assert result.engine_info["pgid"] > 0
     assert phases[:2] == ["starting", "waiting_health"] and phases[-1] == "done"
     assert "stopping" in phases
-    assert _engine_procs(str(tmp_path)) == []
+    _assert_no_engine_left(result)
 
 
 def test_execute_cancel_during_startup(tmp_path: Path, tiny_model_dir: Path) -> None:
@@ -146,7 +133,7 @@ def test_execute_cancel_during_startup(tmp_path: Path, tiny_model_dir: Path) -> 
     result = execute(job, cancel=cancel)
     assert time.monotonic() - t < 30
     assert result.status == "cancelled"
-    assert _engine_procs(str(tmp_path)) == []
+    _assert_no_engine_left(result)
 
 
 def test_execute_bad_model_dir_fails_without_engine(tmp_path: Path) -> None:
@@ -154,7 +141,7 @@ def test_execute_bad_model_dir_fails_without_engine(tmp_path: Path) -> None:
     result = execute(job)
     assert result.status == "failed"
     assert result.error is not None and "request list" in result.error
-    assert _engine_procs(str(tmp_path)) == []
+    _assert_no_engine_left(result)
 
 
 # --------------------------------------------------------------------------- real vLLM
@@ -187,8 +174,7 @@ def test_execute_real_apc_on(tmp_path: Path, tiny_model_dir: Path) -> None:
         assert result.timings[key] > 0
     done = [p.requests_done for p in progress if p.phase == "measuring"]
     assert done[-1] == 4
-    assert _engine_procs(str(tmp_path)) == []
-    assert group_members(result.engine_info["command"] and os.getpgid(0)) != []  # we survive
+    _assert_no_engine_left(result)
 
 
 @pytest.mark.engine
@@ -206,4 +192,4 @@ def test_execute_real_apc_off(tmp_path: Path, tiny_model_dir: Path) -> None:
     assert "--no-enable-prefix-caching" in result.engine_info["command"]
     assert result.metrics["prefix_cache_hits_delta"] == 0
     assert result.metrics.get("prefix_cache_hit_rate", 0.0) == 0
-    assert _engine_procs(str(tmp_path)) == []
+    _assert_no_engine_left(result)

@@ -1,0 +1,1 @@
+"""Dashboard assets (served by the API under ``/``; no CDN, everything ships here)."""
