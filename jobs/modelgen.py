@@ -152,9 +152,9 @@ def train_tokenizer(vocab_size: int, *, seed: int = 0) -> Tokenizer:
     texts = paragraphs()
     random.Random(seed).shuffle(texts)
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # type: ignore[assignment]
-    tok.decoder = decoders.ByteLevel()  # type: ignore[assignment]
-    trainer = trainers.BpeTrainer(  # type: ignore[call-arg]
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=2,
         special_tokens=list(SPECIAL_TOKENS),
@@ -163,7 +163,7 @@ def train_tokenizer(vocab_size: int, *, seed: int = 0) -> Tokenizer:
     )
     tok.train_from_iterator(texts, trainer=trainer)
     bos_id = tok.token_to_id(BOS_TOKEN)
-    tok.post_processor = processors.TemplateProcessing(  # type: ignore[assignment]
+    tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS_TOKEN} $A",
         pair=f"{BOS_TOKEN} $A {BOS_TOKEN} $B:1",
         special_tokens=[(BOS_TOKEN, bos_id)],
@@ -178,7 +178,12 @@ def _json_bytes(obj: Any) -> bytes:
 def _build_files(shape_name: str, seed: int) -> dict[str, bytes]:
     shape = SHAPES[shape_name]
     tok = train_tokenizer(shape.vocab_size, seed=seed)
-    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+    ids: dict[str, int] = {}
+    for t in SPECIAL_TOKENS:
+        tid = tok.token_to_id(t)
+        if tid is None:  # pragma: no cover - the trainer always adds special tokens
+            raise RuntimeError(f"special token {t} missing from the trained vocabulary")
+        ids[t] = tid
     trained_vocab = tok.get_vocab_size()
     # Round the embedding rows up to a multiple of 64, as real checkpoints do.
     vocab_rows = -(-trained_vocab // 64) * 64

@@ -120,8 +120,9 @@ def execute(
         ``requests``: warm-ups (``warmup=True``) then measured records;
         ``samples``: ``before`` / ``during`` / ``after`` scrapes;
         ``engine_log``: the whole server log; ``engine_info``: ``command``,
-        ``port``, ``pgid`` (process group of the server, gone on return), ``vllm_version`` (from the log), ``startup_s``,
-        ``request_list_hash``, ``prefix_cache_reset_ok``, KV cache size...;
+        ``port``, ``pgid`` (the server's process group, gone on return),
+        ``vllm_version`` (from the log), ``startup_s``, ``request_list_hash``,
+        ``prefix_cache_reset_ok``, KV cache size...;
         ``timings`` (seconds): ``startup_s``, ``warmup_s``, ``measure_s``,
         ``stop_s``, ``total_s``.
 

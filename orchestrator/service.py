@@ -196,7 +196,11 @@ def build_job(settings: Settings, run: Run) -> RunJob:
     from jobs.schemas import WorkloadSpec
 
     log_path = (settings.runs_dir / run.id / "engine.log").resolve()
-    env: dict[str, str] = {"VLLM_CPU_KVCACHE_SPACE": str(settings.engine.kv_cache_space_gib)}
+    env: dict[str, str] = {
+        "VLLM_CPU_KVCACHE_SPACE": str(settings.engine.kv_cache_space_gib),
+        # marks every engine process of the run (orphan checks scan /proc for it)
+        "VLAB_RUN_ID": run.id,
+    }
     return RunJob(
         run_id=run.id,
         launch=EngineLaunch(

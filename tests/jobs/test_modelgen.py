@@ -104,7 +104,8 @@ def test_render_chat_matches_template_layout(tiny_tokenizer: Tokenizer) -> None:
     assert not render_chat(msgs, add_generation_prompt=False).endswith("\n\n")
     ids = tiny_tokenizer.encode(render_chat(msgs), add_special_tokens=False).ids
     assert ids[0] == tiny_tokenizer.token_to_id(BOS_TOKEN)
-    assert ids.count(tiny_tokenizer.token_to_id(EOT_TOKEN)) == 2
+    eot = tiny_tokenizer.token_to_id(EOT_TOKEN)
+    assert eot is not None and ids.count(eot) == 2
 
 
 def test_generation_is_deterministic(tmp_path: Path, tiny_model_dir: Path) -> None:

