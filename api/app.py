@@ -137,7 +137,7 @@ def create_experiment(
 def list_experiments(
     request: Request, session: SessionDep, limit: Limit = 50, offset: Offset = 0
 ) -> Page[ExperimentListItem]:
-    rows, total = ExperimentRepository(session).list(limit=limit, offset=offset)
+    rows, total = ExperimentRepository(session).page(limit=limit, offset=offset)
     items = [
         ExperimentListItem(
             id=e.id,
@@ -168,7 +168,7 @@ def list_runs(
     offset: Offset = 0,
 ) -> Page[RunOut]:
     repo = RunRepository(session)
-    rows, total = repo.list(
+    rows, total = repo.page(
         experiment_id=experiment_id,
         status=status.value if status else None,
         limit=limit,

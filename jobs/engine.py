@@ -255,14 +255,24 @@ def group_members(pgid: int) -> list[int]:
 
 
 def _make_preexec(parent_pid: int) -> Callable[[], None]:
-    """preexec_fn: SIGKILL on parent death (Linux ``PR_SET_PDEATHSIG``)."""
+    """preexec_fn: SIGTERM on parent death (Linux ``PR_SET_PDEATHSIG``).
+
+    SIGTERM, not SIGKILL: vLLM's API server then shuts its engine-core and
+    worker processes down (a SIGKILLed launcher would orphan them). The
+    launcher's own watchdog (``VLAB_PARENT_PID``) SIGKILLs the whole group if
+    that graceful path hangs.
+    """
+
+    # Resolved in the parent: the child of a threaded process should not dlopen.
+    try:
+        prctl: Callable[..., int] | None = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        prctl = None
 
     def preexec() -> None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        except (OSError, AttributeError):
+        if prctl is None:
             return
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
         if os.getppid() != parent_pid:  # the parent died before prctl took effect
             os._exit(1)
 
@@ -273,10 +283,12 @@ class EngineServer:
     """One ``vllm serve`` process (and its children) for one :class:`EngineLaunch`.
 
     The server runs in its own session / process group, with stdout+stderr
-    appended to ``launch.log_path`` (truncated on :meth:`start`). It is
-    killed (SIGKILL) if the thread that called :meth:`start` dies
-    (``PR_SET_PDEATHSIG`` follows the creating *thread*): keep the server
-    within the lifetime of that thread (``execute`` does).
+    written to ``launch.log_path`` (truncated on :meth:`start`). If this
+    process dies, the server goes too: a parent-death SIGTERM
+    (``PR_SET_PDEATHSIG``) plus the launcher's watchdog, which SIGKILLs the
+    group 20 s later. ``PR_SET_PDEATHSIG`` follows the creating *thread*:
+    keep the server within the lifetime of the thread that called
+    :meth:`start` (``execute`` does).
 
     Use as a context manager (``__enter__`` starts, ``__exit__`` stops) or call
     :meth:`start` / :meth:`stop` yourself; :meth:`stop` is idempotent.
@@ -347,6 +359,7 @@ class EngineServer:
             self.command = build_serve_command(self.launch, port=self.port)
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             env = engine_env(self.launch)
+            env["VLAB_PARENT_PID"] = str(os.getpid())
             with self.log_path.open("wb") as log:
                 log.write(f"# vlab: {' '.join(self.command)}\n".encode())
                 log.flush()

@@ -211,6 +211,38 @@ def fingerprint() -> dict[str, Any]:
     }
 
 
+def _start_parent_watchdog(grace_s: float = 20.0) -> None:
+    """Tear the server down when the process that started us dies.
+
+    ``VLAB_PARENT_PID`` names that process. The job also sets a parent-death
+    SIGTERM on this process, but that does not reach vLLM's engine-core and
+    worker processes if this one is killed hard; so a daemon thread polls the
+    parent pid and, once it is gone, sends SIGTERM to this process (vLLM's
+    graceful shutdown) and SIGKILL to the whole process group after
+    ``grace_s`` seconds.
+    """
+    import signal
+    import threading
+    import time
+
+    try:
+        parent = int(os.environ.get("VLAB_PARENT_PID", "0"))
+    except ValueError:
+        return
+    if parent <= 0:
+        return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        print(f"vlab launcher: parent {parent} is gone, shutting down", file=sys.stderr)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_s)
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="vlab-parent-watchdog", daemon=True).start()
+
+
 def _main(argv: list[str]) -> int:
     usage = "vllm_launcher.py {serve <model> [vllm serve args...] | engine-args | fingerprint}"
     if not argv or argv[0] in ("-h", "--help"):
@@ -220,6 +252,7 @@ def _main(argv: list[str]) -> int:
     if command == "serve":
         from vllm.entrypoints.cli.main import main as vllm_main
 
+        _start_parent_watchdog()
         sys.argv = ["vllm", "serve", *rest]
         vllm_main()
         return 0

@@ -32,7 +32,7 @@ class ExperimentRepository:
     def get(self, experiment_id: str) -> Experiment | None:
         return self.session.get(Experiment, experiment_id)
 
-    def list(self, *, limit: int, offset: int) -> tuple[Sequence[Experiment], int]:
+    def page(self, *, limit: int, offset: int) -> tuple[Sequence[Experiment], int]:
         total = self.session.scalar(select(func.count()).select_from(Experiment)) or 0
         rows = self.session.scalars(
             select(Experiment)
@@ -53,7 +53,7 @@ class RunRepository:
             stmt = stmt.with_for_update()
         return self.session.scalars(stmt).first()
 
-    def list(
+    def page(
         self,
         *,
         experiment_id: str | None = None,

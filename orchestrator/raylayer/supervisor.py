@@ -74,4 +74,4 @@ class RunSupervisor:
         return True
 
 
-RunSupervisorActor = ray.remote(num_cpus=0, max_concurrency=8)(RunSupervisor)
+RunSupervisorActor = ray.remote(num_cpus=0, max_concurrency=8)(RunSupervisor)  # type: ignore[call-overload]

@@ -4,7 +4,7 @@ The process tests use a *fake engine python*: a small script written by the
 test (a test double standing in for the engine venv's interpreter) that
 ignores the launcher path and either crashes with a traceback, never becomes
 healthy, or ignores SIGTERM. Tests marked ``engine`` need the real vLLM CPU
-environment: set ``VLAB_ENGINE_PYTHON`` to its python.
+environment: set ``VLAB_ENGINE_PYTHON`` to its python (or have ``./.engine-venv``).
 """
 
 from __future__ import annotations
@@ -33,10 +33,24 @@ from jobs.engine import (
 )
 from jobs.schemas import EngineLaunch
 
-ENGINE_PYTHON = os.environ.get("VLAB_ENGINE_PYTHON", "")
-HAVE_ENGINE = bool(ENGINE_PYTHON) and Path(ENGINE_PYTHON).is_file()
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _engine_python() -> str | None:
+    """``VLAB_ENGINE_PYTHON``, else ``VLAB_ENGINE__PYTHON``, else ``./.engine-venv``."""
+    for cand in (
+        os.environ.get("VLAB_ENGINE_PYTHON"),
+        os.environ.get("VLAB_ENGINE__PYTHON"),
+        str(REPO / ".engine-venv" / "bin" / "python"),
+    ):
+        if cand and Path(cand).is_file():
+            return cand
+    return None
+
+
+ENGINE_PYTHON = _engine_python()
 needs_engine = pytest.mark.skipif(
-    not HAVE_ENGINE, reason="VLAB_ENGINE_PYTHON does not point at the vLLM engine python"
+    ENGINE_PYTHON is None, reason="no vLLM engine python (set VLAB_ENGINE_PYTHON)"
 )
 
 
@@ -271,6 +285,7 @@ def test_list_engine_args_failure_is_engine_error(tmp_path: Path) -> None:
 @pytest.mark.engine
 @needs_engine
 def test_list_engine_args_real() -> None:
+    assert ENGINE_PYTHON is not None
     data = list_engine_args(ENGINE_PYTHON)
     assert "cpu" in data["vllm_version"] or data["vllm_version"][0].isdigit()
     by_dest = {a["dest"]: a for a in data["args"]}

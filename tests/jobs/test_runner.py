@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _engine_python() -> str | None:
+    """``VLAB_ENGINE_PYTHON``, else ``VLAB_ENGINE__PYTHON``, else ``./.engine-venv``."""
     for cand in (
         os.environ.get("VLAB_ENGINE_PYTHON"),
         os.environ.get("VLAB_ENGINE__PYTHON"),
