@@ -25,6 +25,7 @@ from api.schemas import (
     SampleOut,
 )
 from orchestrator import service
+from orchestrator.db import unit_of_work
 from orchestrator.engine_catalog import load_catalog
 from orchestrator.errors import NotFoundError
 from orchestrator.models import Experiment, Run
@@ -37,16 +38,9 @@ WEB_DIR = Path(__file__).resolve().parent.parent / "web" / "static"
 
 
 def _session(request: Request) -> Iterator[Session]:
-    factory: sessionmaker[Session] = request.app.state.session_factory
-    session = factory()
-    try:
+    """One unit of work per request: commit on success, roll back on error."""
+    with unit_of_work(request.app.state.session_factory) as session:
         yield session
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    finally:
-        session.close()
 
 
 def _settings(request: Request) -> Settings:

@@ -203,7 +203,8 @@ def error_lines(text: str, n: int = 60) -> list[str]:
     """The last ``n`` meaningful lines of an engine log.
 
     Meaningful: every line of a traceback (from ``Traceback`` to its exception
-    line) and lines that mention an error; if there are none, the last ``n``
+    line, and the indented message lines right after it, as pydantic prints
+    them) and lines that mention an error; if there are none, the last ``n``
     non-empty lines. Progress bars (carriage-return rewrites) are reduced to
     their last state.
     """
@@ -211,14 +212,20 @@ def error_lines(text: str, n: int = 60) -> list[str]:
     lines = [ln for ln in lines if ln.strip()]
     keep: list[str] = []
     in_tb = False
+    after_exc = False  # indented lines right after an exception line are its message
     for ln in lines:
         body = _LOG_PREFIX.sub("", ln)
+        if after_exc and body[:1].isspace():
+            keep.append(ln)
+            continue
+        after_exc = False
         if body.startswith("Traceback"):
             in_tb = True
         if in_tb or _ERROR_MARKERS.search(ln):
             keep.append(ln)
-        if in_tb and _EXC_LINE.match(body):
+        if _EXC_LINE.match(body):
             in_tb = False
+            after_exc = True
     return (keep or lines)[-n:]
 
 

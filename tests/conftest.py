@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,18 +24,29 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def engine_python() -> str | None:
-    """The engine venv's python, if it exists (VLAB_ENGINE__PYTHON or ./.engine-venv)."""
-    cand = os.environ.get("VLAB_ENGINE__PYTHON") or str(REPO / ".engine-venv/bin/python")
-    return cand if Path(cand).exists() else None
+    """The engine venv python: VLAB_ENGINE__PYTHON, else ./.engine-venv; None if absent."""
+    for cand in (
+        os.environ.get("VLAB_ENGINE__PYTHON"),
+        os.environ.get("VLAB_ENGINE_PYTHON"),
+        str(REPO / ".engine-venv" / "bin" / "python"),
+    ):
+        if cand and Path(cand).is_file():
+            return cand
+    return None
 
 
-@pytest.fixture(scope="session")
-def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    base = os.environ.get("DATABASE_URL")
-    if not base:
-        yield start_embedded_postgres(tmp_path_factory.mktemp("pg") / "pgdata")
-        return
-    admin_url = make_url(normalize_url(base))
+ENGINE_PYTHON = engine_python()
+#: Tests that need the real vLLM engine: skipped without it, except under CI (they fail there).
+needs_engine = pytest.mark.skipif(
+    ENGINE_PYTHON is None and not os.environ.get("CI"),
+    reason="no vLLM engine environment (run `make engine`)",
+)
+
+
+@contextmanager
+def fresh_database(server_url: str) -> Iterator[str]:
+    """Create ``vlab_test_<random>`` on the server of ``server_url``; drop it afterwards."""
+    admin_url = make_url(normalize_url(server_url))
     name = f"vlab_test_{uuid.uuid4().hex[:10]}"
     admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -52,6 +64,21 @@ def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             )
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
         admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def server_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The Postgres server the tests use: ``DATABASE_URL`` or an embedded one."""
+    base = os.environ.get("DATABASE_URL")
+    if base:
+        return base
+    return start_embedded_postgres(tmp_path_factory.mktemp("pg") / "pgdata")
+
+
+@pytest.fixture(scope="session")
+def database_url(server_url: str) -> Iterator[str]:
+    with fresh_database(server_url) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -24,12 +24,12 @@ from orchestrator.db import unit_of_work
 from orchestrator.models import Run, RunLog, RunMetric, RunRequest, RunSample
 from orchestrator.runtime import Runtime
 from orchestrator.settings import EngineSettings, OrchestratorSettings, Settings
-from tests.conftest import engine_python
+from tests.conftest import ENGINE_PYTHON, fresh_database
 from tests.factories import make_experiment
 
 pytestmark = pytest.mark.engine
 
-ENGINE = engine_python()
+ENGINE = ENGINE_PYTHON
 if ENGINE is None:
     if os.environ.get("CI"):
         raise RuntimeError("CI needs the engine environment: run `make engine`")
@@ -59,7 +59,13 @@ def processes_with_env(marker: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> Iterator[dict[str, Any]]:
+def stack(tmp_path_factory: pytest.TempPathFactory, server_url: str) -> Iterator[dict[str, Any]]:
+    """API + orchestrator + local Ray on a database of its own (no other test's rows)."""
+    with fresh_database(server_url) as database_url:
+        yield from _stack(tmp_path_factory, database_url)
+
+
+def _stack(tmp_path_factory: pytest.TempPathFactory, database_url: str) -> Iterator[dict[str, Any]]:
     home = tmp_path_factory.mktemp("vlab-home")
     settings = Settings(
         home=home,

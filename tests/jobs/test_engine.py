@@ -4,12 +4,11 @@ The process tests use a *fake engine python*: a small script written by the
 test (a test double standing in for the engine venv's interpreter) that
 ignores the launcher path and either crashes with a traceback, never becomes
 healthy, or ignores SIGTERM. Tests marked ``engine`` need the real vLLM CPU
-environment: set ``VLAB_ENGINE_PYTHON`` to its python (or have ``./.engine-venv``).
+environment: set ``VLAB_ENGINE__PYTHON`` to its python (or have ``./.engine-venv``).
 """
 
 from __future__ import annotations
 
-import os
 import stat
 import sys
 import threading
@@ -32,26 +31,7 @@ from jobs.engine import (
     render_engine_args,
 )
 from jobs.schemas import EngineLaunch
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _engine_python() -> str | None:
-    """``VLAB_ENGINE_PYTHON``, else ``VLAB_ENGINE__PYTHON``, else ``./.engine-venv``."""
-    for cand in (
-        os.environ.get("VLAB_ENGINE_PYTHON"),
-        os.environ.get("VLAB_ENGINE__PYTHON"),
-        str(REPO / ".engine-venv" / "bin" / "python"),
-    ):
-        if cand and Path(cand).is_file():
-            return cand
-    return None
-
-
-ENGINE_PYTHON = _engine_python()
-needs_engine = pytest.mark.skipif(
-    ENGINE_PYTHON is None, reason="no vLLM engine python (set VLAB_ENGINE_PYTHON)"
-)
+from tests.conftest import ENGINE_PYTHON, needs_engine
 
 
 def _launch(tmp_path: Path, engine_python: str, **kw: object) -> EngineLaunch:
@@ -295,3 +275,20 @@ def test_list_engine_args_real() -> None:
     assert by_dest["headless"]["is_bool_flag"]
     assert "nnodes" in by_dest and "node_rank" in by_dest
     assert len(data["args"]) > 100
+
+
+def test_error_lines_keep_the_indented_message_after_the_exception_line() -> None:
+    log = "\n".join(
+        [
+            "INFO 11-29 starting",
+            "Traceback (most recent call last):",
+            '  File "x.py", line 1, in <module>',
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig",
+            "  Value error, User-specified max_model_len (1000000) is greater than the derived",
+            "    For further information visit https://errors.pydantic.dev/2.14/v/value_error",
+            "INFO shutting down",
+        ]
+    )
+    lines = error_lines(log)
+    assert any("User-specified max_model_len" in ln for ln in lines)
+    assert "INFO shutting down" not in lines

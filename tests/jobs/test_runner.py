@@ -2,14 +2,13 @@
 
 Without vLLM: a fake engine python (test double) that crashes or hangs, to
 check that failures and cancellation become a :class:`RunResult` and that no
-process is left. With vLLM (``@pytest.mark.engine``, ``VLAB_ENGINE_PYTHON``
+process is left. With vLLM (``@pytest.mark.engine``, ``VLAB_ENGINE__PYTHON``
 pointing at the engine venv's python): real runs on the tiny model, APC on
 and off.
 """
 
 from __future__ import annotations
 
-import os
 import stat
 import sys
 import threading
@@ -21,26 +20,7 @@ import pytest
 from jobs.engine import group_members
 from jobs.runner import execute, parse_engine_log
 from jobs.schemas import EngineLaunch, Progress, RunJob, RunResult, WorkloadSpec
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _engine_python() -> str | None:
-    """``VLAB_ENGINE_PYTHON``, else ``VLAB_ENGINE__PYTHON``, else ``./.engine-venv``."""
-    for cand in (
-        os.environ.get("VLAB_ENGINE_PYTHON"),
-        os.environ.get("VLAB_ENGINE__PYTHON"),
-        str(REPO / ".engine-venv" / "bin" / "python"),
-    ):
-        if cand and Path(cand).is_file():
-            return cand
-    return None
-
-
-ENGINE_PYTHON = _engine_python()
-needs_engine = pytest.mark.skipif(
-    ENGINE_PYTHON is None, reason="no vLLM engine python (set VLAB_ENGINE_PYTHON)"
-)
+from tests.conftest import ENGINE_PYTHON, needs_engine
 
 FAKE_ENGINE_PYTHON = """\
 #!{python}

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import threading
 
-from sqlalchemy import delete
+from sqlalchemy import delete, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator.db import unit_of_work
-from orchestrator.models import Experiment
+from orchestrator.models import Experiment, Run
 from orchestrator.repositories import RunRepository
 from orchestrator.states import RunStatus
 from tests.factories import make_experiment
 
 
 def test_claim_takes_oldest_queued_and_moves_it_to_preparing(db_session: Session) -> None:
+    # other tests' committed queued runs are set aside inside this rolled-back transaction
+    db_session.execute(update(Run).where(Run.status == "queued").values(status="cancelled"))
     exp = make_experiment(db_session, n_runs=3)
     repo = RunRepository(db_session)
     run = repo.claim_next_queued("orch-a")
