@@ -337,10 +337,9 @@ class _Run:
     async def _scrape_loop(
         self, client: httpx.AsyncClient, base_url: str, stop: asyncio.Event
     ) -> None:
+        # One "during" sample as the load starts, then one per interval until it ends.
         interval = max(0.05, float(self.job.scrape_interval_s))
         while not stop.is_set():
+            await self._sample(client, base_url, "during")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=interval)
-            if stop.is_set():
-                return
-            await self._sample(client, base_url, "during")
