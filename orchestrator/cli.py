@@ -11,6 +11,7 @@ import logging
 import signal
 import sys
 import threading
+import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -24,7 +25,9 @@ from orchestrator.settings import Settings, get_settings
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 models_app = typer.Typer(help="Generated Llama-shaped models (random weights, real compute).")
 app.add_typer(models_app, name="model")
-console = Console()
+# Not a terminal (logs, CI): wide enough for the result table, no line wrapping of URLs.
+console = Console() if sys.stdout.isatty() else Console(width=200, soft_wrap=True)
+warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")  # from the embedded Postgres
 
 ApiOpt = Annotated[str | None, typer.Option("--api", help="API base URL (default from settings)")]
 

@@ -106,16 +106,43 @@ def watch(
     """Show live progress until every run of the experiment ends; return the experiment."""
     console = console or Console()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+    def still_running(exp: dict[str, Any]) -> bool:
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"experiment {experiment_id} still running")
+        return any(r["status"] in ACTIVE for r in exp["runs"])
+
     with httpx.Client(timeout=30) as client:
         exp = fetch_experiment(client, api, experiment_id)
+        if not console.is_terminal:  # logs and CI: one line per change instead of a live view
+            last: dict[str, str] = {}
+            while True:
+                for run in exp["runs"]:
+                    line = progress_line(run)
+                    if last.get(run["id"]) != line:
+                        console.print(line)
+                        last[run["id"]] = line
+                if not still_running(exp):
+                    return exp
+                time.sleep(interval_s)
+                exp = fetch_experiment(client, api, experiment_id)
         with Live(progress_view(exp), console=console, refresh_per_second=4) as live:
-            while any(r["status"] in ACTIVE for r in exp["runs"]):
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"experiment {experiment_id} still running")
+            while still_running(exp):
                 time.sleep(interval_s)
                 exp = fetch_experiment(client, api, experiment_id)
                 live.update(Group(progress_view(exp)))
     return exp
+
+
+def progress_line(run: dict[str, Any]) -> str:
+    """``run <name>: <status> [<phase> <done>/<total>]`` for non-terminal output."""
+    prog = run.get("progress") or {}
+    text = f"  run {run['name']}: {run['status']}"
+    if run["status"] in ACTIVE and prog.get("phase"):
+        text += f" - {prog['phase']}"
+        if prog.get("requests_total"):
+            text += f" {prog.get('requests_done', 0)}/{prog['requests_total']} requests"
+    return text
 
 
 def print_results(exp: dict[str, Any], console: Console | None = None) -> None:
