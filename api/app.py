@@ -91,8 +91,13 @@ def _experiment_out(request: Request, session: Session, exp: Experiment) -> Expe
         request_list_hash=exp.request_list_hash,
         created_at=exp.created_at,
         status=experiment_status(list(exp.runs)),
+        repeats=exp.repeats,
+        variants=exp.variants,
         spec=exp.spec,
-        runs=[_run_out(request, r, metrics.get(r.id)) for r in exp.runs],
+        runs=[
+            _run_out(request, r, metrics.get(r.id))
+            for r in sorted(exp.runs, key=lambda r: r.sequence)
+        ],
     )
 
 
@@ -110,7 +115,9 @@ def create_experiment(
     engine environment cannot list its arguments.
     """
     catalog = load_catalog(settings)
-    exp = service.create_experiment(session, settings, spec, catalog)
+    exp = service.create_experiment(
+        session, settings, spec, catalog, resolver=service.engine_resolver(settings)
+    )
     return ExperimentCreated(
         id=exp.id,
         url=str(request.url_for("get_experiment", experiment_id=exp.id)),
@@ -119,10 +126,12 @@ def create_experiment(
                 id=r.id,
                 name=r.name,
                 position=r.position,
+                repeat_index=r.repeat_index,
+                sequence=r.sequence,
                 status=r.status,
                 url=_run_url(request, r.id),
             )
-            for r in exp.runs
+            for r in sorted(exp.runs, key=lambda r: r.sequence)
         ],
     )
 

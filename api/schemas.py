@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 T = TypeVar("T")
 
@@ -21,6 +21,8 @@ class RunBrief(BaseModel):
     id: str
     name: str
     position: int
+    repeat_index: int
+    sequence: int
     status: str
     url: str
 
@@ -39,7 +41,14 @@ class RunOut(BaseModel):
     position: int
     is_baseline: bool
     reference_run_id: str | None
+    reference_variant: str | None
+    variable: str | None
+    variable_paths: list[str]
     changes: dict[str, Any]
+    repeat_index: int
+    sequence: int
+    server_key: str | None
+    resolved_config: dict[str, Any] | None
     status: str
     status_reason: str | None
     cancel_requested: bool
@@ -74,6 +83,10 @@ class ExperimentOut(BaseModel):
     request_list_hash: str
     created_at: datetime
     status: str
+    repeats: int
+    variants: list[dict[str, Any]] = Field(
+        description="the chain: each variant's reference, the variable it changes, its changes"
+    )
     spec: dict[str, Any]
     runs: list[RunOut]
 

@@ -24,8 +24,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.schemas import RunJob, RunResult
 from orchestrator.db import unit_of_work
-from orchestrator.repositories import RunRepository
-from orchestrator.service import build_job, record_result
+from orchestrator.repositories import OrchestratorRepository, RunRepository
+from orchestrator.service import build_job, record_result, reserved_devices
 from orchestrator.settings import Settings
 from orchestrator.states import RunStatus, is_terminal
 
@@ -43,6 +43,8 @@ class Poll:
 
 
 class RunBackend(Protocol):
+    def resources(self) -> dict[str, float]: ...
+
     def total_devices(self) -> int: ...
 
     def has_capacity(self, devices: int) -> bool: ...
@@ -68,6 +70,15 @@ class Dispatcher:
     )
     active: dict[str, str] = field(default_factory=dict)  # run_id -> last status
     _last_reconcile: float = 0.0
+    _last_heartbeat: float = 0.0
+
+    def heartbeat(self) -> None:
+        """Publish this orchestrator's liveness and cluster resources (read by the API)."""
+        with unit_of_work(self.session_factory) as s:
+            OrchestratorRepository(s).heartbeat(
+                self.orchestrator_id, socket.gethostname(), self.backend.resources()
+            )
+        self._last_heartbeat = time.monotonic()
 
     def reconcile(self) -> list[str]:
         """Adopt or fail stale non-terminal runs; returns the ids that were failed."""
@@ -95,6 +106,8 @@ class Dispatcher:
 
     def tick(self) -> None:
         """One round: poll active runs, then claim at most one queued run."""
+        if time.monotonic() - self._last_heartbeat > 5.0:
+            self.heartbeat()
         for run_id in list(self.active):
             self._poll_one(run_id)
         if time.monotonic() - self._last_reconcile > self.settings.orchestrator.stale_after_s / 2:
@@ -133,9 +146,7 @@ class Dispatcher:
             run = repo.claim_next_queued(self.orchestrator_id)
             if run is None:
                 return
-            devices = int(run.layout.get("tensor_parallel_size", 1)) * int(
-                run.layout.get("pipeline_parallel_size", 1)
-            )
+            devices = reserved_devices(run.layout)
             total = self.backend.total_devices()
             if devices > total:
                 repo.transition(
@@ -161,6 +172,7 @@ class Dispatcher:
 
     def run_forever(self, stop: threading.Event) -> None:
         """Tick every ``poll_interval_s`` until ``stop`` is set; cancel active runs on exit."""
+        self.heartbeat()
         self.reconcile()
         while not stop.is_set():
             try:

@@ -59,6 +59,10 @@ class Experiment(Base):
     model_id: Mapped[str] = mapped_column(String(500))
     model_digest: Mapped[str] = mapped_column(String(64))
     request_list_hash: Mapped[str] = mapped_column(String(64))
+    repeats: Mapped[int] = mapped_column(Integer, server_default="1")
+    variants: Mapped[list[dict[str, Any]]] = mapped_column(
+        JSONType, server_default="[]", doc="the chain: name, reference, variable, changes"
+    )
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
     runs: Mapped[list[Run]] = relationship(
@@ -71,6 +75,7 @@ class Run(Base):
     __table_args__ = (
         Index("ix_runs_status_created", "status", "created_at"),
         Index("ix_runs_experiment_position", "experiment_id", "position"),
+        Index("ix_runs_experiment_sequence", "experiment_id", "sequence"),
         CheckConstraint(
             "status IN ('queued', 'preparing', 'running', 'succeeded', 'failed', "
             "'cancelled', 'blocked')",
@@ -87,6 +92,15 @@ class Run(Base):
     is_baseline: Mapped[bool] = mapped_column(Boolean, default=False)
     reference_run_id: Mapped[str | None] = mapped_column(String(36))
     changes: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    repeat_index: Mapped[int] = mapped_column(Integer, server_default="0")
+    sequence: Mapped[int] = mapped_column(Integer, server_default="0", doc="execution order")
+    reference_variant: Mapped[str | None] = mapped_column(String(200))
+    variable: Mapped[str | None] = mapped_column(String(200))
+    variable_paths: Mapped[list[str]] = mapped_column(JSONType, server_default="[]")
+    server_key: Mapped[str | None] = mapped_column(String(64))
+    resolved_config: Mapped[dict[str, Any] | None] = mapped_column(
+        JSONType, doc="the configuration vLLM resolved (after its own defaults)"
+    )
 
     status: Mapped[str] = mapped_column(String(20), default="queued")
     status_reason: Mapped[str | None] = mapped_column(Text)
@@ -159,3 +173,15 @@ class RunLog(Base):
 
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     content: Mapped[str] = mapped_column(Text)
+
+
+class Orchestrator(Base):
+    """A live orchestrator process and the cluster resources it sees (heartbeat)."""
+
+    __tablename__ = "orchestrators"
+
+    id: Mapped[str] = mapped_column(String(100), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(255))
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    resources: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)

@@ -12,7 +12,15 @@ from typing import Any
 from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from orchestrator.models import Experiment, Run, RunLog, RunMetric, RunRequest, RunSample
+from orchestrator.models import (
+    Experiment,
+    Orchestrator,
+    Run,
+    RunLog,
+    RunMetric,
+    RunRequest,
+    RunSample,
+)
 from orchestrator.states import TERMINAL, RunStatus, check_transition
 
 
@@ -82,7 +90,7 @@ class RunRepository:
         run = self.session.scalars(
             select(Run)
             .where(Run.status == RunStatus.QUEUED.value)
-            .order_by(Run.created_at, Run.position, Run.id)
+            .order_by(Run.created_at, Run.sequence, Run.id)
             .limit(1)
             .with_for_update(skip_locked=True)
         ).first()
@@ -217,3 +225,31 @@ class RunRepository:
 
     def log(self, run_id: str) -> str | None:
         return self.session.scalar(select(RunLog.content).where(RunLog.run_id == run_id))
+
+
+class OrchestratorRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def heartbeat(self, orchestrator_id: str, hostname: str, resources: dict[str, Any]) -> None:
+        """Insert or refresh this orchestrator's row (``INSERT ... ON CONFLICT``)."""
+        from sqlalchemy.dialects.postgresql import insert
+
+        now = utcnow()
+        stmt = insert(Orchestrator).values(
+            id=orchestrator_id, hostname=hostname, heartbeat_at=now, resources=resources
+        )
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[Orchestrator.id],
+            set_={"heartbeat_at": now, "resources": resources},
+        )
+        self.session.execute(stmt)
+
+    def cluster_devices(self, resource: str, stale_after_s: float) -> int | None:
+        """The most ``resource`` devices a live orchestrator reports; None when none is live."""
+        cutoff = utcnow() - timedelta(seconds=stale_after_s)
+        rows = self.session.scalars(
+            select(Orchestrator.resources).where(Orchestrator.heartbeat_at >= cutoff)
+        ).all()
+        counts = [int(float(r.get(resource, 0))) for r in rows]
+        return max(counts) if counts else None

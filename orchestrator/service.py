@@ -12,12 +12,17 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from jobs.schemas import EngineLaunch, RunJob, RunResult
+from orchestrator.design import Resolver, plan_experiment
 from orchestrator.engine_catalog import EngineArgCatalog
-from orchestrator.errors import NotFoundError, SpecInvalidError
+from orchestrator.errors import EngineUnavailableError, NotFoundError, SpecInvalidError
 from orchestrator.models import Experiment, Run
-from orchestrator.repositories import ExperimentRepository, RunRepository
+from orchestrator.repositories import (
+    ExperimentRepository,
+    OrchestratorRepository,
+    RunRepository,
+)
 from orchestrator.settings import Settings
-from orchestrator.spec import ExperimentSpec, PlannedRun, expand
+from orchestrator.spec import ExperimentSpec, expand
 from orchestrator.states import RunStatus, is_terminal
 
 GENERATED_SHAPES = ("tiny", "small")
@@ -73,93 +78,127 @@ def resolve_model(settings: Settings, model: str) -> ResolvedModel:
     )
 
 
-def explicit_engine_args(planned: PlannedRun, model: ResolvedModel) -> dict[str, Any]:
-    """The engine arguments this run passes on vLLM's command line."""
-    args: dict[str, Any] = {}
-    if model.generated:
-        args["load_format"] = "dummy"  # random weights, real compute (see DESIGN.md)
-    args.update(planned.config.engine_args)
-    args["tensor_parallel_size"] = planned.config.layout.tensor_parallel_size
-    args["pipeline_parallel_size"] = planned.config.layout.pipeline_parallel_size
-    return args
+def engine_resolver(settings: Settings) -> Resolver | None:
+    """vLLM's own configuration resolution, when enabled (``VLAB_ENGINE__RESOLVE_CONFIGS``)."""
+    if not settings.engine.resolve_configs:
+        return None
 
+    def resolve(model_dir: str, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        from jobs.engine import EngineError, resolve_engine_configs
 
-def validate_spec(
-    spec: ExperimentSpec, catalog: EngineArgCatalog
-) -> tuple[list[PlannedRun], list[dict[str, Any]]]:
-    """Expand ``spec`` and check every run's engine arguments; return (runs, errors)."""
-    runs, errors = expand(spec)
-    errors = catalog.check(spec.baseline.engine_args, ["body", "baseline", "engine_args"]) + errors
-    for i, variant in enumerate(spec.variants):
-        for path, value in variant.changes.items():
-            if path.startswith("engine_args."):
-                name = path.split(".", 1)[1]
-                for err in catalog.check({name: value}, []):
-                    errors.append({**err, "loc": ["body", "variants", i, "changes", path]})
-    return runs, errors
+        try:
+            doc = resolve_engine_configs(str(settings.engine.python), model_dir, configs)
+        except EngineError as exc:
+            raise EngineUnavailableError(
+                f"vLLM could not resolve the configurations: {exc}"
+            ) from exc
+        results: list[dict[str, Any]] = doc["results"]
+        return results
+
+    return resolve
 
 
 def create_experiment(
-    session: Session, settings: Settings, spec: ExperimentSpec, catalog: EngineArgCatalog
+    session: Session,
+    settings: Settings,
+    spec: ExperimentSpec,
+    catalog: EngineArgCatalog,
+    *,
+    resolver: Resolver | None = None,
 ) -> Experiment:
-    """Validate ``spec`` and store the experiment with its runs (all ``queued``).
+    """Check ``spec`` and store the experiment with all its runs (``queued``).
 
     Raises :class:`SpecInvalidError` listing every problem; nothing is stored then.
     """
     from jobs.modelgen import load_tokenizer
     from jobs.workload import build_requests, request_list_hash
 
-    planned, errors = validate_spec(spec, catalog)
-    if errors:
-        raise SpecInvalidError(errors)
+    pre_errors = expand(spec)[1]
+    if pre_errors:
+        raise SpecInvalidError(pre_errors)
     model = resolve_model(settings, spec.model)
+    plan = plan_experiment(
+        spec,
+        catalog,
+        model_dir=str(model.path),
+        model_digest=model.digest,
+        generated_model=model.generated,
+        cluster_devices=OrchestratorRepository(session).cluster_devices(
+            settings.orchestrator.device_resource, settings.orchestrator.stale_after_s
+        ),
+        resolver=resolver,
+    )
+    if plan.errors:
+        raise SpecInvalidError(plan.errors)
     tokenizer = load_tokenizer(model.path)
     hashes: dict[str, str] = {}
+
+    def list_hash(workload: Any) -> str:
+        key = workload.model_dump_json()
+        if key not in hashes:
+            hashes[key] = request_list_hash(build_requests(workload, tokenizer))
+        return hashes[key]
+
     experiment = Experiment(
         name=spec.name,
         description=spec.description,
         spec=spec.model_dump(mode="json"),
         model_id=model.model_id,
         model_digest=model.digest,
-        request_list_hash="",
+        request_list_hash=list_hash(plan.variants[0].config.workload),
+        repeats=spec.repeats,
+        variants=[
+            {
+                "name": v.name,
+                "position": v.position,
+                "reference": v.reference,
+                "variable": v.variable,
+                "variable_paths": v.variable_paths,
+                "changes": v.changes,
+                "source": v.source,
+            }
+            for v in plan.variants
+        ],
     )
     ExperimentRepository(session).add(experiment)
-    baseline_id: str | None = None
-    for p in planned:
-        workload_key = p.config.workload.model_dump_json()
-        if workload_key not in hashes:
-            hashes[workload_key] = request_list_hash(build_requests(p.config.workload, tokenizer))
-        explicit = explicit_engine_args(p, model)
-        resolved = catalog.resolve(explicit)
+    run_ids: dict[tuple[str, int], str] = {}
+    for p in sorted(plan.runs, key=lambda r: (r.variant.position, r.repeat_index)):
+        v = p.variant
+        explicit = p.explicit_engine_args
         run = Run(
             experiment_id=experiment.id,
-            name=p.name,
-            position=p.position,
-            is_baseline=p.is_baseline,
-            reference_run_id=None if p.is_baseline else baseline_id,
-            changes=p.changes,
+            name=v.name,
+            position=v.position,
+            is_baseline=v.reference is None,
+            reference_run_id=run_ids.get((v.reference, p.repeat_index)) if v.reference else None,
+            reference_variant=v.reference,
+            variable=v.variable,
+            variable_paths=v.variable_paths,
+            changes=v.changes,
+            repeat_index=p.repeat_index,
+            sequence=p.sequence,
+            server_key=p.server_key,
+            resolved_config=p.resolved_config,
             status=RunStatus.QUEUED.value,
             progress={},
-            engine_args=resolved,
+            engine_args=p.resolved_engine_args,
             explicit_engine_args=explicit,
-            layout=p.config.layout.model_dump(mode="json"),
-            workload=p.config.workload.model_dump(mode="json"),
+            layout=v.config.layout.model_dump(mode="json"),
+            workload=v.config.workload.model_dump(mode="json"),
             model_id=model.model_id,
             model_path=str(model.path),
             model_digest=model.digest,
             max_model_len=explicit.get("max_model_len") or model.max_position_embeddings,
-            seed=p.config.workload.seed,
-            request_list_hash=hashes[workload_key],
+            seed=v.config.workload.seed,
+            request_list_hash=list_hash(v.config.workload),
             vllm_version=catalog.vllm_version,
             engine_info={},
             timings={},
         )
         session.add(run)
         session.flush()
-        if p.is_baseline:
-            baseline_id = run.id
-    experiment.request_list_hash = hashes[planned[0].config.workload.model_dump_json()]
-    session.flush()
+        run_ids[(v.name, p.repeat_index)] = run.id
+    session.refresh(experiment)
     return experiment
 
 
@@ -191,6 +230,32 @@ def request_cancel(session: Session, run_id: str) -> Run:
     return run
 
 
+def reserved_devices(layout: dict[str, Any]) -> int:
+    """Devices a run reserves: ``layout.devices``, else TP x PP."""
+    tp = int(layout.get("tensor_parallel_size", 1))
+    pp = int(layout.get("pipeline_parallel_size", 1))
+    return int(layout.get("devices") or tp * pp)
+
+
+def cpu_thread_binding(layout: dict[str, Any], first_core: int = 0) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for a run on CPU cores: one core list per rank.
+
+    The run's devices (cores ``first_core ..``) are split evenly over its
+    TP x PP ranks: TP=2 on 2 cores -> ``"0|1"``; TP=1 on 2 cores -> ``"0-1"``.
+    vLLM's CPU backend needs an explicit binding when TP or PP > 1
+    (ENGINE_NOTES.md).
+    """
+    ranks = int(layout.get("tensor_parallel_size", 1)) * int(
+        layout.get("pipeline_parallel_size", 1)
+    )
+    per = max(1, reserved_devices(layout) // ranks)
+    parts = []
+    for rank in range(ranks):
+        a = first_core + rank * per
+        parts.append(f"{a}-{a + per - 1}" if per > 1 else str(a))
+    return "|".join(parts)
+
+
 def build_job(settings: Settings, run: Run) -> RunJob:
     """The :class:`RunJob` a supervisor executes for ``run``."""
     from jobs.schemas import WorkloadSpec
@@ -201,6 +266,8 @@ def build_job(settings: Settings, run: Run) -> RunJob:
         # marks every engine process of the run (orphan checks scan /proc for it)
         "VLAB_RUN_ID": run.id,
     }
+    if settings.orchestrator.device_resource == "CPU":
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(run.layout)
     return RunJob(
         run_id=run.id,
         launch=EngineLaunch(

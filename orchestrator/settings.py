@@ -30,6 +30,9 @@ class EngineSettings(BaseModel):
     kv_cache_space_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU hosts")
     startup_timeout_s: float = Field(600.0, gt=0)
     request_timeout_s: float = Field(600.0, gt=0)
+    resolve_configs: bool = Field(
+        True, description="ask vLLM for its resolved configuration at submission"
+    )
 
 
 class OrchestratorSettings(BaseModel):

@@ -35,6 +35,7 @@ def make_experiment(session: Session, n_runs: int = 2, **run_overrides: Any) -> 
             experiment_id=exp.id,
             name="baseline" if i == 0 else f"v{i}",
             position=i,
+            sequence=i,
             is_baseline=i == 0,
             changes={},
             status=RunStatus.QUEUED.value,

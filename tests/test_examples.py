@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import load_spec_file
-from orchestrator.service import validate_spec
+from orchestrator.design import plan_experiment
 from orchestrator.spec import ExperimentSpec
 from tests.factories import real_catalog
 
@@ -17,9 +17,11 @@ EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_example_spec_is_valid(path: Path) -> None:
     spec = ExperimentSpec.model_validate(load_spec_file(path))
-    runs, errors = validate_spec(spec, real_catalog())
-    assert errors == []
-    assert len(runs) == 1 + len(spec.variants)
+    plan = plan_experiment(
+        spec, real_catalog(), model_dir="unused", model_digest="0" * 64, generated_model=True
+    )
+    assert plan.errors == []
+    assert len(plan.runs) == len(plan.variants) * spec.repeats
 
 
 def test_there_are_examples() -> None:

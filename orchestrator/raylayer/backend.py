@@ -52,6 +52,9 @@ class RayRunBackend:
         self.resource = settings.orchestrator.device_resource
         self._runs: dict[str, _Active] = {}
 
+    def resources(self) -> dict[str, float]:
+        return {k: float(v) for k, v in ray.cluster_resources().items()}
+
     def total_devices(self) -> int:
         return int(ray.cluster_resources().get(self.resource, 0))
 

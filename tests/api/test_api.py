@@ -27,7 +27,10 @@ PROBLEM = "application/problem+json"
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     python = tmp_path / "engine-python-placeholder"
-    s = Settings(home=tmp_path / "home", engine=EngineSettings(python=python))
+    # vLLM's own config resolution needs the engine; it is covered by the end-to-end test
+    s = Settings(
+        home=tmp_path / "home", engine=EngineSettings(python=python, resolve_configs=False)
+    )
     s.home.mkdir()
     doc = json.loads((DATA / "engine_args_vllm032cpu.json").read_text())
     doc["engine_python"] = str(python)
@@ -50,6 +53,7 @@ def demo_spec(**kw: Any) -> dict[str, Any]:
             "workload": {"num_requests": 4, "prefix_tokens": 128, "seed": 3},
         },
         "variants": [{"name": "apc-on", "changes": {"engine_args.enable_prefix_caching": True}}],
+        "repeats": 1,
     }
     doc.update(kw)
     return doc
@@ -83,6 +87,8 @@ def test_submit_stores_experiment_and_queued_runs(
     assert apc["reference_run_id"] == base["id"]
     assert apc["changes"] == {"engine_args.enable_prefix_caching": True}
 
+    assert exp["variants"][1]["reference"] == "baseline"
+    assert exp["variants"][1]["variable"] == "engine_args.enable_prefix_caching"
     runs = client.get("/api/v1/runs", params={"experiment_id": body["id"]}).json()
     assert runs["total"] == 2 and [r["position"] for r in runs["items"]] == [0, 1]
     one = client.get(f"/api/v1/runs/{base['id']}")
@@ -186,3 +192,43 @@ def test_pagination_and_health_and_openapi(client: TestClient) -> None:
     assert client.get("/healthz").json() == {"status": "ok", "database": "ok"}
     paths = client.get("/openapi.json").json()["paths"]
     assert "/api/v1/experiments" in paths and "/api/v1/runs/{run_id}/metrics" in paths
+
+
+def test_repeats_are_interleaved_and_linked_to_their_reference(client: TestClient) -> None:
+    body = client.post("/api/v1/experiments", json=demo_spec(repeats=3)).json()
+    assert [(r["name"], r["repeat_index"]) for r in body["runs"]] == [
+        ("baseline", 0),
+        ("apc-on", 0),
+        ("baseline", 1),
+        ("apc-on", 1),
+        ("baseline", 2),
+        ("apc-on", 2),
+    ]
+    exp = client.get(f"/api/v1/experiments/{body['id']}").json()
+    assert exp["repeats"] == 3
+    by_id = {r["id"]: r for r in exp["runs"]}
+    for r in exp["runs"]:
+        if r["name"] == "apc-on":
+            ref = by_id[r["reference_run_id"]]
+            assert ref["name"] == "baseline" and ref["repeat_index"] == r["repeat_index"]
+    assert len({r["request_list_hash"] for r in exp["runs"]}) == 1
+
+
+def test_two_variable_variant_is_422_naming_both_values(
+    client: TestClient, session_factory: sessionmaker[Session]
+) -> None:
+    before = count(session_factory, Run)
+    spec = demo_spec(
+        variants=[
+            {
+                "name": "two",
+                "changes": {"engine_args.enable_prefix_caching": True, "workload.concurrency": 8},
+            }
+        ]
+    )
+    resp = client.post("/api/v1/experiments", json=spec)
+    assert resp.status_code == 422
+    err = resp.json()["errors"][0]
+    assert err["type"] == "more_than_one_variable"
+    assert "workload.concurrency: 1 -> 8" in err["msg"]
+    assert count(session_factory, Run) == before

@@ -1,17 +1,25 @@
-"""Spec validation and expansion: one variable per variant, every bad field named."""
+"""Spec expansion: one variable per variant, linked factors, invariants, ladder, interleaving."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from orchestrator.service import validate_spec
-from orchestrator.spec import ExperimentSpec, expand
-from tests.factories import real_catalog
+from orchestrator.spec import (
+    ExperimentSpec,
+    RunConfig,
+    config_diff,
+    execution_order,
+    expand,
+)
 
 
-def spec(**kw):  # type: ignore[no-untyped-def]
-    doc = {
+def spec(**kw: Any) -> ExperimentSpec:
+    doc: dict[str, Any] = {
         "name": "t",
         "model": "tiny",
         "baseline": {"engine_args": {"enable_prefix_caching": False}},
@@ -21,50 +29,160 @@ def spec(**kw):  # type: ignore[no-untyped-def]
     return ExperimentSpec.model_validate(doc)
 
 
-def test_expands_baseline_and_one_run_per_variant() -> None:
-    runs, errors = expand(spec())
+def test_expands_baseline_and_one_variant() -> None:
+    variants, errors = expand(spec())
     assert errors == []
-    assert [r.name for r in runs] == ["baseline", "apc"]
-    assert runs[0].config.engine_args == {"enable_prefix_caching": False}
-    assert runs[1].config.engine_args == {"enable_prefix_caching": True}
-    # everything else inherited
-    assert runs[1].config.workload == runs[0].config.workload
-    assert runs[1].config.layout == runs[0].config.layout
+    assert [v.name for v in variants] == ["baseline", "apc"]
+    assert variants[1].reference == "baseline"
+    assert variants[1].variable == "engine_args.enable_prefix_caching"
+    assert variants[1].config.engine_args == {"enable_prefix_caching": True}
+    assert variants[1].config.workload == variants[0].config.workload
 
 
-def test_variant_changing_two_variables_is_refused_naming_both() -> None:
+def test_variant_changing_two_variables_is_refused_naming_both_with_values() -> None:
     s = spec(
         variants=[
             {
                 "name": "two",
-                "changes": {
-                    "engine_args.enable_prefix_caching": True,
-                    "workload.concurrency": 4,
-                },
+                "changes": {"engine_args.enable_prefix_caching": True, "workload.concurrency": 4},
             }
         ]
     )
     _, errors = expand(s)
-    assert len(errors) == 1
-    assert errors[0]["type"] == "more_than_one_variable"
-    assert "engine_args.enable_prefix_caching" in errors[0]["msg"]
-    assert "workload.concurrency" in errors[0]["msg"]
+    assert [e["type"] for e in errors] == ["more_than_one_variable"]
+    msg = errors[0]["msg"]
+    assert "engine_args.enable_prefix_caching: False -> True" in msg
+    assert "workload.concurrency: 1 -> 4" in msg
 
 
-def test_variant_that_changes_nothing_is_refused() -> None:
-    s = spec(variants=[{"name": "same", "changes": {"engine_args.enable_prefix_caching": False}}])
+def test_level_equal_to_the_reference_is_refused() -> None:
+    s = spec(
+        variants=[],
+        factors=[
+            {"name": "apc", "paths": ["engine_args.enable_prefix_caching"], "levels": [False]}
+        ],
+    )
     _, errors = expand(s)
     assert [e["type"] for e in errors] == ["no_change"]
+    assert errors[0]["loc"][:3] == ["body", "factors", 0]
 
 
-def test_invalid_workload_value_in_variant_is_reported_with_location() -> None:
-    s = spec(variants=[{"name": "bad", "changes": {"workload.concurrency": 0}}])
+def test_factor_levels_expand_against_the_baseline() -> None:
+    s = spec(
+        variants=[],
+        factors=[{"name": "conc", "paths": ["workload.concurrency"], "levels": [2, 4]}],
+    )
+    variants, errors = expand(s)
+    assert errors == []
+    assert [v.name for v in variants] == ["baseline", "conc=2", "conc=4"]
+    assert all(v.reference == "baseline" for v in variants[1:])
+    assert [v.config.workload.concurrency for v in variants] == [1, 2, 4]
+
+
+def test_linked_factor_moves_paths_together_and_checks_invariant() -> None:
+    s = spec(
+        baseline={
+            "layout": {"tensor_parallel_size": 2, "pipeline_parallel_size": 2},
+        },
+        variants=[],
+        factors=[
+            {
+                "name": "parallel",
+                "paths": ["layout.tensor_parallel_size", "layout.pipeline_parallel_size"],
+                "levels": [
+                    [4, 1],
+                    {"layout.tensor_parallel_size": 1, "layout.pipeline_parallel_size": 4},
+                    [2, 4],
+                ],
+                "invariant": "constant_product",
+            }
+        ],
+    )
+    variants, errors = expand(s)
+    assert [v.name for v in variants] == ["baseline", "parallel=4,1", "parallel=1,4"]
+    assert variants[1].variable == "parallel"
+    assert variants[1].variable_paths == [
+        "layout.pipeline_parallel_size",
+        "layout.tensor_parallel_size",
+    ]
+    assert [e["type"] for e in errors] == ["invariant_broken"]
+    assert "product" in errors[0]["msg"] and "4" in errors[0]["msg"] and "8" in errors[0]["msg"]
+
+
+def test_explicit_variant_touching_a_linked_factors_paths_is_one_variable() -> None:
+    s = spec(
+        variants=[
+            {
+                "name": "ctx",
+                "changes": {
+                    "engine_args.max_model_len": 4096,
+                    "engine_args.max_num_batched_tokens": 4096,
+                },
+            }
+        ],
+        factors=[
+            {
+                "name": "context",
+                "paths": ["engine_args.max_model_len", "engine_args.max_num_batched_tokens"],
+                "levels": [[2048, 2048]],
+                "invariant": "equal_values",
+            }
+        ],
+    )
+    variants, errors = expand(s)
+    assert errors == []
+    assert [v.variable for v in variants[1:]] == ["context", "context"]
+
+
+def test_equal_values_invariant() -> None:
+    s = spec(
+        variants=[],
+        factors=[
+            {
+                "name": "context",
+                "paths": ["engine_args.max_model_len", "engine_args.max_num_batched_tokens"],
+                "levels": [[2048, 4096]],
+                "invariant": "equal_values",
+            }
+        ],
+    )
     _, errors = expand(s)
-    assert errors and errors[0]["loc"][:4] == ["body", "variants", 0, "changes"]
-    assert "workload.concurrency" in errors[0]["loc"][-1]
+    assert [e["type"] for e in errors] == ["invariant_broken"]
 
 
-def test_bad_paths_and_fields_are_rejected_by_the_schema() -> None:
+def test_variant_reference_chain_and_unknown_reference() -> None:
+    s = spec(
+        variants=[
+            {"name": "apc", "changes": {"engine_args.enable_prefix_caching": True}},
+            {"name": "apc-c4", "changes": {"workload.concurrency": 4}, "reference": "apc"},
+            {"name": "orphan", "changes": {"workload.concurrency": 2}, "reference": "nope"},
+        ]
+    )
+    variants, errors = expand(s)
+    by = {v.name: v for v in variants}
+    assert by["apc-c4"].reference == "apc"
+    assert by["apc-c4"].config.engine_args["enable_prefix_caching"] is True
+    assert [e["type"] for e in errors] == ["unknown_reference"]
+
+
+def test_ladder_preset_builds_the_chain() -> None:
+    s = spec(variants=[], preset="ladder", baseline={"engine_args": {}})
+    variants, errors = expand(s)
+    assert errors == []
+    assert [(v.name, v.reference) for v in variants] == [
+        ("1-baseline", None),
+        ("2-apc-on", "1-baseline"),
+        ("3-tp2", "2-apc-on"),
+    ]
+    base, apc, tp = variants
+    assert base.config.engine_args["enable_prefix_caching"] is False
+    assert base.config.layout.reserved == tp.config.layout.reserved == 2
+    assert tp.config.layout.tensor_parallel_size == 2
+    assert tp.config.engine_args["enable_prefix_caching"] is True
+    assert tp.variable == "layout.tensor_parallel_size"
+
+
+def test_schema_errors_name_every_field() -> None:
     with pytest.raises(ValidationError) as exc:
         ExperimentSpec.model_validate(
             {
@@ -72,6 +190,14 @@ def test_bad_paths_and_fields_are_rejected_by_the_schema() -> None:
                 "model": "tiny",
                 "baseline": {"layout": {"tensor_parallel_size": 0}, "bogus": 1},
                 "variants": [{"name": "x", "changes": {"nope.thing": 1}}],
+                "factors": [
+                    {
+                        "name": "f",
+                        "paths": ["workload.seed"],
+                        "levels": [],
+                        "invariant": "equal_values",
+                    }
+                ],
             }
         )
     locs = {tuple(e["loc"]) for e in exc.value.errors()}
@@ -79,40 +205,105 @@ def test_bad_paths_and_fields_are_rejected_by_the_schema() -> None:
     assert ("baseline", "layout", "tensor_parallel_size") in locs
     assert ("baseline", "bogus") in locs
     assert ("variants", 0, "changes") in locs
+    assert any(loc[:2] == ("factors", 0) for loc in locs)
 
 
-def test_unknown_engine_argument_is_refused_with_a_suggestion() -> None:
-    s = spec(baseline={"engine_args": {"enable_prefix_cache": True, "max_num_seqs": 8}})
-    _, errors = validate_spec(s, real_catalog())
-    unknown = [e for e in errors if e["type"] == "unknown_engine_arg"]
-    assert len(unknown) == 1
-    assert unknown[0]["loc"] == ["body", "baseline", "engine_args", "enable_prefix_cache"]
-    assert "enable_prefix_caching" in unknown[0]["msg"]
+def test_devices_must_hold_the_layout() -> None:
+    with pytest.raises(ValidationError):
+        RunConfig.model_validate({"layout": {"tensor_parallel_size": 2, "devices": 3}})
 
 
-def test_engine_argument_values_are_type_checked() -> None:
-    s = spec(
-        baseline={"engine_args": {"enable_prefix_caching": "yes", "max_num_seqs": 1.5}},
-        variants=[{"name": "d", "changes": {"engine_args.dtype": "float8"}}],
+def test_execution_order_interleaves_and_groups_server_sharing_variants() -> None:
+    variants, _ = expand(
+        spec(
+            variants=[
+                {"name": "apc", "changes": {"engine_args.enable_prefix_caching": True}},
+                {"name": "c4", "changes": {"workload.concurrency": 4}},
+            ]
+        )
     )
-    _, errors = validate_spec(s, real_catalog())
-    by_name = {e["loc"][-1]: e for e in errors}
-    assert by_name["enable_prefix_caching"]["type"] == "bad_engine_arg_value"
-    assert by_name["max_num_seqs"]["type"] == "bad_engine_arg_value"
-    assert by_name["engine_args.dtype"]["type"] == "bad_engine_arg_value"
+    order = execution_order(variants, 2)
+    assert order == [
+        ("baseline", 0),
+        ("apc", 0),
+        ("c4", 0),
+        ("baseline", 1),
+        ("apc", 1),
+        ("c4", 1),
+    ]
+    keys = {"baseline": "k1", "apc": "k2", "c4": "k1"}
+    grouped = execution_order(variants, 2, keys)
+    assert [n for n, _ in grouped[:3]] == ["baseline", "c4", "apc"]
 
 
-def test_reserved_arguments_point_at_the_right_field() -> None:
-    s = spec(baseline={"engine_args": {"tensor_parallel_size": 2, "port": 1}})
-    _, errors = validate_spec(s, real_catalog())
-    msgs = {e["loc"][-1]: e["msg"] for e in errors}
-    assert "layout.tensor_parallel_size" in msgs["tensor_parallel_size"]
-    assert "port" in msgs
+# -- properties -------------------------------------------------------------------------
+
+PATHS = {
+    "engine_args.enable_prefix_caching": st.booleans(),
+    "engine_args.max_num_seqs": st.integers(1, 512),
+    "engine_args.max_model_len": st.sampled_from([1024, 2048, 4096]),
+    "workload.concurrency": st.integers(1, 64),
+    "workload.num_requests": st.integers(1, 500),
+    "workload.prefix_tokens": st.integers(0, 4096),
+    "layout.tensor_parallel_size": st.sampled_from([1, 2, 4]),
+}
 
 
-def test_resolved_engine_args_carry_every_vllm_default() -> None:
-    cat = real_catalog()
-    resolved = cat.resolve({"enable_prefix_caching": True})
-    assert resolved["enable_prefix_caching"] is True
-    assert resolved["gpu_memory_utilization"] == 0.92
-    assert len(resolved) == len(cat.args)
+@st.composite
+def change_sets(draw: st.DrawFn) -> dict[str, Any]:
+    keys = draw(st.lists(st.sampled_from(sorted(PATHS)), min_size=1, max_size=4, unique=True))
+    return {k: draw(PATHS[k]) for k in keys}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(change_sets(), min_size=1, max_size=5))
+def test_no_accepted_variant_differs_from_its_reference_in_more_than_one_variable(
+    changes: list[dict[str, Any]],
+) -> None:
+    s = ExperimentSpec.model_validate(
+        {
+            "name": "prop",
+            "model": "tiny",
+            "baseline": {"engine_args": {"enable_prefix_caching": False, "max_num_seqs": 8}},
+            "variants": [{"name": f"v{i}", "changes": c} for i, c in enumerate(changes)],
+        }
+    )
+    variants, errors = expand(s)
+    by = {v.name: v for v in variants}
+    refused = {e["loc"][2] for e in errors}
+    for i, c in enumerate(changes):
+        ref = by["baseline"].config
+        name = f"v{i}"
+        if name in by:
+            diff = config_diff(ref, by[name].config)
+            assert len(diff) == 1, diff
+        else:
+            assert i in refused
+            # refused for a reason that is true of the change set
+            from orchestrator.spec import apply_changes
+
+            diff = config_diff(ref, apply_changes(ref, c))
+            assert len(diff) != 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(change_sets())
+def test_every_multi_variable_change_is_refused(c: dict[str, Any]) -> None:
+    s = ExperimentSpec.model_validate(
+        {
+            "name": "prop",
+            "model": "tiny",
+            "baseline": {"engine_args": {"enable_prefix_caching": False, "max_num_seqs": 8}},
+            "variants": [{"name": "v", "changes": c}],
+        }
+    )
+    from orchestrator.spec import apply_changes
+
+    n_changed = len(config_diff(s.baseline, apply_changes(s.baseline, c)))
+    _, errors = expand(s)
+    if n_changed > 1:
+        assert [e["type"] for e in errors] == ["more_than_one_variable"]
+    elif n_changed == 0:
+        assert [e["type"] for e in errors] == ["no_change"]
+    else:
+        assert errors == []

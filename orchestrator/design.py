@@ -1,0 +1,222 @@
+"""Experiment design: from a validated spec to the runs to execute, or every reason to refuse.
+
+:func:`plan_experiment` checks, in order:
+
+1. the spec's own rules (:func:`orchestrator.spec.expand`: one variable per
+   variant, references, invariants, levels equal to the reference);
+2. every engine argument against the installed vLLM's argument list;
+3. the layout against the cluster (devices per run vs the devices the live
+   orchestrators report);
+4. optionally, the configuration **vLLM itself resolves** for every variant
+   (``jobs/vllm_launcher.py resolve``): vLLM refusing a configuration (a
+   context cap above the model's limit ...) is a 422, and a tracked field
+   that vLLM derives from the changed variable (e.g. a batch-token limit
+   that follows ``max_model_len``) counts as a second variable.
+
+It then lays the runs out: each variant ``repeats`` times, interleaved
+(A1 B1 A2 B2 ...), variants sharing a server configuration next to each
+other so they can reuse one vLLM server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.engine_catalog import EngineArgCatalog
+from orchestrator.spec import ExperimentSpec, PlannedVariant, execution_order, expand
+
+#: Fields of vLLM's resolved configuration that an experiment controls. A
+#: difference in one of them between a variant and its reference is a
+#: variable; the field name equals the engine argument's name.
+TRACKED_FIELDS = (
+    "max_model_len",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "enable_prefix_caching",
+    "enable_chunked_prefill",
+    "block_size",
+    "cache_dtype",
+    "dtype",
+    "quantization",
+    "gpu_memory_utilization",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "data_parallel_size",
+    "load_format",
+    "long_prefill_token_threshold",
+    "max_num_partial_prefills",
+    "prefix_caching_hash_algo",
+    "kv_cache_memory_bytes",
+)
+
+#: ``resolve(model_dir, [explicit engine args, ...]) -> [{"ok", "config" | "error"}]``
+Resolver = Callable[[str, list[dict[str, Any]]], list[dict[str, Any]]]
+
+
+@dataclass
+class PlannedRun:
+    variant: PlannedVariant
+    repeat_index: int
+    sequence: int
+    explicit_engine_args: dict[str, Any]
+    resolved_engine_args: dict[str, Any]
+    server_key: str
+    resolved_config: dict[str, Any] | None = None
+
+
+@dataclass
+class Plan:
+    variants: list[PlannedVariant] = field(default_factory=list)
+    runs: list[PlannedRun] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+
+
+def explicit_engine_args(variant: PlannedVariant, generated_model: bool) -> dict[str, Any]:
+    """The engine arguments a run passes on vLLM's command line."""
+    args: dict[str, Any] = {}
+    if generated_model:
+        args["load_format"] = "dummy"  # random weights, real compute (see DESIGN.md)
+    args.update(variant.config.engine_args)
+    args["tensor_parallel_size"] = variant.config.layout.tensor_parallel_size
+    args["pipeline_parallel_size"] = variant.config.layout.pipeline_parallel_size
+    return args
+
+
+def server_key(model_digest: str, explicit: dict[str, Any], layout: dict[str, Any]) -> str:
+    """Runs with the same key can share one vLLM server (they differ only client-side)."""
+    doc = json.dumps([model_digest, explicit, layout], sort_keys=True, default=str)
+    return hashlib.sha256(doc.encode()).hexdigest()[:32]
+
+
+def _variant_loc(spec: ExperimentSpec, variant: PlannedVariant) -> list[str | int]:
+    if variant.source == "variant":
+        idx = next(i for i, v in enumerate(spec.variants) if v.name == variant.name)
+        return ["body", "variants", idx]
+    if variant.source == "factor":
+        return ["body", "factors", variant.variable or ""]
+    if variant.source == "ladder":
+        return ["body", "preset", variant.name]
+    return ["body", "baseline"]
+
+
+def _tracked(config: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        name = key.rsplit(".", 1)[-1]
+        if name in TRACKED_FIELDS:
+            out[name] = value
+    return out
+
+
+def plan_experiment(
+    spec: ExperimentSpec,
+    catalog: EngineArgCatalog,
+    *,
+    model_dir: str,
+    model_digest: str,
+    generated_model: bool,
+    cluster_devices: int | None = None,
+    resolver: Resolver | None = None,
+) -> Plan:
+    """Expand and check ``spec``; the plan's ``errors`` list every problem found.
+
+    ``cluster_devices``: the most devices the cluster offers (None: unknown,
+    not checked). ``resolver``: asks vLLM for its resolved configuration of
+    each distinct argument set (None: skipped).
+    """
+    plan = Plan()
+    variants, errors = expand(spec)
+    plan.variants = variants
+    errors += catalog.check(spec.baseline.engine_args, ["body", "baseline", "engine_args"])
+    for v in variants[1:]:
+        for path, value in v.changes.items():
+            if path.startswith("engine_args."):
+                name = path.split(".", 1)[1]
+                for err in catalog.check({name: value}, []):
+                    errors.append({**err, "loc": [*_variant_loc(spec, v), "changes", path]})
+    if cluster_devices is not None:
+        for v in variants:
+            need = v.config.layout.reserved
+            if need > cluster_devices:
+                errors.append(
+                    {
+                        "loc": [*_variant_loc(spec, v), "layout"],
+                        "msg": f"{v.name} needs {need} devices; the cluster has {cluster_devices}",
+                        "type": "cluster_too_small",
+                    }
+                )
+    if errors:
+        plan.errors = errors
+        return plan
+
+    explicit = {v.name: explicit_engine_args(v, generated_model) for v in variants}
+    resolved_by_vllm: dict[str, dict[str, Any]] = {}
+    if resolver is not None:
+        distinct = list({json.dumps(a, sort_keys=True): a for a in explicit.values()}.values())
+        answers = resolver(model_dir, distinct)
+        by_key = {json.dumps(a, sort_keys=True): r for a, r in zip(distinct, answers, strict=True)}
+        for v in variants:
+            answer = by_key[json.dumps(explicit[v.name], sort_keys=True)]
+            if not answer.get("ok"):
+                errors.append(
+                    {
+                        "loc": _variant_loc(spec, v),
+                        "msg": f"vLLM refuses the configuration of {v.name!r}: "
+                        f"{answer.get('error', 'unknown error')}",
+                        "type": "engine_refuses_config",
+                    }
+                )
+            else:
+                resolved_by_vllm[v.name] = dict(answer.get("config") or {})
+        by_name = {v.name: v for v in variants}
+        for v in variants[1:]:
+            if v.name not in resolved_by_vllm or v.reference not in resolved_by_vllm:
+                continue
+            mine = _tracked(resolved_by_vllm[v.name])
+            ref = _tracked(resolved_by_vllm[str(v.reference)])
+            changed_names = {p.rsplit(".", 1)[-1] for p in v.variable_paths}
+            extra = {
+                k: (ref.get(k), mine.get(k))
+                for k in sorted(set(mine) | set(ref))
+                if mine.get(k) != ref.get(k) and k not in changed_names
+            }
+            if extra:
+                errors.append(
+                    {
+                        "loc": _variant_loc(spec, v),
+                        "msg": f"with {v.variable} changed, vLLM also resolves "
+                        + "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in extra.items())
+                        + f" vs {by_name[str(v.reference)].name!r}: that is more than one "
+                        "variable. Pin those arguments in the baseline, or declare a linked "
+                        "factor that sets them together",
+                        "type": "derived_default_changes",
+                        "variables": {k: list(ab) for k, ab in extra.items()},
+                    }
+                )
+    if errors:
+        plan.errors = errors
+        return plan
+
+    keys = {
+        v.name: server_key(model_digest, explicit[v.name], v.config.layout.model_dump(mode="json"))
+        for v in variants
+    }
+    by_name = {v.name: v for v in variants}
+    for seq, (name, rep) in enumerate(execution_order(variants, spec.repeats, keys)):
+        v = by_name[name]
+        plan.runs.append(
+            PlannedRun(
+                variant=v,
+                repeat_index=rep,
+                sequence=seq,
+                explicit_engine_args=explicit[name],
+                resolved_engine_args=catalog.resolve(explicit[name]),
+                server_key=keys[name],
+                resolved_config=resolved_by_vllm.get(name),
+            )
+        )
+    return plan

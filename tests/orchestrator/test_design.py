@@ -1,0 +1,137 @@
+"""Planning: engine-argument checks, cluster size, vLLM-resolved derived defaults, run layout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.design import plan_experiment, server_key
+from orchestrator.service import cpu_thread_binding
+from orchestrator.spec import ExperimentSpec
+from tests.factories import real_catalog
+
+
+def make(**kw: Any) -> ExperimentSpec:
+    doc: dict[str, Any] = {
+        "name": "t",
+        "model": "tiny",
+        "baseline": {"engine_args": {"enable_prefix_caching": False, "max_model_len": 2048}},
+        "variants": [{"name": "apc", "changes": {"engine_args.enable_prefix_caching": True}}],
+        "repeats": 3,
+    }
+    doc.update(kw)
+    return ExperimentSpec.model_validate(doc)
+
+
+def plan(spec: ExperimentSpec, **kw: Any):  # type: ignore[no-untyped-def]
+    return plan_experiment(
+        spec, real_catalog(), model_dir="/m", model_digest="d" * 64, generated_model=True, **kw
+    )
+
+
+def test_runs_are_interleaved_repeats_with_full_resolved_args() -> None:
+    p = plan(make())
+    assert p.errors == []
+    assert [(r.variant.name, r.repeat_index, r.sequence) for r in p.runs] == [
+        ("baseline", 0, 0),
+        ("apc", 0, 1),
+        ("baseline", 1, 2),
+        ("apc", 1, 3),
+        ("baseline", 2, 4),
+        ("apc", 2, 5),
+    ]
+    r = p.runs[1]
+    assert r.explicit_engine_args["load_format"] == "dummy"
+    assert r.resolved_engine_args["enable_prefix_caching"] is True
+    assert r.resolved_engine_args["gpu_memory_utilization"] == 0.92  # vLLM's default
+
+
+def test_client_side_variants_share_a_server_key() -> None:
+    p = plan(make(variants=[{"name": "c4", "changes": {"workload.concurrency": 4}}]))
+    keys = {r.variant.name: r.server_key for r in p.runs}
+    assert keys["baseline"] == keys["c4"]
+    p2 = plan(make())
+    keys2 = {r.variant.name: r.server_key for r in p2.runs}
+    assert keys2["baseline"] != keys2["apc"]
+    assert server_key("a", {"x": 1}, {}) != server_key("b", {"x": 1}, {})
+
+
+def test_unknown_engine_argument_in_baseline_and_variants() -> None:
+    p = plan(
+        make(
+            baseline={"engine_args": {"enable_prefix_cache": True}},
+            variants=[{"name": "x", "changes": {"engine_args.max_num_seq": 4}}],
+        )
+    )
+    got = {(".".join(map(str, e["loc"])), e["type"]) for e in p.errors}
+    assert ("body.baseline.engine_args.enable_prefix_cache", "unknown_engine_arg") in got
+    assert ("body.variants.0.changes.engine_args.max_num_seq", "unknown_engine_arg") in got
+    assert p.runs == []
+
+
+def test_more_devices_than_the_cluster_has_is_refused() -> None:
+    s = make(
+        baseline={"layout": {"tensor_parallel_size": 4}},
+        variants=[{"name": "w", "changes": {"workload.concurrency": 2}}],
+    )
+    p = plan(s, cluster_devices=2)
+    assert {e["type"] for e in p.errors} == {"cluster_too_small"}
+    assert "needs 4 devices; the cluster has 2" in p.errors[0]["msg"]
+    assert plan(s, cluster_devices=4).errors == []
+
+
+def test_vllm_refusing_a_config_is_a_problem() -> None:
+    def resolver(model_dir: str, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [
+            {"ok": False, "error": "User-specified max_model_len (99999) is greater"}
+            if c.get("enable_prefix_caching")
+            else {"ok": True, "config": {"model_config.max_model_len": 2048}}
+            for c in configs
+        ]
+
+    p = plan(make(), resolver=resolver)
+    assert [e["type"] for e in p.errors] == ["engine_refuses_config"]
+    assert "max_model_len (99999)" in p.errors[0]["msg"]
+
+
+def test_a_default_vllm_derives_from_the_change_counts_as_a_second_variable() -> None:
+    """vLLM output shape as printed by ``vllm_launcher.py resolve`` (flattened sub-configs)."""
+
+    def resolver(model_dir: str, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for c in configs:
+            mml = c.get("max_model_len", 2048)
+            out.append(
+                {
+                    "ok": True,
+                    "config": {
+                        "model_config.max_model_len": mml,
+                        "scheduler_config.max_num_batched_tokens": max(2048, mml),
+                        "cache_config.enable_prefix_caching": bool(c.get("enable_prefix_caching")),
+                    },
+                }
+            )
+        return out
+
+    bad = plan(
+        make(variants=[{"name": "ctx", "changes": {"engine_args.max_model_len": 8192}}]),
+        resolver=resolver,
+    )
+    assert [e["type"] for e in bad.errors] == ["derived_default_changes"]
+    assert "max_num_batched_tokens: 2048 -> 8192" in bad.errors[0]["msg"]
+    ok = plan(make(), resolver=resolver)
+    assert ok.errors == []
+    assert ok.runs[1].resolved_config == {
+        "model_config.max_model_len": 2048,
+        "scheduler_config.max_num_batched_tokens": 2048,
+        "cache_config.enable_prefix_caching": True,
+    }
+
+
+def test_cpu_thread_binding_splits_devices_over_ranks() -> None:
+    assert cpu_thread_binding({"tensor_parallel_size": 2, "pipeline_parallel_size": 1}) == "0|1"
+    assert cpu_thread_binding({"tensor_parallel_size": 1, "devices": 2}) == "0-1"
+    assert cpu_thread_binding({"tensor_parallel_size": 1}) == "0"
+    assert (
+        cpu_thread_binding({"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "devices": 8})
+        == "0-1|2-3|4-5|6-7"
+    )
