@@ -9,6 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import PlainTextResponse
 from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -31,7 +32,7 @@ from orchestrator.errors import NotFoundError
 from orchestrator.models import Experiment, Run
 from orchestrator.repositories import ExperimentRepository, RunRepository
 from orchestrator.settings import Settings
-from orchestrator.spec import ExperimentSpec
+from orchestrator.spec import NAME_PATTERN, ExperimentSpec, Variant
 from orchestrator.states import RunStatus
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web" / "static"
@@ -229,6 +230,52 @@ def get_run_log(run_id: str, session: SessionDep) -> str:
     if content is None:
         raise NotFoundError(f"run {run_id} has no engine log yet", code_hint="log_not_found")
     return content
+
+
+class VariantIn(BaseModel):
+    """A new variant cloned from a run with exactly one change."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN)
+    changes: dict[str, Any] = Field(min_length=1)
+
+
+@router.post("/runs/{run_id}/variants", status_code=201, response_model=list[RunBrief])
+def add_variant(
+    run_id: str,
+    body: VariantIn,
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+) -> list[RunBrief]:
+    """Clone the run's variant with one change; its repeats are queued after the experiment's.
+
+    The new variant's reference is the cloned run's variant. 422 problem+json
+    under the same rules as a new experiment (one variable, known engine
+    arguments, a level that differs from the reference).
+    """
+    catalog = load_catalog(settings)
+    runs = service.add_variant(
+        session,
+        settings,
+        catalog,
+        run_id,
+        Variant(name=body.name, changes=body.changes),
+        resolver=service.engine_resolver(settings),
+    )
+    return [
+        RunBrief(
+            id=r.id,
+            name=r.name,
+            position=r.position,
+            repeat_index=r.repeat_index,
+            sequence=r.sequence,
+            status=r.status,
+            url=_run_url(request, r.id),
+        )
+        for r in runs
+    ]
 
 
 @router.post("/runs/{run_id}/cancel", response_model=RunOut, status_code=202)

@@ -9,10 +9,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from jobs.schemas import EngineLaunch, RunJob, RunResult
-from orchestrator.design import Resolver, plan_experiment
+from jobs.schemas import EngineLaunch, RunJob, RunResult, WorkloadSpec
+from orchestrator.design import PlannedRun, Resolver, plan_experiment
 from orchestrator.engine_catalog import EngineArgCatalog
 from orchestrator.errors import EngineUnavailableError, NotFoundError, SpecInvalidError
 from orchestrator.models import Experiment, Run
@@ -22,7 +23,7 @@ from orchestrator.repositories import (
     RunRepository,
 )
 from orchestrator.settings import Settings
-from orchestrator.spec import ExperimentSpec, expand
+from orchestrator.spec import ExperimentSpec, PlannedVariant, Variant, expand
 from orchestrator.states import RunStatus, is_terminal
 
 GENERATED_SHAPES = ("tiny", "small")
@@ -110,8 +111,6 @@ def create_experiment(
 
     Raises :class:`SpecInvalidError` listing every problem; nothing is stored then.
     """
-    from jobs.modelgen import load_tokenizer
-    from jobs.workload import build_requests, request_list_hash
 
     pre_errors = expand(spec)[1]
     if pre_errors:
@@ -130,39 +129,66 @@ def create_experiment(
     )
     if plan.errors:
         raise SpecInvalidError(plan.errors)
-    tokenizer = load_tokenizer(model.path)
-    hashes: dict[str, str] = {}
-
-    def list_hash(workload: Any) -> str:
-        key = workload.model_dump_json()
-        if key not in hashes:
-            hashes[key] = request_list_hash(build_requests(workload, tokenizer))
-        return hashes[key]
-
+    hasher = _RequestListHasher(model.path)
     experiment = Experiment(
         name=spec.name,
         description=spec.description,
         spec=spec.model_dump(mode="json"),
         model_id=model.model_id,
         model_digest=model.digest,
-        request_list_hash=list_hash(plan.variants[0].config.workload),
+        request_list_hash=hasher(plan.variants[0].config.workload),
         repeats=spec.repeats,
-        variants=[
-            {
-                "name": v.name,
-                "position": v.position,
-                "reference": v.reference,
-                "variable": v.variable,
-                "variable_paths": v.variable_paths,
-                "changes": v.changes,
-                "source": v.source,
-            }
-            for v in plan.variants
-        ],
+        variants=[_variant_doc(v) for v in plan.variants],
     )
     ExperimentRepository(session).add(experiment)
-    run_ids: dict[tuple[str, int], str] = {}
-    for p in sorted(plan.runs, key=lambda r: (r.variant.position, r.repeat_index)):
+    _store_runs(session, experiment, plan.runs, model, catalog, hasher, {})
+    session.refresh(experiment)
+    return experiment
+
+
+class _RequestListHasher:
+    """Hash of each distinct workload's request list, built with the model's tokenizer."""
+
+    def __init__(self, model_path: Path) -> None:
+        from jobs.modelgen import load_tokenizer
+
+        self.tokenizer = load_tokenizer(model_path)
+        self.hashes: dict[str, str] = {}
+
+    def __call__(self, workload: WorkloadSpec) -> str:
+        from jobs.workload import build_requests, request_list_hash
+
+        key = workload.model_dump_json()
+        if key not in self.hashes:
+            self.hashes[key] = request_list_hash(build_requests(workload, self.tokenizer))
+        return self.hashes[key]
+
+
+def _variant_doc(v: PlannedVariant) -> dict[str, Any]:
+    return {
+        "name": v.name,
+        "position": v.position,
+        "reference": v.reference,
+        "variable": v.variable,
+        "variable_paths": v.variable_paths,
+        "changes": v.changes,
+        "source": v.source,
+    }
+
+
+def _store_runs(
+    session: Session,
+    experiment: Experiment,
+    runs: list[PlannedRun],
+    model: ResolvedModel,
+    catalog: EngineArgCatalog,
+    hasher: _RequestListHasher,
+    run_ids: dict[tuple[str, int], str],
+    sequence_offset: int = 0,
+) -> list[Run]:
+    """Insert ``runs`` (queued); ``run_ids`` maps (variant, repeat) to existing run ids."""
+    stored = []
+    for p in sorted(runs, key=lambda r: (r.variant.position, r.repeat_index)):
         v = p.variant
         explicit = p.explicit_engine_args
         run = Run(
@@ -176,7 +202,7 @@ def create_experiment(
             variable_paths=v.variable_paths,
             changes=v.changes,
             repeat_index=p.repeat_index,
-            sequence=p.sequence,
+            sequence=sequence_offset + p.sequence,
             server_key=p.server_key,
             resolved_config=p.resolved_config,
             status=RunStatus.QUEUED.value,
@@ -190,7 +216,7 @@ def create_experiment(
             model_digest=model.digest,
             max_model_len=explicit.get("max_model_len") or model.max_position_embeddings,
             seed=v.config.workload.seed,
-            request_list_hash=list_hash(v.config.workload),
+            request_list_hash=hasher(v.config.workload),
             vllm_version=catalog.vllm_version,
             engine_info={},
             timings={},
@@ -198,8 +224,72 @@ def create_experiment(
         session.add(run)
         session.flush()
         run_ids[(v.name, p.repeat_index)] = run.id
-    session.refresh(experiment)
-    return experiment
+        stored.append(run)
+    return stored
+
+
+def add_variant(
+    session: Session,
+    settings: Settings,
+    catalog: EngineArgCatalog,
+    run_id: str,
+    variant: Variant,
+    *,
+    resolver: Resolver | None = None,
+) -> list[Run]:
+    """Clone run ``run_id``'s variant with one change: ``POST /runs/{id}/variants``.
+
+    The new variant's reference is the cloned run's variant; it gets the
+    experiment's repeat count, queued after the experiment's existing runs.
+    Raises :class:`SpecInvalidError` under the same rules as a new experiment.
+    """
+    run = get_run(session, run_id)
+    experiment = session.get(Experiment, run.experiment_id, with_for_update=True)
+    assert experiment is not None
+    doc = dict(experiment.spec)
+    variant = variant.model_copy(update={"reference": run.name})
+    doc["variants"] = [*doc.get("variants", []), variant.model_dump(mode="json")]
+    try:
+        spec = ExperimentSpec.model_validate(doc)
+    except ValidationError as exc:
+        raise SpecInvalidError(
+            [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+        ) from exc
+    model = resolve_model(settings, spec.model)
+    plan = plan_experiment(
+        spec,
+        catalog,
+        model_dir=str(model.path),
+        model_digest=model.digest,
+        generated_model=model.generated,
+        resolver=resolver,
+    )
+    if plan.errors:
+        new_loc = ["body", "variants", len(spec.variants) - 1]
+        raise SpecInvalidError(
+            [
+                {**e, "loc": ["body", *e["loc"][3:]]} if e["loc"][:3] == new_loc else e
+                for e in plan.errors
+            ]
+        )
+    new_runs = [p for p in plan.runs if p.variant.name == variant.name]
+    existing = {(r.name, r.repeat_index): r.id for r in experiment.runs}
+    offset = max((r.sequence for r in experiment.runs), default=-1) + 1
+    first = min(p.sequence for p in new_runs)
+    for p in new_runs:
+        p.sequence -= first
+    experiment.spec = spec.model_dump(mode="json")
+    experiment.variants = [*experiment.variants, _variant_doc(new_runs[0].variant)]
+    return _store_runs(
+        session,
+        experiment,
+        new_runs,
+        model,
+        catalog,
+        _RequestListHasher(model.path),
+        existing,
+        sequence_offset=offset,
+    )
 
 
 def get_experiment(session: Session, experiment_id: str) -> Experiment:

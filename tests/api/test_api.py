@@ -232,3 +232,46 @@ def test_two_variable_variant_is_422_naming_both_values(
     assert err["type"] == "more_than_one_variable"
     assert "workload.concurrency: 1 -> 8" in err["msg"]
     assert count(session_factory, Run) == before
+
+
+def test_clone_a_run_with_one_change(client: TestClient) -> None:
+    body = client.post("/api/v1/experiments", json=demo_spec(repeats=2)).json()
+    apc_run = body["runs"][1]["id"]
+    resp = client.post(
+        f"/api/v1/runs/{apc_run}/variants",
+        json={"name": "apc-c4", "changes": {"workload.concurrency": 4}},
+    )
+    assert resp.status_code == 201, resp.text
+    new = resp.json()
+    assert [r["repeat_index"] for r in new] == [0, 1]
+    assert min(r["sequence"] for r in new) > max(r["sequence"] for r in body["runs"])
+    exp = client.get(f"/api/v1/experiments/{body['id']}").json()
+    added = [r for r in exp["runs"] if r["name"] == "apc-c4"]
+    assert len(added) == 2
+    assert added[0]["reference_variant"] == "apc-on"
+    assert added[0]["engine_args"]["enable_prefix_caching"] is True
+    assert added[0]["workload"]["concurrency"] == 4
+    assert exp["variants"][-1]["reference"] == "apc-on"
+
+    two = client.post(
+        f"/api/v1/runs/{apc_run}/variants",
+        json={"name": "bad", "changes": {"workload.concurrency": 4, "workload.seed": 9}},
+    )
+    assert two.status_code == 422
+    assert two.json()["errors"][0]["type"] == "more_than_one_variable"
+    same = client.post(
+        f"/api/v1/runs/{apc_run}/variants",
+        json={"name": "same", "changes": {"engine_args.enable_prefix_caching": True}},
+    )
+    assert same.status_code == 422 and same.json()["errors"][0]["type"] == "no_change"
+    dup = client.post(
+        f"/api/v1/runs/{apc_run}/variants",
+        json={"name": "apc-c4", "changes": {"workload.concurrency": 8}},
+    )
+    assert dup.status_code == 422
+    assert (
+        client.post(
+            "/api/v1/runs/nope/variants", json={"name": "x", "changes": {"workload.seed": 1}}
+        ).status_code
+        == 404
+    )
