@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import text
@@ -160,6 +160,36 @@ def list_experiments(
 @router.get("/experiments/{experiment_id}", response_model=ExperimentOut)
 def get_experiment(experiment_id: str, request: Request, session: SessionDep) -> ExperimentOut:
     return _experiment_out(request, session, service.get_experiment(session, experiment_id))
+
+
+@router.get("/experiments/{experiment_id}/comparison")
+def get_comparison(experiment_id: str, session: SessionDep) -> dict[str, Any]:
+    """Each variant vs its reference: per metric both values, the ratio, a 95 % bootstrap
+    CI over repeats and requests, and a verdict (better / worse / no clear difference);
+    plus findings (e.g. hit rate up but E2E latency flat). See ``orchestrator.compare``."""
+    from orchestrator.analysis import comparison
+
+    return comparison(session, experiment_id)
+
+
+@router.get("/experiments/{experiment_id}/export")
+def export_runs(
+    experiment_id: str,
+    session: SessionDep,
+    format: Annotated[Literal["csv", "parquet"], Query()] = "csv",
+) -> Response:
+    """The experiment's runs as CSV or Parquet: one row per run, configuration and metrics
+    flattened into dotted columns (``engine_args.enable_prefix_caching``,
+    ``metrics.median_ttft_ms``)."""
+    from orchestrator.analysis import export
+
+    body = export(session, experiment_id, format)
+    media = "text/csv" if format == "csv" else "application/vnd.apache.parquet"
+    return Response(
+        body,
+        media_type=media,
+        headers={"content-disposition": f'attachment; filename="{experiment_id}.{format}"'},
+    )
 
 
 @router.get("/runs", response_model=Page[RunOut])

@@ -36,7 +36,18 @@ Uncertainty:
   "An Introduction to the Bootstrap", chapter 13).
 
 Random numbers come from ``numpy.random.Generator(PCG64(seed))``: the same
-inputs and seed give the same output.
+inputs and seed give the same output. Bootstrap percentiles are computed
+exactly on every resample (see :func:`_weighted_quantiles`), vectorised over
+the draws: 2000 draws of 3 repeats x 200 requests per side take well under a
+second.
+
+Note: pooled request-level percentiles are *not* the mean of the per-run
+``median_ttft_ms`` etc. stored with each run; they are the percentile of all
+measured requests of a side.
+
+Also here: :func:`findings` (diagnoses drawn from the comparisons) and
+:func:`runs_table` / :func:`to_csv_bytes` / :func:`to_parquet_bytes` (a flat
+table of run rows for export).
 """
 
 from __future__ import annotations
@@ -473,7 +484,10 @@ def _comparison(
     n_var: int,
     n_ref_req: int | None = None,
     n_var_req: int | None = None,
-) -> MetricComparison:
+) -> MetricComparison | None:
+    """The output row; None when a point estimate overflowed (not JSON-safe)."""
+    if not (math.isfinite(eff.reference) and math.isfinite(eff.variant)):
+        return None
     n_req = None if n_ref_req is None or n_var_req is None else n_ref_req + n_var_req
     return MetricComparison(
         metric=spec.name,
@@ -596,17 +610,17 @@ def compare_variant(
                 continue
             effects, n_ref_req, n_var_req = res
             for spec, eff in zip(specs, effects, strict=True):
-                out.append(
-                    _comparison(
-                        spec,
-                        eff,
-                        confidence,
-                        ref_side.n_repeats,
-                        var_side.n_repeats,
-                        n_ref_req,
-                        n_var_req,
-                    )
+                row = _comparison(
+                    spec,
+                    eff,
+                    confidence,
+                    ref_side.n_repeats,
+                    var_side.n_repeats,
+                    n_ref_req,
+                    n_var_req,
                 )
+                if row is not None:
+                    out.append(row)
 
     for spec in METRICS:
         if spec.level != "run":
@@ -615,7 +629,9 @@ def compare_variant(
         if rv.size == 0 or vv.size == 0:
             continue
         eff = _run_effect(rng, rv, vv, n_boot, confidence)
-        out.append(_comparison(spec, eff, confidence, int(rv.size), int(vv.size)))
+        row = _comparison(spec, eff, confidence, int(rv.size), int(vv.size))
+        if row is not None:
+            out.append(row)
 
     order = {m.name: i for i, m in enumerate(METRICS)}
     out.sort(key=lambda c: order[c.metric])

@@ -275,3 +275,76 @@ def test_clone_a_run_with_one_change(client: TestClient) -> None:
         ).status_code
         == 404
     )
+
+
+def _finish(session_factory: sessionmaker[Session], run_id: str, ttft_s: float) -> None:
+    """Record a succeeded run with 20 measured requests of the given TTFT (test data)."""
+    from orchestrator.repositories import RunRepository
+
+    with session_factory() as s:
+        repo = RunRepository(s)
+        run = s.get(Run, run_id)
+        assert run is not None
+        reqs = [
+            {
+                "index": i,
+                "warmup": False,
+                "success": True,
+                "start_s": i * 0.1,
+                "ttft_s": ttft_s * (1 + 0.01 * (i % 5)),
+                "itl_s": [0.01] * 7,
+                "tpot_s": 0.01,
+                "e2el_s": ttft_s + 0.07,
+                "prompt_tokens": 300,
+                "output_tokens": 8,
+            }
+            for i in range(20)
+        ]
+        repo.save_measurements(
+            run_id,
+            metrics={
+                "median_ttft_ms": ttft_s * 1000,
+                "output_throughput": 100.0 / ttft_s,
+                "completed": 20.0,
+            },
+            samples=[],
+            requests=reqs,
+            engine_log="",
+        )
+        run.status = "succeeded"
+        s.commit()
+
+
+def test_comparison_and_export(client: TestClient, session_factory: sessionmaker[Session]) -> None:
+    import io
+
+    import pandas as pd
+
+    body = client.post("/api/v1/experiments", json=demo_spec(repeats=3)).json()
+    for r in body["runs"]:
+        _finish(session_factory, r["id"], 0.2 if r["name"] == "baseline" else 0.05)
+    comp = client.get(f"/api/v1/experiments/{body['id']}/comparison")
+    assert comp.status_code == 200, comp.text
+    doc = comp.json()
+    assert doc["chain"][1]["variable"] == "engine_args.enable_prefix_caching"
+    assert doc["chain"][1]["reference_value"] is False
+    assert doc["chain"][1]["variant_value"] is True
+    (variant,) = doc["variants"]
+    ttft = next(m for m in variant["metrics"] if m["metric"] == "median_ttft_ms")
+    assert ttft["verdict"] == "better"
+    assert ttft["ratio"] < 0.3 and ttft["ci_low"] <= ttft["ratio"] <= ttft["ci_high"] < 1
+    assert ttft["n_reference_repeats"] == ttft["n_variant_repeats"] == 3
+
+    csv = client.get(f"/api/v1/experiments/{body['id']}/export", params={"format": "csv"})
+    assert csv.status_code == 200 and csv.headers["content-type"].startswith("text/csv")
+    df = pd.read_csv(io.BytesIO(csv.content))
+    assert len(df) == 6
+    assert set(df["variant"]) == {"baseline", "apc-on"}
+    assert "engine_args.enable_prefix_caching" in df.columns
+    assert "metrics.median_ttft_ms" in df.columns
+    pq = client.get(f"/api/v1/experiments/{body['id']}/export", params={"format": "parquet"})
+    assert pq.status_code == 200
+    dfp = pd.read_parquet(io.BytesIO(pq.content))
+    assert len(dfp) == 6 and sorted(dfp["repeat_index"].tolist()) == [0, 0, 1, 1, 2, 2]
+    bad = client.get(f"/api/v1/experiments/{body['id']}/export", params={"format": "xls"})
+    assert bad.status_code == 422

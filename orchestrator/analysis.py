@@ -1,0 +1,176 @@
+"""Experiment comparison and export, read from the database.
+
+Builds :mod:`orchestrator.compare` inputs from stored runs (succeeded
+repeats, their measured requests and summary metrics) and returns JSON-safe
+documents for ``GET /api/v1/experiments/{id}/comparison`` and the CSV /
+Parquet export.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from orchestrator.compare import (
+    ChangedVariable,
+    RunData,
+    VariantRef,
+    compare_variant,
+    findings,
+    runs_table,
+    to_csv_bytes,
+    to_parquet_bytes,
+)
+from orchestrator.models import Experiment, Run, RunRequest
+from orchestrator.repositories import RunRepository
+from orchestrator.service import get_experiment, reserved_devices
+
+
+def _config_value(run: Run, path: str) -> Any:
+    section, _, name = path.partition(".")
+    if section == "engine_args":
+        return run.explicit_engine_args.get(name, run.engine_args.get(name))
+    doc = run.layout if section == "layout" else run.workload
+    return doc.get(name)
+
+
+def _requests_by_run(session: Session, run_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    if not run_ids:
+        return out
+    rows = session.scalars(
+        select(RunRequest).where(RunRequest.run_id.in_(run_ids)).order_by(RunRequest.seq)
+    ).all()
+    for r in rows:
+        out[r.run_id].append(
+            {
+                "ttft_s": r.ttft_s,
+                "tpot_s": r.tpot_s,
+                "e2el_s": r.e2el_s,
+                "itl_s": r.itl_s,
+                "output_tokens": r.output_tokens,
+                "prompt_tokens": r.prompt_tokens,
+                "success": r.success,
+                "warmup": r.warmup,
+            }
+        )
+    return out
+
+
+def comparison(session: Session, experiment_id: str, *, n_boot: int = 2000) -> dict[str, Any]:
+    """Each variant against its reference: per metric values, ratio, 95 % CI, verdict.
+
+    Shape: ``{"experiment_id", "repeats", "chain": [{variant, reference,
+    variable, paths, reference_value, variant_value, runs, succeeded}],
+    "variants": [{"variant", "reference", "variable", "metrics":
+    [MetricComparison...]}], "findings": [Finding...]}``. Only succeeded
+    repeats count; a variant with none on either side has an empty metric list.
+    Methods and sources: :mod:`orchestrator.compare`.
+    """
+    exp: Experiment = get_experiment(session, experiment_id)
+    runs = list(exp.runs)
+    metrics = RunRepository(session).metrics_for([r.id for r in runs])
+    requests = _requests_by_run(session, [r.id for r in runs if r.status == "succeeded"])
+    data: dict[str, list[RunData]] = defaultdict(list)
+    example: dict[str, Run] = {}
+    for r in runs:
+        example.setdefault(r.name, r)
+        data[r.name].append(
+            RunData(
+                run_id=r.id,
+                variant=r.name,
+                repeat_index=r.repeat_index,
+                status=r.status,
+                metrics=metrics.get(r.id, {}),
+                requests=requests.get(r.id, []),
+                devices=reserved_devices(r.layout),
+                changed=dict(r.changes),
+            )
+        )
+    chain = []
+    refs: dict[str, VariantRef] = {}
+    by_variant: dict[str, list[Any]] = {}
+    out_variants = []
+    for v in exp.variants:
+        name, ref = v["name"], v.get("reference")
+        mine = data.get(name, [])
+        entry: dict[str, Any] = {
+            "variant": name,
+            "reference": ref,
+            "variable": v.get("variable"),
+            "paths": v.get("variable_paths", []),
+            "runs": len(mine),
+            "succeeded": sum(1 for d in mine if d.status == "succeeded"),
+        }
+        if ref is None or name not in example or ref not in example:
+            chain.append(entry)
+            continue
+        paths = list(v.get("variable_paths") or [])
+        ref_vals = {p: _config_value(example[ref], p) for p in paths}
+        new_vals = {p: _config_value(example[name], p) for p in paths}
+        single = len(paths) == 1
+        entry["reference_value"] = ref_vals[paths[0]] if single else ref_vals
+        entry["variant_value"] = new_vals[paths[0]] if single else new_vals
+        chain.append(entry)
+        refs[name] = VariantRef(
+            variant=name,
+            reference=ref,
+            changed=ChangedVariable(
+                name=str(v.get("variable")),
+                paths=paths,
+                reference_value=entry["reference_value"],
+                variant_value=entry["variant_value"],
+            ),
+        )
+        comps = compare_variant(mine, data.get(ref, []), n_boot=n_boot, seed=0)
+        by_variant[name] = comps
+        out_variants.append(
+            {
+                "variant": name,
+                "reference": ref,
+                "variable": v.get("variable"),
+                "metrics": [c.model_dump(mode="json") for c in comps],
+            }
+        )
+    found = findings(by_variant, data, refs, n_boot=n_boot, seed=0)
+    return {
+        "experiment_id": exp.id,
+        "repeats": exp.repeats,
+        "chain": chain,
+        "variants": out_variants,
+        "findings": [f.model_dump(mode="json") for f in found],
+    }
+
+
+def export(session: Session, experiment_id: str, fmt: str) -> bytes:
+    """The experiment's runs, one row each (config and metrics flattened), as CSV or Parquet."""
+    exp = get_experiment(session, experiment_id)
+    runs = list(exp.runs)
+    metrics = RunRepository(session).metrics_for([r.id for r in runs])
+    rows = [
+        {
+            "id": r.id,
+            "experiment_id": r.experiment_id,
+            "variant": r.name,
+            "repeat_index": r.repeat_index,
+            "sequence": r.sequence,
+            "status": r.status,
+            "started_at": r.started_at,
+            "finished_at": r.finished_at,
+            "model_id": r.model_id,
+            "model_digest": r.model_digest,
+            "max_model_len": r.max_model_len,
+            "request_list_hash": r.request_list_hash,
+            "vllm_version": r.vllm_version,
+            "layout": r.layout,
+            "workload": r.workload,
+            "engine_args": r.explicit_engine_args,
+            "metrics": metrics.get(r.id, {}),
+        }
+        for r in runs
+    ]
+    df = runs_table(rows)
+    return to_parquet_bytes(df) if fmt == "parquet" else to_csv_bytes(df)
