@@ -69,6 +69,20 @@ def experiment_status(runs: list[Run]) -> str:
     return "cancelled"
 
 
+def server_reuse(runs: list[Run]) -> dict[str, Any]:
+    """How many runs reused a running vLLM server, and the start-up seconds that saved."""
+    reused = [r for r in runs if (r.engine_info or {}).get("server_reused")]
+    return {
+        "runs_on_reused_server": len(reused),
+        "server_starts": sum(
+            1 for r in runs if r.engine_info and not r.engine_info.get("server_reused")
+        ),
+        "startup_saved_s": round(
+            sum(float((r.timings or {}).get("startup_saved_s", 0.0)) for r in reused), 3
+        ),
+    }
+
+
 def _run_url(request: Request, run_id: str) -> str:
     return str(request.url_for("get_run", run_id=run_id))
 
@@ -94,6 +108,7 @@ def _experiment_out(request: Request, session: Session, exp: Experiment) -> Expe
         status=experiment_status(list(exp.runs)),
         repeats=exp.repeats,
         variants=exp.variants,
+        server_reuse=server_reuse(list(exp.runs)),
         spec=exp.spec,
         runs=[
             _run_out(request, r, metrics.get(r.id))

@@ -84,6 +84,9 @@ class ExperimentOut(BaseModel):
     created_at: datetime
     status: str
     repeats: int
+    server_reuse: dict[str, Any] = Field(
+        description="runs that reused a running vLLM server and the start-up seconds saved"
+    )
     variants: list[dict[str, Any]] = Field(
         description="the chain: each variant's reference, the variable it changes, its changes"
     )

@@ -532,9 +532,22 @@ class EngineServer:
 # --------------------------------------------------------------------------- launcher queries
 
 
-def _run_launcher(engine_python: str, subcommand: str, timeout_s: float) -> dict[str, Any]:
+def _run_launcher(
+    engine_python: str,
+    subcommand: str,
+    timeout_s: float,
+    *,
+    stdin: bytes | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> dict[str, Any]:
     env = engine_env(
-        EngineLaunch(engine_python=engine_python, model_dir="", served_model_name="", log_path="")
+        EngineLaunch(
+            engine_python=engine_python,
+            model_dir="",
+            served_model_name="",
+            log_path="",
+            env=extra_env or {},
+        )
     )
     try:
         proc = subprocess.run(
@@ -542,7 +555,7 @@ def _run_launcher(engine_python: str, subcommand: str, timeout_s: float) -> dict
             capture_output=True,
             env=env,
             timeout=timeout_s,
-            stdin=subprocess.DEVNULL,
+            input=stdin if stdin is not None else b"",
             check=False,
         )
     except subprocess.TimeoutExpired as exc:
@@ -583,3 +596,50 @@ def engine_fingerprint(engine_python: str, timeout_s: float = 60.0) -> dict[str,
     Raises :class:`EngineError` on failure.
     """
     return _run_launcher(engine_python, "fingerprint", timeout_s)
+
+
+def resolve_engine_configs(
+    engine_python: str,
+    model_dir: str,
+    configs: list[dict[str, Any]],
+    timeout_s: float = 300,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The engine configuration vLLM really uses for each set of engine args, without serving.
+
+    Runs the launcher's ``resolve`` subcommand once for the whole list (vLLM's
+    import, ~10 s, is paid once; each config then takes well under a second).
+    Each config (engine args in snake_case, as in ``EngineLaunch.engine_args``)
+    goes through vLLM's own ``serve`` parser, ``AsyncEngineArgs.from_cli_args``
+    and ``create_engine_config(usage_context=OPENAI_API_SERVER)`` on the
+    engine's platform, so every default vLLM derives from other settings is
+    applied (``max_num_batched_tokens`` / ``max_num_seqs`` from the world size,
+    ``max_model_len`` and chunked prefill; ``enable_prefix_caching`` and
+    ``enable_chunked_prefill`` from the model; CPU ``block_size`` 128;
+    ``kv_cache_memory_bytes`` from ``VLLM_CPU_KVCACHE_SPACE``). No engine is
+    started and no KV cache allocated.
+
+    ``env``: extra environment, as ``EngineLaunch.env`` (the launcher runs in
+    :func:`engine_env`, so ``VLLM_CPU_KVCACHE_SPACE`` defaults to 1 GiB as for
+    a served run).
+
+    Returns ``{"vllm_version": str, "results": [...]}`` with one item per
+    config, in order: ``{"ok": True, "argv": [...], "config": {"<section>.<field>":
+    value, ...}}`` (sections ``model_config``, ``cache_config``,
+    ``scheduler_config``, ``parallel_config``, ``load_config``,
+    ``device_config``, ``attention_config``; plus ``compilation_config.mode``
+    / ``.backend`` / ``.cudagraph_mode``, ``speculative_config.enabled``,
+    ``lora_config.enabled``; enums by name, dtypes as ``"bfloat16"``) or
+    ``{"ok": False, "argv": [...] | None, "error": "<Type>: <vLLM's message>"}``
+    for a config vLLM rejects. Raises :class:`EngineError` if the launcher
+    itself fails or times out.
+    """
+    request = json.dumps({"model": model_dir, "configs": configs}).encode()
+    data = _run_launcher(engine_python, "resolve", timeout_s, stdin=request, extra_env=env)
+    results = data.get("results")
+    if not isinstance(results, list) or len(results) != len(configs):
+        raise EngineError(
+            f"launcher 'resolve' returned {len(results) if isinstance(results, list) else 'no'} "
+            f"results for {len(configs)} configs"
+        )
+    return data

@@ -1,29 +1,40 @@
-"""Execute one run on this node: :class:`~jobs.schemas.RunJob` in, :class:`RunResult` out.
+"""Execute runs on this node: a :class:`~jobs.schemas.RunJob` (or a
+:class:`~jobs.schemas.BatchJob` of runs sharing one server) in, :class:`RunResult` out.
 
-Steps of :func:`execute` (progress phases in brackets):
+Steps of :func:`execute_batch` (progress phases in brackets; every report
+carries the ``run_id`` it is about):
 
-1. build the request list from ``job.workload`` with the served model's
-   tokenizer (:func:`jobs.workload.build_requests`; warm-ups first);
-2. start the vLLM server [``starting``] and wait for ``/health``
+1. build each segment's request list from its workload with the served
+   model's tokenizer (:func:`jobs.workload.build_requests`; warm-ups first);
+2. start the vLLM server once [``starting``] and wait for ``/health``
    [``waiting_health``];
-3. send the warm-up requests one at a time [``warmup``], then
-   ``POST /reset_prefix_cache`` so a warm cache never leaks into the measured
-   numbers (if the reset fails while APC may be on, the run fails);
-4. scrape ``/metrics`` (``before``), drive the measured requests with
-   ``job.workload.concurrency`` in a closed loop while a background task
-   scrapes every ``job.scrape_interval_s`` (``during``) [``measuring``],
-   scrape ``after``;
-5. stop the server, always [``stopping``], and assemble the result [``done``].
+3. for each segment, in order:
+
+   a. send its warm-up requests one at a time [``warmup``], then
+      ``POST /reset_prefix_cache`` so a warm cache (the warm-up's, or an
+      earlier segment's on a reused server) never leaks into the measured
+      numbers (if the reset fails while APC may be on and there was
+      something to forget, the segment fails);
+   b. scrape ``/metrics`` (``before``), drive the measured requests with
+      the segment's ``concurrency`` in a closed loop while a background task
+      scrapes every ``job.scrape_interval_s`` (``during``) [``measuring``],
+      scrape ``after``; the segment is then ``done``;
+
+4. stop the server, always [``stopping``], and finish the last results [``done``].
+
+:func:`execute` is the one-segment case (one run, one server).
 
 Client-side metrics follow ``vllm bench serve`` (:func:`jobs.loadgen.summarize`),
 server-side ones are ``/metrics`` counter deltas
-(:func:`jobs.metrics.summarize_samples`). All time offsets (``start_s`` of
-records, ``t_s`` of samples) are seconds since :func:`execute` began.
+(:func:`jobs.metrics.summarize_samples`). Time offsets (``start_s`` of
+records, ``t_s`` of samples) are seconds since the segment began; the first
+segment begins with the call (its offsets include the server start-up, as in
+:func:`execute`), later ones when the previous one ended.
 
-:func:`execute` never raises for an engine or workload problem: they become
+Neither function raises for an engine or workload problem: they become
 ``status="failed"`` with ``error`` carrying the engine's error lines; a set
 ``cancel`` event gives ``status="cancelled"``. No engine process is left
-running when it returns.
+running when they return.
 """
 
 from __future__ import annotations
@@ -41,15 +52,17 @@ from typing import Any, Literal
 import httpx
 
 from jobs import loadgen, metrics
-from jobs.engine import EngineCancelledError, EngineError, EngineServer
+from jobs.engine import EngineCancelledError, EngineDiedError, EngineError, EngineServer
 from jobs.modelgen import load_tokenizer
 from jobs.schemas import (
+    BatchJob,
     ChatRequest,
     MetricSample,
     Progress,
     RequestRecord,
     RunJob,
     RunResult,
+    RunSegment,
 )
 from jobs.workload import build_requests, request_list_hash
 
@@ -103,6 +116,9 @@ def execute(
 ) -> RunResult:
     """Run ``job`` end to end on this node and return its :class:`RunResult`.
 
+    A one-segment :func:`execute_batch` (the server is started for this run
+    and stopped after it).
+
     Args:
         job: the run (engine launch, workload, scrape interval in seconds,
             per-request timeout in seconds).
@@ -122,108 +138,111 @@ def execute(
         ``engine_log``: the whole server log; ``engine_info``: ``command``,
         ``port``, ``pgid`` (the server's process group, gone on return),
         ``vllm_version`` (from the log), ``startup_s``, ``request_list_hash``,
-        ``prefix_cache_reset_ok``, KV cache size...;
+        ``prefix_cache_reset_ok``, KV cache size, ``exit_code``,
+        ``server_reused`` (False), ``cache_isolation`` (``"server_restart"``),
+        ``segment_index`` (0), ``segments_total`` (1);
         ``timings`` (seconds): ``startup_s``, ``warmup_s``, ``measure_s``,
         ``stop_s``, ``total_s``.
 
     Never raises for an engine or workload problem; the engine is stopped
     (its whole process group) before returning.
     """
-    return _Run(job, progress, cancel or threading.Event()).execute()
+    batch = BatchJob(
+        launch=job.launch,
+        segments=[RunSegment(run_id=job.run_id, workload=job.workload)],
+        scrape_interval_s=job.scrape_interval_s,
+        request_timeout_s=job.request_timeout_s,
+    )
+    return execute_batch(batch, progress, cancel)[0]
 
 
-class _Run:
-    """State of one :func:`execute` call."""
+def execute_batch(
+    job: BatchJob,
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+) -> list[RunResult]:
+    """Run the segments of ``job`` on one vLLM server, in order; one :class:`RunResult` each.
 
-    def __init__(self, job: RunJob, progress: ProgressCallback | None, cancel: threading.Event):
-        self.job = job
-        self.progress_cb = progress
-        self.cancel = cancel
+    For runs that differ only in client-side settings (workload, concurrency,
+    request list...): the server is started once for ``job.launch``, and
+    between segments the prefix cache is reset (``POST /reset_prefix_cache``,
+    after each segment's warm-up and before its measured requests).
+
+    Args:
+        job: the launch, the segments (``run_id`` + workload each), scrape
+            interval and per-request timeout (seconds) shared by all.
+        progress: as for :func:`execute`; every report carries the ``run_id``
+            of the segment it is about, and each segment gets its own
+            ``done`` report as soon as its status is final.
+        cancel: set it from any thread: the current segment ends
+            ``cancelled`` (with whatever was measured), the segments not yet
+            started are ``cancelled`` too, and the server is stopped.
+
+    Returns:
+        One ``RunResult`` per segment, in order, with the fields described in
+        :func:`execute`, except:
+
+        - ``engine_info``: ``server_reused`` (False for the segment that
+          started the server, True after), ``cache_isolation``
+          (``"server_restart"`` for the segment that started the server,
+          ``"reset_prefix_cache"`` on a reused server), ``segment_index``,
+          ``segments_total``, ``server_run_id`` (the run that started the
+          server); ``startup_s`` only on the first segment;
+        - ``timings``: ``startup_s`` on the first segment only; the others have
+          ``startup_saved_s`` (the first segment's start-up seconds); ``stop_s``
+          on the last segment that ran; ``total_s`` is the segment's own
+          duration (the first includes the start-up, the last the stop);
+        - ``engine_log``: the whole server log from its start up to the end of
+          that segment (the last segment that ran: up to the server's exit).
+
+        A server that dies mid-batch fails the current segment and every later
+        one with the engine's error lines; a segment whose request list
+        cannot be built fails alone; a segment-level problem (failed prefix
+        cache reset, all requests failed) fails that segment and the batch
+        goes on while the server is healthy.
+
+    Never raises for an engine or workload problem; the engine is stopped
+    (its whole process group) before returning.
+    """
+    return _Batch(job, progress, cancel or threading.Event()).execute()
+
+
+class _Segment:
+    """State of one run (segment) of a batch."""
+
+    def __init__(self, seg: RunSegment, index: int, total: int) -> None:
+        self.run_id = seg.run_id
+        self.workload = seg.workload
+        self.index = index
         self.t0 = time.perf_counter()
+        self.t_end: float | None = None
+        self.requests: list[ChatRequest] | None = None
         self.records: list[RequestRecord] = []
         self.samples: list[MetricSample] = []
-        self.engine_info: dict[str, Any] = {}
+        self.engine_info: dict[str, Any] = {"segment_index": index, "segments_total": total}
         self.timings: dict[str, float] = {}
         self.metrics: dict[str, float] = {}
         self.measured_total = 0
         self.measured_done = 0
-
-    # -- helpers ------------------------------------------------------------------------
+        self.status: Status | None = None
+        self.error: str | None = None
+        self.engine_log = ""
+        self.done_reported = False
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
-    def report(self, phase: Any, message: str = "", done: int = 0, total: int = 0) -> None:
-        if self.progress_cb is None:
-            return
-        try:
-            self.progress_cb(
-                Progress(phase=phase, requests_done=done, requests_total=total, message=message)
-            )
-        except Exception:
-            logger.exception("progress callback failed")
+    @property
+    def warmups(self) -> list[ChatRequest]:
+        return [r for r in self.requests or [] if r.warmup]
 
-    def check_cancel(self) -> None:
-        if self.cancel.is_set():
-            raise _Cancelled()
+    @property
+    def measured(self) -> list[ChatRequest]:
+        return [r for r in self.requests or [] if not r.warmup]
 
-    # -- main flow ----------------------------------------------------------------------
-
-    def execute(self) -> RunResult:
-        job = self.job
-        status: Status = "succeeded"
-        error: str | None = None
-        server: EngineServer | None = None
-        try:
-            requests = build_requests(job.workload, load_tokenizer(job.launch.model_dir))
-        except Exception as exc:
-            logger.exception("cannot build the request list")
-            return self._result("failed", f"cannot build the request list: {exc!r}", None)
-        self.engine_info["request_list_hash"] = request_list_hash(requests)
-        warmups = [r for r in requests if r.warmup]
-        measured = [r for r in requests if not r.warmup]
-        self.measured_total = len(measured)
-        try:
-            self.check_cancel()
-            server = EngineServer(job.launch)
-            self.report("starting", "launching vLLM")
-            server.start()
-            self.engine_info["command"] = list(server.command)
-            self.engine_info["port"] = server.port
-            self.engine_info["pgid"] = server.pgid
-            self.report("waiting_health", f"waiting for {server.base_url}/health")
-            startup_s = server.wait_healthy(self.cancel, job.launch.startup_timeout_s)
-            self.timings["startup_s"] = startup_s
-            self.engine_info["startup_s"] = startup_s
-            self.check_cancel()
-            asyncio.run(self._drive(server, warmups, measured))
-            if self.cancel.is_set():
-                raise _Cancelled()
-            server.check_alive()
-            status, error = self._judge(measured)
-        except (_Cancelled, EngineCancelledError):
-            status, error = "cancelled", "cancelled"
-        except EngineError as exc:
-            status, error = "failed", str(exc)
-        except Exception as exc:
-            logger.exception("run %s failed", job.run_id)
-            status = "failed"
-            error = f"internal error: {exc!r}\n{traceback.format_exc(limit=8)}"
-            if server is not None and server.returncode is not None:
-                error += "\n--- engine log (error lines) ---\n" + "\n".join(server.error_lines())
-        finally:
-            if server is not None:
-                self.report("stopping", "stopping vLLM")
-                t_stop = time.perf_counter()
-                try:
-                    self.engine_info["exit_code"] = server.stop()
-                except EngineError as exc:  # processes survived SIGKILL: report it
-                    status, error = "failed", str(exc)
-                self.timings["stop_s"] = time.perf_counter() - t_stop
-        return self._result(status, error, server)
-
-    def _judge(self, measured: list[ChatRequest]) -> tuple[Status, str | None]:
+    def judge(self) -> tuple[Status, str | None]:
         """Final verdict once the load ran: failed if nothing measured succeeded."""
+        measured = self.measured
         done = [r for r in self.records if not r.warmup]
         if measured and not any(r.success for r in done):
             first = next((r.error for r in done if r.error), "no measured request finished")
@@ -232,38 +251,238 @@ class _Run:
             return "failed", f"only {len(done)} of {len(measured)} measured requests finished"
         return "succeeded", None
 
-    def _result(self, status: Status, error: str | None, server: EngineServer | None) -> RunResult:
-        engine_log = server.log_text() if server is not None else ""
-        if engine_log:
-            info = parse_engine_log(engine_log)
-            self.engine_info = {**info, **self.engine_info}
-        self.timings["total_s"] = self.now()
-        self.report("done", status)
+
+class _Batch:
+    """State of one :func:`execute_batch` call."""
+
+    def __init__(
+        self, job: BatchJob, progress: ProgressCallback | None, cancel: threading.Event
+    ) -> None:
+        self.job = job
+        self.progress_cb = progress
+        self.cancel = cancel
+        total = len(job.segments)
+        self.segments = [_Segment(seg, i, total) for i, seg in enumerate(job.segments)]
+        self.server: EngineServer | None = None
+        self.server_info: dict[str, Any] = {}
+        self.startup_s: float | None = None
+        self.server_run_id: str | None = None
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def report(
+        self,
+        seg: _Segment | None,
+        phase: Any,
+        message: str = "",
+        done: int = 0,
+        total: int = 0,
+    ) -> None:
+        if self.progress_cb is None:
+            return
+        try:
+            self.progress_cb(
+                Progress(
+                    phase=phase,
+                    requests_done=done,
+                    requests_total=total,
+                    message=message,
+                    run_id=seg.run_id if seg is not None else None,
+                )
+            )
+        except Exception:
+            logger.exception("progress callback failed")
+
+    def check_cancel(self) -> None:
+        if self.cancel.is_set():
+            raise _Cancelled()
+
+    def finish(self, seg: _Segment, status: Status, error: str | None) -> None:
+        """Make ``seg``'s status final (once) and snapshot the log up to now."""
+        if seg.status is not None:
+            return
+        seg.status, seg.error = status, error
+        seg.t_end = time.perf_counter()
+        if self.server is not None and seg.engine_info.get("server_reused") is not None:
+            seg.engine_log = self.server.log_text()
+
+    # -- main flow ----------------------------------------------------------------------
+
+    def execute(self) -> list[RunResult]:
+        self._build_requests()
+        pending = [s for s in self.segments if s.status is None]
+        last_ran: _Segment | None = None
+        if pending:
+            current: _Segment | None = pending[0]
+            try:
+                self.check_cancel()
+                self._start_server(pending[0])
+                for seg in pending:
+                    current = seg
+                    self._run_segment(seg, reused=seg is not pending[0])
+                    last_ran = seg
+                    current = None
+                    if seg is not pending[-1]:  # the last one is done once the server stopped
+                        seg.done_reported = True
+                        self.report(seg, "done", seg.status or "")
+            except (_Cancelled, EngineCancelledError):
+                self._end_all(current, pending, "cancelled", "cancelled", "cancelled")
+            except EngineError as exc:
+                self._end_all(current, pending, "failed", str(exc), None)
+            except Exception as exc:
+                logger.exception("batch of %s failed", [s.run_id for s in pending])
+                error = f"internal error: {exc!r}\n{traceback.format_exc(limit=8)}"
+                if self.server is not None and self.server.returncode is not None:
+                    error += "\n--- engine log (error lines) ---\n" + "\n".join(
+                        self.server.error_lines()
+                    )
+                self._end_all(current, pending, "failed", error, None)
+            finally:
+                if current is not None:
+                    last_ran = current
+                self._stop_server(last_ran or pending[0])
+        return [self._result(seg) for seg in self.segments]
+
+    def _build_requests(self) -> None:
+        tokenizer: Any = None
+        for seg in self.segments:
+            try:
+                if tokenizer is None:
+                    tokenizer = load_tokenizer(self.job.launch.model_dir)
+                seg.requests = build_requests(seg.workload, tokenizer)
+            except Exception as exc:
+                logger.exception("cannot build the request list of run %s", seg.run_id)
+                seg.status, seg.error = "failed", f"cannot build the request list: {exc!r}"
+                seg.t_end = time.perf_counter()
+                continue
+            seg.engine_info["request_list_hash"] = request_list_hash(seg.requests)
+            seg.measured_total = len(seg.measured)
+
+    def _start_server(self, first: _Segment) -> None:
+        server = self.server = EngineServer(self.job.launch)
+        self.server_run_id = first.run_id
+        first.engine_info["server_reused"] = False
+        self.report(first, "starting", "launching vLLM")
+        server.start()
+        self.server_info = {"command": list(server.command), "port": server.port}
+        self.server_info["pgid"] = server.pgid
+        self.report(first, "waiting_health", f"waiting for {server.base_url}/health")
+        self.startup_s = server.wait_healthy(self.cancel, self.job.launch.startup_timeout_s)
+        first.timings["startup_s"] = self.startup_s
+        first.engine_info["startup_s"] = self.startup_s
+
+    def _run_segment(self, seg: _Segment, reused: bool) -> None:
+        """Warm-up, reset, measure one segment; raise only for batch-ending problems.
+
+        Cancellation and a dead server propagate (they end the batch); any
+        other problem fails this segment only.
+        """
+        server = self.server
+        assert server is not None
+        self.check_cancel()
+        if reused:
+            seg.t0 = time.perf_counter()
+            seg.engine_info["server_reused"] = True
+            if self.startup_s is not None:
+                seg.timings["startup_saved_s"] = self.startup_s
+        try:
+            asyncio.run(self._drive(server, seg, reused))
+            self.check_cancel()
+            server.check_alive()
+            status, error = seg.judge()
+        except (_Cancelled, EngineCancelledError, EngineDiedError):
+            raise
+        except EngineError as exc:
+            server.check_alive()  # a dead server ends the batch instead
+            status, error = "failed", str(exc)
+        except Exception as exc:
+            logger.exception("run %s failed", seg.run_id)
+            server.check_alive()
+            status = "failed"
+            error = f"internal error: {exc!r}\n{traceback.format_exc(limit=8)}"
+        self.finish(seg, status, error)
+
+    def _end_all(
+        self,
+        current: _Segment | None,
+        pending: list[_Segment],
+        status: Status,
+        error: str,
+        later_error: str | None,
+    ) -> None:
+        """End ``current`` with ``status``/``error`` and every not-started segment too.
+
+        ``later_error`` (default: ``error`` prefixed with the run it happened in)
+        is the error of the segments that never started.
+        """
+        if current is not None:
+            self.finish(current, status, error)
+        where = current.run_id if current is not None else "?"
+        for seg in pending:
+            if seg.status is None:
+                msg = (
+                    later_error or f"not run: the shared vLLM server failed in run {where}: {error}"
+                )
+                seg.status, seg.error = status, msg
+                seg.t_end = time.perf_counter()
+
+    def _stop_server(self, last: _Segment) -> None:
+        server = self.server
+        if server is None:
+            return
+        self.report(last, "stopping", "stopping vLLM")
+        t_stop = time.perf_counter()
+        try:
+            self.server_info["exit_code"] = server.stop()
+        except EngineError as exc:  # processes survived SIGKILL: report it
+            last.status, last.error = "failed", str(exc)
+        last.timings["stop_s"] = time.perf_counter() - t_stop
+        last.t_end = time.perf_counter()
+        if last.engine_info.get("server_reused") is not None:
+            last.engine_log = server.log_text()
+
+    def _result(self, seg: _Segment) -> RunResult:
+        if self.server is not None and seg.engine_info.get("server_reused") is not None:
+            # The segment ran on the server: server facts, isolation, log facts.
+            reused = bool(seg.engine_info["server_reused"])
+            seg.engine_info["cache_isolation"] = (
+                "reset_prefix_cache" if reused else "server_restart"
+            )
+            seg.engine_info["server_run_id"] = self.server_run_id
+            info = parse_engine_log(seg.engine_log or self.server.log_text())
+            seg.engine_info = {**info, **self.server_info, **seg.engine_info}
+        elif self.server is not None and "pgid" in self.server_info:
+            seg.engine_info.setdefault("pgid", self.server_info["pgid"])
+        end = seg.t_end if seg.t_end is not None else time.perf_counter()
+        seg.timings["total_s"] = max(0.0, end - seg.t0)
+        status: Status = seg.status or "failed"
+        if not seg.done_reported:
+            seg.done_reported = True
+            self.report(seg, "done", status)
         return RunResult(
-            run_id=self.job.run_id,
+            run_id=seg.run_id,
             status=status,
-            error=error,
-            metrics=self.metrics,
-            requests=self.records,
-            samples=self.samples,
-            engine_log=engine_log,
-            engine_info=self.engine_info,
-            timings=self.timings,
+            error=seg.error,
+            metrics=seg.metrics,
+            requests=seg.records,
+            samples=seg.samples,
+            engine_log=seg.engine_log,
+            engine_info=seg.engine_info,
+            timings=seg.timings,
         )
 
     # -- async part ---------------------------------------------------------------------
 
-    async def _drive(
-        self, server: EngineServer, warmups: list[ChatRequest], measured: list[ChatRequest]
-    ) -> None:
+    async def _drive(self, server: EngineServer, seg: _Segment, reused: bool) -> None:
         job = self.job
         base_url = server.base_url
         model = job.launch.served_model_name
+        warmups, measured = seg.warmups, seg.measured
 
         # Warm-up, one at a time.
         t_warm = time.perf_counter()
         if warmups:
-            self.report("warmup", f"{len(warmups)} warm-up requests", 0, len(warmups))
+            self.report(seg, "warmup", f"{len(warmups)} warm-up requests", 0, len(warmups))
             warm_records = await loadgen.run_load(
                 base_url,
                 model,
@@ -271,75 +490,80 @@ class _Run:
                 concurrency=1,
                 timeout_s=job.request_timeout_s,
                 cancel=self.cancel,
-                clock_origin=self.t0,
+                clock_origin=seg.t0,
             )
-            self.records.extend(r.model_copy(update={"warmup": True}) for r in warm_records)
-        self.timings["warmup_s"] = time.perf_counter() - t_warm
+            seg.records.extend(r.model_copy(update={"warmup": True}) for r in warm_records)
+        seg.timings["warmup_s"] = time.perf_counter() - t_warm
         self.check_cancel()
         server.check_alive()
 
-        # A warm cache must never leak into the measured numbers.
+        # A warm cache (this segment's warm-up, or an earlier segment's on a
+        # reused server) must never leak into the measured numbers.
         reset_ok = await asyncio.to_thread(server.reset_prefix_cache)
-        self.engine_info["prefix_cache_reset_ok"] = reset_ok
+        seg.engine_info["prefix_cache_reset_ok"] = reset_ok
         apc_maybe_on = job.launch.engine_args.get("enable_prefix_caching") is not False
-        if not reset_ok and warmups and apc_maybe_on:
+        if not reset_ok and (warmups or reused) and apc_maybe_on:
             server.check_alive()
+            what = "an earlier run's" if reused else "the warm-up's"
             raise EngineError(
-                "POST /reset_prefix_cache failed after the warm-up; the measured numbers "
-                "would include the warm-up's prefix cache (is VLLM_SERVER_DEV_MODE=1 set?)"
+                "POST /reset_prefix_cache failed before the measured requests; the measured "
+                f"numbers would include {what} prefix cache (is VLLM_SERVER_DEV_MODE=1 set?)"
             )
 
+        seg.measured_done = 0
         async with httpx.AsyncClient(timeout=httpx.Timeout(30.0), trust_env=False) as client:
-            await self._sample(client, base_url, "before")
+            await self._sample(client, base_url, seg, "before")
             stop_scraping = asyncio.Event()
-            scraper = asyncio.create_task(self._scrape_loop(client, base_url, stop_scraping))
-            self.report("measuring", "measured requests", 0, len(measured))
+            scraper = asyncio.create_task(self._scrape_loop(client, base_url, seg, stop_scraping))
+            self.report(seg, "measuring", "measured requests", 0, len(measured))
             t_measure = time.perf_counter()
             try:
                 measured_records = await loadgen.run_load(
                     base_url,
                     model,
                     measured,
-                    concurrency=job.workload.concurrency,
+                    concurrency=seg.workload.concurrency,
                     timeout_s=job.request_timeout_s,
-                    on_record=self._on_measured_record,
+                    on_record=lambda record: self._on_measured_record(seg),
                     cancel=self.cancel,
-                    clock_origin=self.t0,
+                    clock_origin=seg.t0,
                 )
             finally:
                 measure_s = time.perf_counter() - t_measure
-                self.timings["measure_s"] = measure_s
+                seg.timings["measure_s"] = measure_s
                 stop_scraping.set()
                 with contextlib.suppress(asyncio.CancelledError):
                     await scraper
-            await self._sample(client, base_url, "after")
-        self.records.extend(measured_records)
+            await self._sample(client, base_url, seg, "after")
+        seg.records.extend(measured_records)
         if measured_records and measure_s > 0:
-            self.metrics.update(loadgen.summarize(measured_records, measure_s))
-        self.metrics.update(metrics.summarize_samples(self.samples))
+            seg.metrics.update(loadgen.summarize(measured_records, measure_s))
+        seg.metrics.update(metrics.summarize_samples(seg.samples))
 
-    def _on_measured_record(self, record: RequestRecord) -> None:
-        self.measured_done += 1
-        self.report("measuring", "", self.measured_done, self.measured_total)
+    def _on_measured_record(self, seg: _Segment) -> None:
+        seg.measured_done += 1
+        self.report(seg, "measuring", "", seg.measured_done, seg.measured_total)
 
-    async def _sample(self, client: httpx.AsyncClient, base_url: str, phase: Any) -> None:
-        """One ``/metrics`` scrape appended to ``samples``; a failure is counted, not raised."""
-        t_s = self.now()
+    async def _sample(
+        self, client: httpx.AsyncClient, base_url: str, seg: _Segment, phase: Any
+    ) -> None:
+        """One ``/metrics`` scrape appended to ``seg.samples``; a failure is counted, not raised."""
+        t_s = seg.now()
         try:
             values = await metrics.scrape(client, base_url)
         except (httpx.HTTPError, ValueError) as exc:
-            errors = self.engine_info.setdefault("scrape_errors", [])
+            errors = seg.engine_info.setdefault("scrape_errors", [])
             if len(errors) < 20:
                 errors.append(f"{phase} at {t_s:.1f}s: {exc!r}")
             return
-        self.samples.append(MetricSample(t_s=t_s, phase=phase, values=values))
+        seg.samples.append(MetricSample(t_s=t_s, phase=phase, values=values))
 
     async def _scrape_loop(
-        self, client: httpx.AsyncClient, base_url: str, stop: asyncio.Event
+        self, client: httpx.AsyncClient, base_url: str, seg: _Segment, stop: asyncio.Event
     ) -> None:
         # One "during" sample as the load starts, then one per interval until it ends.
         interval = max(0.05, float(self.job.scrape_interval_s))
         while not stop.is_set():
-            await self._sample(client, base_url, "during")
+            await self._sample(client, base_url, seg, "during")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=interval)

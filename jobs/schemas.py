@@ -79,6 +79,27 @@ class RunJob(BaseModel):
     request_timeout_s: float = 600.0
 
 
+class RunSegment(BaseModel):
+    """One run inside a :class:`BatchJob`: its id and its (client-side) workload."""
+
+    run_id: str
+    workload: WorkloadSpec
+
+
+class BatchJob(BaseModel):
+    """Runs that share one vLLM server (they differ only in client-side settings).
+
+    The server is started once for ``launch``; the segments run in order, each
+    with its own warm-up and measurement, and the prefix cache is reset
+    (``POST /reset_prefix_cache``) before each segment's measured requests.
+    """
+
+    launch: EngineLaunch
+    segments: list[RunSegment] = Field(min_length=1)
+    scrape_interval_s: float = 1.0
+    request_timeout_s: float = 600.0
+
+
 class RequestRecord(BaseModel):
     """Client-side timing of one request (seconds; offsets from the run start).
 
@@ -126,9 +147,14 @@ class RunResult(BaseModel):
 
 
 class Progress(BaseModel):
-    """What a running job reports while it works."""
+    """What a running job reports while it works.
+
+    ``run_id``: the run (batch segment) the report is about; ``None`` only
+    from producers that do not set it.
+    """
 
     phase: Literal["starting", "waiting_health", "warmup", "measuring", "stopping", "done"]
     requests_done: int = 0
     requests_total: int = 0
     message: str = ""
+    run_id: str | None = None

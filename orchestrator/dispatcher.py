@@ -22,10 +22,10 @@ from typing import Any, Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.schemas import RunJob, RunResult
+from jobs.schemas import BatchJob, RunResult
 from orchestrator.db import unit_of_work
 from orchestrator.repositories import OrchestratorRepository, RunRepository
-from orchestrator.service import build_job, record_result, reserved_devices
+from orchestrator.service import build_batch_job, record_result, reserved_devices
 from orchestrator.settings import Settings
 from orchestrator.states import RunStatus, is_terminal
 
@@ -37,7 +37,7 @@ class Poll:
     """What a backend knows about one active run."""
 
     done: bool
-    result: RunResult | None = None
+    results: list[RunResult] | None = None
     progress: dict[str, Any] | None = None
     error: str | None = None
 
@@ -49,7 +49,7 @@ class RunBackend(Protocol):
 
     def has_capacity(self, devices: int) -> bool: ...
 
-    def launch(self, run_id: str, job: RunJob, devices: int) -> None: ...
+    def launch(self, run_id: str, job: BatchJob, devices: int) -> None: ...
 
     def poll(self, run_id: str) -> Poll: ...
 
@@ -68,7 +68,8 @@ class Dispatcher:
     orchestrator_id: str = field(
         default_factory=lambda: f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
     )
-    active: dict[str, str] = field(default_factory=dict)  # run_id -> last status
+    #: batch id (its first run's id) -> the run ids of the batch, in order
+    active: dict[str, list[str]] = field(default_factory=dict)
     _last_reconcile: float = 0.0
     _last_heartbeat: float = 0.0
 
@@ -86,12 +87,12 @@ class Dispatcher:
         with unit_of_work(self.session_factory) as s:
             repo = RunRepository(s)
             for run in repo.stale_active(self.settings.orchestrator.stale_after_s):
-                if run.id in self.active:
+                if any(run.id in ids for ids in self.active.values()):
                     continue
                 if self.backend.attach(run.id):
                     run.claimed_by = self.orchestrator_id
                     repo.heartbeat(run.id, None)
-                    self.active[run.id] = run.status
+                    self.active[run.id] = [run.id]
                     log.info("re-attached to run %s", run.id)
                 else:
                     repo.transition(
@@ -108,37 +109,51 @@ class Dispatcher:
         """One round: poll active runs, then claim at most one queued run."""
         if time.monotonic() - self._last_heartbeat > 5.0:
             self.heartbeat()
-        for run_id in list(self.active):
-            self._poll_one(run_id)
+        for batch_id in list(self.active):
+            self._poll_one(batch_id)
         if time.monotonic() - self._last_reconcile > self.settings.orchestrator.stale_after_s / 2:
             self.reconcile()
         if len(self.active) < self.settings.orchestrator.max_concurrent_runs:
             self._claim_one()
 
-    def _poll_one(self, run_id: str) -> None:
-        poll = self.backend.poll(run_id)
+    def _poll_one(self, batch_id: str) -> None:
+        poll = self.backend.poll(batch_id)
+        run_ids = self.active[batch_id]
         with unit_of_work(self.session_factory) as s:
             repo = RunRepository(s)
-            run = repo.get(run_id, for_update=True)
-            if run is None or is_terminal(run.status):
-                self.active.pop(run_id, None)
-                self.backend.release(run_id)
+            runs = [r for rid in run_ids if (r := repo.get(rid, for_update=True)) is not None]
+            live = [r for r in runs if not is_terminal(r.status)]
+            if not live:
+                self.active.pop(batch_id, None)
+                self.backend.release(batch_id)
                 return
             if poll.done:
-                result = poll.result or RunResult(
-                    run_id=run_id, status="failed", error=poll.error or "run supervisor died"
-                )
-                record_result(s, run, result)
-                self.active.pop(run_id, None)
-                self.backend.release(run_id)
-                log.info("run %s ended %s", run_id, result.status)
+                results = {res.run_id: res for res in poll.results or []}
+                for run in live:
+                    result = results.get(run.id) or RunResult(
+                        run_id=run.id,
+                        status="failed",
+                        error=poll.error or "run supervisor returned no result for this run",
+                    )
+                    record_result(s, run, result)
+                    log.info("run %s ended %s", run.id, result.status)
+                self.active.pop(batch_id, None)
+                self.backend.release(batch_id)
                 return
-            if run.cancel_requested:
-                self.backend.cancel(run_id)
-            phase = (poll.progress or {}).get("phase")
-            if run.status == RunStatus.PREPARING.value and phase in ("warmup", "measuring"):
-                repo.transition(run, RunStatus.RUNNING)
-            repo.heartbeat(run_id, poll.progress)
+            if any(r.cancel_requested for r in live):
+                self.backend.cancel(batch_id)  # the batch's server stops; its runs end cancelled
+            progress = poll.progress or {}
+            current = progress.get("run_id") or run_ids[0]
+            for run in live:
+                if run.id == current:
+                    if run.status == RunStatus.PREPARING.value and progress.get("phase") in (
+                        "warmup",
+                        "measuring",
+                    ):
+                        repo.transition(run, RunStatus.RUNNING)
+                    repo.heartbeat(run.id, progress or None)
+                else:
+                    repo.heartbeat(run.id, None)
 
     def _claim_one(self) -> None:
         with unit_of_work(self.session_factory) as s:
@@ -159,16 +174,18 @@ class Dispatcher:
             if not self.backend.has_capacity(devices):
                 s.rollback()  # leaves it queued for a later tick
                 return
-            job = build_job(self.settings, run)
+            batch = [run, *repo.claim_server_mates(run, self.orchestrator_id)]
+            job = build_batch_job(self.settings, batch)
             try:
                 self.backend.launch(run.id, job, devices)
-            except Exception as exc:  # noqa: BLE001 - any launch failure ends the run
+            except Exception as exc:  # noqa: BLE001 - any launch failure ends the runs
                 log.exception("launch of run %s failed", run.id)
-                repo.transition(run, RunStatus.FAILED, f"launch failed: {exc}")
-                run.error = f"launch failed: {exc}"
+                for r in batch:
+                    repo.transition(r, RunStatus.FAILED, f"launch failed: {exc}")
+                    r.error = f"launch failed: {exc}"
                 self.backend.release(run.id)
                 return
-            self.active[run.id] = run.status
+            self.active[run.id] = [r.id for r in batch]
 
     def run_forever(self, stop: threading.Event) -> None:
         """Tick every ``poll_interval_s`` until ``stop`` is set; cancel active runs on exit."""

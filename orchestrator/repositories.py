@@ -104,6 +104,39 @@ class RunRepository:
         self.session.flush()
         return run
 
+    def claim_server_mates(self, run: Run, orchestrator_id: str, limit: int = 50) -> list[Run]:
+        """Claim the queued runs that directly follow ``run`` and can share its vLLM server.
+
+        Same experiment and ``server_key``, consecutive in ``sequence`` order
+        (the interleaved plan puts them next to each other); stops at the first
+        run that differs, is not queued, or is locked by another orchestrator.
+        """
+        if not run.server_key:
+            return []
+        following = self.session.scalars(
+            select(Run)
+            .where(Run.experiment_id == run.experiment_id, Run.sequence > run.sequence)
+            .order_by(Run.sequence)
+            .limit(limit)
+        ).all()
+        mates: list[Run] = []
+        for nxt in following:
+            if nxt.server_key != run.server_key or nxt.status != RunStatus.QUEUED.value:
+                break
+            locked = self.session.scalars(
+                select(Run)
+                .where(Run.id == nxt.id, Run.status == RunStatus.QUEUED.value)
+                .with_for_update(skip_locked=True)
+            ).first()
+            if locked is None:
+                break
+            self.transition(locked, RunStatus.PREPARING)
+            locked.claimed_by = orchestrator_id
+            locked.claimed_at = locked.heartbeat_at = utcnow()
+            mates.append(locked)
+        self.session.flush()
+        return mates
+
     def transition(self, run: Run, new: RunStatus, reason: str | None = None) -> None:
         """Move ``run`` through the state machine (raises on a forbidden move)."""
         check_transition(run.status, new.value)

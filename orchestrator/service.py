@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from jobs.schemas import EngineLaunch, RunJob, RunResult, WorkloadSpec
+from jobs.schemas import BatchJob, EngineLaunch, RunResult, RunSegment, WorkloadSpec
 from orchestrator.design import PlannedRun, Resolver, plan_experiment
 from orchestrator.engine_catalog import EngineArgCatalog
 from orchestrator.errors import EngineUnavailableError, NotFoundError, SpecInvalidError
@@ -346,30 +346,34 @@ def cpu_thread_binding(layout: dict[str, Any], first_core: int = 0) -> str:
     return "|".join(parts)
 
 
-def build_job(settings: Settings, run: Run) -> RunJob:
-    """The :class:`RunJob` a supervisor executes for ``run``."""
-    from jobs.schemas import WorkloadSpec
+def build_batch_job(settings: Settings, runs: list[Run]) -> BatchJob:
+    """The :class:`BatchJob` for ``runs`` (same server configuration), in order.
 
-    log_path = (settings.runs_dir / run.id / "engine.log").resolve()
+    The server is launched with the first run's configuration; each run is
+    one segment with its own workload.
+    """
+    first = runs[0]
+    log_path = (settings.runs_dir / first.id / "engine.log").resolve()
     env: dict[str, str] = {
         "VLLM_CPU_KVCACHE_SPACE": str(settings.engine.kv_cache_space_gib),
-        # marks every engine process of the run (orphan checks scan /proc for it)
-        "VLAB_RUN_ID": run.id,
+        # marks every engine process of the batch (orphan checks scan /proc for it)
+        "VLAB_RUN_ID": first.id,
     }
     if settings.orchestrator.device_resource == "CPU":
-        env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(run.layout)
-    return RunJob(
-        run_id=run.id,
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(first.layout)
+    return BatchJob(
         launch=EngineLaunch(
             engine_python=str(Path(settings.engine.python).absolute()),
-            model_dir=run.model_path,
-            served_model_name=run.model_id,
-            engine_args=dict(run.explicit_engine_args),
+            model_dir=first.model_path,
+            served_model_name=first.model_id,
+            engine_args=dict(first.explicit_engine_args),
             env=env,
             startup_timeout_s=settings.engine.startup_timeout_s,
             log_path=str(log_path),
         ),
-        workload=WorkloadSpec.model_validate(run.workload),
+        segments=[
+            RunSegment(run_id=r.id, workload=WorkloadSpec.model_validate(r.workload)) for r in runs
+        ],
         request_timeout_s=settings.engine.request_timeout_s,
     )
 

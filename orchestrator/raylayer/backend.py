@@ -18,7 +18,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from jobs.schemas import RunJob, RunResult
+from jobs.schemas import BatchJob, RunResult
 from orchestrator.dispatcher import Poll
 from orchestrator.raylayer.supervisor import NAMESPACE, RunSupervisorActor, actor_name
 from orchestrator.settings import Settings
@@ -61,7 +61,7 @@ class RayRunBackend:
     def has_capacity(self, devices: int) -> bool:
         return ray.available_resources().get(self.resource, 0) >= devices
 
-    def launch(self, run_id: str, job: RunJob, devices: int) -> None:
+    def launch(self, run_id: str, job: BatchJob, devices: int) -> None:
         """Reserve the placement group, start the supervisor, begin the job.
 
         Raises ``TimeoutError`` if the group is not ready within
@@ -104,8 +104,8 @@ class RayRunBackend:
         ready, _ = ray.wait([active.result_ref], timeout=0)
         if ready:
             try:
-                result: RunResult = ray.get(active.result_ref)
-                return Poll(done=True, result=result)
+                results: list[RunResult] = ray.get(active.result_ref)
+                return Poll(done=True, results=results)
             except RayActorError as exc:
                 return Poll(done=True, error=f"run supervisor died: {exc}")
             except RayError as exc:

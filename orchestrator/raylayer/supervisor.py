@@ -1,10 +1,12 @@
 """The run supervisor: a plain class, wrapped with ``ray.remote`` in one place.
 
-One supervisor per run, a named actor (``vlab-run-<run id>`` in namespace
-``vlab``) placed in the run's placement group. ``start()`` begins the job in
-a thread and returns at once; ``result()`` blocks until the job ends (so a
-restarted orchestrator can re-attach by name and wait again); ``progress()``
-and ``cancel()`` answer while the job runs (the actor allows concurrent calls).
+One supervisor per batch of runs that share a vLLM server (usually one run),
+a named actor (``vlab-run-<first run id>`` in namespace ``vlab``) placed in
+the batch's placement group. ``start()`` begins the job in a thread and
+returns at once; ``result()`` blocks until the job ends and returns one
+:class:`RunResult` per run (so a restarted orchestrator can re-attach by
+name and wait again); ``progress()`` and ``cancel()`` answer while the job
+runs (the actor allows concurrent calls).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import ray
 
-from jobs.schemas import Progress, RunJob, RunResult
+from jobs.schemas import BatchJob, Progress, RunResult
 
 NAMESPACE = "vlab"
 
@@ -28,14 +30,14 @@ def actor_name(run_id: str) -> str:
 
 
 class RunSupervisor:
-    """Runs :func:`jobs.runner.execute` for one :class:`RunJob`."""
+    """Runs :func:`jobs.runner.execute_batch` for one :class:`BatchJob`."""
 
-    def __init__(self, job: RunJob) -> None:
+    def __init__(self, job: BatchJob) -> None:
         self.job = job
         self._cancel = threading.Event()
         self._done = threading.Event()
         self._progress: dict[str, Any] = {"phase": "starting"}
-        self._result: RunResult | None = None
+        self._result: list[RunResult] | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> bool:
@@ -50,18 +52,19 @@ class RunSupervisor:
         self._progress = progress.model_dump()
 
     def _work(self) -> None:
-        from jobs.runner import execute
+        from jobs.runner import execute_batch
 
         try:
-            self._result = execute(self.job, self._on_progress, self._cancel)
-        except BaseException as exc:  # noqa: BLE001 - reported as the run's error
-            self._result = RunResult(
-                run_id=self.job.run_id, status="failed", error=f"supervisor error: {exc!r}"
-            )
+            self._result = execute_batch(self.job, self._on_progress, self._cancel)
+        except BaseException as exc:  # noqa: BLE001 - reported as the runs' error
+            self._result = [
+                RunResult(run_id=seg.run_id, status="failed", error=f"supervisor error: {exc!r}")
+                for seg in self.job.segments
+            ]
         finally:
             self._done.set()
 
-    def result(self) -> RunResult:
+    def result(self) -> list[RunResult]:
         self._done.wait()
         assert self._result is not None
         return self._result
