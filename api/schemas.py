@@ -121,6 +121,7 @@ class RequestOut(BaseModel):
     seq: int
     request_index: int
     warmup: bool
+    request_class: str | None
     success: bool
     error: str | None
     start_s: float

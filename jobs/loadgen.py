@@ -172,6 +172,7 @@ async def _one_request(
         return RequestRecord(
             index=request.index,
             warmup=request.warmup,
+            request_class=request.request_class,
             success=False,
             error=error,
             start_s=start_s,
@@ -186,6 +187,7 @@ async def _one_request(
     return RequestRecord(
         index=request.index,
         warmup=request.warmup,
+        request_class=request.request_class,
         success=True,
         start_s=start_s,
         ttft_s=ttft,

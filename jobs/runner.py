@@ -109,6 +109,29 @@ def parse_engine_log(text: str) -> dict[str, Any]:
     return info
 
 
+#: Per-class metrics keep the latency statistics and the completed count.
+_PER_CLASS_KEYS = ("_ttft_ms", "_tpot_ms", "_itl_ms", "_e2el_ms")
+
+
+def per_class_metrics(records: list[RequestRecord], duration_s: float) -> dict[str, float]:
+    """``"<class>.<metric>"`` for each request class, when a run mixes classes.
+
+    Latency statistics (TTFT, TPOT, ITL, E2EL; :func:`jobs.loadgen.summarize`
+    definitions) and ``completed`` of the class's measured requests. Empty
+    when every request has the same class.
+    """
+    classes = sorted({r.request_class or "short" for r in records if not r.warmup})
+    if len(classes) < 2:
+        return {}
+    out: dict[str, float] = {}
+    for cls in classes:
+        mine = [r for r in records if (r.request_class or "short") == cls]
+        for key, value in loadgen.summarize(mine, duration_s).items():
+            if key == "completed" or key.endswith(_PER_CLASS_KEYS):
+                out[f"{cls}.{key}"] = value
+    return out
+
+
 def execute(
     job: RunJob,
     progress: ProgressCallback | None = None,
@@ -538,6 +561,7 @@ class _Batch:
         seg.records.extend(measured_records)
         if measured_records and measure_s > 0:
             seg.metrics.update(loadgen.summarize(measured_records, measure_s))
+            seg.metrics.update(per_class_metrics(measured_records, measure_s))
         seg.metrics.update(metrics.summarize_samples(seg.samples))
 
     def _on_measured_record(self, seg: _Segment) -> None:

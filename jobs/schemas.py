@@ -27,6 +27,13 @@ class WorkloadSpec(BaseModel):
     ``prefix_tokens`` tokens) followed by a varying user question of about
     ``question_tokens`` tokens. The list is fully determined by ``seed`` and
     the other fields, and is sent in the same order in every run.
+
+    Request classes: ``round(num_requests * long_fraction)`` measured requests
+    (seeded positions) are class ``long``: the same shared prefix, then a
+    unique document of about ``long_input_tokens`` tokens before the
+    question; the rest are class ``short``. Short requests are identical
+    whatever the fraction, so a mixed run's short requests compare with a
+    short-only run's.
     """
 
     kind: Literal["shared_prefix"] = "shared_prefix"
@@ -37,6 +44,12 @@ class WorkloadSpec(BaseModel):
     question_tokens: int = Field(32, ge=1, le=1_000_000, description="target varying-part length")
     output_tokens: int = Field(16, ge=1, le=100_000, description="max_tokens, with ignore_eos")
     warmup_requests: int = Field(1, ge=0, le=1000, description="excluded from the metrics")
+    long_fraction: float = Field(
+        0.0, ge=0.0, le=1.0, description="share of measured requests of class 'long'"
+    )
+    long_input_tokens: int = Field(
+        1536, ge=1, le=1_000_000, description="target length of a long request's document"
+    )
 
     model_config = {"extra": "forbid"}
 
@@ -48,6 +61,7 @@ class ChatRequest(BaseModel):
     messages: list[dict[str, str]]
     max_tokens: int
     warmup: bool = False
+    request_class: str = "short"
 
 
 class EngineLaunch(BaseModel):
@@ -110,6 +124,7 @@ class RequestRecord(BaseModel):
 
     index: int
     warmup: bool = False
+    request_class: str | None = None
     success: bool
     error: str | None = None
     start_s: float

@@ -203,12 +203,32 @@ def build_requests(spec: WorkloadSpec, tokenizer: Tokenizer | None = None) -> li
         )
     prefix = shared_prefix_text(spec.seed, spec.prefix_tokens, tokenizer)
     q_rng = random.Random(f"shared_prefix/questions/{spec.seed}")
+    doc_rng = random.Random(f"shared_prefix/long_documents/{spec.seed}")
+    n_long = round(spec.num_requests * spec.long_fraction)
+    long_at = set(
+        random.Random(f"shared_prefix/classes/{spec.seed}").sample(range(spec.num_requests), n_long)
+    )
     for i in range(spec.num_requests):
+        # drawn for every request, long or short, so short requests never depend on the mix
         question = _fill(q_rng, "", spec.question_tokens, tokenizer, passage=False)
+        request_class = "short"
+        if i in long_at:
+            request_class = "long"
+            document = _fill(
+                doc_rng, "Attached document:\n", spec.long_input_tokens, tokenizer, passage=True
+            )
+            question = f"{document}\n\nQuestion: {question}"
         messages = [{"role": "user", "content": question}]
         if prefix:
             messages.insert(0, {"role": "system", "content": prefix})
-        out.append(ChatRequest(index=i, messages=messages, max_tokens=spec.output_tokens))
+        out.append(
+            ChatRequest(
+                index=i,
+                messages=messages,
+                max_tokens=spec.output_tokens,
+                request_class=request_class,
+            )
+        )
     return out
 
 

@@ -55,6 +55,7 @@ def _requests_by_run(session: Session, run_ids: list[str]) -> dict[str, list[dic
                 "prompt_tokens": r.prompt_tokens,
                 "success": r.success,
                 "warmup": r.warmup,
+                "request_class": r.request_class,
             }
         )
     return out

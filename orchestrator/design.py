@@ -53,6 +53,9 @@ TRACKED_FIELDS = (
     "kv_cache_memory_bytes",
 )
 
+#: Chat template and framing tokens added around the workload's target lengths.
+PROMPT_OVERHEAD_TOKENS = 32
+
 #: ``resolve(model_dir, [explicit engine args, ...]) -> [{"ok", "config" | "error"}]``
 Resolver = Callable[[str, list[dict[str, Any]]], list[dict[str, Any]]]
 
@@ -73,6 +76,46 @@ class Plan:
     variants: list[PlannedVariant] = field(default_factory=list)
     runs: list[PlannedRun] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
+    #: engine arguments the ladder pinned to the baseline's resolved values
+    pinned: dict[str, Any] = field(default_factory=dict)
+
+
+#: Scheduler limits vLLM scales with the world size (TP x PP): the ladder pins
+#: them to the baseline's resolved values so the TP step changes TP alone.
+LADDER_PINNED = ("max_num_batched_tokens", "max_num_seqs")
+
+
+def pin_ladder_defaults(
+    spec: ExperimentSpec, resolver: Resolver, model_dir: str, generated_model: bool
+) -> tuple[ExperimentSpec, dict[str, Any]]:
+    """Pin :data:`LADDER_PINNED` in the ladder's baseline to what vLLM resolves for step 1.
+
+    vLLM 0.32 derives ``max_num_batched_tokens`` and ``max_num_seqs`` from the
+    world size, so raising TP would otherwise change them too (a second
+    variable). Arguments the user set are left alone. Returns (spec, pins).
+    """
+    from orchestrator.spec import ladder_variants
+
+    base, _ = ladder_variants(spec)
+    args: dict[str, Any] = {"load_format": "dummy"} if generated_model else {}
+    args.update(base.engine_args)
+    args["tensor_parallel_size"] = base.layout.tensor_parallel_size
+    args["pipeline_parallel_size"] = base.layout.pipeline_parallel_size
+    (answer,) = resolver(model_dir, [args])
+    if not answer.get("ok"):
+        return spec, {}
+    tracked = _tracked(answer.get("config") or {})
+    pins = {
+        k: tracked[k]
+        for k in LADDER_PINNED
+        if k not in spec.baseline.engine_args and tracked.get(k) is not None
+    }
+    if not pins:
+        return spec, {}
+    baseline = spec.baseline.model_copy(
+        update={"engine_args": {**spec.baseline.engine_args, **pins}}
+    )
+    return spec.model_copy(update={"baseline": baseline}), pins
 
 
 def explicit_engine_args(variant: PlannedVariant, generated_model: bool) -> dict[str, Any]:
@@ -129,6 +172,8 @@ def plan_experiment(
     each distinct argument set (None: skipped).
     """
     plan = Plan()
+    if spec.preset == "ladder" and resolver is not None:
+        spec, plan.pinned = pin_ladder_defaults(spec, resolver, model_dir, generated_model)
     variants, errors = expand(spec)
     plan.variants = variants
     errors += catalog.check(spec.baseline.engine_args, ["body", "baseline", "engine_args"])
@@ -138,6 +183,21 @@ def plan_experiment(
                 name = path.split(".", 1)[1]
                 for err in catalog.check({name: value}, []):
                     errors.append({**err, "loc": [*_variant_loc(spec, v), "changes", path]})
+    for v in variants:
+        cap = v.config.engine_args.get("max_model_len")
+        w = v.config.workload
+        longest = w.prefix_tokens + w.question_tokens + w.output_tokens + PROMPT_OVERHEAD_TOKENS
+        if w.long_fraction > 0:
+            longest += w.long_input_tokens
+        if isinstance(cap, int) and longest > cap:
+            errors.append(
+                {
+                    "loc": [*_variant_loc(spec, v), "workload"],
+                    "msg": f"{v.name}: the longest request needs about {longest} tokens "
+                    f"(prompt + {w.output_tokens} output), above max_model_len {cap}",
+                    "type": "request_exceeds_context_cap",
+                }
+            )
     if cluster_devices is not None:
         for v in variants:
             need = v.config.layout.reserved

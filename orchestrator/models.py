@@ -157,6 +157,7 @@ class RunRequest(Base):
     seq: Mapped[int] = mapped_column(Integer, primary_key=True)
     request_index: Mapped[int] = mapped_column(Integer)
     warmup: Mapped[bool] = mapped_column(Boolean)
+    request_class: Mapped[str | None] = mapped_column(String(50))
     success: Mapped[bool] = mapped_column(Boolean)
     error: Mapped[str | None] = mapped_column(Text)
     start_s: Mapped[float] = mapped_column(Float)

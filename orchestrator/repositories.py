@@ -201,6 +201,7 @@ class RunRepository:
                 seq=i,
                 request_index=r["index"],
                 warmup=r["warmup"],
+                request_class=r.get("request_class"),
                 success=r["success"],
                 error=r.get("error"),
                 start_s=r["start_s"],

@@ -140,6 +140,8 @@ def create_experiment(
         repeats=spec.repeats,
         variants=[_variant_doc(v) for v in plan.variants],
     )
+    if plan.pinned:
+        experiment.spec = {**experiment.spec, "pinned_engine_args": plan.pinned}
     ExperimentRepository(session).add(experiment)
     _store_runs(session, experiment, plan.runs, model, catalog, hasher, {})
     session.refresh(experiment)

@@ -177,6 +177,10 @@ class LadderOptions(BaseModel):
 
     tensor_parallel_size: int = Field(2, ge=2, le=1024, description="TP of step 3")
     include_tp_step: bool = True
+    include_mix_step: bool = True
+    mixed_long_fraction: float = Field(
+        0.5, gt=0.0, lt=1.0, description="share of long requests in step 4's mixed run"
+    )
 
 
 class ExperimentSpec(BaseModel):
@@ -322,13 +326,16 @@ def ladder_variants(spec: ExperimentSpec) -> tuple[RunConfig, list[Variant]]:
     cumulative): (1) baseline with prefix caching off on the smallest layout
     (TP=1, PP=1) holding ``ladder.tensor_parallel_size`` devices, (2) prefix
     caching on, (3) TP raised to ``ladder.tensor_parallel_size`` on the same
-    devices, (4) long and short requests separately and mixed are added by
-    :mod:`orchestrator.design` when the workload supports request classes.
-    Returns (step-1 configuration, variants for steps 2..).
+    devices, (4) long and short requests measured separately and mixed: step
+    3 (short requests only) is the short measurement, ``4-long-only`` sends
+    long-document requests only and ``4-mixed`` mixes them
+    (``ladder.mixed_long_fraction``); both refer to step 3 and share its
+    server (a client-side change). Returns (step-1 configuration, variants).
     """
     tp = spec.ladder.tensor_parallel_size
     doc = spec.baseline.model_dump(mode="json")
     doc["engine_args"]["enable_prefix_caching"] = False
+    doc["workload"]["long_fraction"] = 0.0
     doc["layout"] = {
         "tensor_parallel_size": 1,
         "pipeline_parallel_size": 1,
@@ -348,6 +355,19 @@ def ladder_variants(spec: ExperimentSpec) -> tuple[RunConfig, list[Variant]]:
                 name=f"3-tp{tp}",
                 changes={"layout.tensor_parallel_size": tp},
                 reference="2-apc-on",
+            )
+        )
+    if spec.ladder.include_mix_step:
+        # the previous step sends short requests only: it is the "short alone" measurement
+        last = steps[-1].name
+        steps.append(
+            Variant(name="4-long-only", changes={"workload.long_fraction": 1.0}, reference=last)
+        )
+        steps.append(
+            Variant(
+                name="4-mixed",
+                changes={"workload.long_fraction": spec.ladder.mixed_long_fraction},
+                reference=last,
             )
         )
     return base, steps

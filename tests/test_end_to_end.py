@@ -110,16 +110,24 @@ def test_engine_failure_then_apc_experiment(stack: dict[str, Any]) -> None:
     rt: Runtime = stack["rt"]
     factory: sessionmaker[Session] = rt.session_factory  # type: ignore[assignment]
 
-    # 1) a run whose vLLM server cannot start: context cap above what the model supports
-    bad = httpx.post(
-        f"{api}/api/v1/experiments",
-        json={
-            "name": "bad cap",
-            "model": "tiny",
-            "baseline": {"engine_args": {"max_model_len": 1_000_000}, "workload": WORKLOAD},
-        },
-        timeout=300,
-    )
+    # 1) a context cap above what the model supports: vLLM's own resolution refuses it
+    bad_spec = {
+        "name": "bad cap",
+        "model": "tiny",
+        "baseline": {"engine_args": {"max_model_len": 1_000_000}, "workload": WORKLOAD},
+        "repeats": 1,
+    }
+    refused = httpx.post(f"{api}/api/v1/experiments", json=bad_spec, timeout=300)
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["errors"][0]["type"] == "engine_refuses_config"
+    assert "max_model_len" in refused.json()["errors"][0]["msg"]
+    # ... and with that check switched off, the run's vLLM server cannot start
+    settings: Settings = stack["settings"]
+    settings.engine.resolve_configs = False
+    try:
+        bad = httpx.post(f"{api}/api/v1/experiments", json=bad_spec, timeout=300)
+    finally:
+        settings.engine.resolve_configs = True
     assert bad.status_code == 201, bad.text
     # 2) the demo experiment on the tiny model: APC off vs on
     good = httpx.post(
@@ -134,6 +142,7 @@ def test_engine_failure_then_apc_experiment(stack: dict[str, Any]) -> None:
             "variants": [
                 {"name": "apc-on", "changes": {"engine_args.enable_prefix_caching": True}}
             ],
+            "repeats": 1,
         },
         timeout=300,
     )
@@ -205,3 +214,66 @@ def test_reconcile_fails_a_stale_run_whose_supervisor_is_gone(stack: dict[str, A
         got = s.get(Run, run_id)
         assert got is not None and got.status == "failed"
         assert "supervisor" in (got.status_reason or "")
+
+
+def test_tuning_ladder_with_repeats_server_reuse_and_comparison(stack: dict[str, Any]) -> None:
+    """Ladder steps 1-4 on the tiny model, 2 interleaved repeats, TP=1 vs TP=2 on two cores."""
+    api = stack["api"]
+    spec = {
+        "name": "ladder",
+        "model": "tiny",
+        "preset": "ladder",
+        "repeats": 2,
+        "baseline": {
+            "engine_args": {"max_model_len": 2048},
+            "workload": {**WORKLOAD, "num_requests": 8, "long_input_tokens": 768},
+        },
+    }
+    created = httpx.post(f"{api}/api/v1/experiments", json=spec, timeout=300)
+    assert created.status_code == 201, created.text
+    exp = wait_terminal(api, created.json()["id"], timeout_s=1800)
+    bad = [(r["name"], r["error"]) for r in exp["runs"] if r["status"] != "succeeded"]
+    assert bad == []
+    names = [v["name"] for v in exp["variants"]]
+    assert names == ["1-baseline", "2-apc-on", "3-tp2", "4-long-only", "4-mixed"]
+    assert exp["spec"]["pinned_engine_args"] == {
+        "max_num_batched_tokens": 2048,
+        "max_num_seqs": 128,
+    }
+    # interleaved: every variant's repeat 0 runs before any repeat 1
+    seq = {(r["name"], r["repeat_index"]): r["sequence"] for r in exp["runs"]}
+    assert max(s for (n, k), s in seq.items() if k == 0) < min(
+        s for (n, k), s in seq.items() if k == 1
+    )
+    by = {(r["name"], r["repeat_index"]): r for r in exp["runs"]}
+    tp = by[("3-tp2", 0)]
+    assert tp["engine_args"]["tensor_parallel_size"] == 2
+    assert tp["resolved_config"]["parallel_config.tensor_parallel_size"] == 2
+    assert tp["resolved_config"]["scheduler_config.max_num_batched_tokens"] == 2048
+    # steps 4 differ from step 3 client-side only: they reuse step 3's server
+    for k in (0, 1):
+        for name in ("4-long-only", "4-mixed"):
+            info = by[(name, k)]["engine_info"]
+            assert info["server_reused"] is True
+            assert info["cache_isolation"] == "reset_prefix_cache"
+        assert by[("3-tp2", k)]["engine_info"]["server_reused"] is False
+    reuse = exp["server_reuse"]
+    assert reuse["runs_on_reused_server"] == 4 and reuse["startup_saved_s"] > 0
+    mixed = by[("4-mixed", 0)]["metrics"]
+    assert mixed["short.completed"] + mixed["long.completed"] == 8
+    assert mixed["long.median_ttft_ms"] > 0 and mixed["short.median_ttft_ms"] > 0
+
+    comp = httpx.get(f"{api}/api/v1/experiments/{exp['id']}/comparison", timeout=120).json()
+    chain = {c["variant"]: c for c in comp["chain"]}
+    assert chain["2-apc-on"]["reference"] == "1-baseline"
+    assert chain["3-tp2"]["reference_value"] == 1 and chain["3-tp2"]["variant_value"] == 2
+    apc = next(v for v in comp["variants"] if v["variant"] == "2-apc-on")
+    # APC off reports no prefix cache queries at all, so the hit rate exists on the APC side only
+    assert all(by[("2-apc-on", k)]["metrics"]["prefix_cache_hit_rate"] > 0.3 for k in (0, 1))
+    assert "prefix_cache_hit_rate" not in by[("1-baseline", 0)]["metrics"]
+    ttft = next(m for m in apc["metrics"] if m["metric"] == "median_ttft_ms")
+    assert ttft["ci_low"] is not None and ttft["ci_low"] <= ttft["ci_high"]
+    assert ttft["verdict"] in ("better", "worse", "no clear difference")
+    assert ttft["n_reference_repeats"] == ttft["n_variant_repeats"] == 2
+    for v in comp["variants"]:
+        assert v["metrics"], v["variant"]

@@ -165,4 +165,32 @@ def test_truncate_to_tokens(tiny_tokenizer: Tokenizer) -> None:
     assert len(truncate_to_tokens(text, 10)) <= 40
 
 
-GOLDEN_HASH = "f5a12b6818a7d2d233a892ece7598a68634dcb071ff0bacb2b55762563c189e4"
+GOLDEN_HASH = "1131a72e4e05983b2fb4fa7a591e005b7db2ff6623f6840a4a0b729ab2b58f67"
+
+
+def test_long_fraction_mixes_classes_without_changing_the_short_requests(
+    tiny_tokenizer: Tokenizer,
+) -> None:
+    short_only = build_requests(WorkloadSpec(num_requests=10, seed=4), tiny_tokenizer)
+    mixed = build_requests(
+        WorkloadSpec(num_requests=10, seed=4, long_fraction=0.4, long_input_tokens=300),
+        tiny_tokenizer,
+    )
+    measured = [r for r in mixed if not r.warmup]
+    longs = [r for r in measured if r.request_class == "long"]
+    assert len(longs) == 4
+    by_index = {r.index: r for r in short_only}
+    for r in measured:
+        if r.request_class == "short":
+            assert r.messages == by_index[r.index].messages
+        else:
+            user = r.messages[-1]["content"]
+            n = len(tiny_tokenizer.encode(user, add_special_tokens=False).ids)
+            assert n >= 300 - 10
+            assert r.messages[0] == by_index[r.index].messages[0]  # same shared prefix
+    all_long = build_requests(
+        WorkloadSpec(num_requests=5, seed=4, long_fraction=1.0, long_input_tokens=200),
+        tiny_tokenizer,
+    )
+    assert {r.request_class for r in all_long if not r.warmup} == {"long"}
+    assert len({r.messages[-1]["content"] for r in all_long if not r.warmup}) == 5

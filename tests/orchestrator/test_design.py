@@ -135,3 +135,66 @@ def test_cpu_thread_binding_splits_devices_over_ranks() -> None:
         cpu_thread_binding({"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "devices": 8})
         == "0-1|2-3|4-5|6-7"
     )
+
+
+def test_ladder_pins_scheduler_limits_vllm_scales_with_world_size() -> None:
+    """vLLM 0.32 (CPU) resolves max_num_batched_tokens = 2048 x TP and max_num_seqs = 128 x TP
+    when they are unset (measured with ``vllm_launcher.py resolve``)."""
+
+    def resolver(model_dir: str, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for c in configs:
+            tp = c["tensor_parallel_size"]
+            out.append(
+                {
+                    "ok": True,
+                    "config": {
+                        "scheduler_config.max_num_batched_tokens": c.get(
+                            "max_num_batched_tokens", 2048 * tp
+                        ),
+                        "scheduler_config.max_num_seqs": c.get("max_num_seqs", 128 * tp),
+                        "parallel_config.tensor_parallel_size": tp,
+                        "cache_config.enable_prefix_caching": c.get("enable_prefix_caching"),
+                    },
+                }
+            )
+        return out
+
+    s = make(
+        variants=[],
+        preset="ladder",
+        repeats=1,
+        baseline={
+            "engine_args": {"max_model_len": 2048},
+            "workload": {"prefix_tokens": 256, "long_input_tokens": 1024},
+        },
+    )
+    p = plan(s, resolver=resolver)
+    assert p.errors == []
+    assert p.pinned == {"max_num_batched_tokens": 2048, "max_num_seqs": 128}
+    tp_run = next(r for r in p.runs if r.variant.name == "3-tp2")
+    assert tp_run.explicit_engine_args["max_num_batched_tokens"] == 2048
+    assert tp_run.explicit_engine_args["tensor_parallel_size"] == 2
+    # without the pins the TP step is refused: vLLM would change two more settings
+    s2 = make(
+        variants=[{"name": "tp2", "changes": {"layout.tensor_parallel_size": 2}}],
+        baseline={"layout": {"devices": 2}},
+        repeats=1,
+    )
+    p2 = plan(s2, resolver=resolver)
+    assert [e["type"] for e in p2.errors] == ["derived_default_changes"]
+    assert "max_num_seqs: 128 -> 256" in p2.errors[0]["msg"]
+
+
+def test_requests_longer_than_the_context_cap_are_refused() -> None:
+    s = make(
+        variants=[{"name": "long", "changes": {"workload.long_fraction": 0.5}}],
+        baseline={
+            "engine_args": {"max_model_len": 1024},
+            "workload": {"prefix_tokens": 512, "long_input_tokens": 1024},
+        },
+    )
+    p = plan(s)
+    assert [e["type"] for e in p.errors] == ["request_exceeds_context_cap"]
+    assert "above max_model_len 1024" in p.errors[0]["msg"]
+    assert p.errors[0]["loc"] == ["body", "variants", 0, "workload"]

@@ -173,8 +173,15 @@ def test_ladder_preset_builds_the_chain() -> None:
         ("1-baseline", None),
         ("2-apc-on", "1-baseline"),
         ("3-tp2", "2-apc-on"),
+        ("4-long-only", "3-tp2"),
+        ("4-mixed", "3-tp2"),
     ]
-    base, apc, tp = variants
+    base, apc, tp, long_only, mixed = variants
+    assert base.config.workload.long_fraction == 0.0
+    assert long_only.config.workload.long_fraction == 1.0
+    assert mixed.config.workload.long_fraction == 0.5
+    assert mixed.variable == "workload.long_fraction"
+    assert mixed.config.layout == tp.config.layout
     assert base.config.engine_args["enable_prefix_caching"] is False
     assert base.config.layout.reserved == tp.config.layout.reserved == 2
     assert tp.config.layout.tensor_parallel_size == 2
