@@ -92,7 +92,7 @@ def submit(
     if created is None:
         raise typer.Exit(1)
     if watch:
-        print_results(watch_exp(base, created["id"], console=console), console)
+        print_results(watch_exp(base, created["id"], console=console), console, base)
 
 
 @app.command()
@@ -101,7 +101,7 @@ def watch(experiment_id: str, api: ApiOpt = None) -> None:
     from orchestrator.report import print_results
     from orchestrator.report import watch as watch_exp
 
-    print_results(watch_exp(_api(api), experiment_id, console=console), console)
+    print_results(watch_exp(_api(api), experiment_id, console=console), console, _api(api))
 
 
 def _runtime(settings: Settings):  # type: ignore[no-untyped-def]
@@ -223,7 +223,7 @@ def demo(
         if created is None:
             raise typer.Exit(1)
         exp = watch_exp(api, created["id"], console=console)
-        print_results(exp, console)
+        print_results(exp, console, api)
         if exp["status"] != "succeeded":
             raise typer.Exit(1)
     finally:

@@ -66,27 +66,26 @@ def _fmt(metrics: dict[str, float] | None, key: str, scale: float, fmt: str) -> 
 
 
 def result_table(exp: dict[str, Any]) -> Table:
-    """One row per run; the last column is the baseline's TTFT p50 over this run's."""
+    """One row per run (repeat); the last column compares TTFT p50 with the run's reference
+    run (the same repeat of the reference variant)."""
     table = Table(title=f"results: {exp['name']} (model {exp['model_id']})")
     table.add_column("run")
+    table.add_column("rep", justify="right")
     table.add_column("change")
     table.add_column("status")
     for header, *_ in RESULT_COLUMNS:
         table.add_column(header, justify="right")
-    table.add_column("TTFT p50 vs baseline", justify="right")
-    base = next((r for r in exp["runs"] if r.get("is_baseline")), None)
-    base_ttft = (base or {}).get("metrics", {}) or {}
+    table.add_column("TTFT p50 vs reference", justify="right")
+    metrics = {r["id"]: r.get("metrics") or {} for r in exp["runs"]}
     for run in exp["runs"]:
         m = run.get("metrics") or {}
+        ref = metrics.get(run.get("reference_run_id") or "", {})
         ratio = "-"
-        if (
-            not run.get("is_baseline")
-            and m.get("median_ttft_ms")
-            and base_ttft.get("median_ttft_ms")
-        ):
-            ratio = f"{base_ttft['median_ttft_ms'] / m['median_ttft_ms']:.2f}x faster"
+        if m.get("median_ttft_ms") and ref.get("median_ttft_ms"):
+            ratio = f"{ref['median_ttft_ms'] / m['median_ttft_ms']:.2f}x faster"
         table.add_row(
             run["name"],
+            str(run.get("repeat_index", 0)),
             describe_change(run),
             run["status"],
             *[_fmt(m, key, scale, fmt) for _, key, scale, fmt in RESULT_COLUMNS],
@@ -145,9 +144,76 @@ def progress_line(run: dict[str, Any]) -> str:
     return text
 
 
-def print_results(exp: dict[str, Any], console: Console | None = None) -> None:
+KEY_COMPARISONS = (
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "median_tpot_ms",
+    "median_e2el_ms",
+    "output_throughput",
+    "prefix_cache_hit_rate",
+)
+
+
+def comparison_table(comp: dict[str, Any]) -> Table:
+    """Each variant vs its reference: ratio with its 95 % interval and the verdict."""
+    table = Table(title="comparison (variant / reference, 95 % bootstrap interval)")
+    for col in (
+        "variant",
+        "vs",
+        "changed",
+        "metric",
+        "reference",
+        "variant value",
+        "ratio",
+        "95 % CI",
+        "verdict",
+    ):
+        table.add_column(
+            col, justify="right" if col in ("reference", "variant value", "ratio") else "left"
+        )
+    chain = {c["variant"]: c for c in comp.get("chain", [])}
+    for v in comp.get("variants", []):
+        c = chain.get(v["variant"], {})
+        changed = f"{v.get('variable')}: {c.get('reference_value')} -> {c.get('variant_value')}"
+        for m in v["metrics"]:
+            if m["metric"] not in KEY_COMPARISONS:
+                continue
+            ci = "-"
+            if m.get("ci_low") is not None and m.get("ci_of") == "ratio":
+                ci = f"[{m['ci_low']:.2f}, {m['ci_high']:.2f}]"
+            table.add_row(
+                v["variant"],
+                v["reference"],
+                changed,
+                m["metric"],
+                f"{m['reference']:.3g}" if m.get("reference") is not None else "-",
+                f"{m['variant']:.3g}" if m.get("variant") is not None else "-",
+                f"{m['ratio']:.2f}" if m.get("ratio") is not None else "-",
+                ci,
+                m["verdict"],
+            )
+            changed = ""
+    return table
+
+
+def print_results(
+    exp: dict[str, Any], console: Console | None = None, api: str | None = None
+) -> None:
     console = console or Console()
     console.print(result_table(exp))
+    if api and len(exp.get("variants", [])) > 1:
+        resp = httpx.get(f"{api}/api/v1/experiments/{exp['id']}/comparison", timeout=120)
+        if resp.status_code == 200:
+            comp = resp.json()
+            console.print(comparison_table(comp))
+            for f in comp.get("findings", []):
+                console.print(f"  [yellow]finding[/yellow] {f['variant']}: {f['message']}")
+    reuse = exp.get("server_reuse") or {}
+    if reuse.get("runs_on_reused_server"):
+        console.print(
+            f"  server reuse: {reuse['runs_on_reused_server']} run(s) on a running server, "
+            f"{reuse['startup_saved_s']:.0f} s of start-up saved"
+        )
     for run in exp["runs"]:
         console.print(f"  {run['name']}: {run['url']}  (metrics: {run['url']}/metrics)")
         if run.get("error"):
