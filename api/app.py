@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, Body, Depends, FastAPI, Query, Request
 from fastapi.responses import PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
@@ -120,17 +120,36 @@ def _experiment_out(request: Request, session: Session, exp: Experiment) -> Expe
 router = APIRouter(prefix="/api/v1")
 
 
-@router.post("/experiments", status_code=201, response_model=ExperimentCreated)
-def create_experiment(
-    spec: ExperimentSpec, request: Request, session: SessionDep, settings: SettingsDep
-) -> ExperimentCreated:
-    """Validate and store an experiment; its runs are queued for the orchestrator.
+_SPEC_SCHEMA = ExperimentSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+_SPEC_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/ExperimentSpec"}}
+        },
+    }
+}
 
-    422 problem+json (code ``spec_invalid`` / ``request_invalid``) names every
-    bad field; nothing is stored then. 503 ``engine_unavailable`` when the
-    engine environment cannot list its arguments.
+
+@router.post(
+    "/experiments", status_code=201, response_model=ExperimentCreated, openapi_extra=_SPEC_BODY
+)
+def create_experiment(
+    body: Annotated[Any, Body()],
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+) -> ExperimentCreated:
+    """Validate and store an experiment (an ``ExperimentSpec``); its runs are queued.
+
+    422 problem+json (code ``spec_invalid``) names every bad field at once:
+    schema problems, unknown engine arguments, an unknown model, variants that
+    change more or less than one variable, configurations vLLM refuses;
+    nothing is stored then. 503 ``engine_unavailable`` when the engine
+    environment cannot list its arguments.
     """
     catalog = load_catalog(settings)
+    spec = service.parse_spec(body, settings, catalog)
     exp = service.create_experiment(
         session, settings, spec, catalog, resolver=service.engine_resolver(settings)
     )
@@ -329,6 +348,25 @@ def cancel_run(run_id: str, request: Request, session: SessionDep) -> RunOut:
     return _run_out(request, service.request_cancel(session, run_id))
 
 
+def _add_spec_schema(app: FastAPI) -> None:
+    """Publish ``ExperimentSpec`` (and its parts) in the OpenAPI components."""
+    original = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        doc = original()
+        schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+        spec = dict(_SPEC_SCHEMA)
+        for name, sub in spec.pop("$defs", {}).items():
+            schemas.setdefault(name, sub)
+        schemas["ExperimentSpec"] = spec
+        app.openapi_schema = doc
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def create_app(settings: Settings, session_factory: sessionmaker[Session]) -> FastAPI:
     app = FastAPI(
         title="vlab",
@@ -339,6 +377,7 @@ def create_app(settings: Settings, session_factory: sessionmaker[Session]) -> Fa
     app.state.session_factory = session_factory
     problems.install(app)
     app.include_router(router)
+    _add_spec_schema(app)
 
     @app.get("/healthz")
     def healthz(session: SessionDep) -> dict[str, str]:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.engine_catalog import EngineArgCatalog
+from orchestrator.engine_catalog import EngineArgCatalog, parse_human_int
 from orchestrator.spec import ExperimentSpec, PlannedVariant, execution_order, expand
 
 #: Fields of vLLM's resolved configuration that an experiment controls. A
@@ -155,6 +155,44 @@ def _tracked(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _context_cap(
+    v: PlannedVariant, resolved: dict[str, Any] | None, model_max_len: int | None
+) -> int | None:
+    """The context cap a variant really runs with: vLLM's, else the spec's, else the model's."""
+    if resolved and _int_or_none(resolved.get("model_config.max_model_len")):
+        return int(resolved["model_config.max_model_len"])
+    return parse_human_int(v.config.engine_args.get("max_model_len")) or model_max_len
+
+
+def _resolved_no_change(v: PlannedVariant, mine: dict[str, Any], ref: dict[str, Any]) -> str | None:
+    """When ``v`` changes engine arguments that vLLM resolves to the same values, say which."""
+    if not v.variable_paths or not all(p.startswith("engine_args.") for p in v.variable_paths):
+        return None
+    shown = []
+    for path in v.variable_paths:
+        name = path.split(".", 1)[1]
+        keys = [k for k in mine if k.rsplit(".", 1)[-1] == name]
+        if not keys or any(mine.get(k) != ref.get(k) for k in keys):
+            return None
+        shown.append(f"{name}={mine[keys[0]]!r}")
+    return ", ".join(shown)
+
+
+def _fill_from_vllm(resolved: dict[str, Any], by_vllm: dict[str, Any] | None) -> dict[str, Any]:
+    """Replace catalogue defaults of ``None`` (decided later by vLLM) with vLLM's own values."""
+    if not by_vllm:
+        return resolved
+    values = {k.rsplit(".", 1)[-1]: v for k, v in by_vllm.items()}
+    return {
+        k: (values[k] if v is None and values.get(k) is not None else v)
+        for k, v in resolved.items()
+    }
+
+
 def plan_experiment(
     spec: ExperimentSpec,
     catalog: EngineArgCatalog,
@@ -164,12 +202,14 @@ def plan_experiment(
     generated_model: bool,
     cluster_devices: int | None = None,
     resolver: Resolver | None = None,
+    model_max_len: int | None = None,
 ) -> Plan:
     """Expand and check ``spec``; the plan's ``errors`` list every problem found.
 
     ``cluster_devices``: the most devices the cluster offers (None: unknown,
     not checked). ``resolver``: asks vLLM for its resolved configuration of
-    each distinct argument set (None: skipped).
+    each distinct argument set (None: skipped). ``model_max_len``: the
+    model's own context limit, used when neither the spec nor vLLM says.
     """
     plan = Plan()
     if spec.preset == "ladder" and resolver is not None:
@@ -183,21 +223,6 @@ def plan_experiment(
                 name = path.split(".", 1)[1]
                 for err in catalog.check({name: value}, []):
                     errors.append({**err, "loc": [*_variant_loc(spec, v), "changes", path]})
-    for v in variants:
-        cap = v.config.engine_args.get("max_model_len")
-        w = v.config.workload
-        longest = w.prefix_tokens + w.question_tokens + w.output_tokens + PROMPT_OVERHEAD_TOKENS
-        if w.long_fraction > 0:
-            longest += w.long_input_tokens
-        if isinstance(cap, int) and longest > cap:
-            errors.append(
-                {
-                    "loc": [*_variant_loc(spec, v), "workload"],
-                    "msg": f"{v.name}: the longest request needs about {longest} tokens "
-                    f"(prompt + {w.output_tokens} output), above max_model_len {cap}",
-                    "type": "request_exceeds_context_cap",
-                }
-            )
     if cluster_devices is not None:
         for v in variants:
             need = v.config.layout.reserved
@@ -257,6 +282,36 @@ def plan_experiment(
                         "variables": {k: list(ab) for k, ab in extra.items()},
                     }
                 )
+        for v in variants[1:]:
+            if v.name not in resolved_by_vllm or v.reference not in resolved_by_vllm:
+                continue
+            same = _resolved_no_change(
+                v, resolved_by_vllm[v.name], resolved_by_vllm[str(v.reference)]
+            )
+            if same:
+                errors.append(
+                    {
+                        "loc": _variant_loc(spec, v),
+                        "msg": f"{v.name!r} changes nothing vLLM would run differently: "
+                        f"it resolves {same} the same as {v.reference!r}",
+                        "type": "no_change",
+                    }
+                )
+    for v in variants:
+        cap = _context_cap(v, resolved_by_vllm.get(v.name), model_max_len)
+        w = v.config.workload
+        longest = w.prefix_tokens + w.question_tokens + w.output_tokens + PROMPT_OVERHEAD_TOKENS
+        if w.long_fraction > 0:
+            longest += w.long_input_tokens
+        if cap is not None and longest > cap:
+            errors.append(
+                {
+                    "loc": [*_variant_loc(spec, v), "workload"],
+                    "msg": f"{v.name}: the longest request needs about {longest} tokens "
+                    f"(prompt + {w.output_tokens} output), above max_model_len {cap}",
+                    "type": "request_exceeds_context_cap",
+                }
+            )
     if errors:
         plan.errors = errors
         return plan
@@ -274,7 +329,9 @@ def plan_experiment(
                 repeat_index=rep,
                 sequence=seq,
                 explicit_engine_args=explicit[name],
-                resolved_engine_args=catalog.resolve(explicit[name]),
+                resolved_engine_args=_fill_from_vllm(
+                    catalog.resolve(explicit[name]), resolved_by_vllm.get(name)
+                ),
                 server_key=keys[name],
                 resolved_config=resolved_by_vllm.get(name),
             )

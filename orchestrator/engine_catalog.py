@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,11 +110,50 @@ def _value_problem(info: dict[str, Any], value: Any) -> str | None:
     if choices and not isinstance(value, list) and value not in choices:
         return f"{name} must be one of {choices}; got {value!r}"
     kind = info.get("type")
+    if kind in ("human_readable_int", "human_readable_int_or_auto"):
+        # vLLM accepts 2048, "2k" (x1000), "2K" (x1024), "1.5M"...; "auto" / -1 where allowed
+        if isinstance(value, bool):
+            return f"{name} takes an integer like 2048 or '2k'; got {value!r}"
+        if isinstance(value, int):
+            return None
+        if isinstance(value, str) and (
+            HUMAN_INT.fullmatch(value)
+            or (kind.endswith("_or_auto") and value.lower() in ("auto", "-1"))
+        ):
+            return None
+        return f"{name} takes an integer like 2048 or '2k'; got {value!r}"
     if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
         return f"{name} takes an integer; got {value!r}"
     if kind == "float" and (isinstance(value, bool) or not isinstance(value, int | float)):
         return f"{name} takes a number; got {value!r}"
     return None
+
+
+#: vLLM's human-readable integers: digits with an optional decimal part and k/m/g/t suffix.
+HUMAN_INT = re.compile(r"\d+(\.\d+)?[kKmMgGtT]?")
+
+_SUFFIX_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_SUFFIX_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def parse_human_int(value: Any) -> int | None:
+    """An integer engine-argument value as vLLM reads it: ``2048``, ``"2k"`` (2000),
+    ``"2K"`` (2048), ``"1.5M"``; None for anything else (``"auto"``, -1, bools).
+
+    Source: vLLM's ``human_readable_int`` (lowercase suffixes are powers of
+    1000, uppercase powers of 1024).
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value > 0 else None
+    if not isinstance(value, str) or not HUMAN_INT.fullmatch(value):
+        return None
+    suffix = value[-1]
+    if suffix.isdigit():
+        return int(float(value))
+    mult = _SUFFIX_DECIMAL.get(suffix) or _SUFFIX_BINARY[suffix]
+    return int(float(value[:-1]) * mult)
 
 
 _lock = threading.Lock()

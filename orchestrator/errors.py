@@ -40,8 +40,12 @@ class SpecInvalidError(VlabError):
     title = "Invalid experiment spec"
 
     def __init__(self, errors: list[dict[str, Any]], detail: str | None = None) -> None:
+        summary = "; ".join(
+            f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg', '')}" for e in errors[:5]
+        )
         super().__init__(
-            detail or f"{len(errors)} problem(s) in the experiment spec", errors=errors
+            detail or f"{len(errors)} problem(s) in the experiment spec: {summary}",
+            errors=errors,
         )
         self.errors = errors
 

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from jobs.schemas import BatchJob, EngineLaunch, RunResult, RunSegment, WorkloadSpec
 from orchestrator.design import PlannedRun, Resolver, plan_experiment
-from orchestrator.engine_catalog import EngineArgCatalog
+from orchestrator.engine_catalog import EngineArgCatalog, parse_human_int
 from orchestrator.errors import EngineUnavailableError, NotFoundError, SpecInvalidError
 from orchestrator.models import Experiment, Run
 from orchestrator.repositories import (
@@ -99,6 +99,39 @@ def engine_resolver(settings: Settings) -> Resolver | None:
     return resolve
 
 
+def parse_spec(body: Any, settings: Settings, catalog: EngineArgCatalog) -> ExperimentSpec:
+    """Validate a submitted spec document; on failure report every problem at once.
+
+    Schema problems (pydantic), unknown or ill-typed engine arguments found in
+    the raw document, and an unknown model are collected together into one
+    :class:`SpecInvalidError` (locations start with ``body``).
+    """
+    try:
+        return ExperimentSpec.model_validate(body)
+    except ValidationError as exc:
+        errors: list[dict[str, Any]] = [
+            {"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()
+        ]
+    if not isinstance(body, dict):
+        raise SpecInvalidError(errors)
+    baseline = body.get("baseline")
+    if isinstance(baseline, dict) and isinstance(baseline.get("engine_args"), dict):
+        errors += catalog.check(baseline["engine_args"], ["body", "baseline", "engine_args"])
+    variants = body.get("variants")
+    for i, v in enumerate(variants if isinstance(variants, list) else []):
+        changes = v.get("changes") if isinstance(v, dict) else None
+        for path, value in (changes if isinstance(changes, dict) else {}).items():
+            if isinstance(path, str) and path.startswith("engine_args."):
+                for err in catalog.check({path.split(".", 1)[1]: value}, []):
+                    errors.append({**err, "loc": ["body", "variants", i, "changes", path]})
+    if isinstance(body.get("model"), str) and body["model"]:
+        try:
+            resolve_model(settings, body["model"])
+        except SpecInvalidError as exc:
+            errors += exc.errors
+    raise SpecInvalidError(errors)
+
+
 def create_experiment(
     session: Session,
     settings: Settings,
@@ -126,6 +159,7 @@ def create_experiment(
             settings.orchestrator.device_resource, settings.orchestrator.stale_after_s
         ),
         resolver=resolver,
+        model_max_len=model.max_position_embeddings,
     )
     if plan.errors:
         raise SpecInvalidError(plan.errors)
@@ -216,7 +250,7 @@ def _store_runs(
             model_id=model.model_id,
             model_path=str(model.path),
             model_digest=model.digest,
-            max_model_len=explicit.get("max_model_len") or model.max_position_embeddings,
+            max_model_len=context_cap(p, model),
             seed=v.config.workload.seed,
             request_list_hash=hasher(v.config.workload),
             vllm_version=catalog.vllm_version,
@@ -228,6 +262,17 @@ def _store_runs(
         run_ids[(v.name, p.repeat_index)] = run.id
         stored.append(run)
     return stored
+
+
+def context_cap(p: PlannedRun, model: ResolvedModel) -> int | None:
+    """The run's context cap: vLLM's resolved value, else an integer in the spec, else the
+    model's ``max_position_embeddings``."""
+    resolved = (p.resolved_config or {}).get("model_config.max_model_len")
+    if isinstance(resolved, int) and not isinstance(resolved, bool):
+        return resolved
+    return parse_human_int(p.explicit_engine_args.get("max_model_len")) or (
+        model.max_position_embeddings
+    )
 
 
 def add_variant(
@@ -265,6 +310,7 @@ def add_variant(
         model_digest=model.digest,
         generated_model=model.generated,
         resolver=resolver,
+        model_max_len=model.max_position_embeddings,
     )
     if plan.errors:
         new_loc = ["body", "variants", len(spec.variants) - 1]

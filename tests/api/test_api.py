@@ -108,7 +108,7 @@ def test_invalid_spec_is_422_naming_every_bad_field_and_stores_nothing(
     assert resp.status_code == 422
     assert resp.headers["content-type"].startswith(PROBLEM)
     body = resp.json()
-    assert body["status"] == 422 and body["code"] == "request_invalid"
+    assert body["status"] == 422 and body["code"] == "spec_invalid"
     locs = {".".join(map(str, e["loc"])) for e in body["errors"]}
     assert {
         "body.name",
@@ -348,3 +348,42 @@ def test_comparison_and_export(client: TestClient, session_factory: sessionmaker
     assert len(dfp) == 6 and sorted(dfp["repeat_index"].tolist()) == [0, 0, 1, 1, 2, 2]
     bad = client.get(f"/api/v1/experiments/{body['id']}/export", params={"format": "xls"})
     assert bad.status_code == 422
+
+
+def test_every_problem_is_reported_at_once(client: TestClient) -> None:
+    spec = demo_spec(model="/no/such/model")
+    spec["baseline"]["workload"]["num_requests"] = "many"
+    spec["baseline"]["engine_args"]["enable_prefix_cache"] = True
+    spec["variants"].append({"name": "x", "changes": {"engine_args.max_num_seq": 2}})
+    resp = client.post("/api/v1/experiments", json=spec)
+    assert resp.status_code == 422
+    body = resp.json()
+    got = {".".join(map(str, e["loc"])): e["type"] for e in body["errors"]}
+    assert got["body.baseline.workload.num_requests"].startswith("int")
+    assert got["body.baseline.engine_args.enable_prefix_cache"] == "unknown_engine_arg"
+    assert got["body.variants.1.changes.engine_args.max_num_seq"] == "unknown_engine_arg"
+    assert got["body.model"] == "unknown_model"
+    assert "num_requests" in body["detail"]  # the detail names the problems too
+    not_json = client.post(
+        "/api/v1/experiments", content=b"{nope", headers={"content-type": "application/json"}
+    )
+    assert not_json.status_code == 422
+    assert not_json.headers["content-type"].startswith(PROBLEM)
+
+
+def test_human_readable_context_cap_is_stored_as_an_integer(client: TestClient) -> None:
+    body = client.post(
+        "/api/v1/experiments",
+        json=demo_spec(baseline={"engine_args": {"max_model_len": "2K"}}, variants=[]),
+    )
+    assert body.status_code == 201, body.text
+    run = client.get(body.json()["runs"][0]["url"]).json()
+    assert run["max_model_len"] == 2048
+    assert run["explicit_engine_args"]["max_model_len"] == "2K"
+
+
+def test_spec_schema_is_in_openapi(client: TestClient) -> None:
+    doc = client.get("/openapi.json").json()
+    assert "ExperimentSpec" in doc["components"]["schemas"]
+    body = doc["paths"]["/api/v1/experiments"]["post"]["requestBody"]
+    assert body["content"]["application/json"]["schema"]["$ref"].endswith("ExperimentSpec")

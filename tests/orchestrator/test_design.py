@@ -198,3 +198,46 @@ def test_requests_longer_than_the_context_cap_are_refused() -> None:
     assert [e["type"] for e in p.errors] == ["request_exceeds_context_cap"]
     assert "above max_model_len 1024" in p.errors[0]["msg"]
     assert p.errors[0]["loc"] == ["body", "variants", 0, "workload"]
+
+
+def test_human_readable_ints_are_accepted_and_read_as_vllm_does() -> None:
+    from orchestrator.engine_catalog import parse_human_int
+
+    assert parse_human_int("2k") == 2000 and parse_human_int("2K") == 2048
+    assert parse_human_int("1.5M") == 1_572_864 and parse_human_int(4096) == 4096
+    assert parse_human_int("auto") is None and parse_human_int(True) is None
+    for ok in (4096, "4k", "auto"):
+        s = make(baseline={"engine_args": {"max_model_len": ok}})
+        assert plan(s).errors == [], ok
+    for bad in ("abc", True, "4kb"):
+        s = make(baseline={"engine_args": {"max_model_len": bad}})
+        assert [e["type"] for e in plan(s).errors] == ["bad_engine_arg_value"], bad
+
+
+def test_a_change_vllm_resolves_to_the_same_value_is_refused() -> None:
+    """vLLM V1 turns prefix caching on by default: 'unset' and True resolve alike."""
+
+    def resolver(model_dir: str, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [
+            {
+                "ok": True,
+                "config": {
+                    "cache_config.enable_prefix_caching": c.get("enable_prefix_caching", True),
+                    "model_config.max_model_len": 2048,
+                },
+            }
+            for c in configs
+        ]
+
+    s = make(
+        baseline={"engine_args": {"max_model_len": 2048}},
+        variants=[{"name": "apc", "changes": {"engine_args.enable_prefix_caching": True}}],
+    )
+    p = plan(s, resolver=resolver)
+    assert [e["type"] for e in p.errors] == ["no_change"]
+    assert "enable_prefix_caching=True" in p.errors[0]["msg"]
+    ok = plan(make(), resolver=resolver)
+    assert ok.errors == []
+    # vLLM's value replaces the catalogue's None in the stored resolved arguments
+    base = next(r for r in ok.runs if r.variant.name == "baseline")
+    assert base.resolved_engine_args["enable_prefix_caching"] is False
