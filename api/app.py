@@ -52,7 +52,7 @@ def _settings(request: Request) -> Settings:
 SessionDep = Annotated[Session, Depends(_session)]
 SettingsDep = Annotated[Settings, Depends(_settings)]
 Limit = Annotated[int, Query(ge=1, le=500)]
-Offset = Annotated[int, Query(ge=0)]
+Offset = Annotated[int, Query(ge=0, le=10**12)]
 
 
 def experiment_status(runs: list[Run]) -> str:

@@ -70,6 +70,12 @@ _LOG_PREFIX = re.compile(r"^(\(\w+(?: \w+)* pid=\d+\)\s*)+")
 _EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b")
 
 
+#: A log record's start: "INFO 11-29 ...", "WARNING ...", "[2026-..." or "2026-11-29 ...".
+_LOG_RECORD = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b|^\[|^\d{4}-\d\d-\d\d")
+#: At most this many lines after an exception line are kept as its message.
+_EXC_MESSAGE_LINES = 12
+
+
 class EngineError(Exception):
     """Base of every engine problem. ``log_lines``: relevant engine log lines."""
 
@@ -203,29 +209,30 @@ def error_lines(text: str, n: int = 60) -> list[str]:
     """The last ``n`` meaningful lines of an engine log.
 
     Meaningful: every line of a traceback (from ``Traceback`` to its exception
-    line, and the indented message lines right after it, as pydantic prints
-    them) and lines that mention an error; if there are none, the last ``n``
-    non-empty lines. Progress bars (carriage-return rewrites) are reduced to
-    their last state.
+    line, and the message lines right after it up to the next log record:
+    pydantic prints the field name and its error there) and lines that mention
+    an error; if there are none, the last ``n`` non-empty lines. Progress bars
+    (carriage-return rewrites) are reduced to their last state.
     """
     lines = [ln.rsplit("\r", 1)[-1].rstrip() for ln in text.splitlines()]
     lines = [ln for ln in lines if ln.strip()]
     keep: list[str] = []
     in_tb = False
-    after_exc = False  # indented lines right after an exception line are its message
+    after_exc = 0  # lines after an exception line that still belong to its message
     for ln in lines:
         body = _LOG_PREFIX.sub("", ln)
-        if after_exc and body[:1].isspace():
+        if after_exc and not _LOG_RECORD.match(body) and not body.startswith("Traceback"):
             keep.append(ln)
+            after_exc -= 1
             continue
-        after_exc = False
+        after_exc = 0
         if body.startswith("Traceback"):
             in_tb = True
         if in_tb or _ERROR_MARKERS.search(ln):
             keep.append(ln)
         if _EXC_LINE.match(body):
             in_tb = False
-            after_exc = True
+            after_exc = _EXC_MESSAGE_LINES
     return (keep or lines)[-n:]
 
 

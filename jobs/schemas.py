@@ -37,21 +37,22 @@ class WorkloadSpec(BaseModel):
     """
 
     kind: Literal["shared_prefix"] = "shared_prefix"
-    num_requests: int = Field(16, ge=1, le=100_000, description="measured requests")
+    num_requests: int = Field(16, ge=1, le=20_000, description="measured requests")
     concurrency: int = Field(1, ge=1, le=4096, description="closed-loop in-flight limit")
     seed: int = Field(0, ge=0)
-    prefix_tokens: int = Field(1024, ge=0, le=1_000_000, description="target shared-prefix length")
-    question_tokens: int = Field(32, ge=1, le=1_000_000, description="target varying-part length")
-    output_tokens: int = Field(16, ge=1, le=100_000, description="max_tokens, with ignore_eos")
+    prefix_tokens: int = Field(1024, ge=0, le=131_072, description="target shared-prefix length")
+    question_tokens: int = Field(32, ge=1, le=131_072, description="target varying-part length")
+    output_tokens: int = Field(16, ge=1, le=131_072, description="max_tokens, with ignore_eos")
     warmup_requests: int = Field(1, ge=0, le=1000, description="excluded from the metrics")
     long_fraction: float = Field(
         0.0, ge=0.0, le=1.0, description="share of measured requests of class 'long'"
     )
     long_input_tokens: int = Field(
-        1536, ge=1, le=1_000_000, description="target length of a long request's document"
+        1536, ge=1, le=131_072, description="target length of a long request's document"
     )
 
-    model_config = {"extra": "forbid"}
+    # strict: 4 is a count, "4" and true are not (JSON numbers still fill float fields)
+    model_config = {"extra": "forbid", "strict": True}
 
 
 class ChatRequest(BaseModel):

@@ -56,7 +56,7 @@ class Layout(BaseModel):
     constant while TP changes is the ladder's "same total GPU count" step.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     tensor_parallel_size: int = Field(1, ge=1, le=1024)
     pipeline_parallel_size: int = Field(1, ge=1, le=1024)
@@ -200,7 +200,9 @@ class ExperimentSpec(BaseModel):
     ladder: LadderOptions = Field(default_factory=LadderOptions)  # type: ignore[arg-type]
     factors: list[Factor] = Field(default_factory=list, max_length=50)
     variants: list[Variant] = Field(default_factory=list, max_length=200)
-    repeats: int = Field(3, ge=1, le=50, description="times each variant runs (interleaved)")
+    repeats: int = Field(
+        3, ge=1, le=50, strict=True, description="times each variant runs (interleaved)"
+    )
 
     @model_validator(mode="after")
     def _unique_names(self) -> ExperimentSpec:

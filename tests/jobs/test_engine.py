@@ -292,3 +292,20 @@ def test_error_lines_keep_the_indented_message_after_the_exception_line() -> Non
     lines = error_lines(log)
     assert any("User-specified max_model_len" in ln for ln in lines)
     assert "INFO shutting down" not in lines
+
+
+def test_error_lines_keep_a_pydantic_field_error_whose_name_line_is_not_indented() -> None:
+    log = "\n".join(
+        [
+            "Traceback (most recent call last):",
+            '  File "x.py", line 1, in <module>',
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig",
+            "max_model_len",
+            "  Input should be greater than or equal to -1 [type=greater_than_equal]",
+            "INFO 11-29 10:00:00 shutting down",
+        ]
+    )
+    lines = error_lines(log)
+    assert "max_model_len" in lines
+    assert any("greater than or equal to -1" in ln for ln in lines)
+    assert not any("shutting down" in ln for ln in lines)
