@@ -132,6 +132,24 @@ def per_class_metrics(records: list[RequestRecord], duration_s: float) -> dict[s
     return out
 
 
+#: Inter-token gaps shorter than this arrived in one burst, not token by token.
+BURST_GAP_S = 1e-4
+
+
+def itl_burst_fraction(records: list[RequestRecord]) -> float | None:
+    """Share of inter-token gaps under :data:`BURST_GAP_S` (0-1) over successful measured requests.
+
+    vLLM streams one chunk per decode step; gaps of a few microseconds mean
+    the chunks queued up in the server's API process (starved of CPU, e.g.
+    on a 2-core host) and were flushed together, so ITL and TPOT understate
+    the real decode time. None without any gap.
+    """
+    gaps = [g for r in records if r.success and not r.warmup for g in r.itl_s]
+    if not gaps:
+        return None
+    return sum(1 for g in gaps if g < BURST_GAP_S) / len(gaps)
+
+
 def execute(
     job: RunJob,
     progress: ProgressCallback | None = None,
@@ -562,6 +580,9 @@ class _Batch:
         if measured_records and measure_s > 0:
             seg.metrics.update(loadgen.summarize(measured_records, measure_s))
             seg.metrics.update(per_class_metrics(measured_records, measure_s))
+            burst = itl_burst_fraction(measured_records)
+            if burst is not None:
+                seg.metrics["itl_burst_fraction"] = burst
         seg.metrics.update(metrics.summarize_samples(seg.samples))
 
     def _on_measured_record(self, seg: _Segment) -> None:

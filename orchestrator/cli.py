@@ -6,12 +6,14 @@ Postgres and local Ray unless ``DATABASE_URL`` / ``RAY_ADDRESS`` are set).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import signal
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -43,13 +45,50 @@ def _api(api: str | None) -> str:
     return (api or get_settings().api_base_url()).rstrip("/")
 
 
+class CliError(Exception):
+    """A user-facing failure: printed as one line, exit code 2."""
+
+
 def load_spec_file(path: Path) -> dict[str, Any]:
-    """Read a spec from JSON or YAML (by extension; YAML is a superset of JSON)."""
+    """Read a spec from JSON or YAML (by extension; YAML is a superset of JSON).
+
+    Raises :class:`CliError` with the parser's message and position.
+    """
     text = path.read_text()
-    data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(
+            f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from exc
+    except yaml.YAMLError as exc:
+        raise CliError(f"{path}: invalid YAML: {' '.join(str(exc).split())}") from exc
     if not isinstance(data, dict):
-        raise typer.BadParameter(f"{path}: the spec must be an object")
+        raise CliError(f"{path}: the spec must be an object")
     return data
+
+
+def friendly(func: Callable[..., None]) -> Callable[..., None]:
+    """Turn user-facing failures into one line on stderr and exit code 2 (no traceback)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        from orchestrator.report import ReportError
+
+        try:
+            func(*args, **kwargs)
+        except (CliError, ReportError, TimeoutError) as exc:
+            Console(stderr=True).print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def _http(method: str, url: str, **kw: Any) -> httpx.Response:
+    try:
+        return httpx.request(method, url, **kw)
+    except httpx.HTTPError as exc:
+        raise CliError(f"cannot reach the API at {url}: {exc} (is `vlab up` running?)") from exc
 
 
 def _print_problem(resp: httpx.Response) -> None:
@@ -66,7 +105,7 @@ def _print_problem(resp: httpx.Response) -> None:
 
 
 def submit_spec(api: str, spec: dict[str, Any]) -> dict[str, Any] | None:
-    resp = httpx.post(f"{api}/api/v1/experiments", json=spec, timeout=300)
+    resp = _http("POST", f"{api}/api/v1/experiments", json=spec, timeout=300)
     if resp.status_code != 201:
         _print_problem(resp)
         return None
@@ -78,6 +117,7 @@ def submit_spec(api: str, spec: dict[str, Any]) -> dict[str, Any] | None:
 
 
 @app.command()
+@friendly
 def submit(
     spec: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="JSON or YAML spec")],
     api: ApiOpt = None,
@@ -96,6 +136,7 @@ def submit(
 
 
 @app.command()
+@friendly
 def watch(experiment_id: str, api: ApiOpt = None) -> None:
     """Show an experiment's progress until its runs end, then its result table."""
     from orchestrator.report import print_results
@@ -193,6 +234,7 @@ def model_generate(
 
 
 @app.command()
+@friendly
 def demo(
     spec: Annotated[Path, typer.Option(help="experiment spec")] = Path("examples/demo.json"),
     port: Annotated[int, typer.Option(help="API port for the demo")] = 8000,
@@ -232,4 +274,5 @@ def demo(
 
 
 def main() -> None:  # pragma: no cover - console entry
-    sys.exit(app())
+    """Console entry (``vlab``)."""
+    app()

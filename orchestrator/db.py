@@ -50,6 +50,15 @@ def start_embedded_postgres(pgdata: Path) -> str:
     return normalize_url(server.get_uri())  # type: ignore[attr-defined]
 
 
+def stop_embedded_postgres(pgdata: Path) -> None:
+    """Stop the embedded Postgres of ``pgdata`` now (it also stops at process exit)."""
+    pgdata = pgdata.expanduser().resolve()
+    with _embedded_lock:
+        server = _embedded.pop(pgdata, None)
+    if server is not None:
+        server.cleanup()  # type: ignore[attr-defined]
+
+
 def resolve_database_url(settings: Settings) -> str:
     """The URL the service uses: ``settings.database_url`` or the embedded server's."""
     if settings.database_url:

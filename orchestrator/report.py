@@ -25,9 +25,22 @@ RESULT_COLUMNS: list[tuple[str, str, float, str]] = [
 ]
 
 
+class ReportError(Exception):
+    """The API could not be read (unreachable, or an error answer): one line for the user."""
+
+
 def fetch_experiment(client: httpx.Client, api: str, experiment_id: str) -> dict[str, Any]:
-    resp = client.get(f"{api}/api/v1/experiments/{experiment_id}")
-    resp.raise_for_status()
+    """``GET /api/v1/experiments/{id}``; raises :class:`ReportError` with the problem's detail."""
+    try:
+        resp = client.get(f"{api}/api/v1/experiments/{experiment_id}")
+    except httpx.HTTPError as exc:
+        raise ReportError(f"cannot reach the API at {api}: {exc}") from exc
+    if resp.status_code != 200:
+        try:
+            detail = resp.json().get("detail", resp.text)
+        except ValueError:
+            detail = resp.text
+        raise ReportError(f"HTTP {resp.status_code}: {detail}")
     data: dict[str, Any] = resp.json()
     return data
 

@@ -15,7 +15,12 @@ from sqlalchemy.orm import Session
 from jobs.schemas import BatchJob, EngineLaunch, RunResult, RunSegment, WorkloadSpec
 from orchestrator.design import PlannedRun, Resolver, plan_experiment
 from orchestrator.engine_catalog import EngineArgCatalog, parse_human_int
-from orchestrator.errors import EngineUnavailableError, NotFoundError, SpecInvalidError
+from orchestrator.errors import (
+    ConflictError,
+    EngineUnavailableError,
+    NotFoundError,
+    SpecInvalidError,
+)
 from orchestrator.models import Experiment, Run
 from orchestrator.repositories import (
     ExperimentRepository,
@@ -359,7 +364,10 @@ def request_cancel(session: Session, run_id: str) -> Run:
     repo = RunRepository(session)
     run = get_run(session, run_id, for_update=True)
     if is_terminal(run.status):
-        return run
+        raise ConflictError(
+            f"run {run_id} already ended ({run.status}); nothing to cancel",
+            code_hint="run_already_ended",
+        )
     if run.status == RunStatus.QUEUED.value:
         repo.transition(run, RunStatus.CANCELLED, "cancelled before it started")
     else:
@@ -438,6 +446,7 @@ def record_result(session: Session, run: Run, result: RunResult) -> None:
     )
     run.engine_info = result.engine_info
     run.timings = result.timings
+    run.progress = {**(run.progress or {}), "phase": "done", "message": result.status}
     run.error = result.error
     if result.engine_info.get("vllm_version"):
         run.vllm_version = str(result.engine_info["vllm_version"])

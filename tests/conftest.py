@@ -18,7 +18,12 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator.db import normalize_url, start_embedded_postgres, upgrade_to_head
+from orchestrator.db import (
+    normalize_url,
+    start_embedded_postgres,
+    stop_embedded_postgres,
+    upgrade_to_head,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -67,12 +72,15 @@ def fresh_database(server_url: str) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def server_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The Postgres server the tests use: ``DATABASE_URL`` or an embedded one."""
     base = os.environ.get("DATABASE_URL")
     if base:
-        return base
-    return start_embedded_postgres(tmp_path_factory.mktemp("pg") / "pgdata")
+        yield base
+        return
+    pgdata = tmp_path_factory.mktemp("pg") / "pgdata"
+    yield start_embedded_postgres(pgdata)
+    stop_embedded_postgres(pgdata)
 
 
 @pytest.fixture(scope="session")

@@ -178,7 +178,8 @@ def test_cancel_queued_run_ends_it(client: TestClient) -> None:
     resp = client.post(f"/api/v1/runs/{run_id}/cancel")
     assert resp.status_code == 202 and resp.json()["status"] == "cancelled"
     again = client.post(f"/api/v1/runs/{run_id}/cancel")
-    assert again.json()["status"] == "cancelled"
+    assert again.status_code == 409 and again.json()["code"] == "run_already_ended"
+    assert client.get(f"/api/v1/runs/{run_id}").json()["status"] == "cancelled"
 
 
 def test_pagination_and_health_and_openapi(client: TestClient) -> None:

@@ -174,3 +174,15 @@ def test_execute_real_apc_off(tmp_path: Path, tiny_model_dir: Path) -> None:
     assert result.metrics["prefix_cache_hits_delta"] == 0
     assert result.metrics.get("prefix_cache_hit_rate", 0.0) == 0
     _assert_no_engine_left(result)
+
+
+def test_itl_burst_fraction_counts_gaps_that_arrived_together() -> None:
+    from jobs.runner import itl_burst_fraction
+    from jobs.schemas import RequestRecord
+
+    def rec(gaps: list[float], **kw: object) -> RequestRecord:
+        return RequestRecord(index=0, success=True, start_s=0.0, itl_s=gaps, **kw)  # type: ignore[arg-type]
+
+    assert itl_burst_fraction([rec([0.003, 0.00002, 0.00003, 0.004])]) == 0.5
+    assert itl_burst_fraction([rec([0.00001], warmup=True), rec([0.002])]) == 0.0
+    assert itl_burst_fraction([rec([])]) is None

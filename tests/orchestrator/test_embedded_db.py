@@ -10,6 +10,7 @@ from orchestrator.db import (
     make_engine,
     make_session_factory,
     resolve_database_url,
+    stop_embedded_postgres,
     unit_of_work,
     upgrade_to_head,
 )
@@ -36,3 +37,5 @@ def test_embedded_postgres_migrates_and_keeps_data(tmp_path: Path) -> None:
         assert len(exp.runs) == 2
     engine2.dispose()
     assert (tmp_path / "home" / "pgdata" / "PG_VERSION").exists()
+    stop_embedded_postgres(tmp_path / "home" / "pgdata")
+    assert not (tmp_path / "home" / "pgdata" / "postmaster.pid").exists()

@@ -1,0 +1,32 @@
+"""The CLI reports user mistakes in one line with exit code 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from orchestrator.cli import app, load_spec_file
+
+
+def test_broken_yaml_is_one_line_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [oops\n")
+    result = CliRunner().invoke(app, ["submit", str(bad), "--api", "http://127.0.0.1:9"])
+    assert result.exit_code == 2
+    assert "invalid YAML" in result.output and "Traceback" not in result.output
+
+
+def test_unreachable_api_is_one_line_error(tmp_path: Path) -> None:
+    spec = Path(__file__).resolve().parents[2] / "examples" / "quick-tiny.yaml"
+    result = CliRunner().invoke(app, ["submit", str(spec), "--api", "http://127.0.0.1:9"])
+    assert result.exit_code == 2
+    assert "cannot reach the API" in result.output
+
+
+def test_yaml_and_json_specs_load_alike(tmp_path: Path) -> None:
+    y = tmp_path / "s.yaml"
+    y.write_text("name: a\nmodel: tiny\n")
+    j = tmp_path / "s.json"
+    j.write_text('{"name": "a", "model": "tiny"}')
+    assert load_spec_file(y) == load_spec_file(j) == {"name": "a", "model": "tiny"}
