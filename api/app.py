@@ -87,6 +87,18 @@ def _run_url(request: Request, run_id: str) -> str:
     return str(request.url_for("get_run", run_id=run_id))
 
 
+def _brief(request: Request, r: Run) -> RunBrief:
+    return RunBrief(
+        id=r.id,
+        name=r.name,
+        position=r.position,
+        repeat_index=r.repeat_index,
+        sequence=r.sequence,
+        status=r.status,
+        url=_run_url(request, r.id),
+    )
+
+
 def _run_out(request: Request, run: Run, metrics: dict[str, float] | None = None) -> RunOut:
     data: dict[str, Any] = {k: getattr(run, k) for k in RunOut.model_fields if hasattr(run, k)}
     data["url"] = _run_url(request, run.id)
@@ -156,18 +168,7 @@ def create_experiment(
     return ExperimentCreated(
         id=exp.id,
         url=str(request.url_for("get_experiment", experiment_id=exp.id)),
-        runs=[
-            RunBrief(
-                id=r.id,
-                name=r.name,
-                position=r.position,
-                repeat_index=r.repeat_index,
-                sequence=r.sequence,
-                status=r.status,
-                url=_run_url(request, r.id),
-            )
-            for r in sorted(exp.runs, key=lambda r: r.sequence)
-        ],
+        runs=[_brief(request, r) for r in sorted(exp.runs, key=lambda r: r.sequence)],
     )
 
 
@@ -328,18 +329,7 @@ def add_variant(
         Variant(name=body.name, changes=body.changes),
         resolver=service.engine_resolver(settings),
     )
-    return [
-        RunBrief(
-            id=r.id,
-            name=r.name,
-            position=r.position,
-            repeat_index=r.repeat_index,
-            sequence=r.sequence,
-            status=r.status,
-            url=_run_url(request, r.id),
-        )
-        for r in runs
-    ]
+    return [_brief(request, r) for r in runs]
 
 
 @router.post("/runs/{run_id}/cancel", response_model=RunOut, status_code=202)
