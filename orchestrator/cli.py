@@ -112,7 +112,7 @@ def submit_spec(api: str, spec: dict[str, Any]) -> dict[str, Any] | None:
     created: dict[str, Any] = resp.json()
     console.print(f"experiment [bold]{created['id']}[/bold]: {created['url']}")
     for run in created["runs"]:
-        console.print(f"  run {run['name']}: {run['url']}")
+        console.print(f"  run {run['name']} (repeat {run['repeat_index']}): {run['url']}")
     return created
 
 

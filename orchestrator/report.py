@@ -47,7 +47,7 @@ def fetch_experiment(client: httpx.Client, api: str, experiment_id: str) -> dict
 
 def progress_view(exp: dict[str, Any]) -> Table:
     table = Table(title=f"experiment {exp['name']} ({exp['status']})", expand=False)
-    for col in ("run", "change", "status", "phase", "requests", ""):
+    for col in ("run", "rep", "change", "status", "phase", "requests", ""):
         table.add_column(col)
     for run in exp["runs"]:
         prog = run.get("progress") or {}
@@ -57,6 +57,7 @@ def progress_view(exp: dict[str, Any]) -> Table:
         bar = ProgressBar(total=max(total, 1), completed=done, width=24)
         table.add_row(
             run["name"],
+            str(run.get("repeat_index", 0)),
             describe_change(run),
             run["status"],
             str(prog.get("phase", "")) if run["status"] in ACTIVE else "",
@@ -147,9 +148,9 @@ def watch(
 
 
 def progress_line(run: dict[str, Any]) -> str:
-    """``run <name>: <status> [<phase> <done>/<total>]`` for non-terminal output."""
+    """``run <name> (repeat k): <status> [- <phase> <done>/<total>]`` for non-terminal output."""
     prog = run.get("progress") or {}
-    text = f"  run {run['name']}: {run['status']}"
+    text = f"  run {run['name']} (repeat {run.get('repeat_index', 0)}): {run['status']}"
     if run["status"] in ACTIVE and prog.get("phase"):
         text += f" - {prog['phase']}"
         if prog.get("requests_total"):
