@@ -288,13 +288,23 @@ def get_run_requests(
 
 
 @router.get("/runs/{run_id}/log", response_class=PlainTextResponse)
-def get_run_log(run_id: str, session: SessionDep) -> str:
-    """The whole engine log captured for the run (text/plain)."""
+def get_run_log(run_id: str, session: SessionDep, raw: bool = False) -> PlainTextResponse:
+    """The engine log captured for the run (text/plain).
+
+    By default successful ``/health``, ``/metrics`` and ``/ping`` probe lines
+    are filtered out (a failing probe stays); ``?raw=1`` returns the whole
+    log. ``X-Noise-Lines-Dropped`` says how many lines the filter removed.
+    """
+    from jobs.enginelog import filter_noise
+
     service.get_run(session, run_id)
     content = RunRepository(session).log(run_id)
     if content is None:
         raise NotFoundError(f"run {run_id} has no engine log yet", code_hint="log_not_found")
-    return content
+    dropped = 0
+    if not raw:
+        content, dropped = filter_noise(content)
+    return PlainTextResponse(content, headers={"X-Noise-Lines-Dropped": str(dropped)})
 
 
 class VariantIn(BaseModel):

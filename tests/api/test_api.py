@@ -388,3 +388,30 @@ def test_spec_schema_is_in_openapi(client: TestClient) -> None:
     assert "ExperimentSpec" in doc["components"]["schemas"]
     body = doc["paths"]["/api/v1/experiments"]["post"]["requestBody"]
     assert body["content"]["application/json"]["schema"]["$ref"].endswith("ExperimentSpec")
+
+
+def test_run_log_is_filtered_unless_raw(
+    client: TestClient, session_factory: sessionmaker[Session]
+) -> None:
+    from orchestrator.repositories import RunRepository
+
+    body = client.post("/api/v1/experiments", json=demo_spec(variants=[])).json()
+    run_id = body["runs"][0]["id"]
+    log = (
+        'INFO:     127.0.0.1:5000 - "GET /health HTTP/1.1" 200 OK\n'
+        "INFO 11-29 10:00:00 [loggers.py:1] Engine 000: Running: 1 reqs, Waiting: 0 reqs\n"
+        'INFO:     127.0.0.1:5000 - "GET /health HTTP/1.1" 503 Service Unavailable\n'
+    )
+    with session_factory() as s:
+        RunRepository(s).save_measurements(
+            run_id, metrics={}, samples=[], requests=[], engine_log=log
+        )
+        s.commit()
+    filtered = client.get(f"/api/v1/runs/{run_id}/log")
+    assert filtered.status_code == 200
+    assert filtered.headers["x-noise-lines-dropped"] == "1"
+    assert (
+        "200 OK" not in filtered.text and "503" in filtered.text and "Engine 000" in filtered.text
+    )
+    raw = client.get(f"/api/v1/runs/{run_id}/log", params={"raw": 1})
+    assert raw.text == log
