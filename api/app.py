@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Body, Depends, FastAPI, Query, Request
 from fastapi.responses import PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -28,7 +28,7 @@ from api.schemas import (
 from orchestrator import service
 from orchestrator.db import unit_of_work
 from orchestrator.engine_catalog import load_catalog
-from orchestrator.errors import NotFoundError
+from orchestrator.errors import NotFoundError, SpecInvalidError
 from orchestrator.models import Experiment, Run
 from orchestrator.repositories import ExperimentRepository, RunRepository
 from orchestrator.settings import Settings
@@ -330,13 +330,19 @@ def add_variant(
     under the same rules as a new experiment (one variable, known engine
     arguments, a level that differs from the reference).
     """
+    try:
+        variant = Variant(name=body.name, changes=body.changes)
+    except ValidationError as exc:
+        raise SpecInvalidError(
+            [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+        ) from exc
     catalog = load_catalog(settings)
     runs = service.add_variant(
         session,
         settings,
         catalog,
         run_id,
-        Variant(name=body.name, changes=body.changes),
+        variant,
         resolver=service.engine_resolver(settings),
     )
     return [_brief(request, r) for r in runs]

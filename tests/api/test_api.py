@@ -415,3 +415,14 @@ def test_run_log_is_filtered_unless_raw(
     )
     raw = client.get(f"/api/v1/runs/{run_id}/log", params={"raw": 1})
     assert raw.text == log
+
+
+def test_clone_with_a_bad_path_is_a_422_not_a_500(client: TestClient) -> None:
+    body = client.post("/api/v1/experiments", json=demo_spec()).json()
+    run_id = body["runs"][0]["id"]
+    resp = client.post(
+        f"/api/v1/runs/{run_id}/variants", json={"name": "x", "changes": {"foo.bar": 1}}
+    )
+    assert resp.status_code == 422
+    assert resp.headers["content-type"].startswith(PROBLEM)
+    assert resp.json()["errors"][0]["loc"][:2] == ["body", "changes"]
