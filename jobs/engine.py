@@ -217,15 +217,20 @@ def error_lines(text: str, n: int = 60) -> list[str]:
     lines = [ln.rsplit("\r", 1)[-1].rstrip() for ln in text.splitlines()]
     lines = [ln for ln in lines if ln.strip()]
     keep: list[str] = []
+    first_error: list[str] = []  # the first exception line of the log and its message
+    collecting_first = False
     in_tb = False
     after_exc = 0  # lines after an exception line that still belong to its message
     for ln in lines:
         body = _LOG_PREFIX.sub("", ln)
         if after_exc and not _LOG_RECORD.match(body) and not body.startswith("Traceback"):
             keep.append(ln)
+            if collecting_first:
+                first_error.append(ln)
             after_exc -= 1
             continue
         after_exc = 0
+        collecting_first = False
         if body.startswith("Traceback"):
             in_tb = True
         if in_tb or _ERROR_MARKERS.search(ln):
@@ -233,7 +238,14 @@ def error_lines(text: str, n: int = 60) -> list[str]:
         if _EXC_LINE.match(body):
             in_tb = False
             after_exc = _EXC_MESSAGE_LINES
-    return (keep or lines)[-n:]
+            if not first_error:
+                first_error.append(ln)
+                collecting_first = True
+    tail = (keep or lines)[-n:]
+    if first_error and first_error[0] not in tail:
+        # the root cause (often in the engine-core process) scrolled out of the tail
+        return ["--- first error in the log ---", *first_error, "--- last error lines ---", *tail]
+    return tail
 
 
 def _read_tail(path: Path, max_bytes: int = 4_000_000) -> str:

@@ -128,11 +128,26 @@ def comparison(session: Session, experiment_id: str, *, n_boot: int = 2000) -> d
         )
         comps = compare_variant(mine, data.get(ref, []), n_boot=n_boot, seed=0)
         by_variant[name] = comps
+        ok_mine = sum(1 for d in mine if d.status == "succeeded")
+        ok_ref = sum(1 for d in data.get(ref, []) if d.status == "succeeded")
+        notes = []
+        if not ok_mine or not ok_ref:
+            notes.append(
+                f"insufficient data: {ok_ref} succeeded run(s) of {ref!r} and {ok_mine} of "
+                f"{name!r}; nothing to compare yet"
+            )
+        elif min(ok_mine, ok_ref) < 2:
+            notes.append(
+                "one repeat on a side: request-level intervals reflect request-to-request "
+                "noise only, not run-to-run drift; run-level metrics have no interval"
+            )
         out_variants.append(
             {
                 "variant": name,
                 "reference": ref,
                 "variable": v.get("variable"),
+                "succeeded": {"reference": ok_ref, "variant": ok_mine},
+                "notes": notes,
                 "metrics": [c.model_dump(mode="json") for c in comps],
             }
         )

@@ -239,6 +239,7 @@ def plan_experiment(
         return plan
 
     explicit = {v.name: explicit_engine_args(v, generated_model) for v in variants}
+    flagged: set[str] = set()  # variants already refused (one reason each is enough)
     resolved_by_vllm: dict[str, dict[str, Any]] = {}
     if resolver is not None:
         distinct = list({json.dumps(a, sort_keys=True): a for a in explicit.values()}.values())
@@ -289,6 +290,7 @@ def plan_experiment(
                 v, resolved_by_vllm[v.name], resolved_by_vllm[str(v.reference)]
             )
             if same:
+                flagged.add(v.name)
                 errors.append(
                     {
                         "loc": _variant_loc(spec, v),
@@ -297,6 +299,26 @@ def plan_experiment(
                         "type": "no_change",
                     }
                 )
+    seen: dict[str, str] = {}
+    for v in variants:
+        identity = json.dumps(
+            [
+                resolved_by_vllm.get(v.name) or explicit[v.name],
+                v.config.layout.model_dump(mode="json"),
+                v.config.workload.model_dump(mode="json"),
+            ],
+            sort_keys=True,
+            default=str,
+        )
+        if identity in seen and v.name not in flagged:
+            errors.append(
+                {
+                    "loc": _variant_loc(spec, v),
+                    "msg": f"{v.name!r} runs exactly the same configuration as {seen[identity]!r}",
+                    "type": "duplicate_variant",
+                }
+            )
+        seen.setdefault(identity, v.name)
     for v in variants:
         cap = _context_cap(v, resolved_by_vllm.get(v.name), model_max_len)
         w = v.config.workload
@@ -329,9 +351,10 @@ def plan_experiment(
                 repeat_index=rep,
                 sequence=seq,
                 explicit_engine_args=explicit[name],
-                resolved_engine_args=_fill_from_vllm(
-                    catalog.resolve(explicit[name]), resolved_by_vllm.get(name)
-                ),
+                resolved_engine_args={
+                    **_fill_from_vllm(catalog.resolve(explicit[name]), resolved_by_vllm.get(name)),
+                    "model": model_dir,
+                },
                 server_key=keys[name],
                 resolved_config=resolved_by_vllm.get(name),
             )

@@ -209,6 +209,21 @@ class ExperimentSpec(BaseModel):
         names = [f.name for f in self.factors]
         if len(set(names)) != len(names):
             raise ValueError("factor names must be distinct")
+        if self.preset == "ladder":
+            set_by_ladder = []
+            if "enable_prefix_caching" in self.baseline.engine_args:
+                set_by_ladder.append("engine_args.enable_prefix_caching")
+            if self.baseline.layout.tensor_parallel_size != 1:
+                set_by_ladder.append("layout.tensor_parallel_size")
+            if self.baseline.layout.pipeline_parallel_size != 1:
+                set_by_ladder.append("layout.pipeline_parallel_size")
+            if self.baseline.workload.long_fraction != 0:
+                set_by_ladder.append("workload.long_fraction")
+            if set_by_ladder:
+                raise ValueError(
+                    "the ladder preset sets these itself, remove them from the baseline: "
+                    + ", ".join(set_by_ladder)
+                )
         return self
 
 

@@ -309,3 +309,26 @@ def test_error_lines_keep_a_pydantic_field_error_whose_name_line_is_not_indented
     assert "max_model_len" in lines
     assert any("greater than or equal to -1" in ln for ln in lines)
     assert not any("shutting down" in ln for ln in lines)
+
+
+def test_error_lines_put_the_first_error_first_when_it_scrolled_out() -> None:
+    root = [
+        "(EngineCore pid=7) Traceback (most recent call last):",
+        '(EngineCore pid=7)   File "loader.py", line 3, in load',
+        "(EngineCore pid=7) RuntimeError: Cannot find any model weights with `/m/tiny`",
+    ]
+    wrapper = []
+    for i in range(80):
+        wrapper.append(f'  File "api_server.py", line {i}, in run')
+    log = "\n".join(
+        [
+            *root,
+            "Traceback (most recent call last):",
+            *wrapper,
+            "RuntimeError: Engine core initialization failed. See root cause above.",
+        ]
+    )
+    lines = error_lines(log, n=20)
+    assert lines[0] == "--- first error in the log ---"
+    assert any("Cannot find any model weights" in ln for ln in lines[:3])
+    assert lines[-1].endswith("See root cause above.")

@@ -241,3 +241,42 @@ def test_a_change_vllm_resolves_to_the_same_value_is_refused() -> None:
     # vLLM's value replaces the catalogue's None in the stored resolved arguments
     base = next(r for r in ok.runs if r.variant.name == "baseline")
     assert base.resolved_engine_args["enable_prefix_caching"] is False
+
+
+def test_two_levels_spelled_differently_but_equal_are_one_configuration() -> None:
+    s = make(
+        variants=[],
+        factors=[{"name": "m", "paths": ["engine_args.max_model_len"], "levels": ["2k", 2000]}],
+    )
+
+    def resolver(model_dir: str, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        from orchestrator.engine_catalog import parse_human_int
+
+        return [
+            {
+                "ok": True,
+                "config": {
+                    "model_config.max_model_len": parse_human_int(c.get("max_model_len")),
+                    "cache_config.enable_prefix_caching": bool(c.get("enable_prefix_caching")),
+                },
+            }
+            for c in configs
+        ]
+
+    p = plan(s, resolver=resolver)
+    assert [e["type"] for e in p.errors] == ["duplicate_variant"]
+    assert "'m=2000' runs exactly the same configuration as 'm=2k'" in p.errors[0]["msg"]
+
+
+def test_ladder_refuses_a_baseline_that_sets_what_the_ladder_sets() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="enable_prefix_caching"):
+        make(variants=[], preset="ladder")
+    with pytest.raises(ValidationError, match="layout.tensor_parallel_size"):
+        make(
+            variants=[],
+            preset="ladder",
+            baseline={"layout": {"tensor_parallel_size": 2}},
+        )
