@@ -333,9 +333,7 @@ def add_variant(
     try:
         variant = Variant(name=body.name, changes=body.changes)
     except ValidationError as exc:
-        raise SpecInvalidError(
-            [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
-        ) from exc
+        raise SpecInvalidError.from_validation(exc) from exc
     catalog = load_catalog(settings)
     runs = service.add_variant(
         session,

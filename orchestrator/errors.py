@@ -49,6 +49,13 @@ class SpecInvalidError(VlabError):
         )
         self.errors = errors
 
+    @classmethod
+    def from_validation(cls, exc: Any) -> SpecInvalidError:
+        """From a :class:`pydantic.ValidationError`, locations prefixed with ``body``."""
+        return cls(
+            [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+        )
+
 
 class ConflictError(VlabError):
     status = 409

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from jobs.schemas import BatchJob, EngineLaunch, RunResult, RunSegment, WorkloadSpec
-from orchestrator.design import PlannedRun, Resolver, plan_experiment
+from orchestrator.design import Plan, PlannedRun, Resolver, plan_experiment
 from orchestrator.engine_catalog import EngineArgCatalog, parse_human_int
 from orchestrator.errors import (
     ConflictError,
@@ -114,9 +114,7 @@ def parse_spec(body: Any, settings: Settings, catalog: EngineArgCatalog) -> Expe
     try:
         return ExperimentSpec.model_validate(body)
     except ValidationError as exc:
-        errors: list[dict[str, Any]] = [
-            {"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()
-        ]
+        errors = SpecInvalidError.from_validation(exc).errors
     if not isinstance(body, dict):
         raise SpecInvalidError(errors)
     baseline = body.get("baseline")
@@ -137,6 +135,29 @@ def parse_spec(body: Any, settings: Settings, catalog: EngineArgCatalog) -> Expe
     raise SpecInvalidError(errors)
 
 
+def _plan(
+    session: Session,
+    settings: Settings,
+    spec: ExperimentSpec,
+    catalog: EngineArgCatalog,
+    model: ResolvedModel,
+    resolver: Resolver | None,
+) -> Plan:
+    """:func:`plan_experiment` for ``spec`` on ``model``, checked against the live cluster."""
+    return plan_experiment(
+        spec,
+        catalog,
+        model_dir=str(model.path),
+        model_digest=model.digest,
+        generated_model=model.generated,
+        cluster_devices=OrchestratorRepository(session).cluster_devices(
+            settings.orchestrator.device_resource, settings.orchestrator.stale_after_s
+        ),
+        resolver=resolver,
+        model_max_len=model.max_position_embeddings,
+    )
+
+
 def create_experiment(
     session: Session,
     settings: Settings,
@@ -154,18 +175,7 @@ def create_experiment(
     if pre_errors:
         raise SpecInvalidError(pre_errors)
     model = resolve_model(settings, spec.model)
-    plan = plan_experiment(
-        spec,
-        catalog,
-        model_dir=str(model.path),
-        model_digest=model.digest,
-        generated_model=model.generated,
-        cluster_devices=OrchestratorRepository(session).cluster_devices(
-            settings.orchestrator.device_resource, settings.orchestrator.stale_after_s
-        ),
-        resolver=resolver,
-        model_max_len=model.max_position_embeddings,
-    )
+    plan = _plan(session, settings, spec, catalog, model, resolver)
     if plan.errors:
         raise SpecInvalidError(plan.errors)
     hasher = _RequestListHasher(model.path)
@@ -304,19 +314,9 @@ def add_variant(
     try:
         spec = ExperimentSpec.model_validate(doc)
     except ValidationError as exc:
-        raise SpecInvalidError(
-            [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
-        ) from exc
+        raise SpecInvalidError.from_validation(exc) from exc
     model = resolve_model(settings, spec.model)
-    plan = plan_experiment(
-        spec,
-        catalog,
-        model_dir=str(model.path),
-        model_digest=model.digest,
-        generated_model=model.generated,
-        resolver=resolver,
-        model_max_len=model.max_position_embeddings,
-    )
+    plan = _plan(session, settings, spec, catalog, model, resolver)
     if plan.errors:
         new_loc = ["body", "variants", len(spec.variants) - 1]
         raise SpecInvalidError(
