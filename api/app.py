@@ -259,26 +259,50 @@ def get_run(run_id: str, request: Request, session: SessionDep) -> RunOut:
 
 
 @router.get("/runs/{run_id}/metrics", response_model=RunMetricsOut)
-def get_run_metrics(run_id: str, session: SessionDep) -> RunMetricsOut:
-    """Summary metrics (``vllm bench serve`` names, plus server-side ones) and the time series."""
+def get_run_metrics(
+    run_id: str,
+    session: SessionDep,
+    max_points: Annotated[int, Query(ge=1, le=100_000)] = 1000,
+) -> RunMetricsOut:
+    """Summary metrics (``vllm bench serve`` names, plus server-side ones) and the time series.
+
+    The ``/metrics`` time series (one scrape per second) is downsampled to at most
+    ``max_points`` points during the measured phase (:func:`orchestrator.timeseries.downsample`:
+    counters keep their last value per bin, gauges their maximum); ``samples_total``
+    is the number stored.
+    """
+    from orchestrator.timeseries import downsample
+
     run = service.get_run(session, run_id)
     repo = RunRepository(session)
+    stored = repo.samples(run_id)
     return RunMetricsOut(
         run_id=run.id,
         status=run.status,
+        partial=run.partial,
         metrics=repo.metrics(run_id),
         samples=[
-            SampleOut(t_s=s.t_s, phase=s.phase, values=s.values) for s in repo.samples(run_id)
+            SampleOut(t_s=p.t_s, phase=p.phase, values=p.values)
+            for p in downsample(stored, max_points)
         ],
+        samples_total=len(stored),
     )
 
 
 @router.get("/runs/{run_id}/requests", response_model=Page[RequestOut])
 def get_run_requests(
-    run_id: str, session: SessionDep, limit: Limit = 100, offset: Offset = 0
+    run_id: str,
+    session: SessionDep,
+    limit: Limit = 100,
+    offset: Offset = 0,
+    request_class: Annotated[str | None, Query(max_length=50)] = None,
+    warmup: bool | None = None,
 ) -> Page[RequestOut]:
+    """The run's per-request records in send order, optionally one class or warm-up state."""
     service.get_run(session, run_id)
-    rows, total = RunRepository(session).requests(run_id, limit=limit, offset=offset)
+    rows, total = RunRepository(session).requests(
+        run_id, limit=limit, offset=offset, request_class=request_class, warmup=warmup
+    )
     return Page(
         items=[RequestOut.model_validate(r, from_attributes=True) for r in rows],
         total=total,

@@ -70,6 +70,7 @@ class RunOut(BaseModel):
     engine_info: dict[str, Any]
     timings: dict[str, Any]
     error: str | None
+    partial: bool
     metrics: dict[str, float] | None = None
 
 
@@ -113,8 +114,10 @@ class SampleOut(BaseModel):
 class RunMetricsOut(BaseModel):
     run_id: str
     status: str
+    partial: bool = Field(description="the run ended early; these are the numbers measured")
     metrics: dict[str, float]
     samples: list[SampleOut]
+    samples_total: int = Field(description="samples stored (before downsampling)")
 
 
 class RequestOut(BaseModel):
@@ -131,3 +134,7 @@ class RequestOut(BaseModel):
     itl_s: list[float]
     prompt_tokens: int | None
     output_tokens: int | None
+    cached_tokens: int | None
+    scheduled_s: float | None
+    conversation: int | None
+    turn: int | None

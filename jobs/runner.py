@@ -51,7 +51,7 @@ from typing import Any, Literal
 
 import httpx
 
-from jobs import loadgen, metrics
+from jobs import enginelog, loadgen, metrics
 from jobs.engine import EngineCancelledError, EngineDiedError, EngineError, EngineServer
 from jobs.modelgen import load_tokenizer
 from jobs.schemas import (
@@ -86,6 +86,10 @@ class _Cancelled(Exception):
     """Internal: the cancel event was set between steps."""
 
 
+class EngineUnresponsiveError(EngineError):
+    """The server process is alive but stopped answering (``/metrics`` and requests)."""
+
+
 def parse_engine_log(text: str) -> dict[str, Any]:
     """Facts read from a vLLM server log (start-up lines).
 
@@ -111,6 +115,18 @@ def parse_engine_log(text: str) -> dict[str, Any]:
 
 #: Per-class metrics keep the latency statistics and the completed count.
 _PER_CLASS_KEYS = ("_ttft_ms", "_tpot_ms", "_itl_ms", "_e2el_ms")
+
+
+#: Most engine stats lines kept per run (evenly thinned beyond this).
+MAX_STATS_LINES = 2000
+
+
+def _thin(items: list[Any], limit: int = MAX_STATS_LINES) -> list[Any]:
+    """``items`` if short enough, else ``limit`` of them evenly spaced (first and last kept)."""
+    if len(items) <= limit:
+        return items
+    step = (len(items) - 1) / (limit - 1)
+    return [items[round(i * step)] for i in range(limit)]
 
 
 def per_class_metrics(records: list[RequestRecord], duration_s: float) -> dict[str, float]:
@@ -190,7 +206,11 @@ def execute(
     """
     batch = BatchJob(
         launch=job.launch,
-        segments=[RunSegment(run_id=job.run_id, workload=job.workload)],
+        segments=[
+            RunSegment(
+                run_id=job.run_id, workload=job.workload, goodput_slos_ms=job.goodput_slos_ms
+            )
+        ],
         scrape_interval_s=job.scrape_interval_s,
         request_timeout_s=job.request_timeout_s,
     )
@@ -269,6 +289,17 @@ class _Segment:
         self.error: str | None = None
         self.engine_log = ""
         self.done_reported = False
+        self.slos = dict(seg.goodput_slos_ms)
+        self.stats_before = 0  # engine stats lines logged before this segment began
+        self.histograms: dict[str, dict[str, metrics.Histogram]] = {}
+        self.unresponsive: str | None = None  # why the server was judged unresponsive
+
+    @property
+    def partial(self) -> bool:
+        """Ended early with some measured requests succeeded: what was measured is kept."""
+        return self.status in ("failed", "cancelled") and any(
+            r.success for r in self.records if not r.warmup
+        )
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -291,6 +322,13 @@ class _Segment:
         if len(done) < len(measured):
             return "failed", f"only {len(done)} of {len(measured)} measured requests finished"
         return "succeeded", None
+
+
+#: Consecutive failed ``/metrics`` scrapes, spanning at least :data:`UNRESPONSIVE_AFTER_S`,
+#: after which a live server is judged to have stopped answering and the segment ends.
+UNRESPONSIVE_SCRAPES = 3
+UNRESPONSIVE_AFTER_S = 20.0
+_SCRAPE_TIMEOUT_S = 10.0
 
 
 class _Batch:
@@ -426,6 +464,7 @@ class _Batch:
             seg.engine_info["server_reused"] = True
             if self.startup_s is not None:
                 seg.timings["startup_saved_s"] = self.startup_s
+        seg.stats_before = len(enginelog.parse_stats_lines(server.log_text()))
         try:
             asyncio.run(self._drive(server, seg, reused))
             self.check_cancel()
@@ -441,6 +480,9 @@ class _Batch:
             server.check_alive()
             status = "failed"
             error = f"internal error: {exc!r}\n{traceback.format_exc(limit=8)}"
+        if seg.unresponsive is not None:
+            # the server is alive but silent: end this run and the batch
+            raise EngineUnresponsiveError(seg.unresponsive, server.log_tail(20))
         self.finish(seg, status, error)
 
     def _end_all(
@@ -490,7 +532,10 @@ class _Batch:
                 "reset_prefix_cache" if reused else "server_restart"
             )
             seg.engine_info["server_run_id"] = self.server_run_id
-            info = parse_engine_log(seg.engine_log or self.server.log_text())
+            log = seg.engine_log or self.server.log_text()
+            info = parse_engine_log(log)
+            info["startup_facts"] = enginelog.startup_facts(log)
+            info["stats_lines"] = _thin(enginelog.parse_stats_lines(log)[seg.stats_before :])
             seg.engine_info = {**info, **self.server_info, **seg.engine_info}
         elif self.server is not None and "pgid" in self.server_info:
             seg.engine_info.setdefault("pgid", self.server_info["pgid"])
@@ -500,10 +545,14 @@ class _Batch:
         if not seg.done_reported:
             seg.done_reported = True
             self.report(seg, "done", status)
+        partial = seg.partial
+        if partial:
+            seg.engine_info["partial"] = True
         return RunResult(
             run_id=seg.run_id,
             status=status,
             error=seg.error,
+            partial=partial,
             metrics=seg.metrics,
             requests=seg.records,
             samples=seg.samples,
@@ -552,10 +601,16 @@ class _Batch:
             )
 
         seg.measured_done = 0
-        async with httpx.AsyncClient(timeout=httpx.Timeout(30.0), trust_env=False) as client:
+        timeout = httpx.Timeout(_SCRAPE_TIMEOUT_S)
+        async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
             await self._sample(client, base_url, seg, "before")
             stop_scraping = asyncio.Event()
-            scraper = asyncio.create_task(self._scrape_loop(client, base_url, seg, stop_scraping))
+            # set by the scraper when the server stops answering: ends the load early
+            abandon = threading.Event()
+            scraper = asyncio.create_task(
+                self._scrape_loop(client, base_url, seg, stop_scraping, abandon)
+            )
+            watcher = asyncio.create_task(self._forward_cancel(abandon))
             self.report(seg, "measuring", "measured requests", 0, len(measured))
             t_measure = time.perf_counter()
             try:
@@ -566,24 +621,41 @@ class _Batch:
                     concurrency=seg.workload.concurrency,
                     timeout_s=job.request_timeout_s,
                     on_record=lambda record: self._on_measured_record(seg),
-                    cancel=self.cancel,
+                    cancel=abandon,
                     clock_origin=seg.t0,
+                    duration_s=seg.workload.duration_s,
                 )
             finally:
+                watcher.cancel()
                 measure_s = time.perf_counter() - t_measure
                 seg.timings["measure_s"] = measure_s
                 stop_scraping.set()
                 with contextlib.suppress(asyncio.CancelledError):
                     await scraper
-            await self._sample(client, base_url, seg, "after")
+            if seg.unresponsive is None:
+                await self._sample(client, base_url, seg, "after")
         seg.records.extend(measured_records)
         if measured_records and measure_s > 0:
-            seg.metrics.update(loadgen.summarize(measured_records, measure_s))
+            seg.metrics.update(
+                loadgen.summarize(measured_records, measure_s, goodput_slos_ms=seg.slos)
+            )
             seg.metrics.update(per_class_metrics(measured_records, measure_s))
             burst = itl_burst_fraction(measured_records)
             if burst is not None:
                 seg.metrics["itl_burst_fraction"] = burst
         seg.metrics.update(metrics.summarize_samples(seg.samples))
+        before, after = seg.histograms.get("before"), seg.histograms.get("after")
+        if before is not None and after is not None:
+            server_view, notes = metrics.summarize_histograms(before, after)
+            seg.metrics.update(server_view)
+            if notes:
+                seg.engine_info["histogram_notes"] = notes
+
+    async def _forward_cancel(self, abandon: threading.Event) -> None:
+        """Mirror the batch's cancel event into this segment's ``abandon`` event."""
+        while not self.cancel.is_set():
+            await asyncio.sleep(0.05)
+        abandon.set()
 
     def _on_measured_record(self, seg: _Segment) -> None:
         seg.measured_done += 1
@@ -591,24 +663,59 @@ class _Batch:
 
     async def _sample(
         self, client: httpx.AsyncClient, base_url: str, seg: _Segment, phase: Any
-    ) -> None:
-        """One ``/metrics`` scrape appended to ``seg.samples``; a failure is counted, not raised."""
+    ) -> bool:
+        """One ``/metrics`` scrape appended to ``seg.samples``; True if it worked.
+
+        A failure is counted in ``engine_info["scrape_errors"]``, not raised. The
+        ``before`` and ``after`` scrapes also keep the latency histograms.
+        """
         t_s = seg.now()
         try:
-            values = await metrics.scrape(client, base_url)
+            resp = await client.get(base_url.rstrip("/") + metrics.METRICS_PATH)
+            resp.raise_for_status()
+            values = metrics.parse_metrics(resp.text)
+            if phase in ("before", "after"):
+                seg.histograms[phase] = metrics.parse_histograms(resp.text)
         except (httpx.HTTPError, ValueError) as exc:
             errors = seg.engine_info.setdefault("scrape_errors", [])
             if len(errors) < 20:
                 errors.append(f"{phase} at {t_s:.1f}s: {exc!r}")
-            return
+            return False
         seg.samples.append(MetricSample(t_s=t_s, phase=phase, values=values))
+        return True
 
     async def _scrape_loop(
-        self, client: httpx.AsyncClient, base_url: str, seg: _Segment, stop: asyncio.Event
+        self,
+        client: httpx.AsyncClient,
+        base_url: str,
+        seg: _Segment,
+        stop: asyncio.Event,
+        abandon: threading.Event,
     ) -> None:
-        # One "during" sample as the load starts, then one per interval until it ends.
+        """One ``during`` sample as the load starts, then one per interval until it ends.
+
+        :data:`UNRESPONSIVE_SCRAPES` failed scrapes in a row spanning at least
+        :data:`UNRESPONSIVE_AFTER_S` seconds mean the server stopped answering:
+        the segment is marked and ``abandon`` set, which ends the load with
+        what was measured so far.
+        """
         interval = max(0.05, float(self.job.scrape_interval_s))
+        failed_since: float | None = None
+        failures = 0
         while not stop.is_set():
-            await self._sample(client, base_url, seg, "during")
+            if await self._sample(client, base_url, seg, "during"):
+                failed_since, failures = None, 0
+            else:
+                failures += 1
+                failed_since = failed_since if failed_since is not None else seg.now()
+                silent_s = seg.now() - failed_since
+                if failures >= UNRESPONSIVE_SCRAPES and silent_s >= UNRESPONSIVE_AFTER_S:
+                    seg.unresponsive = (
+                        f"the vLLM server stopped answering: /metrics failed {failures} times "
+                        f"in a row over {silent_s:.0f} s (from {failed_since:.1f} s into the run); "
+                        "the run ends with what was measured so far"
+                    )
+                    abandon.set()
+                    return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=interval)

@@ -65,7 +65,38 @@ def load_spec_file(path: Path) -> dict[str, Any]:
         raise CliError(f"{path}: invalid YAML: {' '.join(str(exc).split())}") from exc
     if not isinstance(data, dict):
         raise CliError(f"{path}: the spec must be an object")
+    _inline_replay_files(data, path.parent)
     return data
+
+
+def _inline_replay_files(spec: dict[str, Any], base: Path) -> None:
+    """Replace each ``workload.replay_file`` (JSONL, relative to the spec) with its requests.
+
+    Looks at ``baseline.workload`` and every variant's ``changes`` value for
+    ``workload.replay_file``. Raises :class:`CliError` naming the file and
+    every bad line (:func:`jobs.replay.load_jsonl`); nothing is submitted then.
+    """
+    from jobs.replay import ReplayFileError, load_jsonl
+
+    def load(name: Any) -> list[dict[str, Any]]:
+        if not isinstance(name, str):
+            raise CliError("workload.replay_file must be a path")
+        file = (base / name).expanduser()
+        try:
+            return load_jsonl(file)
+        except ReplayFileError as exc:
+            raise CliError(f"{file}: {exc}") from exc
+        except OSError as exc:
+            raise CliError(f"{file}: cannot read the replay file: {exc.strerror}") from exc
+
+    baseline = spec.get("baseline")
+    workload = baseline.get("workload") if isinstance(baseline, dict) else None
+    if isinstance(workload, dict) and "replay_file" in workload:
+        workload["replay"] = load(workload.pop("replay_file"))
+    for variant in spec.get("variants") or []:
+        changes = variant.get("changes") if isinstance(variant, dict) else None
+        if isinstance(changes, dict) and "workload.replay_file" in changes:
+            changes["workload.replay"] = load(changes.pop("workload.replay_file"))
 
 
 def friendly(func: Callable[..., None]) -> Callable[..., None]:

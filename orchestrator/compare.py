@@ -179,9 +179,14 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("request_throughput", "req/s", "higher_is_better", "run"),
     MetricSpec("total_token_throughput", "tok/s", "higher_is_better", "run"),
     MetricSpec("request_goodput", "req/s", "higher_is_better", "run"),
+    MetricSpec("goodput_fraction", "fraction", "higher_is_better", "run"),
     MetricSpec("prefix_cache_hit_rate", "fraction", "higher_is_better", "run"),
     MetricSpec("kv_cache_usage_peak", "fraction", "neutral", "run"),
     MetricSpec("num_requests_waiting_peak", "requests", "lower_is_better", "run"),
+    # the server's view, from /metrics histogram deltas (jobs.metrics.summarize_histograms)
+    MetricSpec("server_mean_queue_ms", "ms", "lower_is_better", "run"),
+    MetricSpec("server_mean_prefill_ms", "ms", "lower_is_better", "run"),
+    MetricSpec("server_mean_decode_ms", "ms", "lower_is_better", "run"),
 )
 METRICS_BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
 

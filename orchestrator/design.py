@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from jobs.schemas import WorkloadSpec
+from jobs.workload import build_requests, longest_request_tokens
 from orchestrator.engine_catalog import EngineArgCatalog, parse_human_int
 from orchestrator.spec import ExperimentSpec, PlannedVariant, execution_order, expand
 
@@ -157,6 +159,15 @@ def _tracked(config: dict[str, Any]) -> dict[str, Any]:
 
 def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _workload_problem(workload: WorkloadSpec) -> str | None:
+    """Why ``workload``'s request list cannot be built (sized without a tokenizer), or None."""
+    try:
+        build_requests(workload, None)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _context_cap(
@@ -319,18 +330,29 @@ def plan_experiment(
                 }
             )
         seen.setdefault(identity, v.name)
+    workload_problems: dict[str, str | None] = {}
     for v in variants:
-        cap = _context_cap(v, resolved_by_vllm.get(v.name), model_max_len)
         w = v.config.workload
-        longest = w.prefix_tokens + w.question_tokens + w.output_tokens + PROMPT_OVERHEAD_TOKENS
-        if w.long_fraction > 0:
-            longest += w.long_input_tokens
+        key = w.model_dump_json()
+        if key not in workload_problems:
+            workload_problems[key] = _workload_problem(w)
+        if workload_problems[key] is not None:
+            errors.append(
+                {
+                    "loc": [*_variant_loc(spec, v), "workload"],
+                    "msg": f"{v.name}: {workload_problems[key]}",
+                    "type": "workload_invalid",
+                }
+            )
+            continue
+        cap = _context_cap(v, resolved_by_vllm.get(v.name), model_max_len)
+        longest = longest_request_tokens(w) + PROMPT_OVERHEAD_TOKENS
         if cap is not None and longest > cap:
             errors.append(
                 {
                     "loc": [*_variant_loc(spec, v), "workload"],
                     "msg": f"{v.name}: the longest request needs about {longest} tokens "
-                    f"(prompt + {w.output_tokens} output), above max_model_len {cap}",
+                    f"(prompt and output), above max_model_len {cap}",
                     "type": "request_exceeds_context_cap",
                 }
             )

@@ -128,6 +128,9 @@ class Run(Base):
     engine_info: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
     timings: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
     error: Mapped[str | None] = mapped_column(Text)
+    partial: Mapped[bool] = mapped_column(
+        Boolean, default=False, server_default="false", doc="ended early; measurements kept"
+    )
 
     experiment: Mapped[Experiment] = relationship(back_populates="runs")
 
@@ -152,6 +155,7 @@ class RunSample(Base):
 
 class RunRequest(Base):
     __tablename__ = "run_requests"
+    __table_args__ = (Index("ix_run_requests_run_class", "run_id", "request_class"),)
 
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     seq: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -167,6 +171,10 @@ class RunRequest(Base):
     itl_s: Mapped[list[float]] = mapped_column(JSONType, default=list)
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
     output_tokens: Mapped[int | None] = mapped_column(Integer)
+    cached_tokens: Mapped[int | None] = mapped_column(Integer)
+    scheduled_s: Mapped[float | None] = mapped_column(Float)
+    conversation: Mapped[int | None] = mapped_column(Integer)
+    turn: Mapped[int | None] = mapped_column(Integer)
 
 
 class RunLog(Base):

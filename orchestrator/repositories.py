@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy import delete, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from orchestrator.models import (
@@ -185,35 +185,54 @@ class RunRepository:
         requests: list[dict[str, Any]],
         engine_log: str,
     ) -> None:
-        """Replace the run's measurements (metrics, samples, requests, log) in one go."""
+        """Replace the run's measurements (metrics, samples, requests, log) in one go.
+
+        Rows go in as bulk ``INSERT``s (one executemany per table, which psycopg 3
+        pipelines), not one ORM object per row: a run can have 20k request records
+        and thousands of samples.
+        """
         for model in (RunMetric, RunSample, RunRequest, RunLog):
             self.session.execute(delete(model).where(model.run_id == run_id))
-        self.session.add_all(
-            RunMetric(run_id=run_id, name=k, value=float(v)) for k, v in sorted(metrics.items())
-        )
-        self.session.add_all(
-            RunSample(run_id=run_id, t_s=s["t_s"], phase=s["phase"], values=s["values"])
-            for s in samples
-        )
-        self.session.add_all(
-            RunRequest(
-                run_id=run_id,
-                seq=i,
-                request_index=r["index"],
-                warmup=r["warmup"],
-                request_class=r.get("request_class"),
-                success=r["success"],
-                error=r.get("error"),
-                start_s=r["start_s"],
-                ttft_s=r.get("ttft_s"),
-                tpot_s=r.get("tpot_s"),
-                e2el_s=r.get("e2el_s"),
-                itl_s=r.get("itl_s") or [],
-                prompt_tokens=r.get("prompt_tokens"),
-                output_tokens=r.get("output_tokens"),
+        if metrics:
+            self.session.execute(
+                insert(RunMetric),
+                [{"run_id": run_id, "name": k, "value": float(v)} for k, v in metrics.items()],
             )
-            for i, r in enumerate(requests)
-        )
+        if samples:
+            self.session.execute(
+                insert(RunSample),
+                [
+                    {"run_id": run_id, "t_s": s["t_s"], "phase": s["phase"], "values": s["values"]}
+                    for s in samples
+                ],
+            )
+        if requests:
+            self.session.execute(
+                insert(RunRequest),
+                [
+                    {
+                        "run_id": run_id,
+                        "seq": i,
+                        "request_index": r["index"],
+                        "warmup": r["warmup"],
+                        "request_class": r.get("request_class"),
+                        "success": r["success"],
+                        "error": r.get("error"),
+                        "start_s": r["start_s"],
+                        "ttft_s": r.get("ttft_s"),
+                        "tpot_s": r.get("tpot_s"),
+                        "e2el_s": r.get("e2el_s"),
+                        "itl_s": r.get("itl_s") or [],
+                        "prompt_tokens": r.get("prompt_tokens"),
+                        "output_tokens": r.get("output_tokens"),
+                        "cached_tokens": r.get("cached_tokens"),
+                        "scheduled_s": r.get("scheduled_s"),
+                        "conversation": r.get("conversation"),
+                        "turn": r.get("turn"),
+                    }
+                    for i, r in enumerate(requests)
+                ],
+            )
         self.session.add(RunLog(run_id=run_id, content=engine_log.replace("\x00", "")))
         self.session.flush()
 
@@ -241,19 +260,24 @@ class RunRepository:
             select(RunSample).where(RunSample.run_id == run_id).order_by(RunSample.id)
         ).all()
 
-    def requests(self, run_id: str, *, limit: int, offset: int) -> tuple[Sequence[RunRequest], int]:
-        total = (
-            self.session.scalar(
-                select(func.count()).select_from(RunRequest).where(RunRequest.run_id == run_id)
-            )
-            or 0
-        )
+    def requests(
+        self,
+        run_id: str,
+        *,
+        limit: int,
+        offset: int,
+        request_class: str | None = None,
+        warmup: bool | None = None,
+    ) -> tuple[Sequence[RunRequest], int]:
+        """A page of the run's request records in send order, and how many match."""
+        conds = [RunRequest.run_id == run_id]
+        if request_class is not None:
+            conds.append(RunRequest.request_class == request_class)
+        if warmup is not None:
+            conds.append(RunRequest.warmup.is_(warmup))
+        total = self.session.scalar(select(func.count()).select_from(RunRequest).where(*conds)) or 0
         rows = self.session.scalars(
-            select(RunRequest)
-            .where(RunRequest.run_id == run_id)
-            .order_by(RunRequest.seq)
-            .limit(limit)
-            .offset(offset)
+            select(RunRequest).where(*conds).order_by(RunRequest.seq).limit(limit).offset(offset)
         ).all()
         return rows, total
 
@@ -267,10 +291,10 @@ class OrchestratorRepository:
 
     def heartbeat(self, orchestrator_id: str, hostname: str, resources: dict[str, Any]) -> None:
         """Insert or refresh this orchestrator's row (``INSERT ... ON CONFLICT``)."""
-        from sqlalchemy.dialects.postgresql import insert
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
 
         now = utcnow()
-        stmt = insert(Orchestrator).values(
+        stmt = pg_insert(Orchestrator).values(
             id=orchestrator_id, hostname=hostname, heartbeat_at=now, resources=resources
         )
         stmt = stmt.on_conflict_do_update(

@@ -28,7 +28,7 @@ from orchestrator.repositories import (
     RunRepository,
 )
 from orchestrator.settings import Settings
-from orchestrator.spec import ExperimentSpec, PlannedVariant, Variant, expand
+from orchestrator.spec import ExperimentSpec, GoodputSLOs, PlannedVariant, Variant, expand
 from orchestrator.states import RunStatus, is_terminal
 
 GENERATED_SHAPES = ("tiny", "small")
@@ -402,6 +402,12 @@ def cpu_thread_binding(layout: dict[str, Any], first_core: int = 0) -> str:
     return "|".join(parts)
 
 
+def _slos(run: Run) -> dict[str, float]:
+    """The run's experiment's goodput SLOs as ``{"ttft"|"tpot"|"e2el": ms}`` ({} if none)."""
+    doc = (run.experiment.spec or {}).get("slos") if run.experiment is not None else None
+    return GoodputSLOs.model_validate(doc).as_loadgen() if doc else {}
+
+
 def build_batch_job(settings: Settings, runs: list[Run]) -> BatchJob:
     """The :class:`BatchJob` for ``runs`` (same server configuration), in order.
 
@@ -422,13 +428,20 @@ def build_batch_job(settings: Settings, runs: list[Run]) -> BatchJob:
             engine_python=str(Path(settings.engine.python).absolute()),
             model_dir=first.model_path,
             served_model_name=first.model_id,
-            engine_args=dict(first.explicit_engine_args),
+            # cached prompt tokens per request (usage.prompt_tokens_details), unless the user
+            # set the flag; it changes nothing the engine computes
+            engine_args={"enable_prompt_tokens_details": True, **first.explicit_engine_args},
             env=env,
             startup_timeout_s=settings.engine.startup_timeout_s,
             log_path=str(log_path),
         ),
         segments=[
-            RunSegment(run_id=r.id, workload=WorkloadSpec.model_validate(r.workload)) for r in runs
+            RunSegment(
+                run_id=r.id,
+                workload=WorkloadSpec.model_validate(r.workload),
+                goodput_slos_ms=_slos(r),
+            )
+            for r in runs
         ],
         request_timeout_s=settings.engine.request_timeout_s,
     )
@@ -448,6 +461,7 @@ def record_result(session: Session, run: Run, result: RunResult) -> None:
     run.timings = result.timings
     run.progress = {**(run.progress or {}), "phase": "done", "message": result.status}
     run.error = result.error
+    run.partial = result.partial
     if result.engine_info.get("vllm_version"):
         run.vllm_version = str(result.engine_info["vllm_version"])
     status = RunStatus(result.status)

@@ -183,6 +183,33 @@ class LadderOptions(BaseModel):
     )
 
 
+class GoodputSLOs(BaseModel):
+    """Service-level objectives for goodput, in milliseconds (``vllm bench serve --goodput``).
+
+    A measured request is *good* when every given objective holds
+    (``value <= objective``); ``request_goodput`` is good requests per second
+    and ``goodput_fraction`` their share of the completed ones (DistServe,
+    Zhong et al. 2024, as adopted by ``vllm bench serve``).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    ttft_ms: float | None = Field(None, gt=0, le=3_600_000, description="time to first token")
+    tpot_ms: float | None = Field(None, gt=0, le=3_600_000, description="time per output token")
+    e2el_ms: float | None = Field(None, gt=0, le=3_600_000, description="end-to-end latency")
+
+    @model_validator(mode="after")
+    def _at_least_one(self) -> GoodputSLOs:
+        if self.ttft_ms is None and self.tpot_ms is None and self.e2el_ms is None:
+            raise ValueError("give at least one of ttft_ms, tpot_ms, e2el_ms")
+        return self
+
+    def as_loadgen(self) -> dict[str, float]:
+        """``{"ttft"|"tpot"|"e2el": ms}`` for :func:`jobs.loadgen.summarize`."""
+        pairs = (("ttft", self.ttft_ms), ("tpot", self.tpot_ms), ("e2el", self.e2el_ms))
+        return {k: float(v) for k, v in pairs if v is not None}
+
+
 class ExperimentSpec(BaseModel):
     """What a user submits: ``POST /api/v1/experiments``."""
 
@@ -203,6 +230,9 @@ class ExperimentSpec(BaseModel):
     repeats: int = Field(
         3, ge=1, le=50, strict=True, description="times each variant runs (interleaved)"
     )
+    slos: GoodputSLOs | None = Field(
+        None, description="goodput objectives applied to every run of the experiment"
+    )
 
     @model_validator(mode="after")
     def _unique_names(self) -> ExperimentSpec:
@@ -219,6 +249,12 @@ class ExperimentSpec(BaseModel):
                 set_by_ladder.append("layout.pipeline_parallel_size")
             if self.baseline.workload.long_fraction != 0:
                 set_by_ladder.append("workload.long_fraction")
+            if self.ladder.include_mix_step and self.baseline.workload.kind != "shared_prefix":
+                raise ValueError(
+                    "the ladder's long/short step sets workload.long_fraction, which needs "
+                    f"workload kind 'shared_prefix' (got {self.baseline.workload.kind!r}); "
+                    "set ladder.include_mix_step to false"
+                )
             if set_by_ladder:
                 raise ValueError(
                     "the ladder preset sets these itself, remove them from the baseline: "

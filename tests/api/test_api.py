@@ -94,7 +94,14 @@ def test_submit_stores_experiment_and_queued_runs(
     one = client.get(f"/api/v1/runs/{base['id']}")
     assert one.status_code == 200 and one.json()["status"] == "queued"
     m = client.get(f"/api/v1/runs/{base['id']}/metrics").json()
-    assert m == {"run_id": base["id"], "status": "queued", "metrics": {}, "samples": []}
+    assert m == {
+        "run_id": base["id"],
+        "status": "queued",
+        "partial": False,
+        "metrics": {},
+        "samples": [],
+        "samples_total": 0,
+    }
 
 
 def test_invalid_spec_is_422_naming_every_bad_field_and_stores_nothing(
@@ -426,3 +433,133 @@ def test_clone_with_a_bad_path_is_a_422_not_a_500(client: TestClient) -> None:
     assert resp.status_code == 422
     assert resp.headers["content-type"].startswith(PROBLEM)
     assert resp.json()["errors"][0]["loc"][:2] == ["body", "changes"]
+
+
+def test_partial_run_downsampled_series_and_request_filters(
+    client: TestClient, session_factory: sessionmaker[Session]
+) -> None:
+    from orchestrator.repositories import RunRepository
+
+    body = client.post("/api/v1/experiments", json=demo_spec()).json()
+    run_id = body["runs"][0]["id"]
+    samples = [{"t_s": 0.0, "phase": "before", "values": {"kv_cache_usage": 0.0}}]
+    samples += [
+        {"t_s": 1.0 + i, "phase": "during", "values": {"kv_cache_usage": i / 3000}}
+        for i in range(3000)
+    ]
+    reqs = [
+        {
+            "index": i,
+            "warmup": i == 0,
+            "request_class": "long" if i % 3 == 0 else "short",
+            "success": i < 8,
+            "error": None if i < 8 else "ReadTimeout: server stopped answering",
+            "start_s": float(i),
+            "ttft_s": 0.1 if i < 8 else None,
+            "cached_tokens": 128 if i < 8 else None,
+            "scheduled_s": float(i) - 0.001,
+        }
+        for i in range(12)
+    ]
+    with session_factory() as s:
+        run = s.get(Run, run_id)
+        assert run is not None
+        RunRepository(s).save_measurements(
+            run_id, metrics={"completed": 7.0}, samples=samples, requests=reqs, engine_log=""
+        )
+        run.status, run.partial = "failed", True
+        s.commit()
+
+    m = client.get(f"/api/v1/runs/{run_id}/metrics", params={"max_points": 50}).json()
+    assert m["partial"] is True and m["samples_total"] == 3001
+    assert len(m["samples"]) == 51  # before + 50 bins
+    assert max(p["values"]["kv_cache_usage"] for p in m["samples"]) == pytest.approx(2999 / 3000)
+    assert client.get(f"/api/v1/runs/{run_id}").json()["partial"] is True
+    bad = client.get(f"/api/v1/runs/{run_id}/metrics", params={"max_points": 0})
+    assert bad.status_code == 422 and bad.headers["content-type"] == PROBLEM
+
+    page = client.get(
+        f"/api/v1/runs/{run_id}/requests", params={"request_class": "long", "warmup": False}
+    ).json()
+    assert page["total"] == 3  # indices 3, 6, 9 (0 is the warm-up)
+    assert [r["request_index"] for r in page["items"]] == [3, 6, 9]
+    first = page["items"][0]
+    assert first["cached_tokens"] == 128 and first["scheduled_s"] == pytest.approx(2.999)
+    failed = page["items"][-1]
+    assert failed["success"] is False and "stopped answering" in failed["error"]
+
+
+def test_template_workload_with_slos_and_open_loop_is_accepted(client: TestClient) -> None:
+    workload = {
+        "kind": "template",
+        "num_requests": 6,
+        "seed": 1,
+        "output_tokens": 8,
+        "warmup_requests": 0,
+        "segments": [
+            {
+                "name": "rules",
+                "role": "system",
+                "fixed": True,
+                "source": "instructions",
+                "tokens": {"tokens": 64},
+            },
+            {"name": "docs", "source": "passages", "tokens": {"tokens": 0}},
+            {"name": "q", "source": "question", "tokens": {"tokens": 16, "range_ratio": 0.5}},
+        ],
+        "classes": [
+            {"name": "short", "weight": 2},
+            {"name": "long", "weight": 1, "segment_tokens": {"docs": {"tokens": 256}}},
+        ],
+        "arrival": "poisson",
+        "request_rate": 4.0,
+        "burstiness": 0.5,
+    }
+    spec = demo_spec(slos={"ttft_ms": 500, "e2el_ms": 2000})
+    spec["baseline"]["workload"] = workload
+    resp = client.post("/api/v1/experiments", json=spec)
+    assert resp.status_code == 201, resp.text
+    exp = client.get(resp.json()["url"]).json()
+    assert exp["spec"]["slos"] == {"ttft_ms": 500, "tpot_ms": None, "e2el_ms": 2000}
+    assert exp["runs"][0]["workload"]["arrival"] == "poisson"
+
+
+@pytest.mark.parametrize(
+    ("workload", "needle"),
+    [
+        ({"arrival": "poisson"}, "needs 'request_rate'"),
+        ({"segments": [{"name": "q"}]}, "kind 'template' only"),
+        ({"kind": "replay"}, "non-empty list"),
+        (
+            {
+                "kind": "replay",
+                "replay": [{"messages": [{"role": "user", "content": "hi"}]}, {"prompt": ""}],
+            },
+            "prompt",
+        ),
+        (
+            {"kind": "template", "segments": [{"name": "q"}, {"name": "q"}]},
+            "duplicate",
+        ),
+    ],
+)
+def test_bad_workloads_are_422_naming_the_problem(
+    client: TestClient, workload: dict[str, Any], needle: str
+) -> None:
+    spec = demo_spec()
+    spec["baseline"]["workload"] = {"num_requests": 4, **workload}
+    resp = client.post("/api/v1/experiments", json=spec)
+    assert resp.status_code == 422 and resp.headers["content-type"] == PROBLEM
+    text = json.dumps(resp.json())
+    assert needle in text, text
+    assert "workload" in text
+
+
+def test_bad_slos_and_ladder_on_template_are_422(client: TestClient) -> None:
+    resp = client.post("/api/v1/experiments", json=demo_spec(slos={}))
+    assert resp.status_code == 422 and "at least one of" in resp.text
+    spec = demo_spec(preset="ladder", variants=[])
+    spec["baseline"]["engine_args"] = {"max_model_len": 1024}
+    spec["baseline"]["workload"] = {"kind": "template", "num_requests": 4}
+    resp = client.post("/api/v1/experiments", json=spec)
+    assert resp.status_code == 422 and "include_mix_step" in resp.text

@@ -9,12 +9,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import Histogram as PromHistogram
 
-from jobs.metrics import SAMPLE_KEYS, parse_metrics, scrape, summarize_samples
+from jobs.metrics import (
+    HISTOGRAMS,
+    SAMPLE_KEYS,
+    Histogram,
+    histogram_delta,
+    histogram_quantile,
+    parse_histograms,
+    parse_metrics,
+    scrape,
+    summarize_histograms,
+    summarize_samples,
+)
 from jobs.schemas import MetricSample
 
 DATA = Path(__file__).parent / "data" / "metrics"
@@ -132,6 +146,9 @@ vllm:time_to_first_token_seconds_sum 0.3
         "num_preemptions": 2.0,
         "prompt_tokens": 100.0,
         "generation_tokens": 50.0,
+        # the histogram's _sum/_count (added with the latency histograms), nothing else of it
+        "ttft_seconds_sum": 0.3,
+        "ttft_seconds_count": 2.0,
     }
 
 
@@ -304,3 +321,408 @@ def test_scrape_uses_metrics_path_and_raises_on_http_error() -> None:
                 await scrape(client, "http://down")
 
     asyncio.run(main())
+
+
+# -- latency histograms -------------------------------------------------------------------
+
+INF = math.inf
+
+# Two engines as vLLM (prometheus_client) writes them: per label set the cumulative buckets,
+# _count, _sum; the _created timestamps as a family of their own. (vLLM's real TTFT bucket
+# list is longer; a shorter one is just as valid.)
+TWO_ENGINES = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="tiny"} 1.0
+vllm:num_requests_running{engine="1",model_name="tiny"} 0.0
+# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.02",model_name="tiny"} 1.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.04",model_name="tiny"} 3.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.06",model_name="tiny"} 4.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="tiny"} 4.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="tiny"} 4.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="tiny"} 0.13
+vllm:time_to_first_token_seconds_bucket{engine="1",le="0.02",model_name="tiny"} 0.0
+vllm:time_to_first_token_seconds_bucket{engine="1",le="0.04",model_name="tiny"} 2.0
+vllm:time_to_first_token_seconds_bucket{engine="1",le="0.06",model_name="tiny"} 5.0
+vllm:time_to_first_token_seconds_bucket{engine="1",le="+Inf",model_name="tiny"} 6.0
+vllm:time_to_first_token_seconds_count{engine="1",model_name="tiny"} 6.0
+vllm:time_to_first_token_seconds_sum{engine="1",model_name="tiny"} 0.5
+# HELP vllm:time_to_first_token_seconds_created Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds_created gauge
+vllm:time_to_first_token_seconds_created{engine="0",model_name="tiny"} 1.79594720788195e+09
+vllm:time_to_first_token_seconds_created{engine="1",model_name="tiny"} 1.79594720788195e+09
+# HELP vllm:request_queue_time_seconds Histogram of time spent in WAITING phase for request.
+# TYPE vllm:request_queue_time_seconds histogram
+vllm:request_queue_time_seconds_bucket{engine="0",le="0.3",model_name="tiny"} 4.0
+vllm:request_queue_time_seconds_bucket{engine="0",le="+Inf",model_name="tiny"} 4.0
+vllm:request_queue_time_seconds_count{engine="0",model_name="tiny"} 4.0
+vllm:request_queue_time_seconds_sum{engine="0",model_name="tiny"} 0.001
+vllm:request_queue_time_seconds_bucket{engine="1",le="0.3",model_name="tiny"} 5.0
+vllm:request_queue_time_seconds_bucket{engine="1",le="+Inf",model_name="tiny"} 6.0
+vllm:request_queue_time_seconds_count{engine="1",model_name="tiny"} 6.0
+vllm:request_queue_time_seconds_sum{engine="1",model_name="tiny"} 0.9
+# HELP vllm:request_queue_time_seconds_created Histogram of time spent in WAITING phase for request.
+# TYPE vllm:request_queue_time_seconds_created gauge
+vllm:request_queue_time_seconds_created{engine="0",model_name="tiny"} 1.79594720788195e+09
+vllm:request_queue_time_seconds_created{engine="1",model_name="tiny"} 1.79594720788195e+09
+"""
+
+
+def _vllm_histogram(
+    name: str, bounds: list[str], engines: list[tuple[list[float], float]], help_: str = "h"
+) -> str:
+    """One histogram family as vLLM writes it; ``engines``: (cumulative counts, sum) each.
+
+    ``bounds`` are the ``le`` strings without "+Inf" (appended); each counts list includes
+    the +Inf bucket, whose value is also the ``_count``.
+    """
+    lines = [f"# HELP {name} {help_}", f"# TYPE {name} histogram"]
+    for engine, (counts, total) in enumerate(engines):
+        labels = f'engine="{engine}",model_name="tiny"'
+        for le, c in zip([*bounds, "+Inf"], counts, strict=True):
+            lines.append(f'{name}_bucket{{engine="{engine}",le="{le}",model_name="tiny"}} {c}')
+        lines.append(f"{name}_count{{{labels}}} {counts[-1]}")
+        lines.append(f"{name}_sum{{{labels}}} {total}")
+    lines += [f"# HELP {name}_created {help_}", f"# TYPE {name}_created gauge"]
+    lines += [
+        f'{name}_created{{engine="{e}",model_name="tiny"}} 1.79594720788195e+09'
+        for e in range(len(engines))
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def test_histogram_table_names() -> None:
+    assert set(HISTOGRAMS) == {"ttft", "e2el", "queue", "prefill", "decode", "itl", "inference"}
+    assert HISTOGRAMS["itl"][0] == (
+        "vllm:inter_token_latency_seconds",
+        "vllm:time_per_output_token_seconds",
+    )
+    assert HISTOGRAMS["ttft"][0] == ("vllm:time_to_first_token_seconds",)
+    assert HISTOGRAMS["e2el"][0] == ("vllm:e2e_request_latency_seconds",)
+    for key in HISTOGRAMS:
+        assert f"{key}_seconds_sum" in SAMPLE_KEYS
+        assert f"{key}_seconds_count" in SAMPLE_KEYS
+
+
+def test_parse_histograms_sums_engines_by_le_and_skips_created() -> None:
+    got = parse_histograms(TWO_ENGINES)
+    assert set(got) == {"ttft", "queue"}
+    ttft = got["ttft"]
+    assert ttft.bounds == (0.02, 0.04, 0.06, INF)
+    assert ttft.counts == (1.0, 5.0, 9.0, 10.0)
+    assert ttft.count == 10.0
+    assert ttft.sum == pytest.approx(0.63)
+    queue = got["queue"]
+    assert (queue.bounds, queue.counts, queue.count) == ((0.3, INF), (9.0, 10.0), 10.0)
+    assert queue.sum == pytest.approx(0.901)
+
+
+def test_parse_metrics_adds_histogram_sum_and_count_only() -> None:
+    got = parse_metrics(TWO_ENGINES)
+    assert got == {
+        "num_requests_running": 1.0,
+        "ttft_seconds_sum": pytest.approx(0.63),
+        "ttft_seconds_count": 10.0,
+        "queue_seconds_sum": pytest.approx(0.901),
+        "queue_seconds_count": 10.0,
+    }
+    assert set(got) <= set(SAMPLE_KEYS)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_shared_cases_have_no_histogram_keys(case: str) -> None:
+    text = (DATA / f"{case}.txt").read_text()
+    got = parse_metrics(text)
+    assert parse_histograms(text) == {}
+    expected_old = {
+        "early_v1_block_units": {
+            "kv_cache_usage",
+            "num_requests_running",
+            "num_requests_waiting",
+            "prefix_cache_hits_blocks",
+            "prefix_cache_queries_blocks",
+        },
+        "v010_old_and_new_names": {"kv_cache_usage", "prefix_cache_hits", "prefix_cache_queries"},
+    }
+    if case in expected_old:
+        assert set(got) == expected_old[case]
+    assert not any(k.endswith(("_seconds_sum", "_seconds_count")) for k in got)
+
+
+def _real_capture() -> str:
+    path = DATA / "vllm032_cpu.txt"
+    if not path.exists():
+        pytest.skip("no capture of a real vLLM 0.32 /metrics in tests/jobs/data/metrics")
+    return path.read_text()
+
+
+def test_real_vllm_032_capture_histograms() -> None:
+    text = _real_capture()
+    hists = parse_histograms(text)
+    assert set(hists) == set(HISTOGRAMS)
+    # 5 requests x 8 tokens: 5 observations each, 5 x 7 inter-token gaps
+    assert {k: h.count for k, h in hists.items()} == {
+        "ttft": 5.0,
+        "e2el": 5.0,
+        "queue": 5.0,
+        "prefill": 5.0,
+        "decode": 5.0,
+        "itl": 35.0,
+        "inference": 5.0,
+    }
+    ttft = hists["ttft"]
+    assert len(ttft.bounds) == 23 and ttft.bounds[-1] == INF
+    assert ttft.counts[:5] == (0.0, 0.0, 2.0, 3.0, 5.0)  # le 0.001 0.005 0.01 0.02 0.04
+    assert ttft.sum == pytest.approx(0.09016299247741699)
+    # what the names mean: RUNNING = PREFILL + DECODE; the decode time is the ITL gaps
+    assert hists["inference"].sum == pytest.approx(hists["prefill"].sum + hists["decode"].sum)
+    assert hists["itl"].sum == pytest.approx(hists["decode"].sum)
+
+    got = parse_metrics(text)
+    new = {k for k in got if k.endswith(("_seconds_sum", "_seconds_count"))}
+    assert new == {f"{k}_seconds_{p}" for k in HISTOGRAMS for p in ("sum", "count")}
+    assert got["itl_seconds_count"] == 35.0
+    assert got["e2el_seconds_sum"] == pytest.approx(0.180833101272583)
+    # vllm:request_time_per_output_token_seconds (per-request TPOT) is a different metric
+    assert got["itl_seconds_sum"] != pytest.approx(0.013145136714277734)
+
+
+def test_real_vllm_032_capture_summary_from_zero() -> None:
+    after = parse_histograms(_real_capture())
+    before = {
+        k: Histogram(h.bounds, tuple(0.0 for _ in h.counts), 0.0, 0.0) for k, h in after.items()
+    }
+    got, notes = summarize_histograms(before, after)
+    assert got["server_count_ttft"] == 5.0
+    assert got["server_mean_ttft_ms"] == pytest.approx(90.16299247741699 / 5)
+    # cumulative 2, 3, 5 at le 0.01, 0.02, 0.04: p50 rank 2.5 -> 10 + 10 * 0.5/1 ms,
+    # p90 rank 4.5 -> 20 + 20 * 1.5/2 ms, p99 rank 4.95 -> 20 + 20 * 1.95/2 ms
+    assert got["server_p50_ttft_ms"] == pytest.approx(15.0)
+    assert got["server_p90_ttft_ms"] == pytest.approx(35.0)
+    assert got["server_p99_ttft_ms"] == pytest.approx(39.5)
+    assert got["server_count_itl"] == 35.0
+    assert not any(k.startswith("server_p") and k.endswith("_itl_ms") for k in got)
+    assert (
+        "server itl: p50, p90, p99 omitted: all 35 observations in one bucket (0, 0.01] s: "
+        "quantiles would only echo the bucket bounds"
+    ) in notes
+    assert all(note.startswith("server ") for note in notes)
+
+
+def test_itl_prefers_new_name_over_old() -> None:
+    new = _vllm_histogram(
+        "vllm:inter_token_latency_seconds", ["0.01", "0.025"], [([3, 4, 4], 0.02)]
+    )
+    old = _vllm_histogram(
+        "vllm:time_per_output_token_seconds", ["0.01", "0.025"], [([1, 1, 2], 0.5)]
+    )
+    both = parse_histograms(old + new)
+    assert both["itl"] == Histogram((0.01, 0.025, INF), (3.0, 4.0, 4.0), 0.02, 4.0)
+    flat = parse_metrics(old + new)
+    assert (flat["itl_seconds_sum"], flat["itl_seconds_count"]) == (0.02, 4.0)  # not added
+    only_old = parse_histograms(old)
+    assert only_old["itl"] == Histogram((0.01, 0.025, INF), (1.0, 1.0, 2.0), 0.5, 2.0)
+    assert parse_metrics(old)["itl_seconds_count"] == 2.0
+
+
+def test_unusable_histograms_are_left_out() -> None:
+    e2el = "vllm:e2e_request_latency_seconds"
+    good = _vllm_histogram("vllm:request_decode_time_seconds", ["1.0"], [([1, 1], 0.5)])
+    different_bounds = _vllm_histogram(e2el, ["1.0"], [([1, 1], 0.5)]).replace(
+        'engine="0",le="1.0"', 'engine="0",le="2.0"'
+    ) + _vllm_histogram(e2el, ["1.0"], [([1, 1], 0.5)]).replace('engine="0"', 'engine="1"')
+    no_inf = "\n".join(
+        line
+        for line in _vllm_histogram(e2el, ["1.0"], [([1, 1], 0.5)]).splitlines()
+        if 'le="+Inf"' not in line
+    )
+    nan_sum = _vllm_histogram(e2el, ["1.0"], [([1, 1], math.nan)])
+    for bad in (different_bounds, no_inf + "\n", nan_sum):
+        assert set(parse_histograms(good + bad)) == {"decode"}
+        assert "e2el_seconds_sum" not in parse_metrics(good + bad)
+    with pytest.raises(ValueError):
+        parse_histograms("vllm:e2e_request_latency_seconds_bucket{le=0.1 x\n")
+
+
+def test_histogram_dataclass_validates_shape() -> None:
+    with pytest.raises(ValueError):
+        Histogram((0.1, INF), (1.0,), 0.0, 1.0)
+    with pytest.raises(ValueError):
+        Histogram((0.2, 0.1, INF), (0.0, 0.0, 0.0), 0.0, 0.0)
+    with pytest.raises(ValueError):
+        Histogram((0.1, 0.2), (0.0, 0.0), 0.0, 0.0)
+    with pytest.raises(ValueError):
+        Histogram((), (), 0.0, 0.0)
+
+
+def _registry_text(observe: dict[str, list[float]]) -> str:
+    """A prometheus_client-made /metrics text: one TTFT histogram, one series per engine."""
+    registry = CollectorRegistry()
+    hist = PromHistogram(
+        "vllm:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        labelnames=["model_name", "engine"],
+        buckets=[0.01, 0.025, 0.05, 0.1],
+        registry=registry,
+    )
+    for engine, values in observe.items():
+        child = hist.labels(model_name="tiny", engine=engine)  # created at 0, as vLLM does
+        for v in values:
+            child.observe(v)
+    return generate_latest(registry).decode()
+
+
+# per bucket: (0, 0.01] 1; (0.01, 0.025] 2; (0.025, 0.05] 3; (0.05, 0.1] 3; (0.1, +Inf] 1
+OBSERVED = {"0": [0.005, 0.015, 0.02, 0.03], "1": [0.04, 0.045, 0.06, 0.07, 0.08, 0.2]}
+
+
+def test_quantiles_of_prometheus_client_histogram_match_hand_computation() -> None:
+    text = _registry_text(OBSERVED)
+    assert "_created" in text and 'engine="1"' in text
+    h = parse_histograms(text)["ttft"]
+    assert h.bounds == (0.01, 0.025, 0.05, 0.1, INF)
+    assert h.counts == (1.0, 3.0, 6.0, 9.0, 10.0)
+    assert h.count == 10.0
+    assert h.sum == pytest.approx(0.565)
+    # rank q * 10; lower bound of the first bucket is 0
+    assert histogram_quantile(0.1, h) == (pytest.approx(0.01), None)  # 0 + 0.01 * 1/1
+    assert histogram_quantile(0.2, h) == (pytest.approx(0.0175), None)  # 0.01 + 0.015 * 1/2
+    assert histogram_quantile(0.5, h) == (pytest.approx(0.025 + 0.025 * 2 / 3), None)
+    assert histogram_quantile(0.9, h) == (pytest.approx(0.1), None)  # 0.05 + 0.05 * 3/3
+    value, reason = histogram_quantile(0.99, h)  # rank 9.9 > 9: the +Inf bucket
+    assert value is None
+    assert reason == (
+        "falls in the +Inf bucket: 1 of 10 observations are above the largest finite bound 0.1 s"
+    )
+
+
+def test_summarize_histograms_from_prometheus_client_scrapes() -> None:
+    before_text = _registry_text({"0": [], "1": []})
+    after_text = _registry_text(OBSERVED)
+    got, notes = summarize_histograms(parse_histograms(before_text), parse_histograms(after_text))
+    assert got == {
+        "server_mean_ttft_ms": pytest.approx(56.5),
+        "server_count_ttft": 10.0,
+        "server_p50_ttft_ms": pytest.approx(25.0 + 25.0 * 2 / 3),
+        "server_p90_ttft_ms": pytest.approx(100.0),
+    }
+    assert notes == [
+        "server ttft: p99 omitted: falls in the +Inf bucket: 1 of 10 observations are above "
+        "the largest finite bound 0.1 s"
+    ]
+    # the same mean from the flat time-series keys of the two scrapes
+    b, a = parse_metrics(before_text), parse_metrics(after_text)
+    assert b["ttft_seconds_count"] == 0.0
+    mean_ms = (
+        (a["ttft_seconds_sum"] - b["ttft_seconds_sum"])
+        / (a["ttft_seconds_count"] - b["ttft_seconds_count"])
+        * 1000
+    )
+    assert mean_ms == pytest.approx(got["server_mean_ttft_ms"])
+
+
+def test_histogram_delta_subtracts_and_detects_restart() -> None:
+    before = Histogram((0.1, 1.0, INF), (2.0, 5.0, 6.0), 3.0, 6.0)
+    after = Histogram((0.1, 1.0, INF), (4.0, 9.0, 11.0), 8.0, 11.0)
+    assert histogram_delta(before, after) == Histogram((0.1, 1.0, INF), (2.0, 4.0, 5.0), 5.0, 5.0)
+    assert histogram_delta(before, before) == Histogram((0.1, 1.0, INF), (0.0, 0.0, 0.0), 0.0, 0.0)
+    # server restart: the counters start again from 0
+    restarted = Histogram((0.1, 1.0, INF), (1.0, 1.0, 2.0), 0.4, 2.0)
+    assert histogram_delta(before, restarted) is None
+    # one bucket going down is enough
+    assert histogram_delta(before, Histogram((0.1, 1.0, INF), (1.0, 7.0, 7.0), 4.0, 7.0)) is None
+    assert histogram_delta(before, Histogram((0.2, 1.0, INF), (2.0, 5.0, 6.0), 3.0, 6.0)) is None
+    assert histogram_delta(before, Histogram((1.0, INF), (5.0, 6.0), 3.0, 6.0)) is None
+
+
+def test_summarize_histograms_restart_gives_note_and_no_keys() -> None:
+    before = {"e2el": Histogram((1.0, INF), (10.0, 10.0), 5.0, 10.0)}
+    after = {"e2el": Histogram((1.0, INF), (3.0, 3.0), 1.0, 3.0)}
+    got, notes = summarize_histograms(before, after)
+    assert got == {}
+    assert len(notes) == 1 and notes[0].startswith("server e2el: omitted:")
+    assert "restart" in notes[0]
+
+
+def test_all_observations_in_one_bucket() -> None:
+    h = Histogram((0.02, 0.04, 0.06, 0.08, INF), (0.0, 0.0, 16.0, 16.0, 16.0), 0.8, 16.0)
+    reason = (
+        "all 16 observations in one bucket (0.04, 0.06] s: "
+        "quantiles would only echo the bucket bounds"
+    )
+    for q in (0.5, 0.9, 0.99, 1.0):
+        assert histogram_quantile(q, h) == (None, reason)
+    zero = Histogram(h.bounds, (0.0,) * 5, 0.0, 0.0)
+    got, notes = summarize_histograms({"queue": zero}, {"queue": h})
+    assert got == {"server_mean_queue_ms": pytest.approx(50.0), "server_count_queue": 16.0}
+    assert notes == [f"server queue: p50, p90, p99 omitted: {reason}"]
+    first = Histogram((0.001, 0.005, INF), (3.0, 3.0, 3.0), 0.0015, 3.0)
+    assert histogram_quantile(0.5, first)[1] == (
+        "all 3 observations in one bucket (0, 0.001] s: quantiles would only echo the bucket bounds"
+    )
+
+
+def test_quantile_in_inf_bucket() -> None:
+    # all above the largest finite bound
+    h = Histogram((0.5, 1.0, INF), (0.0, 0.0, 4.0), 12.0, 4.0)
+    value, reason = histogram_quantile(0.5, h)
+    assert value is None
+    assert reason is not None and "+Inf bucket: 4 of 4 observations" in reason
+    assert "bound 1 s" in reason
+    # p50 inside, p90/p99 in +Inf: only those two are omitted
+    h = Histogram((0.5, 1.0, INF), (6.0, 8.0, 10.0), 9.0, 10.0)
+    got, notes = summarize_histograms(
+        {"e2el": Histogram(h.bounds, (0.0, 0.0, 0.0), 0.0, 0.0)}, {"e2el": h}
+    )
+    assert got == {
+        "server_mean_e2el_ms": pytest.approx(900.0),
+        "server_count_e2el": 10.0,
+        "server_p50_e2el_ms": pytest.approx(500.0 * 5 / 6),
+    }
+    assert notes == [
+        "server e2el: p90, p99 omitted: falls in the +Inf bucket: 2 of 10 observations are "
+        "above the largest finite bound 1 s"
+    ]
+
+
+def test_quantile_edge_cases_and_errors() -> None:
+    empty = Histogram((0.1, INF), (0.0, 0.0), 0.0, 0.0)
+    assert histogram_quantile(0.5, empty) == (None, "no observations")
+    only_inf = Histogram((INF,), (3.0,), 1.0, 3.0)
+    assert histogram_quantile(0.5, only_inf)[0] is None
+    broken = Histogram((0.1, 0.2, INF), (5.0, 4.0, 6.0), 1.0, 6.0)
+    value, reason = histogram_quantile(0.5, broken)
+    assert value is None and reason is not None and "not cumulative" in reason
+    h = Histogram((0.1, 0.2, INF), (1.0, 2.0, 2.0), 0.2, 2.0)
+    assert histogram_quantile(1.0, h) == (pytest.approx(0.2), None)
+    for q in (0.0, -0.1, 1.5, math.nan):
+        with pytest.raises(ValueError):
+            histogram_quantile(q, h)
+    with pytest.raises(ValueError):
+        summarize_histograms({}, {}, percentiles=(50, 101))
+
+
+def test_summarize_histograms_percentile_spelling_and_missing_keys() -> None:
+    h = Histogram((0.1, 0.2, INF), (1.0, 2.0, 2.0), 0.2, 2.0)
+    zero = Histogram(h.bounds, (0.0, 0.0, 0.0), 0.0, 0.0)
+    got, notes = summarize_histograms(
+        {"ttft": zero, "decode": zero, "prefill": zero},
+        {"ttft": h, "itl": h, "prefill": zero},
+        percentiles=(50, 99.9),
+    )
+    assert set(got) == {
+        "server_mean_ttft_ms",
+        "server_count_ttft",
+        "server_p50_ttft_ms",
+        "server_p99.9_ttft_ms",
+    }
+    assert got["server_p50_ttft_ms"] == pytest.approx(100.0)
+    assert got["server_p99.9_ttft_ms"] == pytest.approx(199.8)
+    assert sorted(notes) == [
+        "server decode: omitted: the histogram is missing from the 'after' scrape",
+        "server itl: omitted: the histogram is missing from the 'before' scrape",
+        "server prefill: omitted: no observations between the scrapes",
+    ]
+    assert summarize_histograms({}, {}) == ({}, [])

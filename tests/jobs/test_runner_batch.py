@@ -34,12 +34,13 @@ from tests.conftest import ENGINE_PYTHON, needs_engine
 FAKE_HTTP_ENGINE = """\
 #!{python}
 # Test double for the engine venv's python: a tiny OpenAI-compatible server.
-import json, os, sys, threading, time
+import json, os, signal, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 argv = sys.argv
 port = int(argv[argv.index("--port") + 1])
 die_after = {die_after!r}
+freeze_after = {freeze_after!r}
 state = {{"chats": 0, "queries": 0, "hits": 0, "resets": 0}}
 lock = threading.Lock()
 print("INFO fake engine starting", flush=True)
@@ -90,6 +91,9 @@ class Handler(BaseHTTPRequestHandler):
         if die_after is not None and n > die_after:
             print("ERROR fake engine: worker process died unexpectedly", flush=True)
             os._exit(1)
+        if freeze_after is not None and n > freeze_after:
+            print("INFO fake engine: freezing (stops answering, stays alive)", flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
@@ -109,9 +113,13 @@ ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
 
 
-def _fake_engine(tmp_path: Path, die_after: int | None) -> str:
-    path = tmp_path / f"fake_http_engine_{die_after}"
-    path.write_text(FAKE_HTTP_ENGINE.format(python=sys.executable, die_after=die_after))
+def _fake_engine(tmp_path: Path, die_after: int | None, freeze_after: int | None = None) -> str:
+    path = tmp_path / f"fake_http_engine_{die_after}_{freeze_after}"
+    path.write_text(
+        FAKE_HTTP_ENGINE.format(
+            python=sys.executable, die_after=die_after, freeze_after=freeze_after
+        )
+    )
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return str(path)
 
@@ -154,6 +162,34 @@ def _assert_no_engine_left(results: list[RunResult]) -> None:
 
 
 # --------------------------------------------------------------------------- fake engine
+
+
+def test_server_that_stops_answering_ends_the_run_partial(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live server that freezes mid-run (SIGSTOP): the run ends, measured data kept."""
+    import jobs.runner as runner
+
+    monkeypatch.setattr(runner, "UNRESPONSIVE_AFTER_S", 1.0)
+    monkeypatch.setattr(runner, "_SCRAPE_TIMEOUT_S", 0.5)
+    # 1 warm-up + 3 measured requests answered, then the server freezes
+    job = _batch(
+        tmp_path,
+        tiny_model_dir,
+        _fake_engine(tmp_path, None, freeze_after=4),
+        [_workload(num_requests=8), _workload()],
+    )
+    job = job.model_copy(update={"scrape_interval_s": 0.2})
+    results = execute_batch(job)
+    first, second = results
+    assert first.status == "failed" and first.partial
+    assert "stopped answering" in (first.error or "")
+    measured = [r for r in first.requests if not r.warmup]
+    assert sum(r.success for r in measured) == 3
+    assert first.metrics["completed"] == 3  # what was measured is summarized
+    assert first.engine_info["partial"] is True
+    assert second.status == "failed" and not second.partial
+    _assert_no_engine_left(results)
 
 
 def test_batch_fake_engine_reuses_the_server(tmp_path: Path, tiny_model_dir: Path) -> None:

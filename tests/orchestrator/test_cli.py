@@ -30,3 +30,38 @@ def test_yaml_and_json_specs_load_alike(tmp_path: Path) -> None:
     j = tmp_path / "s.json"
     j.write_text('{"name": "a", "model": "tiny"}')
     assert load_spec_file(y) == load_spec_file(j) == {"name": "a", "model": "tiny"}
+
+
+def test_replay_file_is_inlined_relative_to_the_spec(tmp_path: Path) -> None:
+    (tmp_path / "traffic.jsonl").write_text(
+        '{"messages": [{"role": "user", "content": "hi"}], "timestamp": 0.5}\n'
+        "# a comment\n"
+        '{"prompt": "Once upon a time", "max_tokens": 4}\n'
+    )
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        "name: r\nmodel: tiny\nbaseline:\n  workload:\n    kind: replay\n"
+        "    replay_file: traffic.jsonl\n"
+    )
+    doc = load_spec_file(spec)
+    workload = doc["baseline"]["workload"]
+    assert "replay_file" not in workload
+    assert [sorted(b) for b in workload["replay"]] == [
+        ["messages", "timestamp"],
+        ["max_tokens", "prompt"],
+    ]
+
+
+def test_malformed_replay_file_names_every_bad_line(tmp_path: Path) -> None:
+    (tmp_path / "bad.jsonl").write_text(
+        '{"messages": [{"role": "user", "content": "ok"}]}\n{oops\n{"prompt": 3}\n'
+    )
+    spec = tmp_path / "s.json"
+    spec.write_text(
+        '{"name": "r", "model": "tiny", "baseline": {"workload": '
+        '{"kind": "replay", "replay_file": "bad.jsonl"}}}'
+    )
+    result = CliRunner().invoke(app, ["submit", str(spec), "--api", "http://127.0.0.1:9"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "line 2" in result.output and "line 3" in result.output
+    assert "cannot reach the API" not in result.output  # refused before anything is sent
