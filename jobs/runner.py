@@ -15,21 +15,34 @@ carries the ``run_id`` it is about):
       earlier segment's on a reused server) never leaks into the measured
       numbers (if the reset fails while APC may be on and there was
       something to forget, the segment fails);
-   b. scrape ``/metrics`` (``before``), drive the measured requests with
-      the segment's ``concurrency`` in a closed loop while a background task
-      scrapes every ``job.scrape_interval_s`` (``during``) [``measuring``],
-      scrape ``after``; the segment is then ``done``;
+   b. scrape ``/metrics`` (``before``), drive the measured requests (closed
+      loop at the segment's ``concurrency``, or open loop at their
+      ``arrival_s``; multi-turn requests after their previous turn; until
+      ``duration_s`` if set) while a background task scrapes every
+      ``job.scrape_interval_s`` (``during``) [``measuring``], scrape
+      ``after``; the segment is then ``done``. If the server stays alive but
+      stops answering (:data:`UNRESPONSIVE_SCRAPES` failed scrapes over
+      :data:`UNRESPONSIVE_AFTER_S` s), the load is abandoned, the segment
+      fails ``partial`` with what was measured, and the batch ends;
 
 4. stop the server, always [``stopping``], and finish the last results [``done``].
 
 :func:`execute` is the one-segment case (one run, one server).
 
-Client-side metrics follow ``vllm bench serve`` (:func:`jobs.loadgen.summarize`),
-server-side ones are ``/metrics`` counter deltas
-(:func:`jobs.metrics.summarize_samples`). Time offsets (``start_s`` of
-records, ``t_s`` of samples) are seconds since the segment began; the first
-segment begins with the call (its offsets include the server start-up, as in
-:func:`execute`), later ones when the previous one ended.
+Client-side metrics follow ``vllm bench serve`` (:func:`jobs.loadgen.summarize`,
+with the segment's goodput SLOs), server-side ones are ``/metrics`` counter
+deltas (:func:`jobs.metrics.summarize_samples`) and latency-histogram deltas
+between the ``before`` and ``after`` scrapes (:func:`jobs.metrics.summarize_histograms`:
+``server_mean_ttft_ms``... and ``mean_ttft_client_minus_server_ms``, the
+client's mean TTFT minus the server's for the same requests). Each result's
+``engine_info`` also carries the parsed start-up facts (``startup_facts``) and
+the engine's periodic stats lines logged during the segment (``stats_lines``,
+:mod:`jobs.enginelog`; at most :data:`MAX_STATS_LINES`, evenly thinned).
+
+Time offsets (``start_s`` of records, ``t_s`` of samples) are seconds since
+the segment began; the first segment begins with the call (its offsets
+include the server start-up, as in :func:`execute`), later ones when the
+previous one ended.
 
 Neither function raises for an engine or workload problem: they become
 ``status="failed"`` with ``error`` carrying the engine's error lines; a set
@@ -113,10 +126,6 @@ def parse_engine_log(text: str) -> dict[str, Any]:
     return info
 
 
-#: Per-class metrics keep the latency statistics and the completed count.
-_PER_CLASS_KEYS = ("_ttft_ms", "_tpot_ms", "_itl_ms", "_e2el_ms")
-
-
 #: Most engine stats lines kept per run (evenly thinned beyond this).
 MAX_STATS_LINES = 2000
 
@@ -129,12 +138,18 @@ def _thin(items: list[Any], limit: int = MAX_STATS_LINES) -> list[Any]:
     return [items[round(i * step)] for i in range(limit)]
 
 
-def per_class_metrics(records: list[RequestRecord], duration_s: float) -> dict[str, float]:
+def per_class_metrics(
+    records: list[RequestRecord],
+    duration_s: float,
+    goodput_slos_ms: dict[str, float] | None = None,
+) -> dict[str, float]:
     """``"<class>.<metric>"`` for each request class, when a run mixes classes.
 
-    Latency statistics (TTFT, TPOT, ITL, E2EL; :func:`jobs.loadgen.summarize`
-    definitions) and ``completed`` of the class's measured requests. Empty
-    when every request has the same class.
+    Every :func:`jobs.loadgen.summarize` metric of the class's measured
+    requests (latency statistics, counts, tokens, goodput with the given
+    SLOs) except ``duration``; throughputs are the class's over the whole
+    measured phase (``duration_s``), so the classes' throughputs add up to
+    the run's. Empty when every request has the same class.
     """
     classes = sorted({r.request_class or "short" for r in records if not r.warmup})
     if len(classes) < 2:
@@ -142,8 +157,9 @@ def per_class_metrics(records: list[RequestRecord], duration_s: float) -> dict[s
     out: dict[str, float] = {}
     for cls in classes:
         mine = [r for r in records if (r.request_class or "short") == cls]
-        for key, value in loadgen.summarize(mine, duration_s).items():
-            if key == "completed" or key.endswith(_PER_CLASS_KEYS):
+        summary = loadgen.summarize(mine, duration_s, goodput_slos_ms=goodput_slos_ms)
+        for key, value in summary.items():
+            if key != "duration":
                 out[f"{cls}.{key}"] = value
     return out
 
@@ -639,7 +655,7 @@ class _Batch:
             seg.metrics.update(
                 loadgen.summarize(measured_records, measure_s, goodput_slos_ms=seg.slos)
             )
-            seg.metrics.update(per_class_metrics(measured_records, measure_s))
+            seg.metrics.update(per_class_metrics(measured_records, measure_s, seg.slos))
             burst = itl_burst_fraction(measured_records)
             if burst is not None:
                 seg.metrics["itl_burst_fraction"] = burst
@@ -648,6 +664,13 @@ class _Batch:
         if before is not None and after is not None:
             server_view, notes = metrics.summarize_histograms(before, after)
             seg.metrics.update(server_view)
+            # Cross-check of the same requests seen from both ends: vLLM's TTFT histogram
+            # starts when the engine got the request (after HTTP parsing, chat template and
+            # tokenization in the API process); the client's also covers those and SSE.
+            if "server_mean_ttft_ms" in server_view and "mean_ttft_ms" in seg.metrics:
+                seg.metrics["mean_ttft_client_minus_server_ms"] = (
+                    seg.metrics["mean_ttft_ms"] - server_view["server_mean_ttft_ms"]
+                )
             if notes:
                 seg.engine_info["histogram_notes"] = notes
 

@@ -59,7 +59,7 @@ def progress_view(exp: dict[str, Any]) -> Table:
             run["name"],
             str(run.get("repeat_index", 0)),
             describe_change(run),
-            run["status"],
+            run["status"] + (" (partial)" if run.get("partial") else ""),
             str(prog.get("phase", "")) if run["status"] in ACTIVE else "",
             f"{done}/{total}" if total else "",
             bar,
@@ -101,7 +101,7 @@ def result_table(exp: dict[str, Any]) -> Table:
             run["name"],
             str(run.get("repeat_index", 0)),
             describe_change(run),
-            run["status"],
+            run["status"] + (" (partial)" if run.get("partial") else ""),
             *[_fmt(m, key, scale, fmt) for _, key, scale, fmt in RESULT_COLUMNS],
             ratio,
         )

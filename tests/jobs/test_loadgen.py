@@ -1,12 +1,20 @@
-"""Tests of jobs.loadgen: summary maths by hand, and run_load against a fake vLLM server.
+"""Tests of jobs.loadgen: summary maths by hand, and run_load against fake vLLM servers.
 
-``FakeVllmChatServer`` below is a TEST DOUBLE of vLLM's OpenAI-compatible chat
-endpoint (``POST /v1/chat/completions`` with ``stream: true``): a real HTTP server
-(starlette under uvicorn on 127.0.0.1, a free port) that streams SSE chunks shaped
-like vLLM's (a role-only first chunk with empty content, one chunk per token, a
-trailing ``usage`` chunk with empty ``choices``, then ``data: [DONE]``) with known
-sleeps. Each request's user message is a JSON script telling the double how to
-behave. The end-to-end test against a real vLLM server lives elsewhere.
+Two test doubles of vLLM's OpenAI-compatible server are used, both real HTTP
+servers on 127.0.0.1 (a free port):
+
+- ``FakeVllmChatServer`` below (starlette under uvicorn): ``POST
+  /v1/chat/completions`` and ``/v1/completions`` with ``stream: true``, streaming
+  SSE chunks shaped like vLLM's (for chat a role-only first chunk with empty
+  content; one chunk per token, a trailing ``usage`` chunk with empty
+  ``choices``, then ``data: [DONE]``) with known sleeps. Each request's last user
+  message (or ``prompt``) is a JSON script telling the double how to behave; it
+  records the bodies it got. For body shapes and failure modes.
+- :class:`jobs.stubserver.StubServer`, the project's stub of "a GPU server with
+  known timing" (fixed TTFT and inter-token delay), for dispatch timing, open
+  loop, dependencies and a server that dies mid-run. It is tested here too.
+
+The end-to-end test against a real vLLM server lives elsewhere.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 from starlette.applications import Starlette
@@ -28,19 +37,24 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from jobs.loadgen import run_load, summarize
+from jobs.metrics import parse_metrics
 from jobs.schemas import ChatRequest, RequestRecord
+from jobs.stubserver import StubServer
 
 PROMPT_TOKENS = 42  # what the double reports in usage.prompt_tokens
 
 
 class FakeVllmChatServer:
-    """Test double of vLLM's streamed chat-completions API; counts requests in flight.
+    """Test double of vLLM's streamed chat and completions APIs; counts requests in flight.
 
-    Script keys (JSON in the last message's content): ``i`` request index,
-    ``ttft`` seconds before the first content chunk, ``itl`` seconds between
-    content chunks, ``status`` an HTTP error status to answer with, ``empty``
-    stream no content chunk at all, ``no_usage`` omit the usage chunk, ``error_at``
-    send vLLM's in-stream error object instead of content chunk number ``error_at``.
+    Script keys (JSON in the last message's content, or the ``prompt``): ``i``
+    request index, ``ttft`` seconds before the first content chunk, ``itl``
+    seconds between content chunks, ``status`` an HTTP error status to answer
+    with, ``empty`` stream no content chunk at all, ``no_usage`` omit the usage
+    chunk, ``error_at`` send vLLM's in-stream error object instead of content
+    chunk number ``error_at``, ``cached`` report that many
+    ``prompt_tokens_details.cached_tokens``. ``bodies`` and ``paths`` record
+    what was posted.
     """
 
     def __init__(self) -> None:
@@ -48,8 +62,14 @@ class FakeVllmChatServer:
         self.max_in_flight = 0
         self.arrivals: list[int] = []
         self.bodies: list[dict[str, Any]] = []
+        self.paths: list[str] = []
         self._lock = threading.Lock()
-        app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"])])
+        app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/completions", self._chat, methods=["POST"]),
+            ]
+        )
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", 0))
@@ -86,25 +106,35 @@ class FakeVllmChatServer:
 
     async def _chat(self, request: Request) -> Response:
         body = await request.json()
-        script = json.loads(body["messages"][-1]["content"])
+        completions = request.url.path == "/v1/completions"
+        script = json.loads(body["prompt"] if completions else body["messages"][-1]["content"])
         with self._lock:
             self.bodies.append(body)
+            self.paths.append(request.url.path)
         self._enter(script["i"])
         if "status" in script:
             self._leave()
             return JSONResponse({"error": {"message": "boom"}}, status_code=script["status"])
-        return StreamingResponse(self._stream(body, script), media_type="text/event-stream")
+        stream = self._stream(body, script, completions)
+        return StreamingResponse(stream, media_type="text/event-stream")
 
-    async def _stream(self, body: dict[str, Any], script: dict[str, Any]) -> AsyncIterator[str]:
+    async def _stream(
+        self, body: dict[str, Any], script: dict[str, Any], completions: bool
+    ) -> AsyncIterator[str]:
         left = False
         try:
 
             def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-                choice = {"index": 0, "delta": delta, "finish_reason": finish}
+                choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+                if completions:
+                    choice["text"] = delta.get("content", "")
+                else:
+                    choice["delta"] = delta
                 return "data: " + json.dumps({"id": "x", "choices": [choice]}) + "\n\n"
 
             n = 0 if script.get("empty") else int(body["max_tokens"])
-            yield chunk({"role": "assistant", "content": ""})
+            if not completions:
+                yield chunk({"role": "assistant", "content": ""})
             await asyncio.sleep(script.get("ttft", 0.0))
             for k in range(n):
                 if k:
@@ -115,11 +145,13 @@ class FakeVllmChatServer:
                     break
                 yield chunk({"content": f"t{k} "}, "length" if k == n - 1 else None)
             if not script.get("no_usage"):
-                usage = {
+                usage: dict[str, Any] = {
                     "prompt_tokens": PROMPT_TOKENS,
                     "completion_tokens": n,
                     "total_tokens": PROMPT_TOKENS + n,
                 }
+                if "cached" in script:
+                    usage["prompt_tokens_details"] = {"cached_tokens": script["cached"]}
                 yield "data: " + json.dumps({"id": "x", "choices": [], "usage": usage}) + "\n\n"
             # leave before [DONE]: the client dispatches its next request only after it
             self._leave()
@@ -307,6 +339,282 @@ def test_cancel_already_set_and_empty_list(fake_vllm: FakeVllmChatServer) -> Non
         asyncio.run(run_load(fake_vllm.base_url, "m", [_req(0)], concurrency=0))
 
 
+def test_completions_api_and_body(fake_vllm: FakeVllmChatServer) -> None:
+    request = ChatRequest(index=0, prompt=json.dumps({"i": 0, "ttft": 0.01}), max_tokens=3)
+    (rec,) = asyncio.run(run_load(fake_vllm.base_url, "tiny", [request], concurrency=1))
+    # content comes from choices[0].text: without it the stream would have no content chunk
+    assert rec.success, rec.error
+    assert rec.output_tokens == 3 and len(rec.itl_s) == 2
+    assert fake_vllm.paths == ["/v1/completions"]
+    body = fake_vllm.bodies[0]
+    assert body["prompt"] == request.prompt and "messages" not in body
+    assert body["model"] == "tiny" and body["max_tokens"] == 3
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["ignore_eos"] is True and body["temperature"] == 0
+
+
+def test_extra_body_is_merged_but_never_overrides_protected_fields(
+    fake_vllm: FakeVllmChatServer,
+) -> None:
+    request = _req(0, max_tokens=2, ttft=0.01).model_copy(
+        update={
+            "extra_body": {
+                "temperature": 0.7,
+                "ignore_eos": False,
+                "top_p": 0.9,
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "model": "other",
+                "stream": False,
+                "stream_options": {"include_usage": False},
+                "max_tokens": 99,
+                "messages": [],
+            }
+        }
+    )
+    (rec,) = asyncio.run(run_load(fake_vllm.base_url, "tiny", [request], concurrency=1))
+    assert rec.success, rec.error
+    body = fake_vllm.bodies[0]
+    assert body["temperature"] == 0.7 and body["ignore_eos"] is False and body["top_p"] == 0.9
+    assert body["tools"] == [{"type": "function", "function": {"name": "f"}}]
+    assert body["model"] == "tiny"
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["max_tokens"] == 2 and body["messages"] == request.messages
+
+
+def test_cached_tokens_and_conversation_fields_are_recorded(
+    fake_vllm: FakeVllmChatServer,
+) -> None:
+    requests = [
+        _req(0, ttft=0.01, cached=32).model_copy(update={"conversation": 5, "turn": 0}),
+        _req(1, ttft=0.01),  # reports no prompt_tokens_details
+    ]
+    records = asyncio.run(run_load(fake_vllm.base_url, "tiny", requests, concurrency=2))
+    assert [(r.cached_tokens, r.conversation, r.turn) for r in records] == [
+        (32, 5, 0),
+        (None, None, None),
+    ]
+    assert summarize(records, 1.0)["total_cached_tokens"] == 32.0
+    assert "total_cached_tokens" not in summarize(records[1:], 1.0)
+
+
+def test_failed_dependency_still_releases_the_dependent(fake_vllm: FakeVllmChatServer) -> None:
+    # "finished" means success or not: a dependency that got HTTP 500 ran
+    requests = [_req(0, status=500), _req(1, ttft=0.01).model_copy(update={"after": 0})]
+    records = asyncio.run(run_load(fake_vllm.base_url, "tiny", requests, concurrency=2))
+    assert [r.success for r in records] == [False, True]
+
+
+@pytest.fixture()
+def stub() -> Iterator[StubServer]:
+    """The project's stub server in a thread: TTFT 50 ms, 5 ms between tokens."""
+    with StubServer(0.05, 0.005) as server:
+        yield server
+
+
+def _stub_req(i: int, max_tokens: int = 4, **fields: Any) -> ChatRequest:
+    return ChatRequest(
+        index=i, messages=[{"role": "user", "content": f"q {i}"}], max_tokens=max_tokens, **fields
+    )
+
+
+def _end(r: RequestRecord) -> float:
+    assert r.e2el_s is not None
+    return r.start_s + r.e2el_s
+
+
+def test_stub_streams_configured_tokens_with_configured_delays(stub: StubServer) -> None:
+    n = 8
+    with httpx.Client(base_url=stub.base_url, timeout=10) as client:
+        assert client.get("/health").status_code == 200
+        assert client.get("/v1/models").json()["data"][0]["id"] == "stub"
+        for path, body in (
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a b c"}]}),
+            ("/v1/completions", {"prompt": "a b c"}),
+        ):
+            body = {**body, "model": "m", "max_tokens": n, "stream": True}
+            body["stream_options"] = {"include_usage": True}
+            chunks: list[tuple[float, dict[str, Any]]] = []
+            t0 = time.perf_counter()
+            with client.stream("POST", path, json=body) as resp:
+                assert resp.status_code == 200
+                assert resp.headers["content-type"].startswith("text/event-stream")
+                lines: list[str] = []
+                for line in resp.iter_lines():
+                    if line.startswith("data: "):
+                        lines.append(line)
+                        if line != "data: [DONE]":
+                            chunks.append((time.perf_counter(), json.loads(line[6:])))
+            assert lines[-1] == "data: [DONE]"
+            usage = chunks[-1][1]["usage"]
+            assert chunks[-1][1]["choices"] == []
+            assert usage["completion_tokens"] == n and usage["prompt_tokens"] == 4
+            assert usage["prompt_tokens_details"] == {"cached_tokens": 0}
+            if path == "/v1/chat/completions":
+                assert chunks[0][1]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+                tokens = [(t, c) for t, c in chunks[1:-1]]
+                assert all(c["choices"][0]["delta"]["content"] for _, c in tokens)
+            else:
+                tokens = chunks[:-1]
+                assert all(c["choices"][0]["text"] for _, c in tokens)
+            assert len(tokens) == n
+            assert tokens[-1][1]["choices"][0]["finish_reason"] == "length"
+            ttft = tokens[0][0] - t0
+            span = tokens[-1][0] - tokens[0][0]
+            # never early; "roughly" late, loose for a noisy shared machine
+            assert stub.ttft_s <= ttft + 0.002 < stub.ttft_s + 0.25
+            assert (n - 1) * stub.itl_s * 0.5 <= span <= (n - 1) * stub.itl_s + 0.25
+        # max_completion_tokens wins over max_tokens, as in vLLM
+        body = {"model": "m", "messages": [], "max_tokens": 9, "max_completion_tokens": 2}
+        got = client.post("/v1/chat/completions", json=body).json()
+        assert got["usage"]["completion_tokens"] == 2
+        assert got["choices"][0]["message"]["content"] == " tok tok"
+        metrics = parse_metrics(client.get("/metrics").text)
+    assert metrics["generation_tokens"] == 2 * n + 2 and metrics["request_success"] == 3
+    assert metrics["num_requests_running"] == 0
+    stats = stub.stats()
+    assert stats["requests"] == 3 and stats["emits"] == 2 * n
+    assert 0.0 <= stats["emit_lag_mean_s"] <= stats["emit_lag_max_s"]
+    stub.reset_stats()  # a new window for the windowed stats; counters stay
+    stats = stub.stats()
+    assert stats["emits"] == 0 and stats["max_running"] == 0 and stats["requests"] == 3
+
+
+def test_open_loop_sends_on_schedule(stub: StubServer) -> None:
+    gap, n = 0.02, 25  # 50 req/s; each request lasts ~65 ms, so several overlap
+    requests = [_stub_req(i, arrival_s=i * gap) for i in range(n)]
+    origin = time.perf_counter()
+    records = asyncio.run(
+        run_load(stub.base_url, "m", requests, concurrency=64, clock_origin=origin)
+    )
+    assert [r.index for r in records] == list(range(n)) and all(r.success for r in records)
+    scheduled = [r.scheduled_s for r in records]
+    assert all(s is not None for s in scheduled)
+    # due times are absolute: exactly arrival_s apart, not accumulated sleeps
+    assert [s - scheduled[0] for s in scheduled] == pytest.approx(  # type: ignore[operator]
+        [i * gap for i in range(n)], abs=1e-9
+    )
+    assert 0.0 <= scheduled[0] < 0.5  # type: ignore[operator]
+    lags = sorted(r.start_s - r.scheduled_s for r in records)  # type: ignore[operator]
+    assert lags[0] >= 0.0  # never sent early
+    assert lags[n // 2] < 0.02  # median lateness: loose for a noisy 2-core machine
+    starts = [r.start_s for r in records]
+    assert starts == sorted(starts)
+    # open loop: requests go out while earlier ones are still streaming
+    assert (
+        sum(cur.start_s < _end(prev) for prev, cur in zip(records, records[1:], strict=False))
+        >= n // 2
+    )
+    got = summarize(records, 1.0)
+    assert 0.0 <= got["mean_dispatch_lag_ms"] <= got["max_dispatch_lag_ms"]
+
+
+def test_open_loop_respects_the_concurrency_cap(stub: StubServer) -> None:
+    # all due at once: the cap, not the schedule, holds them back (as --max-concurrency)
+    requests = [_stub_req(i, max_tokens=2, arrival_s=0.0) for i in range(9)]
+    records = asyncio.run(run_load(stub.base_url, "m", requests, concurrency=3))
+    assert all(r.success for r in records)
+    assert stub.stats()["max_running"] == 3
+    for r in records:
+        in_flight = sum(o.start_s <= r.start_s < _end(o) for o in records if o is not r)
+        assert in_flight <= 2
+    lags = [r.start_s - r.scheduled_s for r in records]  # type: ignore[operator]
+    # the fourth request waited for a slot: at least one request's duration (TTFT 50 ms)
+    assert lags[3] >= 0.05 and lags[6] >= lags[3]
+
+
+def test_after_waits_for_the_previous_turn(stub: StubServer) -> None:
+    # three conversations of three turns, turn-major; turn k waits for turn k-1
+    requests = [
+        _stub_req(
+            3 * turn + conv,
+            conversation=conv,
+            turn=turn,
+            after=None if turn == 0 else 3 * (turn - 1) + conv,
+        )
+        for turn in range(3)
+        for conv in range(3)
+    ]
+    records = asyncio.run(run_load(stub.base_url, "m", requests, concurrency=9))
+    by_index = {r.index: r for r in records}
+    assert all(r.success for r in records)
+    for r, req in zip(records, requests, strict=True):
+        assert (r.conversation, r.turn) == (req.conversation, req.turn)
+        if req.after is not None:
+            assert r.start_s >= _end(by_index[req.after])
+    # the three conversations still ran side by side
+    assert stub.stats()["max_running"] == 3
+
+
+def test_missing_dependency_fails_the_request_instead_of_hanging(stub: StubServer) -> None:
+    requests = [
+        _stub_req(0),
+        _stub_req(1, after=77),  # not in the list
+        _stub_req(2, after=1),  # its dependency never ran
+        _stub_req(3, after=4),  # later in the list: would deadlock
+        _stub_req(4, after=0),
+    ]
+
+    async def go() -> list[RequestRecord]:
+        return await asyncio.wait_for(run_load(stub.base_url, "m", requests, concurrency=4), 10)
+
+    records = asyncio.run(go())
+    assert [r.index for r in records] == [0, 1, 2, 3, 4]
+    assert [r.success for r in records] == [True, False, False, False, True]
+    assert "77" in (records[1].error or "") and "not in the request list" in (
+        records[1].error or ""
+    )
+    assert "never ran" in (records[2].error or "") and "77" in (records[2].error or "")
+    assert "after this one" in (records[3].error or "")
+    assert stub.stats()["requests"] == 2
+
+
+def test_duration_stops_dispatch_closed_loop(stub: StubServer) -> None:
+    warm = _stub_req(0, max_tokens=2, warmup=True)
+    requests = [warm] + [_stub_req(i, max_tokens=2) for i in range(1, 200)]
+    t0 = time.perf_counter()
+    records = asyncio.run(run_load(stub.base_url, "m", requests, concurrency=2, duration_s=0.4))
+    elapsed = time.perf_counter() - t0
+    measured = [r for r in records if not r.warmup]
+    assert records[0].warmup and 2 <= len(measured) < 199
+    assert [r.index for r in records] == list(range(len(records)))  # a prefix, no gaps
+    assert all(r.success for r in records)  # requests in flight were let finish
+    assert measured[-1].start_s - measured[0].start_s <= 0.4 + 0.005
+    assert elapsed < 3.0
+
+
+def test_duration_stops_dispatch_open_loop(stub: StubServer) -> None:
+    requests = [_stub_req(i, max_tokens=2, arrival_s=0.05 * i) for i in range(40)]
+    records = asyncio.run(run_load(stub.base_url, "m", requests, concurrency=8, duration_s=0.3))
+    assert 4 <= len(records) <= 7
+    assert all(r.success for r in records)
+    assert all(r.start_s - records[0].start_s <= 0.3 + 0.005 for r in records)
+    with pytest.raises(ValueError):
+        asyncio.run(run_load(stub.base_url, "m", requests, concurrency=1, duration_s=0.0))
+
+
+def test_server_killed_mid_run_gives_failed_records() -> None:
+    # a subprocess stub killed with SIGKILL while 4 requests stream, 4 more to go
+    requests = [_stub_req(i, max_tokens=60) for i in range(8)]
+    with StubServer(0.02, 0.02, process=True) as server:
+        timer = threading.Timer(0.4, server.kill)
+        timer.start()
+        t0 = time.perf_counter()
+        try:
+            records = asyncio.run(
+                run_load(server.base_url, "m", requests, concurrency=4, timeout_s=30)
+            )
+        finally:
+            timer.cancel()
+        elapsed = time.perf_counter() - t0
+    assert elapsed < 10.0
+    assert [r.index for r in records] == list(range(8))
+    assert not any(r.success for r in records)
+    assert all(r.error for r in records)
+    # cut mid-stream (incomplete chunked body), then refused connections
+    assert any("Protocol" in (r.error or "") or "closed" in (r.error or "") for r in records[:4])
+    assert any("Connect" in (r.error or "") for r in records[4:])
+
+
 # --------------------------------------------------------------------------- summarize
 
 
@@ -431,3 +739,25 @@ def test_summarize_rejects_bad_duration() -> None:
     for bad in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError):
             summarize(RECORDS, bad)
+
+
+def test_summarize_goodput_fraction() -> None:
+    got = summarize(RECORDS, 2.0, goodput_slos_ms={"ttft": 200, "e2el": 600})
+    assert got["goodput_fraction"] == pytest.approx(0.5)  # 1 good of 2 completed
+    assert summarize(RECORDS, 2.0, goodput_slos_ms={"ttft": 50})["goodput_fraction"] == 0.0
+    assert summarize(RECORDS, 2.0, goodput_slos_ms={"tpot": 250})["goodput_fraction"] == 1.0
+    assert "goodput_fraction" not in summarize(RECORDS, 2.0)
+
+
+def test_summarize_dispatch_lag() -> None:
+    records = [
+        _ok(0, 0.1, 0.2, 2, 5, [0.1]).model_copy(update={"start_s": 1.004, "scheduled_s": 1.0}),
+        RequestRecord(index=1, success=False, error="x", start_s=2.01, scheduled_s=2.0),
+        _ok(2, 0.1, 0.2, 2, 5, [0.1], warmup=True).model_copy(
+            update={"start_s": 9.0, "scheduled_s": 1.0}  # warm-up: ignored
+        ),
+    ]
+    got = summarize(records, 1.0)
+    assert got["mean_dispatch_lag_ms"] == pytest.approx(7.0)
+    assert got["max_dispatch_lag_ms"] == pytest.approx(10.0)
+    assert "mean_dispatch_lag_ms" not in summarize(RECORDS, 1.0)
