@@ -19,18 +19,21 @@ from api.schemas import (
     ExperimentListItem,
     ExperimentOut,
     Page,
+    ParityCheckOut,
+    ParityCheckRequest,
     RequestOut,
     RunBrief,
     RunMetricsOut,
     RunOut,
+    RunParityOut,
     SampleOut,
 )
 from orchestrator import service
 from orchestrator.db import unit_of_work
 from orchestrator.engine_catalog import load_catalog
 from orchestrator.errors import NotFoundError, SpecInvalidError
-from orchestrator.models import Experiment, Run
-from orchestrator.repositories import ExperimentRepository, RunRepository
+from orchestrator.models import Experiment, ParityCheck, Run
+from orchestrator.repositories import ExperimentRepository, ParityCheckRepository, RunRepository
 from orchestrator.settings import Settings
 from orchestrator.spec import NAME_PATTERN, ExperimentSpec, Variant
 from orchestrator.states import RunStatus
@@ -374,6 +377,70 @@ def add_variant(
 def cancel_run(run_id: str, request: Request, session: SessionDep) -> RunOut:
     """Cancel a run: queued runs end at once; active ones are stopped by their orchestrator."""
     return _run_out(request, service.request_cancel(session, run_id))
+
+
+@router.get("/runs/{run_id}/parity", response_model=RunParityOut)
+def get_run_parity(run_id: str, session: SessionDep) -> RunParityOut:
+    """The node parity report checked before the run's multi-node launch.
+
+    404 when the run has none: single-node runs launch without one, and a
+    queued run has not been placed yet.
+    """
+    run = service.get_run(session, run_id)
+    if run.parity is None:
+        raise NotFoundError(
+            f"run {run_id} has no parity report: "
+            + ("it has not been placed yet" if run.status == "queued" else "it ran on one node"),
+            code_hint="parity_not_found",
+        )
+    return RunParityOut(
+        run_id=run.id, status=run.status, placement=run.placement, report=run.parity
+    )
+
+
+def _parity_out(request: Request, check: ParityCheck) -> ParityCheckOut:
+    return ParityCheckOut(
+        id=check.id,
+        url=str(request.url_for("get_parity_check", check_id=check.id)),
+        status=check.status,
+        created_at=check.created_at,
+        finished_at=check.finished_at,
+        request=check.request,
+        report=check.report,
+        error=check.error,
+    )
+
+
+@router.post("/cluster/parity", response_model=ParityCheckOut, status_code=202)
+def post_parity_check(
+    body: ParityCheckRequest, request: Request, response: Response, session: SessionDep
+) -> ParityCheckOut:
+    """Check a set of Ray nodes for environment parity, on demand.
+
+    Stored ``pending`` and answered by an orchestrator, which runs the node
+    probe in the engine environment on every node and compares the
+    fingerprints (:func:`orchestrator.parity.check_parity`). Poll the
+    ``Location`` until ``status`` is ``done`` (``report.verdict`` is ``ok``,
+    ``warning`` or ``blocked``) or ``failed``.
+    """
+    doc = body.model_dump(mode="json")
+    if body.model is not None:
+        settings: Settings = request.app.state.settings
+        doc["model_path"] = str(service.resolve_model(settings, body.model).path)
+    check = ParityCheckRepository(session).add(doc)
+    session.commit()
+    out = _parity_out(request, check)
+    response.headers["Location"] = out.url
+    return out
+
+
+@router.get("/cluster/parity/{check_id}", response_model=ParityCheckOut)
+def get_parity_check(check_id: str, request: Request, session: SessionDep) -> ParityCheckOut:
+    """An on-demand parity check and, once done, its report."""
+    check = ParityCheckRepository(session).get(check_id)
+    if check is None:
+        raise NotFoundError(f"no parity check {check_id}", code_hint="parity_check_not_found")
+    return _parity_out(request, check)
 
 
 def _add_spec_schema(app: FastAPI) -> None:

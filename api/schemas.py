@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 T = TypeVar("T")
 
@@ -71,6 +71,9 @@ class RunOut(BaseModel):
     timings: dict[str, Any]
     error: str | None
     partial: bool
+    placement: dict[str, Any] | None = Field(
+        None, description="the layout the run got: nodes, ranks, devices, exclusive policy"
+    )
     metrics: dict[str, float] | None = None
 
 
@@ -138,3 +141,41 @@ class RequestOut(BaseModel):
     scheduled_s: float | None
     conversation: int | None
     turn: int | None
+
+
+class ParityCheckRequest(BaseModel):
+    """``POST /api/v1/cluster/parity``: compare the environments of a set of Ray nodes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    node_ids: list[str] | None = Field(
+        None, min_length=1, max_length=1024, description="Ray node ids; default every live node"
+    )
+    model: str | None = Field(
+        None, min_length=1, max_length=500, description="model whose files are compared"
+    )
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict, description="the engine arguments each node would launch with"
+    )
+    tensor_parallel_size: int = Field(1, ge=1, le=1024)
+    pipeline_parallel_size: int = Field(1, ge=1, le=1024)
+
+
+class ParityCheckOut(BaseModel):
+    id: str
+    url: str
+    status: str = Field(description="pending, running, done or failed")
+    created_at: datetime
+    finished_at: datetime | None
+    request: dict[str, Any]
+    report: dict[str, Any] | None = Field(
+        None, description="orchestrator.parity.check_parity report: verdict, per-field values"
+    )
+    error: str | None
+
+
+class RunParityOut(BaseModel):
+    run_id: str
+    status: str
+    placement: dict[str, Any] | None
+    report: dict[str, Any]

@@ -152,8 +152,28 @@ def build_serve_command(launch: EngineLaunch, *, port: int | None = None) -> lis
     ``[engine_python, LAUNCHER_PATH, "serve", model_dir, "--served-model-name",
     name, "--host", host, "--port", str(port), *render_engine_args(...)]``.
     ``port`` overrides ``launch.port`` (used when ``launch.port == 0`` picks a
-    free port). Raises ``ValueError`` for reserved engine-arg names.
+    free port). A multi-node launch (``nnodes > 1``) appends ``--nnodes N
+    --node-rank r --master-addr A --master-port P``, and ``--headless`` on
+    followers (rank > 0), the same engine arguments on every node. Raises
+    ``ValueError`` for reserved engine-arg names or a multi-node launch without
+    its rendezvous address.
     """
+    multi_node: list[str] = []
+    if launch.nnodes > 1:
+        if launch.master_addr is None or launch.master_port is None:
+            raise ValueError("a multi-node launch needs master_addr and master_port")
+        multi_node = [
+            "--nnodes",
+            str(launch.nnodes),
+            "--node-rank",
+            str(launch.node_rank),
+            "--master-addr",
+            launch.master_addr,
+            "--master-port",
+            str(launch.master_port),
+        ]
+        if launch.headless:
+            multi_node.append("--headless")
     return [
         launch.engine_python,
         str(LAUNCHER_PATH),
@@ -166,6 +186,7 @@ def build_serve_command(launch: EngineLaunch, *, port: int | None = None) -> lis
         "--port",
         str(launch.port if port is None else port),
         *render_engine_args(launch.engine_args),
+        *multi_node,
     ]
 
 

@@ -232,6 +232,15 @@ class EngineLaunch(BaseModel):
     port: int = 0
     startup_timeout_s: float = 600.0
     log_path: str = Field(description="file the server's stdout+stderr go to")
+    nnodes: int = Field(1, ge=1, description="nodes of a multi-node launch (--nnodes)")
+    node_rank: int = Field(0, ge=0, description="this node's rank (--node-rank)")
+    master_addr: str | None = Field(None, description="rank 0 node's IP (--master-addr)")
+    master_port: int | None = Field(None, description="rendezvous port (--master-port)")
+
+    @property
+    def headless(self) -> bool:
+        """A follower part of a multi-node launch: no API server (``--headless``)."""
+        return self.nnodes > 1 and self.node_rank > 0
 
 
 class RunJob(BaseModel):
@@ -257,16 +266,32 @@ class RunSegment(BaseModel):
     goodput_slos_ms: dict[str, float] = Field(default_factory=dict)
 
 
+class NodePart(BaseModel):
+    """One node's part of a multi-node launch (one ``vllm serve`` process per node)."""
+
+    rank: int = Field(ge=0, description="--node-rank; 0 serves the API")
+    node_id: str = Field(description="Ray node id")
+    ip: str = Field(description="the node's IP as Ray sees it")
+    bundle_index: int = Field(ge=0, description="a placement-group bundle on this node")
+    devices: int = Field(ge=1, description="devices (ranks) of this node")
+    env: dict[str, str] = Field(
+        default_factory=dict, description="node-specific environment (e.g. CPU thread binding)"
+    )
+
+
 class BatchJob(BaseModel):
     """Runs that share one vLLM server (they differ only in client-side settings).
 
     The server is started once for ``launch``; the segments run in order, each
     with its own warm-up and measurement, and the prefix cache is reset
     (``POST /reset_prefix_cache``) before each segment's measured requests.
+    ``nodes`` (two or more) makes it a multi-node launch: the supervisor on
+    rank 0 starts the followers' headless parts on their nodes first.
     """
 
     launch: EngineLaunch
     segments: list[RunSegment] = Field(min_length=1)
+    nodes: list[NodePart] = Field(default_factory=list)
     scrape_interval_s: float = 1.0
     request_timeout_s: float = 600.0
 

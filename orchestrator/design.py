@@ -29,6 +29,7 @@ from typing import Any
 from jobs.schemas import WorkloadSpec
 from jobs.workload import build_requests, longest_request_tokens
 from orchestrator.engine_catalog import EngineArgCatalog, parse_human_int
+from orchestrator.placement import NodeInventory, shape_problem
 from orchestrator.spec import ExperimentSpec, PlannedVariant, execution_order, expand
 
 #: Fields of vLLM's resolved configuration that an experiment controls. A
@@ -214,6 +215,7 @@ def plan_experiment(
     cluster_devices: int | None = None,
     resolver: Resolver | None = None,
     model_max_len: int | None = None,
+    cluster_nodes: list[NodeInventory] | None = None,
 ) -> Plan:
     """Expand and check ``spec``; the plan's ``errors`` list every problem found.
 
@@ -221,6 +223,10 @@ def plan_experiment(
     not checked). ``resolver``: asks vLLM for its resolved configuration of
     each distinct argument set (None: skipped). ``model_max_len``: the
     model's own context limit, used when neither the spec nor vLLM says.
+    ``cluster_nodes``: the live nodes and their devices; when given, each
+    variant's TP x PP shape is checked against them
+    (:func:`orchestrator.placement.shape_problem`: a TP group must fit in one
+    node, PP stages split evenly over nodes).
     """
     plan = Plan()
     if spec.preset == "ladder" and resolver is not None:
@@ -234,7 +240,21 @@ def plan_experiment(
                 name = path.split(".", 1)[1]
                 for err in catalog.check({name: value}, []):
                     errors.append({**err, "loc": [*_variant_loc(spec, v), "changes", path]})
-    if cluster_devices is not None:
+    if cluster_nodes:
+        for v in variants:
+            lay = v.config.layout
+            problem = shape_problem(
+                cluster_nodes, lay.tensor_parallel_size, lay.pipeline_parallel_size, lay.reserved
+            )
+            if problem is not None:
+                errors.append(
+                    {
+                        "loc": [*_variant_loc(spec, v), "layout"],
+                        "msg": f"{v.name}: {problem}",
+                        "type": "cluster_too_small",
+                    }
+                )
+    elif cluster_devices is not None:
         for v in variants:
             need = v.config.layout.reserved
             if need > cluster_devices:

@@ -24,8 +24,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.schemas import BatchJob, RunResult
 from orchestrator.db import unit_of_work
-from orchestrator.repositories import OrchestratorRepository, RunRepository
-from orchestrator.service import build_batch_job, record_result, reserved_devices
+from orchestrator.placement import NodeInventory
+from orchestrator.repositories import (
+    OrchestratorRepository,
+    ParityCheckRepository,
+    RunRepository,
+)
+from orchestrator.service import build_batch_job, record_result
 from orchestrator.settings import Settings
 from orchestrator.states import RunStatus, is_terminal
 
@@ -42,14 +47,48 @@ class Poll:
     error: str | None = None
 
 
+@dataclass
+class LaunchInfo:
+    """What a launch got: the layout (nodes, ranks, devices) and the parity report if any."""
+
+    placement: dict[str, Any]
+    parity: dict[str, Any] | None = None
+
+
+class NoCapacity(Exception):
+    """The run fits the cluster but its devices are busy now: it stays queued."""
+
+
+class LaunchRefused(Exception):
+    """The cluster can never hold the run's shape (the message says why)."""
+
+
+class LaunchBlocked(Exception):
+    """Node parity failed before a multi-node launch: nothing was launched."""
+
+    def __init__(self, report: dict[str, Any], placement: dict[str, Any]) -> None:
+        self.report = report
+        self.placement = placement
+        fields = sorted({str(m.get("field")) for m in report.get("mismatches", [])})
+        super().__init__("node parity check failed: " + ", ".join(fields))
+
+
 class RunBackend(Protocol):
     def resources(self) -> dict[str, float]: ...
 
-    def total_devices(self) -> int: ...
+    def nodes(self) -> list[NodeInventory]: ...
 
-    def has_capacity(self, devices: int) -> bool: ...
+    def launch(self, run_id: str, job: BatchJob, layout: dict[str, Any]) -> LaunchInfo: ...
 
-    def launch(self, run_id: str, job: BatchJob, devices: int) -> None: ...
+    def check_nodes(
+        self,
+        node_ids: list[str] | None,
+        *,
+        model_dir: str | None,
+        engine_args: dict[str, Any],
+        tp: int = 1,
+        pp: int = 1,
+    ) -> dict[str, Any]: ...
 
     def poll(self, run_id: str) -> Poll: ...
 
@@ -76,8 +115,14 @@ class Dispatcher:
     def heartbeat(self) -> None:
         """Publish this orchestrator's liveness and cluster resources (read by the API)."""
         with unit_of_work(self.session_factory) as s:
+            resources: dict[str, Any] = dict(self.backend.resources())
+            # per-node devices, so submissions can refuse shapes no node can hold
+            resources["nodes"] = [
+                {"node_id": n.node_id, "ip": n.ip, "total": n.total, "available": n.available}
+                for n in self.backend.nodes()
+            ]
             OrchestratorRepository(s).heartbeat(
-                self.orchestrator_id, socket.gethostname(), self.backend.resources()
+                self.orchestrator_id, socket.gethostname(), resources
             )
         self._last_heartbeat = time.monotonic()
 
@@ -113,8 +158,31 @@ class Dispatcher:
             self._poll_one(batch_id)
         if time.monotonic() - self._last_reconcile > self.settings.orchestrator.stale_after_s / 2:
             self.reconcile()
+        self._answer_parity_check()
         if len(self.active) < self.settings.orchestrator.max_concurrent_runs:
             self._claim_one()
+
+    def _answer_parity_check(self) -> None:
+        """Answer at most one pending ``POST /cluster/parity`` request."""
+        with unit_of_work(self.session_factory) as s:
+            repo = ParityCheckRepository(s)
+            check = repo.claim_next(self.orchestrator_id)
+            if check is None:
+                return
+            req = check.request
+            try:
+                report = self.backend.check_nodes(
+                    req.get("node_ids"),
+                    model_dir=req.get("model_path"),
+                    engine_args=req.get("engine_args") or {},
+                    tp=int(req.get("tensor_parallel_size", 1)),
+                    pp=int(req.get("pipeline_parallel_size", 1)),
+                )
+            except Exception as exc:  # noqa: BLE001 - stored as the check's error
+                log.warning("parity check %s failed: %s", check.id, exc)
+                repo.finish(check, None, f"{type(exc).__name__}: {exc}"[:4000])
+                return
+            repo.finish(check, report)
 
     def _poll_one(self, batch_id: str) -> None:
         poll = self.backend.poll(batch_id)
@@ -161,23 +229,25 @@ class Dispatcher:
             run = repo.claim_next_queued(self.orchestrator_id)
             if run is None:
                 return
-            devices = reserved_devices(run.layout)
-            total = self.backend.total_devices()
-            if devices > total:
-                repo.transition(
-                    run,
-                    RunStatus.FAILED,
-                    f"needs {devices} {self.settings.orchestrator.device_resource} devices; "
-                    f"the cluster has {total}",
-                )
-                return
-            if not self.backend.has_capacity(devices):
-                s.rollback()  # leaves it queued for a later tick
-                return
             batch = [run, *repo.claim_server_mates(run, self.orchestrator_id)]
             job = build_batch_job(self.settings, batch)
             try:
-                self.backend.launch(run.id, job, devices)
+                info = self.backend.launch(run.id, job, run.layout)
+            except NoCapacity:
+                s.rollback()  # leaves the runs queued for a later tick
+                return
+            except LaunchBlocked as exc:
+                log.warning("run %s blocked: %s", run.id, exc)
+                for r in batch:
+                    r.parity, r.placement = exc.report, exc.placement
+                    repo.transition(r, RunStatus.BLOCKED, str(exc))
+                    r.error = f"{exc}; see GET /api/v1/runs/{r.id}/parity"
+                return
+            except LaunchRefused as exc:
+                for r in batch:
+                    repo.transition(r, RunStatus.FAILED, str(exc))
+                    r.error = str(exc)
+                return
             except Exception as exc:  # noqa: BLE001 - any launch failure ends the runs
                 log.exception("launch of run %s failed", run.id)
                 for r in batch:
@@ -185,6 +255,8 @@ class Dispatcher:
                     r.error = f"launch failed: {exc}"
                 self.backend.release(run.id)
                 return
+            for r in batch:
+                r.placement, r.parity = info.placement, info.parity
             self.active[run.id] = [r.id for r in batch]
 
     def run_forever(self, stop: threading.Event) -> None:

@@ -131,6 +131,12 @@ class Run(Base):
     partial: Mapped[bool] = mapped_column(
         Boolean, default=False, server_default="false", doc="ended early; measurements kept"
     )
+    placement: Mapped[dict[str, Any] | None] = mapped_column(
+        JSONType, doc="the layout the run got: nodes, ranks, devices, policy"
+    )
+    parity: Mapped[dict[str, Any] | None] = mapped_column(
+        JSONType, doc="node parity report of a multi-node launch (orchestrator.parity)"
+    )
 
     experiment: Mapped[Experiment] = relationship(back_populates="runs")
 
@@ -182,6 +188,32 @@ class RunLog(Base):
 
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     content: Mapped[str] = mapped_column(Text)
+
+
+class ParityCheck(Base):
+    """An on-demand node parity check (``POST /api/v1/cluster/parity``).
+
+    The API stores the request ``pending``; an orchestrator claims it
+    (``running``), probes the nodes through Ray and stores the report
+    (``done``) or the reason it could not (``failed``).
+    """
+
+    __tablename__ = "parity_checks"
+    __table_args__ = (
+        CheckConstraint(
+            "status IN ('pending', 'running', 'done', 'failed')", name="ck_parity_checks_status"
+        ),
+        Index("ix_parity_checks_status", "status", "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    status: Mapped[str] = mapped_column(String(20), default="pending", server_default="pending")
+    request: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    report: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    error: Mapped[str | None] = mapped_column(Text)
+    claimed_by: Mapped[str | None] = mapped_column(String(100))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class Orchestrator(Base):

@@ -15,12 +15,14 @@ from sqlalchemy.orm import Session
 from orchestrator.models import (
     Experiment,
     Orchestrator,
+    ParityCheck,
     Run,
     RunLog,
     RunMetric,
     RunRequest,
     RunSample,
 )
+from orchestrator.placement import NodeInventory
 from orchestrator.states import TERMINAL, RunStatus, check_transition
 
 
@@ -303,11 +305,79 @@ class OrchestratorRepository:
         )
         self.session.execute(stmt)
 
+    def cluster_nodes(self, resource: str, stale_after_s: float) -> list[NodeInventory] | None:
+        """The nodes (devices of ``resource`` each) the live orchestrator with most devices sees.
+
+        None when no orchestrator is live or none published its nodes.
+        """
+        cutoff = utcnow() - timedelta(seconds=stale_after_s)
+        rows = self.session.scalars(
+            select(Orchestrator.resources).where(Orchestrator.heartbeat_at >= cutoff)
+        ).all()
+        best: list[NodeInventory] | None = None
+        for r in rows:
+            docs = r.get("nodes")
+            if not isinstance(docs, list):
+                continue
+            nodes = [
+                NodeInventory(
+                    node_id=str(d["node_id"]),
+                    ip=str(d.get("ip", "")),
+                    total=int(d["total"]),
+                    available=min(int(d["total"]), int(d.get("available") or 0)),
+                )
+                for d in docs
+                if isinstance(d, dict) and "node_id" in d and "total" in d
+            ]
+            if best is None or sum(n.total for n in nodes) > sum(n.total for n in best):
+                best = nodes
+        return best
+
     def cluster_devices(self, resource: str, stale_after_s: float) -> int | None:
         """The most ``resource`` devices a live orchestrator reports; None when none is live."""
         cutoff = utcnow() - timedelta(seconds=stale_after_s)
         rows = self.session.scalars(
             select(Orchestrator.resources).where(Orchestrator.heartbeat_at >= cutoff)
         ).all()
-        counts = [int(float(r.get(resource, 0))) for r in rows]
+        counts = [int(float(r.get(resource, 0) or 0)) for r in rows]
         return max(counts) if counts else None
+
+
+class ParityCheckRepository:
+    """On-demand parity checks: stored by the API, answered by an orchestrator."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def add(self, request: dict[str, Any]) -> ParityCheck:
+        check = ParityCheck(request=request, status="pending")
+        self.session.add(check)
+        self.session.flush()
+        return check
+
+    def get(self, check_id: str) -> ParityCheck | None:
+        return self.session.get(ParityCheck, check_id)
+
+    def claim_next(self, orchestrator_id: str) -> ParityCheck | None:
+        """The oldest pending check, marked ``running`` (``FOR UPDATE SKIP LOCKED``)."""
+        check = self.session.scalars(
+            select(ParityCheck)
+            .where(ParityCheck.status == "pending")
+            .order_by(ParityCheck.created_at)
+            .limit(1)
+            .with_for_update(skip_locked=True)
+        ).first()
+        if check is not None:
+            check.status = "running"
+            check.claimed_by = orchestrator_id
+            self.session.flush()
+        return check
+
+    def finish(
+        self, check: ParityCheck, report: dict[str, Any] | None, error: str | None = None
+    ) -> None:
+        check.status = "done" if error is None else "failed"
+        check.report = report
+        check.error = error
+        check.finished_at = utcnow()
+        self.session.flush()

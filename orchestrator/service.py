@@ -155,6 +155,9 @@ def _plan(
         ),
         resolver=resolver,
         model_max_len=model.max_position_embeddings,
+        cluster_nodes=OrchestratorRepository(session).cluster_nodes(
+            settings.orchestrator.device_resource, settings.orchestrator.stale_after_s
+        ),
     )
 
 

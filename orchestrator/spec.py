@@ -61,6 +61,9 @@ class Layout(BaseModel):
     tensor_parallel_size: int = Field(1, ge=1, le=1024)
     pipeline_parallel_size: int = Field(1, ge=1, le=1024)
     devices: int | None = Field(None, ge=1, le=4096, description="devices reserved; >= TP x PP")
+    exclusive_nodes: bool = Field(
+        False, description="keep the run alone on its nodes (reserve every device of them)"
+    )
 
     @property
     def world_size(self) -> int:

@@ -15,12 +15,26 @@ from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import (
+    PlacementGroup,
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from jobs.schemas import BatchJob, RunResult
-from orchestrator.dispatcher import Poll
+from jobs.schemas import BatchJob, NodePart, RunResult
+from orchestrator.dispatcher import LaunchBlocked, LaunchInfo, LaunchRefused, NoCapacity, Poll
+from orchestrator.parity import check_parity
+from orchestrator.placement import (
+    NodeInventory,
+    Placement,
+    nodes_from_ray,
+    plan_placement,
+    shape_problem,
+)
 from orchestrator.raylayer.supervisor import NAMESPACE, RunSupervisorActor, actor_name
+from orchestrator.service import cpu_thread_binding, reserved_devices
 from orchestrator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -55,39 +69,193 @@ class RayRunBackend:
     def resources(self) -> dict[str, float]:
         return {k: float(v) for k, v in ray.cluster_resources().items()}
 
-    def total_devices(self) -> int:
-        return int(ray.cluster_resources().get(self.resource, 0))
+    def nodes(self) -> list[NodeInventory]:
+        """Live nodes with their total and available devices of the resource."""
+        try:
+            available = ray._private.state.available_resources_per_node()
+        except Exception:  # noqa: BLE001 - private API: fall back to totals
+            available = None
+        return nodes_from_ray(ray.nodes(), available, self.resource)
 
-    def has_capacity(self, devices: int) -> bool:
-        return ray.available_resources().get(self.resource, 0) >= devices
+    def launch(self, run_id: str, job: BatchJob, layout: dict[str, Any]) -> LaunchInfo:
+        """Place the run, check node parity when it spans nodes, start its supervisor.
 
-    def launch(self, run_id: str, job: BatchJob, devices: int) -> None:
-        """Reserve the placement group, start the supervisor, begin the job.
+        1. plan TP x PP on the live nodes (:func:`orchestrator.placement.plan_placement`):
+           raises :class:`LaunchRefused` for a shape the cluster can never hold,
+           :class:`NoCapacity` when it fits but the devices are busy;
+        2. reserve a placement group of one-device bundles pinned to the chosen
+           nodes (``node:<ip>``) and read back where Ray put each bundle: the
+           recorded layout is what the run got;
+        3. on two or more nodes, probe every node in the engine environment
+           (:func:`jobs.nodeprobe.probe_on_nodes`) and compare
+           (:func:`orchestrator.parity.check_parity`): a blocking mismatch removes
+           the group and raises :class:`LaunchBlocked` with the report;
+        4. start the supervisor in a bundle on the rank-0 node.
 
         Raises ``TimeoutError`` if the group is not ready within
         ``placement_timeout_s`` (the group is removed first).
         """
-        pg = placement_group(
-            [{self.resource: 1} for _ in range(devices)],
-            strategy="PACK",
-            name=f"vlab-pg-{run_id}",
-        )
+        tp = int(layout.get("tensor_parallel_size", 1))
+        pp = int(layout.get("pipeline_parallel_size", 1))
+        devices = reserved_devices(layout)
+        exclusive = bool(layout.get("exclusive_nodes", False))
+        nodes = self.nodes()
+        problem = shape_problem(nodes, tp, pp, devices, resource=self.resource)
+        if problem is not None:
+            raise LaunchRefused(problem)
+        plan = plan_placement(nodes, tp, pp, devices=devices, exclusive=exclusive)
+        if plan is None:
+            raise NoCapacity(f"{tp}x{pp} on {devices} {self.resource} devices is busy")
+        pg = placement_group(plan.bundles(self.resource), strategy="PACK", name=f"vlab-pg-{run_id}")
         try:
             ray.get(pg.ready(), timeout=self.settings.orchestrator.placement_timeout_s)
         except GetTimeoutError as exc:
             remove_placement_group(pg)
             raise TimeoutError(
-                f"placement group of {devices} x {self.resource} not ready in time"
+                f"placement group of {plan.reserved} x {self.resource} not ready in time"
             ) from exc
-        actor = RunSupervisorActor.options(  # type: ignore[attr-defined]
-            name=actor_name(run_id),
-            namespace=NAMESPACE,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=pg, placement_group_bundle_index=0
-            ),
-        ).remote(job)
-        ray.get(actor.start.remote(), timeout=120)
+        try:
+            parts, doc = self._actual_layout(pg, plan, job)
+            parity: dict[str, Any] | None = None
+            if len(parts) > 1:
+                parity = self.check_nodes(
+                    [p.node_id for p in parts],
+                    model_dir=job.launch.model_dir,
+                    engine_args=job.launch.engine_args,
+                    tp=tp,
+                    pp=pp,
+                )
+                if parity.get("verdict") == "blocked":
+                    raise LaunchBlocked(parity, doc)
+                job = job.model_copy(update={"nodes": parts})
+            actor = RunSupervisorActor.options(  # type: ignore[attr-defined]
+                name=actor_name(run_id),
+                namespace=NAMESPACE,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=parts[0].bundle_index
+                ),
+            ).remote(job)
+            ray.get(actor.start.remote(), timeout=120)
+        except BaseException:
+            remove_placement_group(pg)
+            raise
         self._runs[run_id] = _Active(actor=actor, result_ref=actor.result.remote(), pg=pg)
+        return LaunchInfo(placement=doc, parity=parity)
+
+    def _actual_layout(
+        self, pg: PlacementGroup, plan: Placement, job: BatchJob
+    ) -> tuple[list[NodePart], dict[str, Any]]:
+        """The node parts as Ray placed the bundles, and the layout document to record."""
+        table = placement_group_table(pg)
+        by_bundle: dict[int, str] = {
+            int(i): str(n) for i, n in (table.get("bundles_to_node_id") or {}).items()
+        }
+        ips = {n.node_id: n.ip for n in self.nodes()}
+        order: list[str] = []
+        bundles: dict[str, list[int]] = {}
+        for i in range(plan.reserved):
+            node_id = by_bundle.get(i, "")
+            if node_id not in bundles:
+                order.append(node_id)
+                bundles[node_id] = []
+            bundles[node_id].append(i)
+        per_node = plan.devices // max(1, len(order))
+        parts: list[NodePart] = []
+        first_core: dict[str, int] = {}
+        for rank, node_id in enumerate(order):
+            ip = ips.get(node_id, "")
+            used = plan.devices if len(order) == 1 else per_node
+            env: dict[str, str] = {}
+            if self.resource == "CPU":
+                # each node binds its own cores; nodes sharing a host (a test cluster) get
+                # consecutive cores so their engines do not share one
+                start = first_core.get(ip, 0)
+                local = {"tensor_parallel_size": plan.tp, "devices": used}
+                local["pipeline_parallel_size"] = plan.pp // len(order)
+                env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(local, start)
+                first_core[ip] = start + used
+            parts.append(
+                NodePart(
+                    rank=rank,
+                    node_id=node_id,
+                    ip=ip,
+                    bundle_index=bundles[node_id][0],
+                    devices=used,
+                    env=env,
+                )
+            )
+        doc = {
+            "nodes": [
+                {
+                    "rank": p.rank,
+                    "node_id": p.node_id,
+                    "ip": p.ip,
+                    "devices": p.devices,
+                    "reserved": len(bundles[p.node_id]),
+                    "bundles": bundles[p.node_id],
+                    "stages": list(
+                        range(p.rank * plan.pp // len(order), (p.rank + 1) * plan.pp // len(order))
+                    ),
+                    **({"cpu_binding": p.env["VLLM_CPU_OMP_THREADS_BIND"]} if p.env else {}),
+                }
+                for p in parts
+            ],
+            "nnodes": len(parts),
+            "exclusive": plan.exclusive,
+            "policy": plan.policy,
+            "resource": self.resource,
+            "tensor_parallel_size": plan.tp,
+            "pipeline_parallel_size": plan.pp,
+        }
+        return parts, doc
+
+    def digest_cache_path(self, node_id: str) -> str:
+        """The model-file digest cache of one node (a file per node under the home)."""
+        return str(self.settings.home.absolute() / f"model_digests-{node_id}.json")
+
+    def check_nodes(
+        self,
+        node_ids: list[str] | None,
+        *,
+        model_dir: str | None,
+        engine_args: dict[str, Any],
+        tp: int = 1,
+        pp: int = 1,
+    ) -> dict[str, Any]:
+        """Probe ``node_ids`` (default: every live node) and compare their environments.
+
+        Returns the :func:`orchestrator.parity.check_parity` report with the nodes
+        in the given order, each named ``rank<i>:<hostname>`` and carrying the engine
+        arguments it would launch with. Raises :class:`jobs.nodeprobe.ProbeError` when
+        a node's probe fails, ``ValueError`` for an unknown node id.
+        """
+        from jobs.engine import render_engine_args
+        from jobs.nodeprobe import probe_on_nodes
+
+        live = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        ids = list(node_ids) if node_ids else sorted(live)
+        unknown = [i for i in ids if i not in live]
+        if unknown:
+            raise ValueError(f"no live Ray node {', '.join(unknown)}")
+        fingerprints = probe_on_nodes(
+            ids,
+            str(self.settings.engine.python),
+            model_dir,
+            self.digest_cache_path("{node_id}"),
+        )
+        ordered = []
+        for i, node_id in enumerate(ids):
+            fp = dict(fingerprints[node_id])
+            fp["node"] = f"rank{i}:{fp.get('hostname') or fp.get('ip') or node_id[:12]}"
+            fp["engine_args"] = dict(engine_args)
+            fp["launch_args"] = render_engine_args(engine_args)
+            ordered.append(fp)
+        report = check_parity(
+            ordered,
+            {"model": model_dir, "tensor_parallel_size": tp, "pipeline_parallel_size": pp},
+        )
+        report["node_ids"] = ids
+        return report
 
     def attach(self, run_id: str) -> bool:
         try:
