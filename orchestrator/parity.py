@@ -49,7 +49,7 @@ from typing import Any, Literal
 Check = Literal["identical", "per_node", "ignore"]
 Severity = Literal["blocking", "warning"]
 
-__all__ = ["RULES", "Rule", "check_parity", "rule_for"]
+__all__ = ["RULES", "Rule", "check_parity", "rule_for", "rules_markdown"]
 
 
 @dataclass(frozen=True)
@@ -522,3 +522,15 @@ def _check_model_files(
         if found:
             out.append({**base, **found, **tail})
     return out
+
+
+def rules_markdown() -> str:
+    """:data:`RULES` as a Markdown table (``docs/PARITY.md`` is this text; a test keeps it so)."""
+    lines = [
+        "| field | check | severity | why |",
+        "|---|---|---|---|",
+    ]
+    for rule in RULES:
+        why = rule.why.replace("|", "\\|")
+        lines.append(f"| `{rule.field}` | {rule.check} | {rule.severity} | {why} |")
+    return "\n".join(lines) + "\n"

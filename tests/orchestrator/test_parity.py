@@ -207,3 +207,12 @@ def test_empty_and_duplicate_nodes_rejected() -> None:
         check_parity([])
     with pytest.raises(ValueError):
         check_parity([_node("a", "1"), _node("a", "2")])
+
+
+def test_rules_document_matches_the_table() -> None:
+    from pathlib import Path
+
+    from orchestrator.parity import rules_markdown
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "PARITY.md").read_text()
+    assert doc.endswith(rules_markdown())
