@@ -124,6 +124,20 @@ def test_pp2_over_two_nodes_then_losing_a_node(stack: dict[str, Any]) -> None:
     assert parity["report"]["verdict"] == "ok", parity["report"]["mismatches"]
     assert len(parity["report"]["nodes"]) == 2
 
+    # On demand: the orchestrator answers POST /cluster/parity with the same probe.
+    ids = [n.node_id for n in stack["nodes"]]
+    check = httpx.post(
+        f"{api}/api/v1/cluster/parity", json={"node_ids": ids, "model": "tiny"}, timeout=60
+    )
+    assert check.status_code == 202, check.text
+    deadline = time.monotonic() + 120
+    doc = check.json()
+    while doc["status"] in ("pending", "running") and time.monotonic() < deadline:
+        time.sleep(1)
+        doc = httpx.get(doc["url"], timeout=30).json()
+    assert doc["status"] == "done", doc
+    assert doc["report"]["verdict"] == "ok" and doc["report"]["node_ids"] == ids
+
     # Losing the follower's node mid-run fails the run with the reason and frees its devices.
     resp = httpx.post(f"{api}/api/v1/experiments", json=_spec("pp2-lost", 400), timeout=300)
     assert resp.status_code == 201, resp.text

@@ -563,3 +563,35 @@ def test_bad_slos_and_ladder_on_template_are_422(client: TestClient) -> None:
     spec["baseline"]["workload"] = {"kind": "template", "num_requests": 4}
     resp = client.post("/api/v1/experiments", json=spec)
     assert resp.status_code == 422 and "include_mix_step" in resp.text
+
+
+def test_parity_endpoints(client: TestClient, session_factory: sessionmaker[Session]) -> None:
+    body = client.post("/api/v1/experiments", json=demo_spec()).json()
+    run_id = body["runs"][0]["id"]
+    missing = client.get(f"/api/v1/runs/{run_id}/parity")
+    assert missing.status_code == 404 and missing.headers["content-type"] == PROBLEM
+    assert "not been placed" in missing.json()["detail"]
+
+    report = {"verdict": "blocked", "mismatches": [{"field": "python"}], "nodes": ["a", "b"]}
+    with session_factory() as s:
+        run = s.get(Run, run_id)
+        assert run is not None
+        run.parity, run.placement, run.status = report, {"nnodes": 2}, "blocked"
+        s.commit()
+    got = client.get(f"/api/v1/runs/{run_id}/parity").json()
+    assert got["report"] == report and got["placement"] == {"nnodes": 2}
+    assert got["status"] == "blocked"
+
+    bad = client.post("/api/v1/cluster/parity", json={"node_ids": [], "colour": "red"})
+    assert bad.status_code == 422 and bad.headers["content-type"] == PROBLEM
+    assert "colour" in bad.text and "node_ids" in bad.text
+    created = client.post(
+        "/api/v1/cluster/parity", json={"model": "tiny", "engine_args": {"max_model_len": 1024}}
+    )
+    assert created.status_code == 202, created.text
+    doc = created.json()
+    assert doc["status"] == "pending" and created.headers["location"] == doc["url"]
+    assert doc["request"]["model_path"].endswith("tiny")
+    again = client.get(doc["url"]).json()
+    assert again["id"] == doc["id"] and again["report"] is None
+    assert client.get("/api/v1/cluster/parity/nope").status_code == 404
