@@ -22,6 +22,10 @@ How requests are driven (:class:`~jobs.schemas.ChatRequest` fields):
 - dispatch is always in list order, and ``duration_s`` can cut the measured
   phase short.
 
+HTTP goes through aiohttp, the library ``vllm bench serve`` uses too: one
+session whose keep-alive pool holds up to ``concurrency`` connections, no
+settings from the environment (proxies), and ``timeout_s`` per request.
+
 Metric definitions follow ``vllm bench serve`` (vLLM ``vllm/benchmarks/serve.py``,
 ``calculate_metrics`` and ``benchmark``; request timing in
 ``vllm/benchmarks/lib/endpoint_request_func.py``,
@@ -81,7 +85,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import httpx
+import aiohttp
 import numpy as np
 
 from jobs.schemas import ChatRequest, RequestRecord
@@ -105,6 +109,14 @@ _SLO_NAMES = ("ttft", "tpot", "e2el")
 _PROTECTED_FIELDS = frozenset(
     {"model", "stream", "stream_options", "messages", "prompt", "max_tokens"}
 )
+
+_JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+def _json_bytes(body: dict[str, Any]) -> bytes:
+    """``body`` as compact JSON; NaN and infinity are refused (ValueError), as not JSON."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
 
 # Dispatch state of a request (by position in the list).
 _PENDING, _SENT, _FINISHED, _NOT_SENT = 0, 1, 2, 3
@@ -144,6 +156,19 @@ def _error_text(exc: BaseException) -> str:
     text = str(exc).strip()
     name = type(exc).__name__
     return f"{name}: {text}"[:_MAX_ERROR_CHARS] if text else name
+
+
+_JSON_DECODER = json.JSONDecoder()
+
+
+def _json_loads(payload: bytes) -> Any:
+    """``json.loads`` of a UTF-8 payload without leading whitespace, minus its per-call
+    encoding detection (a few µs per streamed chunk). Raises ValueError as it does."""
+    text = payload.decode()
+    value, end = _JSON_DECODER.raw_decode(text)
+    if end != len(text):
+        raise json.JSONDecodeError("Extra data", text, end)
+    return value
 
 
 def _chunk_text(chunk: dict[str, Any], completions: bool) -> str:
@@ -203,7 +228,7 @@ class _StreamParser:
         if payload == b"[DONE]":
             self.done = True
             return
-        chunk = json.loads(payload)
+        chunk = _json_loads(payload)
         if not isinstance(chunk, dict):
             return
         if chunk.get("error") or chunk.get("object") == "error":
@@ -243,7 +268,7 @@ def _record_fields(
 
 
 async def _one_request(
-    client: httpx.AsyncClient,
+    session: aiohttp.ClientSession,
     base_url: str,
     model: str,
     request: ChatRequest,
@@ -266,28 +291,42 @@ async def _one_request(
     parser = _StreamParser(completions)
     error: str | None = None
     try:
-        async with asyncio.timeout(timeout_s), client.stream("POST", url, json=body) as resp:
-            if resp.status_code != 200:
-                raw = await resp.aread()
-                detail = raw.decode("utf-8", "replace").strip()
-                raise _RequestFailed(f"HTTP {resp.status_code}: {detail}")
-            parser = _StreamParser(completions)
-            pending = b""
-            # read to the end of the body (after [DONE] too): a response read to its end
-            # gives its connection back for the next request (breaking off would close it)
-            async for data in resp.aiter_bytes():
-                now = time.perf_counter()  # chunks that arrive in one read arrive together
-                lines = (pending + data).split(b"\n")
-                pending = lines.pop()
-                for line in lines:
-                    parser.feed(line, now)
-            if pending:
-                parser.feed(pending, time.perf_counter())
+        async with asyncio.timeout(timeout_s):
+            data = _json_bytes(body)  # in the try: a body that is not JSON fails the request
+            async with session.post(url, data=data, headers=_JSON_HEADERS) as resp:
+                if resp.status != 200:
+                    raw = await resp.read()
+                    detail = raw.decode("utf-8", "replace").strip()
+                    raise _RequestFailed(f"HTTP {resp.status}: {detail}")
+                # Lines are split here from whatever one read brought (StreamReader.readline()
+                # costs more per line and refuses lines over 128 KiB); a line's arrival is the
+                # read that brought its end, and lines that arrive in one read arrive together.
+                # The body is read to its end (after [DONE] too): a response read to its end
+                # gives its connection back for the next request (breaking off closes it).
+                stream = resp.content
+                head: list[bytes] = []  # the start of a line whose end has not arrived
+                while chunk := await stream.readany():
+                    now = time.perf_counter()
+                    if b"\n" not in chunk:
+                        head.append(chunk)
+                        continue
+                    if head:
+                        head.append(chunk)
+                        chunk = b"".join(head)
+                        head.clear()
+                    lines = chunk.split(b"\n")
+                    if tail := lines.pop():
+                        head.append(tail)
+                    for line in lines:
+                        if line:  # not the blank line between events
+                            parser.feed(line, now)
+                if head:
+                    parser.feed(b"".join(head), time.perf_counter())
     except _RequestFailed as exc:
         error = str(exc)[:_MAX_ERROR_CHARS]
     except TimeoutError:
         error = f"timeout after {timeout_s:g} s"
-    except (httpx.HTTPError, OSError, ValueError, TypeError) as exc:  # bad JSON or usage
+    except (aiohttp.ClientError, OSError, ValueError, TypeError) as exc:  # bad JSON or usage
         error = _error_text(exc)
 
     fields = _record_fields(request, start - origin, scheduled_s)
@@ -452,28 +491,21 @@ async def run_load(
     def finished_at(pos: int) -> Callable[[], bool]:
         return lambda: state[pos] >= _FINISHED
 
-    # One single-connection client per concurrency slot, reused LIFO (keep-alive): httpx's
-    # shared pool assigns waiting requests to connections in O(requests x connections),
-    # which at a few dozen streams in flight costs more CPU than the streams themselves.
-    ssl_context = httpx.create_ssl_context()  # once: building one per client is slow
-    one_conn = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-    idle_clients: list[httpx.AsyncClient] = []
-    async with contextlib.AsyncExitStack() as clients:
-
-        async def take_client() -> httpx.AsyncClient:
-            if idle_clients:
-                return idle_clients.pop()
-            client = httpx.AsyncClient(
-                limits=one_conn, timeout=httpx.Timeout(timeout_s), verify=ssl_context
-            )
-            return await clients.enter_async_context(client)
+    # One session whose pool holds up to ``concurrency`` keep-alive connections (dispatch
+    # never has more requests in flight, so no request waits for the pool). aiohttp's own
+    # timeouts are off: ``timeout_s`` applies per request (``asyncio.timeout``), connect
+    # to last byte. No proxy or other settings from the environment (``trust_env``).
+    connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=0)
+    session = aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(), trust_env=False
+    )
+    async with session:
 
         async def send(pos: int, scheduled_s: float | None) -> None:
             nonlocal in_flight
-            client = await take_client()
             try:
                 record = await _one_request(
-                    client,
+                    session,
                     base,
                     model,
                     requests[pos],
@@ -485,7 +517,6 @@ async def run_load(
                 state[pos] = _FINISHED
                 deliver(pos, record)
             finally:
-                idle_clients.append(client)
                 in_flight -= 1
                 finished.set()
 

@@ -27,6 +27,8 @@ tiny tokenizer, ``--output-tokens`` output tokens with ``ignore_eos``, streamed.
 (c) ``vllm bench serve`` runs from the engine venv (through
     ``jobs/vllm_launcher.py``'s metadata alias, so the CPU build's CLI works) with
     ``--save-result --save-detailed``; its result JSON is parsed and compared.
+(d) our client's CPU cost: the process CPU time of each of its runs (the stub is
+    another process) per streamed token, warm-ups included (closed-loop table).
 
 Prints markdown tables; ratios compare the two clients measured minutes apart on
 the same stub (the machine is shared and noisy: compare ratios, not seconds).
@@ -90,6 +92,7 @@ class Outcome:
     lag_max: float | None = None
     stub_lag_mean: float | None = None
     stub_lag_max: float | None = None
+    cpu_us_per_token: float | None = None  # client process CPU / streamed tokens (ours only)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -142,9 +145,10 @@ def run_ours(
     ]
     concurrency = int(setting) if mode == "closed" else 4096
     stub.reset_stats()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     records = asyncio.run(run_load(stub.base_url, MODEL_NAME, requests, concurrency=concurrency))
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    tokens = sum(r.output_tokens or 0 for r in records)  # warm-ups too: they cost CPU as well
     stub_mean, stub_max = _stub_lag(stub)
     measured = [r for r in records if not r.warmup]
     ok = [r for r in measured if r.success and r.e2el_s is not None]
@@ -169,6 +173,7 @@ def run_ours(
         tpot_mean=s.get("mean_tpot_ms"),
         stub_lag_mean=stub_mean,
         stub_lag_max=stub_max,
+        cpu_us_per_token=cpu / tokens * 1e6 if tokens else None,
     )
     if mode == "open":
         lags = _lags_ms(starts, setting)
@@ -291,7 +296,7 @@ def main() -> None:
     request_s = (ttft + (out_tok - 1) * itl) / 1000
 
     closed: tuple[int, ...] = (1, 16, 32, 64, 128)
-    rates: tuple[int, ...] = (25, 50, 75, 100, 125, 150, 200, 250)
+    rates: tuple[int, ...] = (25, 50, 75, 100, 125, 150, 200, 250, 300, 400)
     step_s, rounds = (1.5, 2) if args.quick else (4.0, 5)
     if args.quick:
         closed, rates = (1, 16, 64), (50, 100)
@@ -329,7 +334,8 @@ def main() -> None:
             for o in pair:
                 print(
                     f"  closed C={c:<4} {o.client:5} {_f(o.throughput)} req/s "
-                    f"ttft {_f(o.ttft_mean)} ms ({o.wall_s:.1f} s)",
+                    f"ttft {_f(o.ttft_mean)} ms cpu/token {_f(o.cpu_us_per_token, 0)} us "
+                    f"({o.wall_s:.1f} s)",
                     flush=True,
                 )
         for rate in rates:
@@ -377,8 +383,9 @@ def report(outcomes: list[Outcome], *, ttft: float, itl: float, request_s: float
         f"ideal throughput = C / {request_s:.2f} s):",
         "",
         "| C | n | client | req/s | % of ideal | TTFT mean err | TTFT p99 err | ITL mean err "
-        "| ITL p99 err | TPOT mean err | stub lag mean/max | ours/vllm req/s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| ITL p99 err | TPOT mean err | stub lag mean/max | ours/vllm req/s "
+        "| client CPU µs/token |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     by_key = {(o.client, o.mode, o.setting): o for o in outcomes}
     for o in outcomes:
@@ -393,7 +400,8 @@ def report(outcomes: list[Outcome], *, ttft: float, itl: float, request_s: float
             f"| {_f(_sub(o.ttft_mean, ttft), 1, True)} | {_f(_sub(o.ttft_p99, ttft), 1, True)} "
             f"| {_f(_sub(o.itl_mean, itl), 2, True)} | {_f(_sub(o.itl_p99, itl), 1, True)} "
             f"| {_f(_sub(o.tpot_mean, itl), 2, True)} "
-            f"| {_f(o.stub_lag_mean, 1)}/{_f(o.stub_lag_max, 0)} | {ratio} |"
+            f"| {_f(o.stub_lag_mean, 1)}/{_f(o.stub_lag_max, 0)} | {ratio} "
+            f"| {_f(o.cpu_us_per_token, 0)} |"
         )
     lines += [
         "",

@@ -381,6 +381,14 @@ def test_extra_body_is_merged_but_never_overrides_protected_fields(
     assert body["max_tokens"] == 2 and body["messages"] == request.messages
 
 
+def test_body_that_is_not_json_fails_the_request(fake_vllm: FakeVllmChatServer) -> None:
+    bad = _req(0, ttft=0.01).model_copy(update={"extra_body": {"temperature": math.nan}})
+    records = asyncio.run(run_load(fake_vllm.base_url, "tiny", [bad, _req(1)], concurrency=1))
+    assert [r.success for r in records] == [False, True]
+    assert (records[0].error or "").startswith("ValueError: Out of range float")
+    assert fake_vllm.arrivals == [1]
+
+
 def test_cached_tokens_and_conversation_fields_are_recorded(
     fake_vllm: FakeVllmChatServer,
 ) -> None:
@@ -402,6 +410,69 @@ def test_failed_dependency_still_releases_the_dependent(fake_vllm: FakeVllmChatS
     requests = [_req(0, status=500), _req(1, ttft=0.01).model_copy(update={"after": 0})]
     records = asyncio.run(run_load(fake_vllm.base_url, "tiny", requests, concurrency=2))
     assert [r.success for r in records] == [False, True]
+
+
+async def _serve_raw_sse(pieces: list[tuple[float, bytes]]) -> tuple[asyncio.Server, str]:
+    """A bare HTTP/1.1 server on 127.0.0.1 that answers any request with ``pieces`` as one
+    chunked ``text/event-stream`` body, each piece its own chunk written ``delay`` s after
+    the previous one: SSE lines cut wherever the test wants across network reads."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in head.decode().split("\r\n"):
+            name, _, value = line.partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value)
+        await reader.readexactly(length)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+        )
+        for delay, piece in pieces:
+            await asyncio.sleep(delay)
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}"
+
+
+def test_sse_lines_split_across_reads_crlf_and_a_huge_line() -> None:
+    def event(delta: dict[str, Any], crlf: bool = False) -> bytes:
+        data = json.dumps({"choices": [{"index": 0, "delta": delta}]}).encode()
+        return b"data: " + data + (b"\r\n\r\n" if crlf else b"\n\n")
+
+    role = event({"role": "assistant", "content": ""})
+    tok0, tok1 = event({"content": "a"}, crlf=True), event({"content": "b"})
+    big = event({"content": "x" * 300_000})  # one line far above aiohttp's 128 KiB line limit
+    usage = b'data: {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}}\n\n'
+    pieces = [
+        (0.0, role),
+        (0.1, tok0[:9]),  # 'data: {"c': the first token has not arrived yet
+        (0.1, tok0[9:-3]),  # up to its '\r'
+        (0.05, tok0[-3:] + tok1[:4]),  # its line ends here, with the next line's 'data'
+        (0.05, tok1[4:]),
+        (0.05, big[:100_000]),
+        (0.0, big[100_000:]),
+        (0.05, usage + b": a comment\n\n" + b"data: [DONE]\n\n"),
+    ]
+
+    async def go() -> RequestRecord:
+        server, base_url = await _serve_raw_sse(pieces)
+        async with server:
+            (rec,) = await run_load(base_url, "m", [_stub_req(0)], concurrency=1)
+        return rec
+
+    rec = asyncio.run(go())
+    assert rec.success, rec.error
+    assert rec.output_tokens == 3 and rec.prompt_tokens == 7
+    assert rec.ttft_s is not None and rec.ttft_s >= 0.25 - 0.01  # timed at the line's end
+    assert len(rec.itl_s) == 2 and all(gap >= 0.05 - 0.01 for gap in rec.itl_s)
 
 
 @pytest.fixture()
@@ -610,8 +681,11 @@ def test_server_killed_mid_run_gives_failed_records() -> None:
     assert [r.index for r in records] == list(range(8))
     assert not any(r.success for r in records)
     assert all(r.error for r in records)
-    # cut mid-stream (incomplete chunked body), then refused connections
-    assert any("Protocol" in (r.error or "") or "closed" in (r.error or "") for r in records[:4])
+    # cut mid-stream (aiohttp: "ClientPayloadError: Response payload is not completed: ...",
+    # or "ServerDisconnectedError" before the headers), then refused connections
+    assert any(
+        "not completed" in (r.error or "") or "Disconnected" in (r.error or "") for r in records[:4]
+    )
     assert any("Connect" in (r.error or "") for r in records[4:])
 
 
