@@ -18,6 +18,8 @@ from api.schemas import (
     ExperimentCreated,
     ExperimentListItem,
     ExperimentOut,
+    FireBrief,
+    FireOut,
     Page,
     ParityCheckOut,
     ParityCheckRequest,
@@ -27,13 +29,28 @@ from api.schemas import (
     RunOut,
     RunParityOut,
     SampleOut,
+    ScheduleIn,
+    ScheduleOut,
+    ScheduleUpdate,
 )
 from orchestrator import service
 from orchestrator.db import unit_of_work
 from orchestrator.engine_catalog import load_catalog
-from orchestrator.errors import NotFoundError, SpecInvalidError
-from orchestrator.models import Experiment, ParityCheck, Run
-from orchestrator.repositories import ExperimentRepository, ParityCheckRepository, RunRepository
+from orchestrator.errors import (
+    NotFoundError,
+    ParityRequestInvalidError,
+    ScheduleInvalidError,
+    SpecInvalidError,
+)
+from orchestrator.models import Experiment, ParityCheck, Run, Schedule, ScheduleFire
+from orchestrator.repositories import (
+    ExperimentRepository,
+    OrchestratorRepository,
+    ParityCheckRepository,
+    RunRepository,
+    ScheduleRepository,
+    utcnow,
+)
 from orchestrator.settings import Settings
 from orchestrator.spec import NAME_PATTERN, ExperimentSpec, Variant
 from orchestrator.states import RunStatus
@@ -420,13 +437,50 @@ def post_parity_check(
     Stored ``pending`` and answered by an orchestrator, which runs the node
     probe in the engine environment on every node and compares the
     fingerprints (:func:`orchestrator.parity.check_parity`). Poll the
-    ``Location`` until ``status`` is ``done`` (``report.verdict`` is ``ok``,
-    ``warning`` or ``blocked``) or ``failed``.
+    ``Location`` until ``status`` is ``done`` (``report.verdict`` is ``ok`` or
+    ``blocked``; warn-only findings are in ``report.warnings``) or ``failed``.
+
+    Checked here, as for experiments (422 listing every problem): the engine
+    arguments against vLLM's own list, the node ids and the TP x PP shape
+    against the nodes the live orchestrators publish, and the model.
     """
+    from orchestrator.placement import shape_problem
+
+    settings: Settings = request.app.state.settings
     doc = body.model_dump(mode="json")
+    errors = load_catalog(settings).check(body.engine_args, ["body", "engine_args"])
+    nodes = OrchestratorRepository(session).cluster_nodes(
+        settings.orchestrator.device_resource, settings.orchestrator.stale_after_s
+    )
+    if nodes is not None:
+        known = {n.node_id for n in nodes}
+        for i, node_id in enumerate(body.node_ids or []):
+            if node_id not in known:
+                errors.append(
+                    {
+                        "loc": ["body", "node_ids", i],
+                        "msg": f"no live Ray node {node_id!r}",
+                        "type": "unknown_node",
+                    }
+                )
+        chosen = [n for n in nodes if not body.node_ids or n.node_id in body.node_ids]
+        problem = shape_problem(
+            chosen,
+            body.tensor_parallel_size,
+            body.pipeline_parallel_size,
+            resource=settings.orchestrator.device_resource,
+        )
+        if chosen and problem is not None:
+            errors.append({"loc": ["body"], "msg": problem, "type": "shape_does_not_fit"})
     if body.model is not None:
-        settings: Settings = request.app.state.settings
-        doc["model_path"] = str(service.resolve_model(settings, body.model).path)
+        try:
+            doc["model_path"] = str(service.resolve_model(settings, body.model).path)
+        except SpecInvalidError as exc:
+            errors += [{**e, "loc": ["body", "model"]} for e in exc.errors]
+    if errors:
+        raise ParityRequestInvalidError(
+            errors, f"{len(errors)} problem(s) in the parity check request"
+        )
     check = ParityCheckRepository(session).add(doc)
     session.commit()
     out = _parity_out(request, check)
@@ -441,6 +495,157 @@ def get_parity_check(check_id: str, request: Request, session: SessionDep) -> Pa
     if check is None:
         raise NotFoundError(f"no parity check {check_id}", code_hint="parity_check_not_found")
     return _parity_out(request, check)
+
+
+def _fire_brief(sched: Schedule, fire: ScheduleFire) -> FireBrief:
+    from orchestrator.schedules import zone
+
+    return FireBrief(
+        fire_time=fire.fire_time.astimezone(zone(sched.timezone)),
+        status=fire.status,
+        experiment_id=fire.experiment_id,
+        detail=fire.detail,
+    )
+
+
+def _schedule_out(request: Request, session: Session, sched: Schedule) -> ScheduleOut:
+    from orchestrator.schedules import NEXT_FIRES, next_fire_times
+
+    now = utcnow()
+    after = max(now, sched.last_fire_at) if sched.last_fire_at else now
+    fires, _ = ScheduleRepository(session).fires(sched.id, limit=10, offset=0)
+    return ScheduleOut(
+        id=sched.id,
+        url=str(request.url_for("get_schedule", schedule_id=sched.id)),
+        fires_url=str(request.url_for("list_schedule_fires", schedule_id=sched.id)),
+        name=sched.name,
+        cron=sched.cron,
+        timezone=sched.timezone,
+        template=sched.template,
+        enabled=sched.enabled,
+        concurrency_policy=sched.concurrency_policy,
+        catch_up=sched.catch_up,
+        end_at=sched.end_at,
+        created_at=sched.created_at,
+        updated_at=sched.updated_at,
+        last_fire_at=sched.last_fire_at,
+        next_fire_times=(
+            next_fire_times(sched.cron, sched.timezone, after, NEXT_FIRES, sched.end_at)
+            if sched.enabled
+            else []
+        ),
+        recent_fires=[_fire_brief(sched, f) for f in fires],
+    )
+
+
+@router.post("/schedules", status_code=201, response_model=ScheduleOut)
+def create_schedule(
+    body: ScheduleIn,
+    request: Request,
+    response: Response,
+    session: SessionDep,
+    settings: SettingsDep,
+) -> ScheduleOut:
+    """Store a scheduled sweep: ``template`` is submitted as an experiment at each fire time.
+
+    422 problem+json: ``request_invalid`` for a bad field (an invalid ``cron``
+    or ``timezone`` names the field and the value), ``schedule_invalid`` when
+    the template fails experiment validation (locations under
+    ``body.template``); 409 ``schedule_name_taken``. Nothing is stored then.
+    """
+    from orchestrator.schedules import save_schedule
+
+    sched = save_schedule(
+        session, settings, load_catalog(settings), body.model_dump(), now=utcnow()
+    )
+    out = _schedule_out(request, session, sched)
+    response.headers["Location"] = out.url
+    return out
+
+
+@router.get("/schedules", response_model=Page[ScheduleOut])
+def list_schedules(
+    request: Request, session: SessionDep, limit: Limit = 50, offset: Offset = 0
+) -> Page[ScheduleOut]:
+    """Schedules, newest first, each with its next fire times and latest fires."""
+    rows, total = ScheduleRepository(session).page(limit=limit, offset=offset)
+    items = [_schedule_out(request, session, s) for s in rows]
+    return Page(items=items, total=total, limit=limit, offset=offset)
+
+
+@router.get("/schedules/{schedule_id}", response_model=ScheduleOut)
+def get_schedule(schedule_id: str, request: Request, session: SessionDep) -> ScheduleOut:
+    """One schedule: its next 5 fire times (ISO 8601 in its zone) and its latest fires."""
+    from orchestrator.schedules import get_schedule as get
+
+    return _schedule_out(request, session, get(session, schedule_id))
+
+
+@router.patch("/schedules/{schedule_id}", response_model=ScheduleOut)
+def update_schedule(
+    schedule_id: str,
+    body: ScheduleUpdate,
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+) -> ScheduleOut:
+    """Change the given fields; the result is checked like a new schedule (422 / 409).
+
+    Changing the timing or re-enabling restarts the fire times from now (time
+    spent disabled is not caught up).
+    """
+    from orchestrator.schedules import get_schedule as get
+    from orchestrator.schedules import save_schedule
+
+    sched = get(session, schedule_id)
+    changes = body.model_dump(exclude_unset=True)
+    current = {k: getattr(sched, k) for k in ScheduleIn.model_fields}
+    try:
+        merged = ScheduleIn.model_validate({**current, **changes})
+    except ValidationError as exc:
+        raise ScheduleInvalidError.from_validation(exc) from exc
+    values = {k: getattr(merged, k) for k in changes}
+    sched = save_schedule(
+        session,
+        settings,
+        load_catalog(settings) if "template" in values else None,
+        values,
+        now=utcnow(),
+        existing=sched,
+    )
+    return _schedule_out(request, session, sched)
+
+
+@router.delete("/schedules/{schedule_id}", status_code=204)
+def delete_schedule(schedule_id: str, session: SessionDep) -> Response:
+    """Delete the schedule and its fire records; its experiments stay."""
+    from orchestrator.schedules import get_schedule as get
+
+    ScheduleRepository(session).delete(get(session, schedule_id))
+    return Response(status_code=204)
+
+
+@router.get("/schedules/{schedule_id}/fires", response_model=Page[FireOut])
+def list_schedule_fires(
+    schedule_id: str, session: SessionDep, limit: Limit = 20, offset: Offset = 0
+) -> Page[FireOut]:
+    """The schedule's fires, newest first, each with its regressions.
+
+    A fired sweep whose runs are all terminal is compared with the previous
+    completed sweep of the schedule, variant by variant (same name): a metric
+    whose 95 % bootstrap interval lies on the bad side is a regression
+    (:func:`orchestrator.schedules.sweep_regressions`; computed on read).
+    """
+    from orchestrator.schedules import get_schedule as get
+    from orchestrator.schedules import sweep_regressions
+
+    sched = get(session, schedule_id)
+    rows, total = ScheduleRepository(session).fires(sched.id, limit=limit, offset=offset)
+    items = []
+    for f in rows:
+        reg = sweep_regressions(session, f)
+        items.append(FireOut(**_fire_brief(sched, f).model_dump(), **reg))
+    return Page(items=items, total=total, limit=limit, offset=offset)
 
 
 def _add_spec_schema(app: FastAPI) -> None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Generic, TypeVar
+from datetime import UTC, datetime
+from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 T = TypeVar("T")
 
@@ -179,3 +180,124 @@ class RunParityOut(BaseModel):
     status: str
     placement: dict[str, Any] | None
     report: dict[str, Any]
+
+
+class ScheduleIn(BaseModel):
+    """A scheduled sweep (``POST /api/v1/schedules``).
+
+    ``cron``: 5-field cron expression, evaluated in ``timezone`` (IANA name).
+    ``template``: an experiment spec, as ``POST /api/v1/experiments`` takes.
+    ``concurrency_policy``: ``skip`` a fire while the previous sweep has
+    unfinished runs, or ``queue`` it anyway. ``catch_up`` after downtime:
+    ``latest`` runs the most recent missed fire once, ``none`` skips them all.
+    ``end_at``: no fires after it (a naive value is taken as UTC).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200)
+    cron: str = Field(max_length=200)
+    timezone: str = Field("UTC", max_length=64)
+    template: dict[str, Any]
+    enabled: bool = True
+    concurrency_policy: Literal["skip", "queue"] = "skip"
+    catch_up: Literal["latest", "none"] = "latest"
+    end_at: datetime | None = None
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, v: str) -> str:
+        from orchestrator.schedules import check_cron
+
+        try:
+            return check_cron(v)
+        except ValueError as exc:
+            raise PydanticCustomError("cron_invalid", str(exc)) from exc
+
+    @field_validator("timezone")
+    @classmethod
+    def _tz(cls, v: str) -> str:
+        from orchestrator.schedules import zone
+
+        try:
+            zone(v)
+        except ValueError as exc:
+            raise PydanticCustomError("timezone_invalid", str(exc)) from exc
+        return v
+
+    @field_validator("end_at")
+    @classmethod
+    def _aware(cls, v: datetime | None) -> datetime | None:
+        return v.replace(tzinfo=UTC) if v is not None and v.tzinfo is None else v
+
+
+class ScheduleUpdate(BaseModel):
+    """A partial update (``PATCH``): only the fields given change; same rules as ScheduleIn."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(None, min_length=1, max_length=200)
+    cron: str | None = Field(None, max_length=200)
+    timezone: str | None = Field(None, max_length=64)
+    template: dict[str, Any] | None = None
+    enabled: bool | None = None
+    concurrency_policy: Literal["skip", "queue"] | None = None
+    catch_up: Literal["latest", "none"] | None = None
+    end_at: datetime | None = None
+
+
+class FireBrief(BaseModel):
+    """A fire time (in the schedule's zone) and what happened: fired, skipped,
+    skipped_busy or failed."""
+
+    fire_time: datetime
+    status: str
+    experiment_id: str | None
+    detail: str | None
+
+
+class Regression(BaseModel):
+    """A metric that got worse than in the previous completed sweep (95 % interval)."""
+
+    variant: str
+    metric: str
+    unit: str
+    reference_value: float
+    value: float
+    ratio: float | None
+    ci_low: float | None
+    ci_high: float | None
+    ci_of: str | None
+
+
+class FireOut(FireBrief):
+    """A fire with its regression check against the previous completed sweep.
+
+    ``comparison``: ``not_fired``, ``pending`` (runs unfinished), ``no_previous``
+    or ``compared``.
+    """
+
+    comparison: str
+    compared_with: dict[str, Any] | None
+    regressions: list[Regression]
+
+
+class ScheduleOut(BaseModel):
+    id: str
+    url: str
+    fires_url: str
+    name: str
+    cron: str
+    timezone: str
+    template: dict[str, Any]
+    enabled: bool
+    concurrency_policy: str
+    catch_up: str
+    end_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    last_fire_at: datetime | None
+    next_fire_times: list[datetime] = Field(
+        description="the next 5 fire times, in the schedule's time zone"
+    )
+    recent_fires: list[FireBrief] = Field(description="the latest 10 fires, newest first")

@@ -163,6 +163,34 @@ def body_problems(body: Any) -> list[str]:
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         out.append(f"'stream' must be true or false, got {stream!r}")
+    tools = body.get("tools")
+    if tools is not None and not (
+        isinstance(tools, list)
+        and all(isinstance(t, dict) and isinstance(t.get("type"), str) for t in tools)
+    ):
+        out.append("'tools' must be a list of tool objects, each with a 'type'")
+    for key, kind in (
+        ("temperature", "number"),
+        ("top_p", "number"),
+        ("seed", "integer"),
+        ("stop", "string or list of strings"),
+        ("response_format", "object"),
+    ):
+        value = body.get(key)
+        ok = value is None or (
+            (kind == "number" and _is_number(value))
+            or (kind == "integer" and _is_int(value))
+            or (
+                kind.startswith("string")
+                and (
+                    isinstance(value, str)
+                    or (isinstance(value, list) and all(isinstance(v, str) for v in value))
+                )
+            )
+            or (kind == "object" and isinstance(value, dict))
+        )
+        if not ok:
+            out.append(f"{key!r} must be a {kind}, got {value!r}")
     for key in ("request_class", "class"):
         cls = body.get(key)
         if isinstance(cls, str) and not _CLASS_NAME.match(cls):

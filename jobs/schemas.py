@@ -183,6 +183,8 @@ class WorkloadSpec(BaseModel):
             problems.append(f"arrival '{self.arrival}' needs 'request_rate' (requests/s)")
         if self.arrival in ("closed", "trace") and self.request_rate is not None:
             problems.append(f"'request_rate' does not apply to arrival '{self.arrival}'")
+        if self.arrival != "poisson" and self.burstiness != 1.0:
+            problems.append(f"'burstiness' applies to arrival 'poisson' only, not '{self.arrival}'")
         if self.arrival == "trace" and self.kind != "replay":
             problems.append("arrival 'trace' replays timestamps: it needs kind 'replay'")
         if problems:

@@ -62,7 +62,8 @@ every other field except :data:`REPLAY_DROPPED_FIELDS` goes to ``extra_body``.
 
 Warm-up requests come first (every kind), with indices ``-warmup_requests .. -1`` and
 ``warmup=True``. They are a single ``user`` message of about ``prefix_tokens +
-question_tokens`` tokens of unrelated text, so their token sequences diverge from the
+question_tokens`` tokens of unrelated text (for ``template`` and ``replay``, no longer
+than the longest measured prompt), so their token sequences diverge from the
 measured ones right after the BOS token: a warm-up never puts a block of the measured
 prefix into the prefix cache. Measured requests follow with indices ``0 .. N - 1``.
 
@@ -554,7 +555,7 @@ def _source_text(
 def _warmups(spec: WorkloadSpec, tokenizer: Tokenizer | None) -> list[ChatRequest]:
     out: list[ChatRequest] = []
     warm_rng = random.Random(f"shared_prefix/warmup/{spec.seed}")
-    warm_tokens = spec.prefix_tokens + spec.question_tokens
+    warm_tokens = _warmup_tokens(spec)
     for i in range(spec.warmup_requests):
         text = _fill(warm_rng, "Warm-up. ", warm_tokens, tokenizer, passage=False)
         out.append(
@@ -867,7 +868,8 @@ def longest_request_tokens(spec: WorkloadSpec) -> int:
     """Return an upper estimate of the longest request of ``spec``'s list: prompt + output.
 
     No tokenizer is needed; chat-template tokens are not included (the caller adds them).
-    Warm-ups count ``prefix_tokens + question_tokens + output_tokens``. Measured requests:
+    Warm-ups count their prompt (:func:`_warmup_tokens`) plus ``output_tokens``. Measured
+    requests:
 
     - ``shared_prefix``: ``prefix_tokens + question_tokens + output_tokens``, plus
       ``long_input_tokens`` (and 4 for the ``"Question: "`` join) when some request is
@@ -888,8 +890,26 @@ def longest_request_tokens(spec: WorkloadSpec) -> int:
             template segments and classes); arrival and replay bodies are not checked.
     """
     _check_kind_fields(spec)
-    warmup = spec.prefix_tokens + spec.question_tokens + spec.output_tokens
-    longest = warmup if spec.warmup_requests else 0
+    measured = _measured_longest(spec)
+    warmup = _warmup_tokens(spec) + spec.output_tokens
+    return max(1, warmup if spec.warmup_requests else 0, measured)
+
+
+def _warmup_tokens(spec: WorkloadSpec) -> int:
+    """Prompt tokens of a warm-up request.
+
+    ``prefix_tokens + question_tokens`` for ``shared_prefix``; for the other kinds
+    no more than the longest measured prompt (at least 16), so a warm-up never
+    needs a longer context than the requests it warms up for.
+    """
+    size = spec.prefix_tokens + spec.question_tokens
+    if spec.kind == "shared_prefix":
+        return size
+    return min(size, max(16, _measured_longest(spec) - spec.output_tokens))
+
+
+def _measured_longest(spec: WorkloadSpec) -> int:
+    """Upper estimate of the longest measured request (prompt + output), in tokens."""
     if spec.kind == "shared_prefix":
         measured = spec.prefix_tokens + spec.question_tokens + spec.output_tokens
         if round(spec.num_requests * spec.long_fraction) > 0:
@@ -900,7 +920,7 @@ def longest_request_tokens(spec: WorkloadSpec) -> int:
         measured = max(
             (body_tokens_estimate(b, spec.output_tokens) for b in spec.replay or []), default=0
         )
-    return max(1, longest, measured)
+    return measured
 
 
 #: ChatRequest fields left out of :func:`request_list_hash` while they hold these defaults, so

@@ -190,3 +190,27 @@ def export(session: Session, experiment_id: str, fmt: str) -> bytes:
     ]
     df = runs_table(rows)
     return to_parquet_bytes(df) if fmt == "parquet" else to_csv_bytes(df)
+
+
+def runs_as_data(session: Session, runs: list[Run]) -> dict[str, list[RunData]]:
+    """Stored runs as :class:`RunData` (metrics, measured requests of succeeded runs), by name.
+
+    Returns ``{variant name: [RunData, ...]}`` in the order of ``runs``.
+    """
+    metrics = RunRepository(session).metrics_for([r.id for r in runs])
+    requests = _requests_by_run(session, [r.id for r in runs if r.status == "succeeded"])
+    data: dict[str, list[RunData]] = defaultdict(list)
+    for r in runs:
+        data[r.name].append(
+            RunData(
+                run_id=r.id,
+                variant=r.name,
+                repeat_index=r.repeat_index,
+                status=r.status,
+                metrics=metrics.get(r.id, {}),
+                requests=requests.get(r.id, []),
+                devices=reserved_devices(r.layout),
+                changed=dict(r.changes),
+            )
+        )
+    return data

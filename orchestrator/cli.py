@@ -92,10 +92,16 @@ def _inline_replay_files(spec: dict[str, Any], base: Path) -> None:
     baseline = spec.get("baseline")
     workload = baseline.get("workload") if isinstance(baseline, dict) else None
     if isinstance(workload, dict) and "replay_file" in workload:
+        if "replay" in workload:
+            raise CliError("workload: give 'replay' or 'replay_file', not both")
         workload["replay"] = load(workload.pop("replay_file"))
     for variant in spec.get("variants") or []:
         changes = variant.get("changes") if isinstance(variant, dict) else None
         if isinstance(changes, dict) and "workload.replay_file" in changes:
+            if "workload.replay" in changes:
+                raise CliError(
+                    "changes: give 'workload.replay' or 'workload.replay_file', not both"
+                )
             changes["workload.replay"] = load(changes.pop("workload.replay_file"))
 
 

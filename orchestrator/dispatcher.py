@@ -151,7 +151,7 @@ class Dispatcher:
         return failed
 
     def tick(self) -> None:
-        """One round: poll active runs, then claim at most one queued run."""
+        """One round: poll active runs, fire due schedules, then claim at most one queued run."""
         if time.monotonic() - self._last_heartbeat > 5.0:
             self.heartbeat()
         for batch_id in list(self.active):
@@ -159,6 +159,13 @@ class Dispatcher:
         if time.monotonic() - self._last_reconcile > self.settings.orchestrator.stale_after_s / 2:
             self.reconcile()
         self._answer_parity_check()
+        try:
+            from orchestrator.repositories import utcnow
+            from orchestrator.schedules import fire_due_schedules
+
+            fire_due_schedules(self.session_factory, self.settings, now=utcnow())
+        except Exception:  # noqa: BLE001 - scheduled sweeps must not stop dispatching
+            log.exception("firing scheduled sweeps failed")
         if len(self.active) < self.settings.orchestrator.max_concurrent_runs:
             self._claim_one()
 

@@ -72,3 +72,26 @@ class EngineUnavailableError(VlabError):
     status = 503
     code = "engine_unavailable"
     title = "Engine environment unavailable"
+
+
+class ScheduleInvalidError(SpecInvalidError):
+    """A schedule is invalid (bad cron expression, time zone, or template).
+
+    ``errors`` as in :class:`SpecInvalidError`; template problems keep the
+    experiment spec's locations under ``["body", "template", ...]``.
+    """
+
+    code = "schedule_invalid"
+    title = "Invalid schedule"
+
+
+class ParityRequestInvalidError(SpecInvalidError):
+    """An on-demand parity check request is invalid (``POST /api/v1/cluster/parity``).
+
+    ``errors`` as in :class:`SpecInvalidError`: unknown engine arguments, node
+    ids no live orchestrator knows, a TP x PP shape those nodes cannot hold,
+    an unknown model.
+    """
+
+    code = "parity_request_invalid"
+    title = "Invalid parity check request"

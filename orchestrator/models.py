@@ -25,6 +25,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    UniqueConstraint,
     func,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -226,3 +227,63 @@ class Orchestrator(Base):
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     resources: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+
+
+class Schedule(Base):
+    """A recurring sweep: an experiment spec (``template``) submitted on a cron schedule.
+
+    ``cron`` is a 5-field expression evaluated in ``timezone`` (IANA name).
+    ``next_fire_at`` (UTC) is the first fire time not handled yet, or None when
+    ``end_at`` has passed; the dispatcher only looks at enabled schedules whose
+    ``next_fire_at`` is due. ``last_fire_at`` is the latest fire time handled.
+    """
+
+    __tablename__ = "schedules"
+    __table_args__ = (
+        CheckConstraint("concurrency_policy IN ('skip', 'queue')", name="concurrency_policy"),
+        CheckConstraint("catch_up IN ('latest', 'none')", name="catch_up"),
+        Index("ix_schedules_due", "enabled", "next_fire_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    cron: Mapped[str] = mapped_column(String(200))
+    timezone: Mapped[str] = mapped_column(String(64))
+    template: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True, server_default="true")
+    concurrency_policy: Mapped[str] = mapped_column(String(10), default="skip")
+    catch_up: Mapped[str] = mapped_column(String(10), default="latest")
+    end_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    last_fire_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    next_fire_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class ScheduleFire(Base):
+    """One fire time of a schedule and what happened (exactly one row per fire time).
+
+    ``status``: ``fired`` (``experiment_id`` is the sweep), ``skipped`` (an older
+    missed fire time passed over by catch-up), ``skipped_busy`` (the previous
+    sweep still had unfinished runs and the policy is ``skip``) or ``failed``
+    (the template no longer validates; ``detail`` says why).
+    """
+
+    __tablename__ = "schedule_fires"
+    __table_args__ = (
+        UniqueConstraint("schedule_id", "fire_time", name="uq_schedule_fires_schedule_time"),
+        CheckConstraint(
+            "status IN ('fired', 'skipped', 'skipped_busy', 'failed')", name="status_valid"
+        ),
+        Index("ix_schedule_fires_experiment_id", "experiment_id"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    schedule_id: Mapped[str] = mapped_column(ForeignKey("schedules.id", ondelete="CASCADE"))
+    fire_time: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    status: Mapped[str] = mapped_column(String(20))
+    experiment_id: Mapped[str | None] = mapped_column(
+        ForeignKey("experiments.id", ondelete="SET NULL")
+    )
+    detail: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

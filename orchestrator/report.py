@@ -96,7 +96,7 @@ def result_table(exp: dict[str, Any]) -> Table:
         ref = metrics.get(run.get("reference_run_id") or "", {})
         ratio = "-"
         if m.get("median_ttft_ms") and ref.get("median_ttft_ms"):
-            ratio = f"{ref['median_ttft_ms'] / m['median_ttft_ms']:.2f}x faster"
+            ratio = ttft_ratio_text(m["median_ttft_ms"], ref["median_ttft_ms"])
         table.add_row(
             run["name"],
             str(run.get("repeat_index", 0)),
@@ -106,6 +106,19 @@ def result_table(exp: dict[str, Any]) -> Table:
             ratio,
         )
     return table
+
+
+def ttft_ratio_text(ttft_ms: float, reference_ms: float) -> str:
+    """``"1.46x slower"`` / ``"2.10x faster"`` / ``"same"``: one run's median TTFT vs its reference.
+
+    A single repeat's ratio, for orientation; the comparison endpoint gives the
+    verdict with its interval.
+    """
+    if ttft_ms == reference_ms:
+        return "same"
+    if ttft_ms < reference_ms:
+        return f"{reference_ms / ttft_ms:.2f}x faster"
+    return f"{ttft_ms / reference_ms:.2f}x slower"
 
 
 def watch(

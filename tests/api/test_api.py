@@ -595,3 +595,48 @@ def test_parity_endpoints(client: TestClient, session_factory: sessionmaker[Sess
     again = client.get(doc["url"]).json()
     assert again["id"] == doc["id"] and again["report"] is None
     assert client.get("/api/v1/cluster/parity/nope").status_code == 404
+
+
+def test_parity_request_is_checked_like_a_spec(
+    client: TestClient, session_factory: sessionmaker[Session]
+) -> None:
+    from sqlalchemy import delete
+
+    from orchestrator.models import Orchestrator, ParityCheck
+    from orchestrator.repositories import OrchestratorRepository
+
+    with session_factory() as s:
+        before = s.scalar(select(func.count()).select_from(ParityCheck))
+        OrchestratorRepository(s).heartbeat(
+            "parity-test-orchestrator",
+            "host",
+            {
+                "CPU": 2.0,
+                "nodes": [{"node_id": "n1", "ip": "10.0.0.1", "total": 2, "available": 2}],
+            },
+        )
+        s.commit()
+    try:
+        bad = client.post(
+            "/api/v1/cluster/parity",
+            json={
+                "node_ids": ["n1", "ghost"],
+                "engine_args": {"no_such_arg": 1},
+                "tensor_parallel_size": 4,
+                "model": "no-such-model-dir",
+            },
+        )
+        assert bad.status_code == 422 and bad.headers["content-type"] == PROBLEM
+        doc = bad.json()
+        assert doc["title"] == "Invalid parity check request"
+        text = json.dumps(doc["errors"])
+        assert "ghost" in text and "no_such_arg" in text
+        assert "tensor_parallel_size 4 needs 4" in text and "model" in text
+        with session_factory() as s:
+            assert s.scalar(select(func.count()).select_from(ParityCheck)) == before
+        ok = client.post("/api/v1/cluster/parity", json={"node_ids": ["n1"]})
+        assert ok.status_code == 202, ok.text
+    finally:
+        with session_factory() as s:
+            s.execute(delete(Orchestrator).where(Orchestrator.id == "parity-test-orchestrator"))
+            s.commit()

@@ -135,3 +135,13 @@ def test_body_tokens_estimate() -> None:
     assert body_tokens_estimate(chat, default_max_tokens=99) == 150 + 20
     tools = [{"type": "function", "function": {"name": "f"}}]
     assert body_tokens_estimate({**chat, "tools": tools}) > 170
+
+
+def test_replay_body_field_types_are_checked() -> None:
+    from jobs.replay import body_problems
+
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    assert body_problems({**chat, "tools": [{"type": "function", "function": {"name": "f"}}]}) == []
+    assert any("tools" in p for p in body_problems({**chat, "tools": "notalist"}))
+    assert any("temperature" in p for p in body_problems({**chat, "temperature": "hot"}))
+    assert any("stop" in p for p in body_problems({**chat, "stop": [1, 2]}))

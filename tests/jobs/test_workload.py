@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import random
 import statistics
 from collections import Counter
@@ -652,9 +651,9 @@ def test_longest_request_tokens_bounds_template(
     longest = longest_request_tokens(spec)
     actual = max(_request_tokens(tiny_tokenizer, r) for r in build_requests(spec, tiny_tokenizer))
     assert actual <= longest <= 1.3 * actual + 20
-    # the warm-ups count too
+    # warm-ups count too, but are never longer than the measured prompts
     with_warmup = spec.model_copy(update={"warmup_requests": 1, "prefix_tokens": 5000})
-    assert longest_request_tokens(with_warmup) == 5000 + 32 + 16
+    assert longest_request_tokens(with_warmup) == longest
 
 
 def test_longest_request_tokens_replay() -> None:
@@ -663,6 +662,19 @@ def test_longest_request_tokens_replay() -> None:
         kind="replay", warmup_requests=0, output_tokens=7, replay=[COMPLETION_BODY, long_prompt]
     )
     assert longest_request_tokens(spec) == 1000 + 7
-    assert math.isclose(
-        longest_request_tokens(spec.model_copy(update={"warmup_requests": 1})), 1024 + 32 + 7
+    # a warm-up is no longer than the longest replayed prompt
+    assert longest_request_tokens(spec.model_copy(update={"warmup_requests": 1})) == 1000 + 7
+
+
+def test_replay_warmups_are_no_longer_than_the_replayed_prompts() -> None:
+    from jobs.workload import longest_request_tokens
+
+    spec = WorkloadSpec(
+        kind="replay",
+        replay=[{"messages": [{"role": "user", "content": "Name three prime numbers."}]}],
+        output_tokens=8,
     )
+    assert spec.warmup_requests == 1 and spec.prefix_tokens + spec.question_tokens > 1000
+    assert longest_request_tokens(spec) < 100  # not the default 1k-token warm-up
+    warm = build_requests(spec)[0]
+    assert warm.warmup and len(warm.messages[0]["content"]) <= 4 * 100

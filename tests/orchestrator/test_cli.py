@@ -65,3 +65,22 @@ def test_malformed_replay_file_names_every_bad_line(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "line 2" in result.output and "line 3" in result.output
     assert "cannot reach the API" not in result.output  # refused before anything is sent
+
+
+def test_replay_and_replay_file_together_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "t.jsonl").write_text('{"prompt": "hi"}\n')
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        "name: r\nmodel: tiny\nbaseline:\n  workload:\n    kind: replay\n"
+        "    replay_file: t.jsonl\n    replay: [{prompt: x}]\n"
+    )
+    result = CliRunner().invoke(app, ["submit", str(spec), "--api", "http://127.0.0.1:9"])
+    assert result.exit_code == 2 and "not both" in result.output
+
+
+def test_ttft_ratio_text_says_slower_when_slower() -> None:
+    from orchestrator.report import ttft_ratio_text
+
+    assert ttft_ratio_text(66.8, 45.7) == "1.46x slower"
+    assert ttft_ratio_text(20.0, 40.0) == "2.00x faster"
+    assert ttft_ratio_text(5.0, 5.0) == "same"

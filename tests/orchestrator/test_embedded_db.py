@@ -39,3 +39,24 @@ def test_embedded_postgres_migrates_and_keeps_data(tmp_path: Path) -> None:
     assert (tmp_path / "home" / "pgdata" / "PG_VERSION").exists()
     stop_embedded_postgres(tmp_path / "home" / "pgdata")
     assert not (tmp_path / "home" / "pgdata" / "postmaster.pid").exists()
+
+
+def test_models_match_the_migrations(server_url: str) -> None:
+    """``alembic upgrade head`` gives exactly the schema the ORM models declare."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+    from sqlalchemy import create_engine
+
+    from orchestrator.db import normalize_url, upgrade_to_head
+    from orchestrator.models import Base
+    from tests.conftest import fresh_database
+
+    with fresh_database(server_url) as url:
+        upgrade_to_head(url)
+        engine = create_engine(normalize_url(url))
+        try:
+            with engine.connect() as conn:
+                diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+        finally:
+            engine.dispose()
+    assert diff == []
