@@ -115,7 +115,8 @@ def friendly(func: Callable[..., None]) -> Callable[..., None]:
         try:
             func(*args, **kwargs)
         except (CliError, ReportError, TimeoutError) as exc:
-            Console(stderr=True).print(f"[red]error:[/red] {exc}")
+            # one line, however narrow the terminal (or none): no hard wrapping
+            Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {exc}", markup=True)
             raise typer.Exit(2) from None
 
     return wrapper

@@ -84,3 +84,12 @@ def test_ttft_ratio_text_says_slower_when_slower() -> None:
     assert ttft_ratio_text(66.8, 45.7) == "1.46x slower"
     assert ttft_ratio_text(20.0, 40.0) == "2.00x faster"
     assert ttft_ratio_text(5.0, 5.0) == "same"
+
+
+def test_long_errors_stay_on_one_line(tmp_path: Path) -> None:
+    spec = tmp_path / ("a-rather-long-spec-file-name-" * 4 + ".yaml")
+    spec.write_text("name: [oops\n")
+    result = CliRunner().invoke(app, ["submit", str(spec), "--api", "http://127.0.0.1:9"])
+    assert result.exit_code == 2
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
