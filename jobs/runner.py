@@ -138,6 +138,35 @@ def _thin(items: list[Any], limit: int = MAX_STATS_LINES) -> list[Any]:
     return [items[round(i * step)] for i in range(limit)]
 
 
+#: Gauge summaries that only mean something if a scrape saw requests in the engine.
+_LOAD_GAUGES = (
+    "kv_cache_usage_peak",
+    "kv_cache_usage_mean",
+    "num_requests_running_peak",
+    "num_requests_waiting_peak",
+)
+
+
+def drop_unobserved_gauges(run_metrics: dict[str, float]) -> str | None:
+    """Remove gauge peaks no scrape could have seen; return why, or None.
+
+    ``/metrics`` is scraped every second; requests that all start and finish
+    between two scrapes leave every sample at 0 running, so a peak of 0 would
+    claim "no KV cache used" for a run that used it. When measured requests
+    completed but no sample ever saw one running, the load gauges
+    (:data:`_LOAD_GAUGES`) are removed from ``run_metrics`` (in place) rather
+    than reported as 0.
+    """
+    if run_metrics.get("completed", 0) > 0 and run_metrics.get("num_requests_running_peak") == 0:
+        for key in _LOAD_GAUGES:
+            run_metrics.pop(key, None)
+        return (
+            "no /metrics scrape saw a request running (requests shorter than the scrape "
+            "interval): KV cache usage and running/waiting peaks are not reported"
+        )
+    return None
+
+
 def per_class_metrics(
     records: list[RequestRecord],
     duration_s: float,
@@ -660,6 +689,9 @@ class _Batch:
             if burst is not None:
                 seg.metrics["itl_burst_fraction"] = burst
         seg.metrics.update(metrics.summarize_samples(seg.samples))
+        note = drop_unobserved_gauges(seg.metrics)
+        if note:
+            seg.engine_info["gauges_not_observed"] = note
         before, after = seg.histograms.get("before"), seg.histograms.get("after")
         if before is not None and after is not None:
             server_view, notes = metrics.summarize_histograms(before, after)

@@ -186,3 +186,23 @@ def test_itl_burst_fraction_counts_gaps_that_arrived_together() -> None:
     assert itl_burst_fraction([rec([0.003, 0.00002, 0.00003, 0.004])]) == 0.5
     assert itl_burst_fraction([rec([0.00001], warmup=True), rec([0.002])]) == 0.0
     assert itl_burst_fraction([rec([])]) is None
+
+
+def test_gauge_peaks_no_scrape_saw_are_dropped_not_zero() -> None:
+    from jobs.runner import drop_unobserved_gauges
+
+    unseen = {
+        "completed": 4.0,
+        "num_requests_running_peak": 0.0,
+        "num_requests_waiting_peak": 0.0,
+        "kv_cache_usage_peak": 0.0,
+        "kv_cache_usage_mean": 0.0,
+        "prefix_cache_hits_delta": 10.0,
+    }
+    note = drop_unobserved_gauges(unseen)
+    assert note and "not reported" in note
+    assert unseen == {"completed": 4.0, "prefix_cache_hits_delta": 10.0}
+    seen = {"completed": 4.0, "num_requests_running_peak": 2.0, "kv_cache_usage_peak": 0.1}
+    assert drop_unobserved_gauges(dict(seen)) is None
+    idle = {"completed": 0.0, "num_requests_running_peak": 0.0, "kv_cache_usage_peak": 0.0}
+    assert drop_unobserved_gauges(idle) is None and "kv_cache_usage_peak" in idle
