@@ -73,24 +73,10 @@ def comparison(session: Session, experiment_id: str, *, n_boot: int = 2000) -> d
     """
     exp: Experiment = get_experiment(session, experiment_id)
     runs = list(exp.runs)
-    metrics = RunRepository(session).metrics_for([r.id for r in runs])
-    requests = _requests_by_run(session, [r.id for r in runs if r.status == "succeeded"])
-    data: dict[str, list[RunData]] = defaultdict(list)
+    data = runs_as_data(session, runs)
     example: dict[str, Run] = {}
     for r in runs:
         example.setdefault(r.name, r)
-        data[r.name].append(
-            RunData(
-                run_id=r.id,
-                variant=r.name,
-                repeat_index=r.repeat_index,
-                status=r.status,
-                metrics=metrics.get(r.id, {}),
-                requests=requests.get(r.id, []),
-                devices=reserved_devices(r.layout),
-                changed=dict(r.changes),
-            )
-        )
     chain = []
     refs: dict[str, VariantRef] = {}
     by_variant: dict[str, list[Any]] = {}
