@@ -41,7 +41,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     if ray.is_initialized():
         ray.shutdown()
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    same_a = c.add_node(num_cpus=1, num_gpus=2)
+    # a custom resource names this node, so a test can hold exactly it
+    same_a = c.add_node(num_cpus=1, num_gpus=2, resources={"vlab_test_same_a": 1})
     same_b = c.add_node(num_cpus=1, num_gpus=2)
     odd = c.add_node(num_cpus=1, num_gpus=2, env_vars={"NCCL_IB_DISABLE": "1"})
     c.wait_for_nodes()
@@ -147,7 +148,7 @@ def test_launch_over_mismatched_nodes_is_blocked_and_releases(
     job = _job(cluster["model"], tmp_path)
     # TP=2 x PP=2 needs two nodes of 2 GPUs; take one matching node so only the odd
     # one and the other are left
-    holder = ray.util.placement_group([{"GPU": 2}], strategy="STRICT_PACK")
+    holder = ray.util.placement_group([{"GPU": 2, "vlab_test_same_a": 1}], strategy="STRICT_PACK")
     ray.get(holder.ready(), timeout=30)
     try:
         layout = {"tensor_parallel_size": 2, "pipeline_parallel_size": 2}
