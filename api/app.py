@@ -684,6 +684,8 @@ def create_app(settings: Settings, session_factory: sessionmaker[Session]) -> Fa
         session.execute(text("SELECT 1"))
         return {"status": "ok", "database": "ok"}
 
-    if WEB_DIR.is_dir():
-        app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web")
+    from api.pages import build_router
+
+    app.include_router(build_router())
+    app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
     return app

@@ -77,6 +77,9 @@ class Run(Base):
         Index("ix_runs_status_created", "status", "created_at"),
         Index("ix_runs_experiment_position", "experiment_id", "position"),
         Index("ix_runs_experiment_sequence", "experiment_id", "sequence"),
+        Index("ix_runs_created", "created_at"),
+        Index("ix_runs_model_created", "model_id", "created_at"),
+        Index("ix_runs_engine_args", "engine_args", postgresql_using="gin"),
         CheckConstraint(
             "status IN ('queued', 'preparing', 'running', 'succeeded', 'failed', "
             "'cancelled', 'blocked')",
@@ -144,6 +147,7 @@ class Run(Base):
 
 class RunMetric(Base):
     __tablename__ = "run_metrics"
+    __table_args__ = (Index("ix_run_metrics_name_value", "name", "value"),)
 
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     name: Mapped[str] = mapped_column(String(100), primary_key=True)

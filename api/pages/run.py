@@ -1,0 +1,7 @@
+"""Dashboard page: run (placeholder, being built)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+router = APIRouter()
