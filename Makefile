@@ -5,7 +5,7 @@ ENGINE_VENV := .engine-venv
 BIN := $(VENV)/bin
 export VLAB_ENGINE__PYTHON ?= $(CURDIR)/$(ENGINE_VENV)/bin/python
 
-.PHONY: demo up test lint engine venv clean
+.PHONY: demo up test lint engine venv browser clean
 
 $(VENV)/.ok: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ $(ENGINE_VENV)/.ok: scripts/setup_engine.sh
 
 venv: $(VENV)/.ok
 engine: $(ENGINE_VENV)/.ok
+
+## browser: Debian's chromium for the dashboard tests (apt, only if missing)
+browser:
+	bash scripts/setup_browser.sh
 
 ## demo: set everything up, run the APC off/on experiment end to end, print the results
 demo: venv engine
@@ -33,7 +37,7 @@ lint: venv
 	$(BIN)/mypy
 
 ## test: lint, type-check and the whole test suite (real Postgres, Ray and vLLM CPU build)
-test: venv engine lint
+test: venv engine browser lint
 	$(BIN)/pytest -q -rs --durations=15
 
 clean:

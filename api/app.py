@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -39,8 +40,16 @@ from orchestrator.engine_catalog import load_catalog
 from orchestrator.errors import (
     NotFoundError,
     ParityRequestInvalidError,
+    QueryInvalidError,
     ScheduleInvalidError,
     SpecInvalidError,
+)
+from orchestrator.history import (
+    SORT_KEYS,
+    HistoryFilter,
+    HistoryQueryError,
+    history_page,
+    parse_engine_arg,
 )
 from orchestrator.models import Experiment, ParityCheck, Run, Schedule, ScheduleFire
 from orchestrator.repositories import (
@@ -253,20 +262,56 @@ def list_runs(
     session: SessionDep,
     experiment_id: str | None = None,
     status: RunStatus | None = None,
+    model: Annotated[str | None, Query(max_length=500, description="model id, exact")] = None,
+    experiment: Annotated[
+        str | None, Query(max_length=200, description="experiment id, or part of its name")
+    ] = None,
+    engine_arg: Annotated[
+        str | None,
+        Query(
+            max_length=500,
+            description="name=value, value read as JSON: enable_prefix_caching=true",
+        ),
+    ] = None,
+    since: Annotated[datetime | None, Query(description="submitted at or after")] = None,
+    until: Annotated[datetime | None, Query(description="submitted before")] = None,
+    sort: Annotated[
+        str | None,
+        Query(
+            max_length=50,
+            description="one of "
+            + ", ".join(SORT_KEYS)
+            + "; default: sequence with experiment_id, else submitted",
+        ),
+    ] = None,
+    order: Literal["asc", "desc"] | None = None,
     limit: Limit = 50,
     offset: Offset = 0,
 ) -> Page[RunOut]:
-    repo = RunRepository(session)
-    rows, total = repo.page(
-        experiment_id=experiment_id,
-        status=status.value if status else None,
-        limit=limit,
-        offset=offset,
-    )
-    metrics = repo.metrics_for([r.id for r in rows])
+    """The run history: filtered, sorted, paginated (the dashboard's first page uses the
+    same query, :func:`orchestrator.history.history_page`). Runs without the sort value
+    (e.g. no metric yet) come last."""
+    try:
+        flt = HistoryFilter(
+            experiment_id=experiment_id,
+            model=model,
+            status=status.value if status else None,
+            experiment=experiment,
+            engine_arg=parse_engine_arg(engine_arg) if engine_arg else None,
+            since=since,
+            until=until,
+        )
+        key = sort or ("sequence" if experiment_id else "submitted")
+        descending = (order or ("asc" if key == "sequence" else "desc")) == "desc"
+        page = history_page(
+            session, flt, sort=key, descending=descending, limit=limit, offset=offset
+        )
+    except HistoryQueryError as exc:
+        raise QueryInvalidError(exc.field, str(exc)) from None
+    metrics = RunRepository(session).metrics_for([row.run.id for row in page.rows])
     return Page(
-        items=[_run_out(request, r, metrics.get(r.id)) for r in rows],
-        total=total,
+        items=[_run_out(request, row.run, metrics.get(row.run.id)) for row in page.rows],
+        total=page.total,
         limit=limit,
         offset=offset,
     )

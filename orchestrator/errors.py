@@ -95,3 +95,18 @@ class ParityRequestInvalidError(SpecInvalidError):
 
     code = "parity_request_invalid"
     title = "Invalid parity check request"
+
+
+class QueryInvalidError(SpecInvalidError):
+    """A query parameter of a list endpoint cannot be applied (e.g. ``engine_arg``
+    without ``=``). ``errors`` as in :class:`SpecInvalidError`, located at
+    ``["query", <name>]``."""
+
+    code = "query_invalid"
+    title = "Invalid query parameter"
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(
+            [{"loc": ["query", field], "msg": message, "type": "value_error"}],
+            detail=f"query parameter {field}: {message}",
+        )

@@ -33,9 +33,11 @@ METRIC_COLUMNS: dict[str, str] = {
     "hit_rate": "prefix_cache_hit_rate",
 }
 
-#: Sort keys: the table's columns. ``duration`` is ``finished_at - started_at``.
+#: Sort keys: the table's columns. ``duration`` is ``finished_at - started_at``;
+#: ``sequence`` is the execution order within an experiment.
 SORT_KEYS: tuple[str, ...] = (
     "submitted",
+    "sequence",
     "started",
     "duration",
     "experiment",
@@ -79,11 +81,13 @@ def parse_engine_arg(text: str) -> tuple[str, Any]:
 class HistoryFilter:
     """Filters of the run history; ``None`` means no filter.
 
+    ``experiment_id`` matches one experiment exactly.
     ``experiment`` matches the experiment's id exactly or its name as a
     case-insensitive substring. ``since``/``until`` bound the submission time
     (``runs.created_at``), ``until`` exclusive.
     """
 
+    experiment_id: str | None = None
     model: str | None = None
     status: str | None = None
     experiment: str | None = None
@@ -93,6 +97,8 @@ class HistoryFilter:
 
     def conditions(self) -> list[ColumnElement[bool]]:
         conds: list[ColumnElement[bool]] = []
+        if self.experiment_id:
+            conds.append(Run.experiment_id == self.experiment_id)
         if self.model:
             conds.append(Run.model_id == self.model)
         if self.status:
@@ -159,6 +165,7 @@ def _order(stmt: Any, sort: str, descending: bool) -> Any:
     else:
         key = {
             "submitted": Run.created_at,
+            "sequence": Run.sequence,
             "started": Run.started_at,
             "duration": Run.finished_at - Run.started_at,
             "experiment": Experiment.name,
