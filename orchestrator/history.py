@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, select, type_coerce
+from sqlalchemy import ColumnElement, func, select, text, type_coerce
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session, aliased
 
@@ -46,6 +46,9 @@ SORT_KEYS: tuple[str, ...] = (
     "variable",
     *METRIC_COLUMNS,
 )
+
+
+_NOT_NULL = frozenset({"submitted", "sequence", "model", "status", "experiment"})
 
 
 class HistoryQueryError(ValueError):
@@ -105,10 +108,13 @@ class HistoryFilter:
             conds.append(Run.status == self.status)
         if self.experiment:
             needle = self.experiment.replace("\\", "\\\\").replace("%", r"\%").replace("_", r"\_")
-            conds.append(
-                (Run.experiment_id == self.experiment)
+            # a subquery over the (much smaller) experiments table, then the runs by
+            # ix_runs_experiment_position, instead of filtering every joined run
+            matching = select(Experiment.id).where(
+                (Experiment.id == self.experiment)
                 | Experiment.name.ilike(f"%{needle}%", escape="\\")
             )
+            conds.append(Run.experiment_id.in_(matching))
         if self.engine_arg:
             name, value = self.engine_arg
             conds.append(type_coerce(Run.engine_args, JSONB).contains({name: value}))
@@ -173,7 +179,11 @@ def _order(stmt: Any, sort: str, descending: bool) -> Any:
             "status": Run.status,
             "variable": Run.variable,
         }[sort]
-    ordered = key.desc().nulls_last() if descending else key.asc().nulls_last()
+    if sort in _NOT_NULL:
+        # plain ASC/DESC so the b-tree index (e.g. ix_runs_created) gives the order
+        ordered = key.desc() if descending else key.asc()
+    else:
+        ordered = key.desc().nulls_last() if descending else key.asc().nulls_last()
     tie = Run.id.desc() if descending else Run.id.asc()
     return stmt.order_by(ordered, tie)
 
@@ -195,10 +205,7 @@ def history_page(
     """
     conds = flt.conditions()
     base = select(Run, Experiment.name).join(Experiment, Experiment.id == Run.experiment_id)
-    count_stmt = select(func.count()).select_from(Run)
-    if flt.experiment:
-        count_stmt = count_stmt.join(Experiment, Experiment.id == Run.experiment_id)
-    total = session.scalar(count_stmt.where(*conds)) or 0
+    total = session.scalar(select(func.count()).select_from(Run).where(*conds)) or 0
     stmt = _order(base.where(*conds), sort, descending).limit(limit).offset(offset)
     found: Sequence[Any] = session.execute(stmt).all()
     metrics = RunRepository(session).metrics_for([r.id for r, _ in found])
@@ -216,7 +223,24 @@ def history_page(
 
 
 def distinct_models(session: Session, limit: int = 200) -> list[str]:
-    """Model ids present in the run history (for the model filter), alphabetical."""
-    return list(
-        session.scalars(select(Run.model_id).distinct().order_by(Run.model_id).limit(limit))
+    """Model ids present in the run history (for the model filter), alphabetical.
+
+    A recursive skip scan over ``ix_runs_model_created``: one index probe per
+    distinct model instead of reading every run.
+    """
+    rows = session.execute(
+        text(
+            """
+            WITH RECURSIVE m(model_id) AS (
+                (SELECT model_id FROM runs ORDER BY model_id LIMIT 1)
+                UNION ALL
+                SELECT (SELECT r.model_id FROM runs r WHERE r.model_id > m.model_id
+                        ORDER BY r.model_id LIMIT 1)
+                FROM m WHERE m.model_id IS NOT NULL
+            )
+            SELECT model_id FROM m WHERE model_id IS NOT NULL LIMIT :limit
+            """
+        ),
+        {"limit": limit},
     )
+    return [r[0] for r in rows]

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator.history import HistoryQueryError, parse_engine_arg
-from tests.api.test_api import PROBLEM, client, settings  # noqa: F401  (fixtures)
+from tests.api.test_api import PROBLEM
 from tests.web.seed import bulk_history
 
 
