@@ -348,3 +348,76 @@ def parse_kv_cache_log(lines: Iterable[str]) -> dict[str, Any]:
             out["max_concurrency_tokens_per_request"] = int(_num(m.group(1)))
             out["maximum_concurrency"] = _num(m.group(2))
     return out
+
+
+# --------------------------------------------------------------------------- run check
+
+
+def _printed_tolerance_tokens(gib: float, bytes_per_token: int, block_size: int) -> int:
+    """Tokens the estimate may differ by because vLLM prints GiB with two decimals.
+
+    ±0.005 GiB of memory, as tokens, rounded up to a whole block; at least one block.
+    """
+    tokens = math.ceil(0.005 * GIB / max(1, bytes_per_token))
+    return max(block_size, math.ceil(tokens / block_size) * block_size)
+
+
+def check_against_engine(
+    model_config: Mapping[str, Any],
+    engine_args: Mapping[str, Any],
+    startup_facts: Mapping[str, Any],
+) -> dict[str, Any] | None:
+    """The estimate for a run, next to what its engine printed at start-up.
+
+    Args:
+        model_config: the model's ``config.json`` (HF names; see :func:`kv_bytes_per_token`).
+        engine_args: the run's resolved engine arguments (``block_size``,
+            ``kv_cache_dtype``, ``tensor_parallel_size``, ``pipeline_parallel_size``,
+            ``max_model_len``).
+        startup_facts: parsed engine start-up lines (``jobs.enginelog``):
+            ``available_kv_cache_memory_gib``, ``kv_cache_size_tokens``,
+            ``max_concurrency``, ``max_concurrency_context_tokens``, ``max_model_len``.
+
+    Returns:
+        ``None`` when the engine printed no KV cache memory figure. Otherwise
+        ``{"estimate": estimate_kv_cache(...) with the engine's own available
+        memory, "engine": {"kv_cache_tokens", "maximum_concurrency",
+        "available_kv_cache_gib"}, "tolerance_tokens": int, "difference_tokens":
+        engine - estimate, "agrees": bool}``. The tolerance is the rounding of
+        the printed GiB figure (two decimals) in whole blocks: a bigger gap means
+        the bytes-per-token model is wrong for this engine (e.g. an attention
+        backend with another layout, or a per-rank figure reported for all ranks).
+    """
+    gib = startup_facts.get("available_kv_cache_memory_gib")
+    if gib is None:
+        return None
+    block_size = int(engine_args.get("block_size") or 16)
+    max_model_len = int(
+        startup_facts.get("max_concurrency_context_tokens")
+        or engine_args.get("max_model_len")
+        or startup_facts.get("max_model_len")
+        or block_size
+    )
+    engine = {
+        "block_size": block_size,
+        "kv_cache_dtype": engine_args.get("kv_cache_dtype"),
+        "tensor_parallel_size": engine_args.get("tensor_parallel_size") or 1,
+        "pipeline_parallel_size": engine_args.get("pipeline_parallel_size") or 1,
+    }
+    est = estimate_kv_cache(
+        dict(model_config), engine, {"available_kv_cache": float(gib)}, max_model_len
+    )
+    printed_tokens = startup_facts.get("kv_cache_size_tokens")
+    tolerance = _printed_tolerance_tokens(float(gib), est["kv_bytes_per_token"], block_size)
+    diff = None if printed_tokens is None else int(printed_tokens) - int(est["kv_cache_tokens"])
+    return {
+        "estimate": est,
+        "engine": {
+            "kv_cache_tokens": printed_tokens,
+            "maximum_concurrency": startup_facts.get("max_concurrency"),
+            "available_kv_cache_gib": float(gib),
+        },
+        "tolerance_tokens": tolerance,
+        "difference_tokens": diff,
+        "agrees": diff is not None and abs(diff) <= tolerance,
+    }

@@ -6,6 +6,7 @@ Services take a session and never commit; the caller's unit of work does.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,8 @@ from orchestrator.repositories import (
 from orchestrator.settings import Settings
 from orchestrator.spec import ExperimentSpec, GoodputSLOs, PlannedVariant, Variant, expand
 from orchestrator.states import RunStatus, is_terminal
+
+log = logging.getLogger(__name__)
 
 GENERATED_SHAPES = ("tiny", "small")
 
@@ -450,6 +453,22 @@ def build_batch_job(settings: Settings, runs: list[Run]) -> BatchJob:
     )
 
 
+def _kv_cache_check(run: Run, engine_info: dict[str, Any]) -> dict[str, Any]:
+    """``{"kv_cache_check": ...}``: the KV cache estimate next to the engine's printed
+    figures (:func:`orchestrator.kvcache.check_against_engine`), or ``{}`` when the
+    model's config.json or the engine's figures are not available."""
+    from orchestrator.kvcache import check_against_engine
+
+    facts = engine_info.get("startup_facts") or {}
+    try:
+        config = json.loads((Path(run.model_path) / "config.json").read_text())
+        check = check_against_engine(config, run.engine_args or {}, facts)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.info("run %s: no KV cache check (%s)", run.id, exc)
+        return {}
+    return {} if check is None else {"kv_cache_check": check}
+
+
 def record_result(session: Session, run: Run, result: RunResult) -> None:
     """Store a finished run's result and end it, in the caller's transaction."""
     repo = RunRepository(session)
@@ -460,7 +479,7 @@ def record_result(session: Session, run: Run, result: RunResult) -> None:
         requests=[r.model_dump() for r in result.requests],
         engine_log=result.engine_log,
     )
-    run.engine_info = result.engine_info
+    run.engine_info = {**result.engine_info, **_kv_cache_check(run, result.engine_info)}
     run.timings = result.timings
     run.progress = {**(run.progress or {}), "phase": "done", "message": result.status}
     run.error = result.error

@@ -169,3 +169,56 @@ def test_mla_latent_not_divided_by_tp() -> None:
     one = kv_bytes_per_token(mla)
     eight = kv_bytes_per_token(mla, {"tensor_parallel_size": 8})
     assert one["kv_bytes_per_token"] == eight["kv_bytes_per_token"] == 61 * 576
+
+
+# --- the per-run check: estimate next to the engine's own start-up figures
+
+_DEMO = Path(__file__).resolve().parent.parent / "web" / "data" / "demo_experiment.json"
+
+
+def _demo_run() -> dict:
+    return json.loads(_DEMO.read_text())["experiment"]["runs"][1]
+
+
+# config.json of the generated "small" demo model (jobs/modelgen.py)
+_SMALL = {
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 64,
+    "hidden_size": 512,
+    "dtype": "bfloat16",
+}
+
+
+def test_check_against_a_real_engine_start_agrees() -> None:
+    from orchestrator.kvcache import check_against_engine
+
+    run = _demo_run()
+    facts = run["engine_info"]["startup_facts"]  # vLLM 0.32 CPU: 1 GiB, 131,072 tokens, 64x
+    check = check_against_engine(_SMALL, run["engine_args"], facts)
+    assert check is not None
+    # 2 (K,V) * 8 layers * 4 KV heads * 64 * 2 bytes = 8 KiB per token; 1 GiB / 8 KiB
+    assert check["estimate"]["kv_bytes_per_token"] == 8192
+    assert check["estimate"]["kv_cache_tokens"] == facts["kv_cache_size_tokens"] == 131072
+    assert check["estimate"]["maximum_concurrency"] == facts["max_concurrency"] == 64.0
+    assert check["difference_tokens"] == 0 and check["agrees"] is True
+
+
+def test_check_flags_a_figure_beyond_rounding() -> None:
+    from orchestrator.kvcache import check_against_engine
+
+    run = _demo_run()
+    facts = dict(run["engine_info"]["startup_facts"])
+    # an engine that reports twice the tokens for the same memory (e.g. per-rank
+    # memory counted for all ranks) disagrees; a 0.004 GiB print rounding does not
+    doubled = check_against_engine(
+        _SMALL, run["engine_args"], {**facts, "kv_cache_size_tokens": 262144}
+    )
+    assert doubled is not None and doubled["agrees"] is False
+    assert doubled["difference_tokens"] == 131072
+    rounded = check_against_engine(
+        _SMALL, run["engine_args"], {**facts, "available_kv_cache_memory_gib": 1.004}
+    )
+    assert rounded is not None and rounded["agrees"] is True
+    assert check_against_engine(_SMALL, run["engine_args"], {}) is None
