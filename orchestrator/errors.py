@@ -110,3 +110,11 @@ class QueryInvalidError(SpecInvalidError):
             [{"loc": ["query", field], "msg": message, "type": "value_error"}],
             detail=f"query parameter {field}: {message}",
         )
+
+
+class AnalyzeRequestInvalidError(SpecInvalidError):
+    """A ``/api/v1/analyze/*`` request cannot be answered (unknown model, missing
+    figures). ``errors`` as in :class:`SpecInvalidError`."""
+
+    code = "analyze_request_invalid"
+    title = "Invalid analysis request"

@@ -1,0 +1,196 @@
+"""``/api/v1/analyze/*``: what-if diagnostics that need no GPU.
+
+``POST /api/v1/analyze/kv-cache`` answers "what context cap and concurrency fit
+on 2 x 80 GB at TP=2?" from the model's ``config.json`` and the memory figures
+(:mod:`orchestrator.kvcache`, formulas and sources in its docstring).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchestrator import kvcache
+from orchestrator.errors import AnalyzeRequestInvalidError, SpecInvalidError
+from orchestrator.settings import Settings
+
+router = APIRouter(prefix="/api/v1/analyze", tags=["analyze"])
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+
+
+def _settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+class KVEngine(BaseModel):
+    """Engine arguments that shape the KV cache (vLLM names)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tensor_parallel_size: int = Field(1, ge=1, le=1024)
+    pipeline_parallel_size: int = Field(1, ge=1, le=1024)
+    block_size: int = Field(16, ge=1, le=4096, description="tokens per KV block")
+    kv_cache_dtype: str = Field("auto", description="auto (the model's dtype), fp8, bfloat16…")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    max_model_len: int | None = Field(
+        None, ge=1, description="the context cap to check (tokens); omitted: the model's maximum"
+    )
+
+
+class KVMemory(BaseModel):
+    """Memory per device, in GiB (2**30 bytes).
+
+    Either ``available_kv_cache_gib`` (what vLLM printed as "Available KV cache
+    memory") or the profile: ``device_memory_gib`` with ``weights_gib`` (default:
+    the model's weight files divided over TP x PP), ``activation_gib`` (peak
+    activation, measured; default 0) and ``non_torch_gib`` (CUDA context, NCCL
+    buffers; default 0).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    device_memory_gib: float | None = Field(None, gt=0, le=100_000)
+    weights_gib: float | None = Field(None, ge=0)
+    activation_gib: float = Field(0.0, ge=0)
+    non_torch_gib: float = Field(0.0, ge=0)
+    available_kv_cache_gib: float | None = Field(None, ge=0)
+
+
+class KVCacheQuery(BaseModel):
+    """``POST /api/v1/analyze/kv-cache``.
+
+    ``model``: a model name the service knows (generated ``tiny``/``small``, a
+    directory with ``config.json``, or a name under a model root), or the
+    ``config.json`` content itself (HF names: ``num_hidden_layers``,
+    ``num_key_value_heads``, ``head_dim``/``hidden_size``, ``num_attention_heads``,
+    MLA fields, ``extra_kv_layers`` for draft/MTP layers). ``concurrency``: also
+    give the largest context cap at which that many full-length requests fit.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | dict[str, Any]
+    engine: KVEngine = Field(default_factory=KVEngine)
+    memory: KVMemory
+    concurrency: int | None = Field(None, ge=1, le=1_000_000)
+
+
+def _problem(loc: list[str], msg: str) -> AnalyzeRequestInvalidError:
+    return AnalyzeRequestInvalidError(
+        [{"loc": ["body", *loc], "msg": msg, "type": "value_error"}],
+        detail=f"{'.'.join(loc)}: {msg}",
+    )
+
+
+def _model(settings: Settings, model: str | dict[str, Any]) -> tuple[dict[str, Any], Path | None]:
+    if isinstance(model, dict):
+        return model, None
+    from orchestrator.service import resolve_model
+
+    try:
+        resolved = resolve_model(settings, model)
+    except SpecInvalidError as exc:
+        raise AnalyzeRequestInvalidError(exc.errors, detail=str(exc)) from None
+    return json.loads((resolved.path / "config.json").read_text()), resolved.path
+
+
+def _weights_gib(path: Path | None, devices: int) -> float | None:
+    if path is None:
+        return None
+    total = sum(f.stat().st_size for f in path.iterdir() if f.name.endswith(WEIGHT_SUFFIXES))
+    return total / kvcache.GIB / devices if total else None
+
+
+@router.post("/kv-cache")
+def analyze_kv_cache(
+    query: KVCacheQuery, settings: Annotated[Settings, Depends(_settings)]
+) -> dict[str, Any]:
+    """KV cache bytes per token, KV cache size in tokens, maximum concurrency at the
+    context cap, whether the cap fits at all, and a table of caps.
+
+    Returns ``{"estimate": estimate_kv_cache(...) per device (bytes, tokens),
+    "devices": TP x PP, "memory_gib": the per-device figures used,
+    "max_model_len_for_concurrency": {...} when ``concurrency`` is given,
+    "context_caps": [{"max_model_len", "maximum_concurrency", "fits"}] for powers
+    of two up to the model's maximum, "assumptions": [str]}``. Errors: 422
+    problem+json naming the field (unknown model, a config without layer or head
+    counts, PP larger than the layer count, no memory figures, no weight size).
+    """
+    config, path = _model(settings, query.model)
+    eng = query.engine
+    devices = eng.tensor_parallel_size * eng.pipeline_parallel_size
+    assumptions: list[str] = []
+    mem = query.memory
+    if mem.available_kv_cache_gib is not None:
+        memory = {"available_kv_cache": mem.available_kv_cache_gib}
+    else:
+        if mem.device_memory_gib is None:
+            raise _problem(
+                ["memory"], "give device_memory_gib (per device) or available_kv_cache_gib"
+            )
+        weights = mem.weights_gib
+        if weights is None:
+            weights = _weights_gib(path, devices)
+            if weights is None:
+                raise _problem(
+                    ["memory", "weights_gib"],
+                    "the model directory has no weight files to size; give weights_gib "
+                    "(per device, GiB: the 'Loading weights took … GiB' figure)",
+                )
+            assumptions.append(
+                f"weights: the model's weight files over {devices} device(s) = {weights:.2f} GiB"
+            )
+        if mem.activation_gib == 0:
+            assumptions.append(
+                "peak activation memory 0 GiB: give activation_gib from a profiled start "
+                "for a tighter figure"
+            )
+        memory = {
+            "total_gpu_memory": mem.device_memory_gib,
+            "weights_memory": weights,
+            "peak_activation_memory": mem.activation_gib,
+            "non_torch_memory": mem.non_torch_gib,
+        }
+    max_pos = config.get("max_position_embeddings")
+    cap = eng.max_model_len or (int(max_pos) if isinstance(max_pos, int) else None)
+    if cap is None:
+        raise _problem(["engine", "max_model_len"], "the model config has no maximum; give one")
+    engine = eng.model_dump()
+    try:
+        est = kvcache.estimate_kv_cache(config, engine, memory, cap)
+    except KeyError as exc:
+        raise _problem(["model"], f"the model config lacks {exc.args[0]}") from None
+    except ValueError as exc:
+        raise _problem(["engine"], str(exc)) from None
+    out: dict[str, Any] = {
+        "estimate": est,
+        "devices": devices,
+        "memory_gib": {k: v for k, v in memory.items()},
+        "assumptions": assumptions,
+    }
+    if query.concurrency:
+        out["max_model_len_for_concurrency"] = kvcache.max_fitting_context(
+            config, engine, memory, query.concurrency
+        )
+    caps = []
+    top = int(max_pos) if isinstance(max_pos, int) else cap
+    length = 2 ** max(9, int(math.log2(max(1, eng.block_size))))
+    while length <= top:
+        row = kvcache.estimate_kv_cache(config, engine, memory, length)
+        caps.append(
+            {
+                "max_model_len": length,
+                "maximum_concurrency": round(row["maximum_concurrency"], 2),
+                "fits": row["fits"],
+            }
+        )
+        length *= 2
+    out["context_caps"] = caps
+    return out
