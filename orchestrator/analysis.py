@@ -181,19 +181,31 @@ def export(session: Session, experiment_id: str, fmt: str) -> bytes:
 def runs_as_data(session: Session, runs: list[Run]) -> dict[str, list[RunData]]:
     """Stored runs as :class:`RunData` (metrics, measured requests of succeeded runs), by name.
 
+    A succeeded run with prefix caching off counts ``prefix_cache_hit_rate`` as 0 (the
+    engine made no prefix-cache queries, so none is stored), so APC off -> on compares.
+
     Returns ``{variant name: [RunData, ...]}`` in the order of ``runs``.
     """
     metrics = RunRepository(session).metrics_for([r.id for r in runs])
     requests = _requests_by_run(session, [r.id for r in runs if r.status == "succeeded"])
     data: dict[str, list[RunData]] = defaultdict(list)
     for r in runs:
+        run_metrics = dict(metrics.get(r.id, {}))
+        if (
+            r.status == "succeeded"
+            and (r.engine_args or {}).get("enable_prefix_caching") is False
+            and "prefix_cache_hit_rate" not in run_metrics
+        ):
+            # prefix caching off: the engine makes no prefix-cache queries, so the
+            # stored metric is absent (no 0/0); for comparisons the hit rate is 0
+            run_metrics["prefix_cache_hit_rate"] = 0.0
         data[r.name].append(
             RunData(
                 run_id=r.id,
                 variant=r.name,
                 repeat_index=r.repeat_index,
                 status=r.status,
-                metrics=metrics.get(r.id, {}),
+                metrics=run_metrics,
                 requests=requests.get(r.id, []),
                 devices=reserved_devices(r.layout),
                 changed=dict(r.changes),

@@ -1,7 +1,377 @@
-"""Dashboard page: experiment (placeholder, being built)."""
+"""Dashboard page ``/experiments/{id}``: the ladder, verdicts with 95 % CIs, a chart, findings.
+
+The page is rendered on the server from :func:`orchestrator.analysis.comparison`
+(each variant against its reference, hierarchical bootstrap, 2000 draws) plus a
+per-level estimate of every compared metric (:func:`level_estimates`, used for
+the baseline's own point and interval in the chart). The chart data is embedded
+in the page as JSON (``<script type="application/json" id="chart-data">``).
+
+Live: while a run is active the page's script polls ``GET /api/v1/experiments/{id}``
+(every 3 s) and updates the run statuses in place; when a run finishes it fetches
+this page again and swaps in the new ladder, findings and chart data.
+
+Results are cached per experiment while the set of run ids and statuses does not
+change (a terminal run never changes again; only succeeded runs are compared).
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import threading
+from collections import OrderedDict
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse
+from sqlalchemy.orm import Session
+
+from api.app import experiment_status, server_reuse
+from api.pages import not_found, render
+from orchestrator.analysis import comparison, runs_as_data
+from orchestrator.compare import (
+    METRICS,
+    METRICS_BY_NAME,
+    MIN_REQUEST_VALUES,
+    MIN_RUN_REPEATS,
+    MetricSpec,
+    RunData,
+    _field_values,
+    _hierarchical_counts,
+    _interval,
+    _mean_draws,
+    _run_values,
+    _side,
+    _weighted_quantiles,
+)
+from orchestrator.db import unit_of_work
+from orchestrator.models import Experiment
+from orchestrator.repositories import ExperimentRepository
 
 router = APIRouter()
+
+#: Metrics shown in the ladder table: (metric name, heading with unit).
+KEY_METRICS: tuple[tuple[str, str], ...] = (
+    ("median_ttft_ms", "TTFT p50 (ms)"),
+    ("p99_ttft_ms", "TTFT p99 (ms)"),
+    ("median_tpot_ms", "TPOT p50 (ms)"),
+    ("median_e2el_ms", "E2EL p50 (ms)"),
+    ("output_throughput", "Output throughput (tok/s)"),
+    ("prefix_cache_hit_rate", "Prefix cache hit rate (%)"),
+)
+
+_RUN_LABELS = {
+    "output_throughput": "Output token throughput",
+    "request_throughput": "Request throughput",
+    "total_token_throughput": "Total token throughput",
+    "request_goodput": "Goodput",
+    "goodput_fraction": "Goodput fraction",
+    "prefix_cache_hit_rate": "Prefix cache hit rate",
+    "kv_cache_usage_peak": "KV cache usage peak",
+    "num_requests_waiting_peak": "Waiting requests peak",
+    "server_mean_queue_ms": "Server queue time, mean",
+    "server_mean_prefill_ms": "Server prefill time, mean",
+    "server_mean_decode_ms": "Server decode time, mean",
+}
+
+ACTIVE = frozenset({"queued", "preparing", "running"})
+DEFAULT_METRIC = "median_ttft_ms"
+_CACHE_SIZE = 32
+_cache: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def metric_label(spec: MetricSpec) -> str:
+    """Human heading with unit, e.g. ``TTFT p50 (ms)``, ``Prefix cache hit rate (%)``."""
+    if spec.level == "request":
+        stat, short, _ = spec.name.split("_")
+        stat = "p50" if stat == "median" else stat
+        return f"{short.upper()} {stat} ({spec.unit})"
+    base = _RUN_LABELS.get(spec.name, spec.name)
+    unit = "%" if spec.unit == "fraction" else spec.unit
+    return f"{base} ({unit})"
+
+
+def level_estimates(
+    runs: Sequence[RunData],
+    *,
+    only: Collection[str] | None = None,
+    n_boot: int = 2000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> dict[str, dict[str, float | None]]:
+    """One level's own value and percentile-bootstrap CI for every metric of ``METRICS``.
+
+    Same estimators as :func:`orchestrator.compare.compare_variant`, one side
+    only: request-level metrics are percentiles (ms) of the pooled measured
+    requests of the succeeded repeats, with a hierarchical bootstrap (repeats,
+    then requests within each repeat); run-level metrics are the mean over
+    repeats, with a bootstrap over repeats when there are at least
+    ``MIN_RUN_REPEATS`` of them (else no interval).
+
+    ``only``: compute just these metric names (default: all).
+
+    Returns:
+        ``{metric: {"value": float, "ci_low": float | None, "ci_high": float | None}}``;
+        metrics without data are absent.
+    """
+    rng = np.random.Generator(np.random.PCG64(seed))
+    out: dict[str, dict[str, float | None]] = {}
+    wanted = [m for m in METRICS if only is None or m.name in only]
+    side = _side(runs)
+    if side.requests and any(m.level == "request" for m in wanted):
+        counts = _hierarchical_counts(rng, side.sizes, n_boot)
+        fields: dict[str, list[MetricSpec]] = {}
+        for spec in wanted:
+            if spec.level == "request" and spec.field is not None:
+                fields.setdefault(spec.field, []).append(spec)
+        for field, specs in fields.items():
+            values, owner = _field_values(side, field)
+            if values.size == 0:
+                continue
+            values = values * 1000.0
+            qs = [s.quantile if s.quantile is not None else 0.5 for s in specs]
+            draws = (
+                _weighted_quantiles(values, owner, counts, qs)
+                if values.size >= MIN_REQUEST_VALUES
+                else None
+            )
+            for k, (spec, q) in enumerate(zip(specs, qs, strict=True)):
+                ci = None if draws is None else _interval(draws[:, k], confidence)
+                out[spec.name] = {
+                    "value": float(np.percentile(values, 100.0 * q)),
+                    "ci_low": ci[0] if ci else None,
+                    "ci_high": ci[1] if ci else None,
+                }
+    for spec in wanted:
+        if spec.level != "run":
+            continue
+        vals = _run_values(runs, spec.name)
+        if vals.size == 0:
+            continue
+        ci = (
+            _interval(_mean_draws(rng, vals, n_boot), confidence)
+            if vals.size >= MIN_RUN_REPEATS
+            else None
+        )
+        out[spec.name] = {
+            "value": float(vals.mean()),
+            "ci_low": ci[0] if ci else None,
+            "ci_high": ci[1] if ci else None,
+        }
+    return out
+
+
+def _short_path(path: str) -> str:
+    """``engine_args.enable_prefix_caching`` -> ``enable_prefix_caching`` (vLLM's own name)."""
+    section, _, name = path.partition(".")
+    return name if section in ("engine_args", "layout") and name else path
+
+
+def _changes(variant: dict[str, Any], chain: dict[str, Any]) -> list[dict[str, Any]]:
+    """The changed variable as ``[{"name", "path", "reference", "value"}]`` (one per path)."""
+    paths = list(chain.get("paths") or variant.get("variable_paths") or [])
+    if not paths:
+        return []
+    ref, new = chain.get("reference_value"), chain.get("variant_value")
+    missing = "reference_value" not in chain
+    out = []
+    for p in paths:
+        if missing:
+            r, v = None, (variant.get("changes") or {}).get(p)
+        elif len(paths) == 1:
+            r, v = ref, new
+        else:
+            r = ref.get(p) if isinstance(ref, dict) else None
+            v = new.get(p) if isinstance(new, dict) else None
+        out.append(
+            {"name": _short_path(p), "path": p, "reference": r, "value": v, "known": not missing}
+        )
+    return out
+
+
+def _ci_on_scale(reference: float, row: dict[str, Any]) -> tuple[float | None, float | None]:
+    """A variant's CI on the metric's scale from its comparison row.
+
+    ``ci_of == "ratio"``: reference x [ci_low, ci_high]; ``"difference"``:
+    reference + [ci_low, ci_high]; (None, None) when there is no interval.
+    """
+    lo, hi = row.get("ci_low"), row.get("ci_high")
+    if lo is None or hi is None:
+        return None, None
+    if row.get("ci_of") == "ratio":
+        return reference * lo, reference * hi
+    return reference + lo, reference + hi
+
+
+def _build(session: Session, exp: Experiment) -> dict[str, Any]:
+    """Comparison, ladder rows and chart document of one experiment (see module docstring)."""
+    runs = list(exp.runs)
+    cmp = comparison(session, exp.id)
+    chain = {c["variant"]: c for c in cmp["chain"]}
+    compared = {v["variant"]: v for v in cmp["variants"]}
+    variants = sorted(
+        exp.variants,
+        key=lambda v: (v.get("reference") is not None, v.get("position", 0)),
+    )
+    by_name: dict[str, list[dict[str, Any]]] = {}  # plain data: the result is cached
+    for r in sorted(runs, key=lambda r: (r.position, r.repeat_index)):
+        by_name.setdefault(r.name, []).append(
+            {
+                "id": r.id,
+                "repeat_index": r.repeat_index,
+                "status": r.status,
+                "status_reason": r.status_reason,
+                "partial": r.partial,
+            }
+        )
+    data = runs_as_data(session, runs)
+    own: dict[str, dict[str, dict[str, float | None]]] = {}
+    for v in variants:
+        name = v["name"]
+        rows = {m["metric"]: m for m in compared.get(name, {}).get("metrics", [])}
+        missing = {m.name for m in METRICS if m.name not in rows}
+        if v.get("reference") is None:
+            own[name] = level_estimates(data.get(name, []))
+        else:  # only what the comparison lacks (e.g. a metric the reference never had)
+            own[name] = level_estimates(data.get(name, []), only=missing) if missing else {}
+
+    ladder = []
+    chart_points: dict[str, list[dict[str, Any]]] = {m.name: [] for m in METRICS}
+    labels = []
+    for v in variants:
+        name, ref = v["name"], v.get("reference")
+        entry = chain.get(name, {})
+        comp = compared.get(name)
+        rows = {m["metric"]: m for m in (comp or {}).get("metrics", [])}
+        changes = _changes(v, entry)
+        cells = []
+        for metric, heading in KEY_METRICS:
+            spec = METRICS_BY_NAME[metric]
+            row = rows.get(metric)
+            mine = own[name].get(metric)
+            cells.append(
+                {
+                    "metric": metric,
+                    "heading": heading,
+                    "fraction": spec.unit == "fraction",
+                    "row": row,
+                    "own": mine,
+                    "baseline": ref is None,
+                }
+            )
+        ladder.append(
+            {
+                "name": name,
+                "position": v.get("position", 0),
+                "reference": ref,
+                "variable": v.get("variable"),
+                "changes": changes,
+                "runs": by_name.get(name, []),
+                "succeeded": entry.get("succeeded", 0),
+                "notes": (comp or {}).get("notes", []),
+                "cells": cells,
+            }
+        )
+        label = [name]
+        for ch in changes:
+            label.append(f"{ch['name']}={_text(ch['value'])}")
+        labels.append(label)
+        for spec in METRICS:
+            row = rows.get(spec.name)
+            mine = own[name].get(spec.name)
+            point: dict[str, Any] = {
+                "variant": name,
+                "reference": ref,
+                "value": None,
+                "ci_low": None,
+                "ci_high": None,
+                "ci_source": None,
+                "verdict": None,
+            }
+            if row is not None:
+                lo, hi = _ci_on_scale(row["reference"], row)
+                point.update(
+                    value=row["variant"],
+                    ci_low=lo,
+                    ci_high=hi,
+                    ci_source="vs reference" if lo is not None else None,
+                    verdict=row["verdict"],
+                )
+            elif mine is not None:
+                point.update(
+                    value=mine["value"],
+                    ci_low=mine["ci_low"],
+                    ci_high=mine["ci_high"],
+                    ci_source="own" if mine["ci_low"] is not None else None,
+                )
+            chart_points[spec.name].append(point)
+    chart = {
+        "experiment_id": exp.id,
+        "labels": labels,
+        "default": DEFAULT_METRIC,
+        "metrics": [
+            {
+                "name": m.name,
+                "label": metric_label(m),
+                "unit": m.unit,
+                "direction": m.direction,
+                "points": chart_points[m.name],
+            }
+            for m in METRICS
+        ],
+    }
+    return {"comparison": cmp, "ladder": ladder, "chart": chart}
+
+
+def _text(value: Any) -> str:
+    """A configuration value as shown in labels: ``true``, ``64``, ``fp8``."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "–" if value is None else str(value)
+
+
+def analysis(session: Session, exp: Experiment) -> dict[str, Any]:
+    """``{"comparison", "ladder", "chart"}`` of ``exp``, cached while its runs' ids and
+    statuses are unchanged (at most ``_CACHE_SIZE`` experiments)."""
+    key = (exp.id, tuple(sorted((r.id, r.status) for r in exp.runs)))
+    with _cache_lock:
+        hit = _cache.get(key)
+        if hit is not None:
+            _cache.move_to_end(key)
+            return hit
+    result = _build(session, exp)
+    with _cache_lock:
+        _cache[key] = result
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return result
+
+
+def _context(session: Session, exp: Experiment) -> dict[str, Any]:
+    runs = list(exp.runs)
+    result = analysis(session, exp)
+    return {
+        "nav": "runs",
+        "exp": exp,
+        "status": experiment_status(runs),
+        "run_count": len(runs),
+        "reuse": server_reuse(runs),
+        "active": any(r.status in ACTIVE for r in runs),
+        "key_metrics": KEY_METRICS,
+        "ladder": result["ladder"],
+        "findings": result["comparison"]["findings"],
+        "chart": result["chart"],
+        "metrics": [(m.name, metric_label(m)) for m in METRICS],
+        "default_metric": DEFAULT_METRIC,
+    }
+
+
+@router.get("/experiments/{experiment_id}", response_class=HTMLResponse)
+def experiment_page(experiment_id: str, request: Request) -> HTMLResponse:
+    """The experiment page (404 page for an unknown id)."""
+    with unit_of_work(request.app.state.session_factory) as session:
+        exp = ExperimentRepository(session).get(experiment_id)
+        if exp is None:
+            return not_found(request, f"No experiment {experiment_id}.")
+        return render(request, "experiment.html", _context(session, exp))
