@@ -194,3 +194,34 @@ def analyze_kv_cache(
         length *= 2
     out["context_caps"] = caps
     return out
+
+
+findings_router = APIRouter(prefix="/api/v1", tags=["findings"])
+
+
+def _session(request: Request) -> Any:
+    from orchestrator.db import unit_of_work
+
+    with unit_of_work(request.app.state.session_factory) as session:
+        yield session
+
+
+@findings_router.get("/runs/{run_id}/findings")
+def run_findings(run_id: str, session: Annotated[Any, Depends(_session)]) -> dict[str, Any]:
+    """The advisor's findings for a run, in the order operators roll changes back
+    (:mod:`orchestrator.advisor`): ``{"run_id", "findings": [{code, severity, rank,
+    scope, run_id, variant, message, action, evidence}]}``. 404 for an unknown run."""
+    from orchestrator.analysis import run_advice
+
+    return {"run_id": run_id, "findings": run_advice(session, run_id)}
+
+
+@findings_router.get("/experiments/{experiment_id}/findings")
+def experiment_findings(
+    experiment_id: str, session: Annotated[Any, Depends(_session)]
+) -> dict[str, Any]:
+    """The advisor's findings for an experiment: each run's and the comparison's
+    (bootstrap CIs), in rollback order. Shape as for runs, ``experiment_id`` instead."""
+    from orchestrator.analysis import experiment_advice
+
+    return {"experiment_id": experiment_id, "findings": experiment_advice(session, experiment_id)}

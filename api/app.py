@@ -729,10 +729,12 @@ def create_app(settings: Settings, session_factory: sessionmaker[Session]) -> Fa
         session.execute(text("SELECT 1"))
         return {"status": "ok", "database": "ok"}
 
+    from api.analyze import findings_router
     from api.analyze import router as analyze_router
     from api.pages import build_router
 
     app.include_router(analyze_router)
+    app.include_router(findings_router)
 
     app.include_router(build_router())
     app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")

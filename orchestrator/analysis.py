@@ -212,3 +212,50 @@ def runs_as_data(session: Session, runs: list[Run]) -> dict[str, list[RunData]]:
             )
         )
     return data
+
+
+def run_advice(session: Session, run_id: str) -> list[dict[str, Any]]:
+    """The advisor's findings for one run (:func:`orchestrator.advisor.run_findings`),
+    JSON-safe, in rollback order. Raises :class:`NotFoundError` for an unknown run."""
+    from orchestrator.advisor import ordered
+    from orchestrator.service import get_run
+
+    run = get_run(session, run_id)
+    return [a.model_dump(mode="json") for a in ordered(_run_advice(session, run))]
+
+
+def _run_advice(session: Session, run: Run) -> list[Any]:
+    from orchestrator.advisor import run_findings
+    from orchestrator.models import RunLog
+
+    log_text = None
+    if run.status in ("failed", "blocked"):
+        row = session.get(RunLog, run.id)
+        log_text = row.content[-200_000:] if row else None
+    doc = {
+        "id": run.id,
+        "status": run.status,
+        "error": run.error,
+        "engine_args": run.engine_args,
+        "engine_info": run.engine_info,
+    }
+    return run_findings(doc, RunRepository(session).metrics(run.id), log_text)
+
+
+def experiment_advice(session: Session, experiment_id: str) -> list[dict[str, Any]]:
+    """The advisor's findings for an experiment: every run's, the comparison's
+    (bootstrap-backed) and more-devices-slower, in rollback order."""
+    from orchestrator.advisor import from_compare, more_devices_slower, ordered
+
+    exp = get_experiment(session, experiment_id)
+    runs = sorted(exp.runs, key=lambda r: r.sequence)
+    advice = []
+    for r in runs:
+        for a in _run_advice(session, r):
+            a.variant = r.name
+            advice.append(a)
+    cmp = comparison(session, experiment_id)
+    devices = {r.name: reserved_devices(r.layout) for r in runs}
+    advice += more_devices_slower(cmp["variants"], devices)
+    advice += from_compare(cmp["findings"])
+    return [a.model_dump(mode="json") for a in ordered(advice)]
