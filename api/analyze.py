@@ -225,3 +225,53 @@ def experiment_findings(
     from orchestrator.analysis import experiment_advice
 
     return {"experiment_id": experiment_id, "findings": experiment_advice(session, experiment_id)}
+
+
+class PrefixQuery(BaseModel):
+    """``POST /api/v1/analyze/prefix``.
+
+    ``requests``: the workload in the order sent, each an OpenAI chat-completions body
+    (``messages``, optional ``tools``) or a completions body (``prompt``); other body
+    fields are ignored. ``model``: as for the KV cache endpoint (its tokenizer and chat
+    template render the prompts). ``block_size``: the engine's KV block size in tokens
+    (vLLM's default 16 on GPUs; the CPU build uses 128).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    requests: list[dict[str, Any]] = Field(min_length=1, max_length=5000)
+    block_size: int = Field(16, ge=1, le=4096)
+    add_generation_prompt: bool = True
+
+
+@router.post("/prefix")
+def analyze_prefix(
+    query: PrefixQuery, settings: Annotated[Settings, Depends(_settings)]
+) -> dict[str, Any]:
+    """Render every request with the model's tokenizer and chat template and compare
+    TOKENS: the prefix all requests share (tokens and whole KV blocks), clusters, the
+    first divergence (token position and source location: message, field, characters),
+    its cause (timestamp, uuid, request id, random id, user name, JSON key order,
+    whitespace, reordered messages or tools), the best hit rate vLLM's prefix cache can
+    reach for this list, and the change that would raise it
+    (:func:`orchestrator.prefix.analyze_prefix`; shape: ``PrefixAnalysis``).
+    422 problem+json: unknown model, a malformed request (named by index), a chat
+    template that fails on a request."""
+    from orchestrator.prefix import analyze_prefix as run_analysis
+    from orchestrator.service import resolve_model
+
+    try:
+        resolved = resolve_model(settings, query.model)
+    except SpecInvalidError as exc:
+        raise AnalyzeRequestInvalidError(exc.errors, detail=str(exc)) from None
+    try:
+        analysis = run_analysis(
+            query.requests,
+            resolved.path,
+            block_size=query.block_size,
+            add_generation_prompt=query.add_generation_prompt,
+        )
+    except ValueError as exc:
+        raise _problem(["requests"], str(exc)) from None
+    return analysis.model_dump(mode="json")

@@ -57,7 +57,8 @@ OOM_PATTERNS = re.compile(
 
 #: Below this measured hit rate (0-1), prefix caching "has no effect".
 LOW_HIT_RATE = 0.05
-#: Measured below ``predicted - FAR`` or above ``predicted + FAR`` is "far" (absolute, 0-1).
+#: Measured below ``predicted - FAR`` or above ``predicted + FAR`` is "far" (absolute, 0-1;
+#: :func:`orchestrator.prefix.hit_rate_finding`).
 FAR = 0.2
 
 
@@ -187,7 +188,7 @@ def _prefix_findings(
     rid: str, metrics: Mapping[str, float], analysis: Mapping[str, Any] | None
 ) -> list[Advice]:
     measured = metrics.get("prefix_cache_hit_rate")
-    predicted = (analysis or {}).get("predicted_hit_rate")
+    predicted = (analysis or {}).get("predicted_hit_rate")  # None also when it errored
     evidence: dict[str, Any] = {"measured_hit_rate": measured}
     if analysis:
         evidence["prediction"] = {
@@ -205,43 +206,24 @@ def _prefix_findings(
     cause = (analysis or {}).get("cause")
     advice = (analysis or {}).get("advice")
     if predicted is not None and measured is not None:
-        if measured < predicted - FAR:
+        from orchestrator.prefix import hit_rate_finding
+
+        found = hit_rate_finding(float(predicted), float(measured), tolerance=FAR)
+        if found is not None:
             return [
                 Advice(
-                    code="hit_rate_below_prediction",
-                    severity="warning",
-                    rank=RANK["hit_rate_below_prediction"],
+                    code=found.code,
+                    severity=found.severity,
+                    rank=RANK[found.code],
                     scope="run",
                     run_id=rid,
-                    message=(
-                        f"measured prefix cache hit rate {measured:.1%} is far below the "
-                        f"{predicted:.1%} the request list allows"
-                    ),
-                    action=(
-                        "the cache evicts or misses what the prompts share: check KV cache "
-                        "usage (a full cache evicts prefixes), max_num_seqs and the order "
-                        "requests arrive in"
-                    ),
-                    evidence=evidence,
-                )
-            ]
-        if measured > predicted + FAR:
-            return [
-                Advice(
-                    code="hit_rate_above_prediction",
-                    severity="info",
-                    rank=RANK["hit_rate_above_prediction"],
-                    scope="run",
-                    run_id=rid,
-                    message=(
-                        f"measured prefix cache hit rate {measured:.1%} is far above the "
-                        f"{predicted:.1%} the request list allows"
-                    ),
-                    action=(
-                        "vLLM's counters can count recomputed (preempted) tokens as hits; "
-                        "look at num_preemptions before crediting prefix caching"
-                    ),
-                    evidence={**evidence, "num_preemptions": metrics.get("num_preemptions_delta")},
+                    message=found.message,
+                    action=_PREDICTION_ACTIONS[found.code],
+                    evidence={
+                        **evidence,
+                        **found.evidence,
+                        "num_preemptions": metrics.get("num_preemptions_delta"),
+                    },
                 )
             ]
     if measured is None or measured < LOW_HIT_RATE:
@@ -267,6 +249,18 @@ def _prefix_findings(
             )
         ]
     return []
+
+
+_PREDICTION_ACTIONS = {
+    "hit_rate_below_prediction": (
+        "the cache evicts or misses what the prompts share: check KV cache usage (a full "
+        "cache evicts prefixes), max_num_seqs and the order requests arrive in"
+    ),
+    "hit_rate_above_prediction": (
+        "vLLM's counters can count recomputed (preempted) tokens as hits; look at "
+        "num_preemptions and blocks left from earlier runs before crediting prefix caching"
+    ),
+}
 
 
 def more_devices_slower(

@@ -469,6 +469,28 @@ def _kv_cache_check(run: Run, engine_info: dict[str, Any]) -> dict[str, Any]:
     return {} if check is None else {"kv_cache_check": check}
 
 
+def _prefix_analysis(run: Run, result: RunResult) -> dict[str, Any]:
+    """``{"prefix_analysis": ...}`` for a succeeded run with prefix caching on: the
+    prompt-prefix analyser over the run's own request list (rebuilt from its workload,
+    as the runner built it), summarised by :func:`orchestrator.prefix.summarize`;
+    ``{"prefix_analysis": {"error": ...}}`` when it cannot be computed, ``{}`` otherwise."""
+    if result.status != "succeeded" or not (run.engine_args or {}).get("enable_prefix_caching"):
+        return {}
+    try:
+        from jobs.modelgen import load_tokenizer
+        from jobs.workload import build_requests
+        from orchestrator.prefix import analyze_prefix, summarize
+
+        spec = WorkloadSpec.model_validate(run.workload)
+        requests = build_requests(spec, load_tokenizer(run.model_path))
+        block_size = int((run.engine_args or {}).get("block_size") or 16)
+        analysis = analyze_prefix(requests, run.model_path, block_size=block_size)
+    except Exception as exc:  # the run's result must be stored whatever the analyser does
+        log.warning("run %s: prefix analysis failed: %s", run.id, exc)
+        return {"prefix_analysis": {"error": f"{type(exc).__name__}: {exc}"[:500]}}
+    return {"prefix_analysis": summarize(analysis)}
+
+
 def record_result(session: Session, run: Run, result: RunResult) -> None:
     """Store a finished run's result and end it, in the caller's transaction."""
     repo = RunRepository(session)
@@ -479,7 +501,11 @@ def record_result(session: Session, run: Run, result: RunResult) -> None:
         requests=[r.model_dump() for r in result.requests],
         engine_log=result.engine_log,
     )
-    run.engine_info = {**result.engine_info, **_kv_cache_check(run, result.engine_info)}
+    run.engine_info = {
+        **result.engine_info,
+        **_kv_cache_check(run, result.engine_info),
+        **_prefix_analysis(run, result),
+    }
     run.timings = result.timings
     run.progress = {**(run.progress or {}), "phase": "done", "message": result.status}
     run.error = result.error

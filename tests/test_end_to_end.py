@@ -171,6 +171,17 @@ def test_engine_failure_then_apc_experiment(stack: dict[str, Any]) -> None:
     assert apc["metrics"]["prefix_cache_hits_delta"] > 0
     assert apc["metrics"]["prefix_cache_hit_rate"] > 0.3
     assert base["request_list_hash"] == apc["request_list_hash"]
+    # diagnostics stored with the run: the KV cache estimate agrees with the engine's own
+    # figures, and the prompt-prefix analyser's prediction for the request list is close
+    # bounds the measured hit rate (the prediction assumes each request's prefix is cached
+    # before the next arrives; at concurrency 2 the first two arrive together)
+    for r in (base, apc):
+        assert r["engine_info"]["kv_cache_check"]["agrees"] is True
+    assert "prefix_analysis" not in base["engine_info"]
+    predicted = apc["engine_info"]["prefix_analysis"]["predicted_hit_rate"]
+    assert 0.3 < apc["metrics"]["prefix_cache_hit_rate"] <= predicted + 0.02
+    findings = httpx.get(f"{apc['url']}/findings", timeout=30).json()["findings"]
+    assert "hit_rate_above_prediction" not in {f["code"] for f in findings}
 
     # the numbers are in Postgres, not only in the API's answer
     with factory() as s:
