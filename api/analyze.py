@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.deps import SessionDep, SettingsDep
 from orchestrator import kvcache
 from orchestrator.errors import AnalyzeRequestInvalidError, SpecInvalidError
 from orchestrator.settings import Settings
@@ -22,11 +23,6 @@ from orchestrator.settings import Settings
 router = APIRouter(prefix="/api/v1/analyze", tags=["analyze"])
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
-
-
-def _settings(request: Request) -> Settings:
-    settings: Settings = request.app.state.settings
-    return settings
 
 
 class KVEngine(BaseModel):
@@ -109,9 +105,7 @@ def _weights_gib(path: Path | None, devices: int) -> float | None:
 
 
 @router.post("/kv-cache")
-def analyze_kv_cache(
-    query: KVCacheQuery, settings: Annotated[Settings, Depends(_settings)]
-) -> dict[str, Any]:
+def analyze_kv_cache(query: KVCacheQuery, settings: SettingsDep) -> dict[str, Any]:
     """KV cache bytes per token, KV cache size in tokens, maximum concurrency at the
     context cap, whether the cap fits at all, and a table of caps.
 
@@ -199,15 +193,8 @@ def analyze_kv_cache(
 findings_router = APIRouter(prefix="/api/v1", tags=["findings"])
 
 
-def _session(request: Request) -> Any:
-    from orchestrator.db import unit_of_work
-
-    with unit_of_work(request.app.state.session_factory) as session:
-        yield session
-
-
 @findings_router.get("/runs/{run_id}/findings")
-def run_findings(run_id: str, session: Annotated[Any, Depends(_session)]) -> dict[str, Any]:
+def run_findings(run_id: str, session: SessionDep) -> dict[str, Any]:
     """The advisor's findings for a run, in the order operators roll changes back
     (:mod:`orchestrator.advisor`): ``{"run_id", "findings": [{code, severity, rank,
     scope, run_id, variant, message, action, evidence}]}``. 404 for an unknown run."""
@@ -217,9 +204,7 @@ def run_findings(run_id: str, session: Annotated[Any, Depends(_session)]) -> dic
 
 
 @findings_router.get("/experiments/{experiment_id}/findings")
-def experiment_findings(
-    experiment_id: str, session: Annotated[Any, Depends(_session)]
-) -> dict[str, Any]:
+def experiment_findings(experiment_id: str, session: SessionDep) -> dict[str, Any]:
     """The advisor's findings for an experiment: each run's and the comparison's
     (bootstrap CIs), in rollback order. Shape as for runs, ``experiment_id`` instead."""
     from orchestrator.analysis import experiment_advice
@@ -246,9 +231,7 @@ class PrefixQuery(BaseModel):
 
 
 @router.post("/prefix")
-def analyze_prefix(
-    query: PrefixQuery, settings: Annotated[Settings, Depends(_settings)]
-) -> dict[str, Any]:
+def analyze_prefix(query: PrefixQuery, settings: SettingsDep) -> dict[str, Any]:
     """Render every request with the model's tokenizer and chat template and compare
     TOKENS: the prefix all requests share (tokens and whole KV blocks), clusters, the
     first divergence (token position and source location: message, field, characters),

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, Body, FastAPI, Query, Request
 from fastapi.responses import PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -15,6 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from api import problems
+from api.deps import SessionDep, SettingsDep
 from api.schemas import (
     ExperimentCreated,
     ExperimentListItem,
@@ -35,7 +35,6 @@ from api.schemas import (
     ScheduleUpdate,
 )
 from orchestrator import service
-from orchestrator.db import unit_of_work
 from orchestrator.engine_catalog import load_catalog
 from orchestrator.errors import (
     NotFoundError,
@@ -67,19 +66,6 @@ from orchestrator.states import RunStatus
 WEB_DIR = Path(__file__).resolve().parent.parent / "web" / "static"
 
 
-def _session(request: Request) -> Iterator[Session]:
-    """One unit of work per request: commit on success, roll back on error."""
-    with unit_of_work(request.app.state.session_factory) as session:
-        yield session
-
-
-def _settings(request: Request) -> Settings:
-    settings: Settings = request.app.state.settings
-    return settings
-
-
-SessionDep = Annotated[Session, Depends(_session)]
-SettingsDep = Annotated[Settings, Depends(_settings)]
 Limit = Annotated[int, Query(ge=1, le=500)]
 Offset = Annotated[int, Query(ge=0, le=10**12)]
 

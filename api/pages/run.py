@@ -20,6 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
 from api.pages import not_found, render
+from orchestrator.analysis import run_advice
 from orchestrator.db import unit_of_work
 from orchestrator.models import Run
 from orchestrator.repositories import RunRepository
@@ -280,6 +281,9 @@ def run_page(run_id: str, request: Request) -> HTMLResponse:
         has_log = repo.log(run_id) is not None
         classes = per_class(metrics)
         engine_info = dict(run.engine_info or {})
+        kv_check = engine_info.pop("kv_cache_check", None)
+        prefix_analysis = engine_info.pop("prefix_analysis", None)
+        findings = [] if run.status in ACTIVE else run_advice(session, run_id)
         startup_facts = engine_info.pop("startup_facts", None) or {}
         histogram_notes = engine_info.pop("histogram_notes", None) or []
         cards = [c for c in CARDS if not c.optional or c.metric in metrics]
@@ -308,6 +312,9 @@ def run_page(run_id: str, request: Request) -> HTMLResponse:
             "parity_rows": parity_rows(parity) if parity else [],
             "parity_nodes": [str(n) for n in (parity or {}).get("nodes", [])],
             "has_log": has_log,
+            "findings": findings,
+            "kv_check": kv_check,
+            "prefix_analysis": prefix_analysis,
             "pretty": _pretty,
             "fmt_metric": format_metric,
         }
