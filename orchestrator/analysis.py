@@ -242,9 +242,14 @@ def _run_advice(session: Session, run: Run) -> list[Any]:
     return run_findings(doc, RunRepository(session).metrics(run.id), log_text)
 
 
-def experiment_advice(session: Session, experiment_id: str) -> list[dict[str, Any]]:
+def experiment_advice(
+    session: Session, experiment_id: str, comparison_doc: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """The advisor's findings for an experiment: every run's, the comparison's
-    (bootstrap-backed) and more-devices-slower, in rollback order."""
+    (bootstrap-backed) and more-devices-slower, in rollback order.
+
+    ``comparison_doc``: :func:`comparison` of the experiment when the caller has it
+    already (it is the expensive part)."""
     from orchestrator.advisor import from_compare, more_devices_slower, ordered
 
     exp = get_experiment(session, experiment_id)
@@ -254,7 +259,7 @@ def experiment_advice(session: Session, experiment_id: str) -> list[dict[str, An
         for a in _run_advice(session, r):
             a.variant = r.name
             advice.append(a)
-    cmp = comparison(session, experiment_id)
+    cmp = comparison_doc or comparison(session, experiment_id)
     devices = {r.name: reserved_devices(r.layout) for r in runs}
     advice += more_devices_slower(cmp["variants"], devices)
     advice += from_compare(cmp["findings"])

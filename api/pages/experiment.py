@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from api.app import experiment_status, server_reuse
 from api.pages import not_found, render
-from orchestrator.analysis import comparison, runs_as_data
+from orchestrator.analysis import comparison, experiment_advice, runs_as_data
 from orchestrator.compare import (
     METRICS,
     METRICS_BY_NAME,
@@ -321,7 +321,8 @@ def _build(session: Session, exp: Experiment) -> dict[str, Any]:
             for m in METRICS
         ],
     }
-    return {"comparison": cmp, "ladder": ladder, "chart": chart}
+    findings = experiment_advice(session, exp.id, cmp)
+    return {"comparison": cmp, "ladder": ladder, "chart": chart, "findings": findings}
 
 
 def _text(value: Any) -> str:
@@ -332,8 +333,9 @@ def _text(value: Any) -> str:
 
 
 def analysis(session: Session, exp: Experiment) -> dict[str, Any]:
-    """``{"comparison", "ladder", "chart"}`` of ``exp``, cached while its runs' ids and
-    statuses are unchanged (at most ``_CACHE_SIZE`` experiments)."""
+    """``{"comparison", "ladder", "chart", "findings"}`` of ``exp`` (findings: the
+    advisor's, in rollback order), cached while its runs' ids and statuses are
+    unchanged (at most ``_CACHE_SIZE`` experiments)."""
     key = (exp.id, tuple(sorted((r.id, r.status) for r in exp.runs)))
     with _cache_lock:
         hit = _cache.get(key)
@@ -360,7 +362,7 @@ def _context(session: Session, exp: Experiment) -> dict[str, Any]:
         "active": any(r.status in ACTIVE for r in runs),
         "key_metrics": KEY_METRICS,
         "ladder": result["ladder"],
-        "findings": result["comparison"]["findings"],
+        "findings": result["findings"],
         "chart": result["chart"],
         "metrics": [(m.name, metric_label(m)) for m in METRICS],
         "default_metric": DEFAULT_METRIC,
