@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
 from typing import Any
 
-import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
@@ -32,17 +30,8 @@ from orchestrator.analysis import comparison, experiment_advice, runs_as_data
 from orchestrator.compare import (
     METRICS,
     METRICS_BY_NAME,
-    MIN_REQUEST_VALUES,
-    MIN_RUN_REPEATS,
     MetricSpec,
-    RunData,
-    _field_values,
-    _hierarchical_counts,
-    _interval,
-    _mean_draws,
-    _run_values,
-    _side,
-    _weighted_quantiles,
+    level_estimates,
 )
 from orchestrator.db import unit_of_work
 from orchestrator.models import Experiment
@@ -90,76 +79,6 @@ def metric_label(spec: MetricSpec) -> str:
     base = _RUN_LABELS.get(spec.name, spec.name)
     unit = "%" if spec.unit == "fraction" else spec.unit
     return f"{base} ({unit})"
-
-
-def level_estimates(
-    runs: Sequence[RunData],
-    *,
-    only: Collection[str] | None = None,
-    n_boot: int = 2000,
-    seed: int = 0,
-    confidence: float = 0.95,
-) -> dict[str, dict[str, float | None]]:
-    """One level's own value and percentile-bootstrap CI for every metric of ``METRICS``.
-
-    Same estimators as :func:`orchestrator.compare.compare_variant`, one side
-    only: request-level metrics are percentiles (ms) of the pooled measured
-    requests of the succeeded repeats, with a hierarchical bootstrap (repeats,
-    then requests within each repeat); run-level metrics are the mean over
-    repeats, with a bootstrap over repeats when there are at least
-    ``MIN_RUN_REPEATS`` of them (else no interval).
-
-    ``only``: compute just these metric names (default: all).
-
-    Returns:
-        ``{metric: {"value": float, "ci_low": float | None, "ci_high": float | None}}``;
-        metrics without data are absent.
-    """
-    rng = np.random.Generator(np.random.PCG64(seed))
-    out: dict[str, dict[str, float | None]] = {}
-    wanted = [m for m in METRICS if only is None or m.name in only]
-    side = _side(runs)
-    if side.requests and any(m.level == "request" for m in wanted):
-        counts = _hierarchical_counts(rng, side.sizes, n_boot)
-        fields: dict[str, list[MetricSpec]] = {}
-        for spec in wanted:
-            if spec.level == "request" and spec.field is not None:
-                fields.setdefault(spec.field, []).append(spec)
-        for field, specs in fields.items():
-            values, owner = _field_values(side, field)
-            if values.size == 0:
-                continue
-            values = values * 1000.0
-            qs = [s.quantile if s.quantile is not None else 0.5 for s in specs]
-            draws = (
-                _weighted_quantiles(values, owner, counts, qs)
-                if values.size >= MIN_REQUEST_VALUES
-                else None
-            )
-            for k, (spec, q) in enumerate(zip(specs, qs, strict=True)):
-                ci = None if draws is None else _interval(draws[:, k], confidence)
-                out[spec.name] = {
-                    "value": float(np.percentile(values, 100.0 * q)),
-                    "ci_low": ci[0] if ci else None,
-                    "ci_high": ci[1] if ci else None,
-                }
-    for spec in wanted:
-        if spec.level != "run":
-            continue
-        vals = _run_values(runs, spec.name)
-        if vals.size == 0:
-            continue
-        ci = (
-            _interval(_mean_draws(rng, vals, n_boot), confidence)
-            if vals.size >= MIN_RUN_REPEATS
-            else None
-        )
-        out[spec.name] = {
-            "value": float(vals.mean()),
-            "ci_low": ci[0] if ci else None,
-            "ci_high": ci[1] if ci else None,
-        }
-    return out
 
 
 def _short_path(path: str) -> str:
