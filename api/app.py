@@ -700,6 +700,8 @@ def _add_spec_schema(app: FastAPI) -> None:
 
 def create_app(settings: Settings, session_factory: sessionmaker[Session]) -> FastAPI:
     app = FastAPI(
+        docs_url=None,  # served below from the vendored Swagger UI (no CDN)
+        redoc_url=None,
         title="vlab",
         version="0.1.0",
         description="Controlled, one-variable-at-a-time experiments on vLLM, run through Ray.",
@@ -709,6 +711,20 @@ def create_app(settings: Settings, session_factory: sessionmaker[Session]) -> Fa
     problems.install(app)
     app.include_router(router)
     _add_spec_schema(app)
+
+    @app.get("/docs", include_in_schema=False)
+    def swagger_ui() -> Response:
+        """Swagger UI for ``/openapi.json`` from ``web/static/vendor/swagger-ui``
+        (swagger-ui-dist 5.35.0), so the API docs work offline too."""
+        from fastapi.openapi.docs import get_swagger_ui_html
+
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title="vlab API",
+            swagger_js_url="/static/vendor/swagger-ui/swagger-ui-bundle.js",
+            swagger_css_url="/static/vendor/swagger-ui/swagger-ui.css",
+            swagger_favicon_url="/static/vendor/swagger-ui/favicon-32x32.png",
+        )
 
     @app.get("/healthz")
     def healthz(session: SessionDep) -> dict[str, str]:
