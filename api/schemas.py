@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 from pydantic_core import PydanticCustomError
 
 T = TypeVar("T")
@@ -199,7 +199,7 @@ class ScheduleIn(BaseModel):
     cron: str = Field(max_length=200)
     timezone: str = Field("UTC", max_length=64)
     template: dict[str, Any]
-    enabled: bool = True
+    enabled: StrictBool = True
     concurrency_policy: Literal["skip", "queue"] = "skip"
     catch_up: Literal["latest", "none"] = "latest"
     end_at: datetime | None = None
@@ -240,7 +240,7 @@ class ScheduleUpdate(BaseModel):
     cron: str | None = Field(None, max_length=200)
     timezone: str | None = Field(None, max_length=64)
     template: dict[str, Any] | None = None
-    enabled: bool | None = None
+    enabled: StrictBool | None = None
     concurrency_policy: Literal["skip", "queue"] | None = None
     catch_up: Literal["latest", "none"] | None = None
     end_at: datetime | None = None

@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator import service
@@ -58,10 +58,15 @@ NEXT_FIRES = 5
 
 
 def check_cron(expr: str) -> str:
-    """``expr`` stripped, if it is a valid 5-field cron expression; else ValueError."""
+    """``expr`` stripped, if it is a valid 5-field cron expression that fires at least
+    once; else ValueError."""
     expr = " ".join(expr.split())
     if len(expr.split(" ")) != 5 or not croniter.is_valid(expr):
         raise ValueError(f"invalid cron expression {expr!r}: expected 5 valid fields")
+    try:  # valid fields can still name a date that never exists ("0 0 31 2 *")
+        croniter(expr, datetime(2026, 1, 1)).get_next(datetime)
+    except CroniterBadDateError:
+        raise ValueError(f"cron expression {expr!r} never fires (no such date)") from None
     return expr
 
 

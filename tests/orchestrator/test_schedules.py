@@ -128,6 +128,9 @@ def test_crud_and_next_fire_times(client: TestClient) -> None:
     assert patched.json()["enabled"] is False and patched.json()["cron"] == "5 * * * *"
     bad = client.patch(f"/api/v1/schedules/{sid}", json={"timezone": "Mars/Olympus"})
     assert bad.status_code == 422
+    for value in ("yes", 1):  # only true/false: no silent coercion of "yes" or 1
+        resp = client.patch(f"/api/v1/schedules/{sid}", json={"enabled": value})
+        assert resp.status_code == 422 and resp.json()["errors"][0]["loc"][-1] == "enabled"
     assert client.post("/api/v1/schedules", json=body).status_code == 409
     assert client.get(f"/api/v1/schedules/{sid}/fires").json()["items"] == []
     assert client.delete(f"/api/v1/schedules/{sid}").status_code == 204
@@ -139,6 +142,7 @@ def test_crud_and_next_fire_times(client: TestClient) -> None:
     [
         ("cron", "61 * * * *", ["body", "cron"]),
         ("cron", "0 9 * *", ["body", "cron"]),
+        ("cron", "0 0 31 2 *", ["body", "cron"]),  # valid fields, a date that never exists
         ("timezone", "Europe/Atlantis", ["body", "timezone"]),
     ],
 )
