@@ -23,6 +23,23 @@ from orchestrator.settings import Settings
 router = APIRouter(prefix="/api/v1/analyze", tags=["analyze"])
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+#: Upper bound of any memory figure (GiB per device): far above any device, keeps
+#: the arithmetic finite.
+MAX_GIB = 1_000_000.0
+#: Model config integers the estimate reads, with their largest sane value.
+CONFIG_INTS = {
+    "num_hidden_layers": 10_000,
+    "num_attention_heads": 100_000,
+    "num_key_value_heads": 100_000,
+    "head_dim": 65_536,
+    "hidden_size": 10_000_000,
+    "kv_lora_rank": 65_536,
+    "qk_rope_head_dim": 65_536,
+    "max_position_embeddings": 1 << 40,
+    "extra_kv_layers": 10_000,
+    "num_draft_layers": 10_000,
+    "num_mtp_layers": 10_000,
+}
 
 
 class KVEngine(BaseModel):
@@ -50,13 +67,13 @@ class KVMemory(BaseModel):
     buffers; default 0).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    device_memory_gib: float | None = Field(None, gt=0, le=100_000)
-    weights_gib: float | None = Field(None, ge=0)
-    activation_gib: float = Field(0.0, ge=0)
-    non_torch_gib: float = Field(0.0, ge=0)
-    available_kv_cache_gib: float | None = Field(None, ge=0)
+    device_memory_gib: float | None = Field(None, gt=0, le=MAX_GIB)
+    weights_gib: float | None = Field(None, ge=0, le=MAX_GIB)
+    activation_gib: float = Field(0.0, ge=0, le=MAX_GIB)
+    non_torch_gib: float = Field(0.0, ge=0, le=MAX_GIB)
+    available_kv_cache_gib: float | None = Field(None, ge=0, le=MAX_GIB)
 
 
 class KVCacheQuery(BaseModel):
@@ -93,8 +110,50 @@ def _model(settings: Settings, model: str | dict[str, Any]) -> tuple[dict[str, A
     try:
         resolved = resolve_model(settings, model)
     except SpecInvalidError as exc:
-        raise AnalyzeRequestInvalidError(exc.errors, detail=str(exc)) from None
+        raise AnalyzeRequestInvalidError(exc.errors, detail=exc.errors[0]["msg"]) from None
     return json.loads((resolved.path / "config.json").read_text()), resolved.path
+
+
+def _check_config(config: dict[str, Any], eng: KVEngine) -> None:
+    """422 for a config vLLM would refuse or that is not numbers (field named).
+
+    Integers must be JSON integers within sane bounds (:data:`CONFIG_INTS`); TP must
+    divide the attention heads (vLLM: "Total number of attention heads must be
+    divisible by tensor parallel size"), and the KV heads must split over TP
+    (``kv % tp == 0``) or be replicated evenly (``tp % kv == 0``); PP may not exceed
+    the layer count.
+    """
+    for key, top in CONFIG_INTS.items():
+        if key not in config or config[key] is None:
+            continue
+        value = config[key]
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+            raise _problem(["model", key], f"must be a whole number from 1 to {top}, got {value!r}")
+    if "num_hidden_layers" not in config:
+        raise _problem(["model", "num_hidden_layers"], "the model config lacks it")
+    mla = bool(config.get("use_mla", config.get("kv_lora_rank") is not None))
+    heads = config.get("num_attention_heads")
+    if not mla and heads is None:
+        raise _problem(["model", "num_attention_heads"], "the model config lacks it")
+    tp = eng.tensor_parallel_size
+    if heads is not None and heads % tp:
+        raise _problem(
+            ["engine", "tensor_parallel_size"],
+            f"{tp} does not divide num_attention_heads ({heads}); vLLM refuses this layout",
+        )
+    kv = config.get("num_key_value_heads") or heads
+    if not mla and kv is not None and kv % tp and tp % kv:
+        raise _problem(
+            ["engine", "tensor_parallel_size"],
+            f"{tp} neither divides num_key_value_heads ({kv}) nor is a multiple of it",
+        )
+    if not mla and config.get("head_dim") is None and config.get("hidden_size") is None:
+        raise _problem(["model", "head_dim"], "the model config lacks head_dim and hidden_size")
+    if eng.pipeline_parallel_size > config["num_hidden_layers"]:
+        raise _problem(
+            ["engine", "pipeline_parallel_size"],
+            f"{eng.pipeline_parallel_size} stages for {config['num_hidden_layers']} layers",
+        )
 
 
 def _weights_gib(path: Path | None, devices: int) -> float | None:
@@ -119,9 +178,21 @@ def analyze_kv_cache(query: KVCacheQuery, settings: SettingsDep) -> dict[str, An
     """
     config, path = _model(settings, query.model)
     eng = query.engine
+    _check_config(config, eng)
     devices = eng.tensor_parallel_size * eng.pipeline_parallel_size
     assumptions: list[str] = []
+    if config.get("sliding_window") and not config.get("use_mla"):
+        assumptions.append(
+            f"sliding_window {config['sliding_window']} ignored: every layer is counted as "
+            "full attention, so the KV need is an upper bound"
+        )
     mem = query.memory
+    if mem.available_kv_cache_gib is not None and mem.device_memory_gib is not None:
+        raise _problem(
+            ["memory"],
+            "give either available_kv_cache_gib (what vLLM printed) or the memory profile "
+            "(device_memory_gib, weights_gib, ...), not both",
+        )
     if mem.available_kv_cache_gib is not None:
         memory = {"available_kv_cache": mem.available_kv_cache_gib}
     else:
@@ -155,14 +226,31 @@ def analyze_kv_cache(query: KVCacheQuery, settings: SettingsDep) -> dict[str, An
     max_pos = config.get("max_position_embeddings")
     cap = eng.max_model_len or (int(max_pos) if isinstance(max_pos, int) else None)
     if cap is None:
-        raise _problem(["engine", "max_model_len"], "the model config has no maximum; give one")
+        raise _problem(
+            ["engine", "max_model_len"],
+            "the model config has no max_position_embeddings; give max_model_len",
+        )
+    if isinstance(max_pos, int) and cap > max_pos:
+        raise _problem(
+            ["engine", "max_model_len"],
+            f"{cap} is above the model's max_position_embeddings ({max_pos}); vLLM refuses "
+            "it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (and the model then degrades)",
+        )
     engine = eng.model_dump()
     try:
         est = kvcache.estimate_kv_cache(config, engine, memory, cap)
     except KeyError as exc:
-        raise _problem(["model"], f"the model config lacks {exc.args[0]}") from None
+        raise _problem(["model", str(exc.args[0])], "the model config lacks it") from None
     except ValueError as exc:
         raise _problem(["engine"], str(exc)) from None
+    if est["gpu_blocks"] == 0 and "available_kv_cache" not in memory:
+        assumptions.append(
+            "no memory is left for the KV cache: weights + activation + non-torch memory "
+            f"exceed device_memory_gib x gpu_memory_utilization "
+            f"({mem.device_memory_gib} x {eng.gpu_memory_utilization}); use more devices "
+            "(TP/PP split the weights) or a smaller model"
+        )
+    est["available_kv_gib"] = round(est["available_kv_gib"], 4)
     out: dict[str, Any] = {
         "estimate": est,
         "devices": devices,
@@ -247,7 +335,7 @@ def analyze_prefix(query: PrefixQuery, settings: SettingsDep) -> dict[str, Any]:
     try:
         resolved = resolve_model(settings, query.model)
     except SpecInvalidError as exc:
-        raise AnalyzeRequestInvalidError(exc.errors, detail=str(exc)) from None
+        raise AnalyzeRequestInvalidError(exc.errors, detail=exc.errors[0]["msg"]) from None
     try:
         analysis = run_analysis(
             query.requests,

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from tests.api.test_api import PROBLEM
@@ -97,3 +98,73 @@ def test_named_model_and_bad_input(client: TestClient) -> None:
     assert resp.status_code == 422
     resp = client.post("/api/v1/analyze/kv-cache", json={"model": "tiny", "memory": {}})
     assert resp.status_code == 422 and resp.json()["errors"][0]["loc"] == ["body", "memory"]
+
+
+LLAMA = {
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 131072,
+}
+
+
+@pytest.mark.parametrize(
+    ("body", "loc", "words"),
+    [
+        # layouts vLLM refuses
+        ({"engine": {"tensor_parallel_size": 3}}, ["engine", "tensor_parallel_size"], "divide"),
+        ({"engine": {"tensor_parallel_size": 64}}, ["engine", "tensor_parallel_size"], "divide"),
+        ({"engine": {"pipeline_parallel_size": 64}}, ["engine", "pipeline_parallel_size"], "64"),
+        ({"engine": {"max_model_len": 1_000_000}}, ["engine", "max_model_len"], "131072"),
+        # configs that are not sane numbers
+        ({"model": {**LLAMA, "num_key_value_heads": 0}}, ["model", "num_key_value_heads"], "1"),
+        ({"model": {**LLAMA, "num_hidden_layers": "32"}}, ["model", "num_hidden_layers"], "'32'"),
+        ({"model": {**LLAMA, "num_hidden_layers": 32.5}}, ["model", "num_hidden_layers"], "32.5"),
+        ({"model": {**LLAMA, "head_dim": 10**300}}, ["model", "head_dim"], "65536"),
+        # memory figures: infinite, absurd, or both kinds at once
+        (
+            {"memory": {"device_memory_gib": 80, "weights_gib": 1e308}},
+            ["memory", "weights_gib"],
+            "",
+        ),
+        (
+            {"memory": {"available_kv_cache_gib": 1, "device_memory_gib": 80}},
+            ["memory"],
+            "not both",
+        ),
+    ],
+)
+def test_refusals_name_the_field(
+    client: TestClient, body: dict[str, Any], loc: list[str], words: str
+) -> None:
+    doc: dict[str, Any] = {
+        "model": LLAMA,
+        "engine": {},
+        "memory": {"device_memory_gib": 80, "weights_gib": 15},
+    }
+    doc.update(body)
+    resp = client.post("/api/v1/analyze/kv-cache", json=doc)
+    assert resp.status_code == 422, resp.text
+    assert resp.headers["content-type"] == PROBLEM
+    err = resp.json()["errors"][0]
+    assert err["loc"][1:] == loc and words in err["msg"]
+
+
+def test_infinity_and_no_room_left(client: TestClient) -> None:
+    raw = '{"model": "tiny", "memory": {"device_memory_gib": 8, "weights_gib": Infinity}}'
+    resp = client.post(
+        "/api/v1/analyze/kv-cache", content=raw, headers={"content-type": "application/json"}
+    )
+    assert resp.status_code == 422
+    out = client.post(
+        "/api/v1/analyze/kv-cache",
+        json={"model": LLAMA, "memory": {"device_memory_gib": 8, "weights_gib": 20}},
+    ).json()
+    assert out["estimate"]["kv_cache_tokens"] == 0 and out["estimate"]["fits"] is False
+    assert any("no memory is left" in a for a in out["assumptions"])
+    slid = client.post(
+        "/api/v1/analyze/kv-cache",
+        json={"model": {**LLAMA, "sliding_window": 4096}, "memory": {"available_kv_cache_gib": 8}},
+    ).json()
+    assert any("sliding_window 4096 ignored" in a for a in slid["assumptions"])
