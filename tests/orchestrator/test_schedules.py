@@ -24,8 +24,8 @@ from orchestrator.engine_catalog import load_catalog
 from orchestrator.models import Experiment, Run, Schedule, ScheduleFire
 from orchestrator.schedules import fire_due_schedules, next_fire_times
 from orchestrator.settings import Settings
-from tests.api.test_api import _finish, demo_spec
 from tests.api.conftest import settings as settings  # noqa: F401 - fixture
+from tests.api.test_api import _finish, demo_spec
 from tests.conftest import fresh_database
 
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)  # a Monday
