@@ -260,7 +260,10 @@ def list_runs(
         ),
     ] = None,
     since: Annotated[datetime | None, Query(description="submitted at or after")] = None,
-    until: Annotated[datetime | None, Query(description="submitted before")] = None,
+    until: Annotated[
+        datetime | None,
+        Query(description="submitted before (exclusive; a date alone means its midnight UTC)"),
+    ] = None,
     sort: Annotated[
         str | None,
         Query(
@@ -278,6 +281,8 @@ def list_runs(
     same query, :func:`orchestrator.history.history_page`). Runs without the sort value
     (e.g. no metric yet) come last."""
     try:
+        if since and until and until <= since:
+            raise HistoryQueryError("until", "until must be after since")
         flt = HistoryFilter(
             experiment_id=experiment_id,
             model=model,

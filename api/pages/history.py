@@ -95,7 +95,7 @@ def parse_query(params: dict[str, str]) -> tuple[HistoryFilter, str, bool, int, 
     sort = params.get("sort") or "submitted"
     if sort not in SORT_KEYS:
         raise HistoryQueryError("sort", f"unknown sort column {sort!r}")
-    direction = params.get("dir") or "desc"
+    direction = params.get("dir") or params.get("order") or "desc"  # order: the API's name
     if direction not in ("asc", "desc"):
         raise HistoryQueryError("dir", f"dir must be asc or desc, got {direction!r}")
     page = _int("page", params.get("page") or "1", 1, 10**9)
@@ -116,8 +116,11 @@ def history(request: Request) -> HTMLResponse:
         result = history_page(
             session, flt, sort=sort, descending=desc, limit=per_page, offset=(page - 1) * per_page
         )
+        if error is not None:  # show the error, not an unfiltered table that looks filtered
+            result.rows, result.total = [], 0
         models = distinct_models(session)
         pages = max(1, -(-result.total // per_page))
+        past_end = result.total > 0 and page > pages
 
         def link(**changes: Any) -> str:
             q = {k: v for k, v in params.items() if k != "fragment"}
@@ -140,6 +143,7 @@ def history(request: Request) -> HTMLResponse:
             "statuses": [s.value for s in RunStatus],
             "models": models,
             "link": link,
+            "past_end": past_end,
             "active": any(r.run.status in ("queued", "preparing", "running") for r in result.rows),
         }
         template = "history_rows.html" if params.get("fragment") == "rows" else "history.html"

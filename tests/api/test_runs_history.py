@@ -82,5 +82,7 @@ def test_bad_sort_and_engine_arg_are_problems(client: TestClient) -> None:
     resp = client.get("/api/v1/runs", params={"sort": "nope"})
     assert resp.status_code == 422 and resp.headers["content-type"] == PROBLEM
     assert resp.json()["errors"][0]["loc"] == ["query", "sort"]
+    resp = client.get("/api/v1/runs", params={"since": "2026-03-02", "until": "2026-03-01"})
+    assert resp.status_code == 422 and resp.json()["errors"][0]["loc"] == ["query", "until"]
     resp = client.get("/api/v1/runs", params={"engine_arg": "oops"})
     assert resp.status_code == 422 and "name=value" in resp.json()["detail"]

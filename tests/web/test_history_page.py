@@ -111,6 +111,18 @@ def test_bad_filter_is_a_clear_error(page: Page, live_server: str) -> None:
     response = page.goto(live_server + "/?engine_arg=novalue&since=yesterday")
     assert response is not None and response.status == 422
     expect(page.locator("p.error")).to_contain_text("must")
+    # no unfiltered table under the error: it would look like a filtered result
+    expect(page.locator("#total")).to_have_text("0 runs")
+    expect(page.locator("#rows")).to_contain_text("Fix the filter above")
+
+
+def test_page_past_the_end_and_the_apis_order_name(page: Page, live_server: str) -> None:
+    page.goto(live_server + "/?model=bulk-model&page=99")
+    expect(page.locator("#rows")).to_contain_text("Page 99 is past the last page (3)")
+    page.click("#rows a")
+    expect(page.locator("#rows tr")).to_have_count(50)
+    page.goto(live_server + "/?model=bulk-model&sort=ttft_p50&order=asc")
+    expect(page.locator("th[data-sort=ttft_p50]")).to_have_attribute("aria-sort", "ascending")
 
 
 def test_selection_survives_paging_and_opens_compare(page: Page, live_server: str) -> None:

@@ -83,7 +83,7 @@ def test_real_run_shows_header_cards_charts_and_tables(
     page.goto(f"{live_server}/runs/{run_id}")
 
     # header: name, experiment, status, the change vs the reference run
-    expect(page.locator("#run-name")).to_have_text("apc-on#0")
+    expect(page.locator("#run-name")).to_have_text("apc-on #1")  # repeats count from 1
     expect(page.locator("#experiment-link")).to_have_text("demo apc")
     expect(page.locator("#experiment-link")).to_have_attribute(
         "href", f"/experiments/{seeded['real']['experiment_id']}"
@@ -382,3 +382,31 @@ def test_unknown_run_is_a_404_page(page: Page, live_server: str) -> None:
     assert response is not None and response.status == 404
     expect(page.locator("h1")).to_have_text("Not found")
     expect(page.locator("p.error")).to_contain_text("No run")
+
+
+def test_start_time_appears_live(
+    page: Page, live_server: str, seeded: dict[str, Any], web_db: sessionmaker[Session]
+) -> None:
+    src = seeded["real"]["runs"]["apc-on#1"]
+    with web_db.begin() as s:
+        run = _clone_run(
+            s,
+            src,
+            _experiment(s, "live-start"),
+            status="preparing",
+            started_at=None,
+            finished_at=None,
+            progress={"phase": "waiting_health"},
+        )
+        run_id = run.id
+    page.goto(f"{live_server}/runs/{run_id}")
+    expect(page.locator("#started")).to_have_text("–")
+    with web_db.begin() as s:
+        r = s.get(Run, run_id)
+        assert r is not None
+        r.status, r.started_at = "running", datetime(2026, 11, 30, 18, 0, 5, 250000, tzinfo=UTC)
+    expect(page.locator("#started")).to_have_text("2026-11-30 18:00:05 UTC", timeout=10_000)
+    with web_db.begin() as s:  # end it, so no other page sees an active run
+        r = s.get(Run, run_id)
+        assert r is not None
+        r.status, r.finished_at = "cancelled", datetime.now(UTC)

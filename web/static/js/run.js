@@ -188,6 +188,11 @@
     bar.max = p.requests_total || 1;
     bar.value = p.requests_done || 0;
     document.getElementById("progress-text").textContent = progressText(p) || "waiting for the orchestrator";
+    const started = document.getElementById("started");
+    if (run.started_at && started.textContent.trim() === "–") {
+      // the same form as the server's: 2026-11-30 18:40:12 UTC
+      started.textContent = run.started_at.replace("T", " ").replace(/(\.\d+)?(Z|\+00:00)$/, "") + " UTC";
+    }
   }
 
   // ---------------------------------------------------------------- distributions
