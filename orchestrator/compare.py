@@ -785,6 +785,10 @@ def _ci_list(eff: _Effect) -> list[float] | None:
     return list(eff.ci) if eff.ci else None
 
 
+#: Equivalence margin for "E2EL did not move": the ratio's whole CI inside it.
+FLAT_LOW, FLAT_HIGH = 0.8, 1.25
+
+
 def findings(
     comparisons_by_variant: Mapping[str, Sequence[MetricComparison]],
     runs_by_variant: Mapping[str, Sequence[RunData]],
@@ -806,8 +810,10 @@ def findings(
 
     Codes:
         - ``hit_rate_up_e2e_flat`` (info): prefix cache hit rate up by >= 0.2
-          (absolute) but median E2EL verdict "no clear difference" or ratio
-          within [0.9, 1.1].
+          (absolute) but median E2EL flat: its ratio CI lies within
+          [:data:`FLAT_LOW`, :data:`FLAT_HIGH`] (an equivalence margin of ±20 %;
+          a wider interval is inconclusive, not flat), or, without a CI, the
+          point ratio is within [0.9, 1.1].
         - ``tp_up_throughput_per_device_down`` (warning): the changed variable
           includes ``tensor_parallel_size``, it increased, and output
           throughput per reserved device fell (ratio CI entirely below 1, or
@@ -831,9 +837,12 @@ def findings(
         by = _by_metric(comps)
         hit, e2el = by.get("prefix_cache_hit_rate"), by.get("median_e2el_ms")
         if hit is not None and e2el is not None and hit.difference >= 0.2:
-            flat = e2el.verdict == "no clear difference" or (
-                e2el.ratio is not None and 0.9 <= e2el.ratio <= 1.1
-            )
+            if e2el.ci_of == "ratio" and e2el.ci_low is not None and e2el.ci_high is not None:
+                # "barely moved" needs evidence: the whole interval within +-20 %; a wide
+                # interval means the runs cannot tell, which is no finding
+                flat = e2el.ci_low >= FLAT_LOW and e2el.ci_high <= FLAT_HIGH
+            else:
+                flat = e2el.ratio is not None and 0.9 <= e2el.ratio <= 1.1
             if flat:
                 out.append(
                     Finding(

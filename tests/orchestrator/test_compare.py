@@ -557,3 +557,30 @@ def test_parquet_round_trip_with_mixed_types() -> None:
     pd.testing.assert_frame_equal(
         back.astype(str), safe.astype(str), check_dtype=False, check_column_type=False
     )
+
+
+def test_a_wide_e2el_interval_is_not_flat() -> None:
+    """Noisy E2EL (no clear difference, but a CI spanning 0.5x-2x) does not support
+    "barely moved": no hit_rate_up_e2e_flat finding (a new-user trial saw [0.33, 1.80])."""
+    noisy = [
+        run(
+            "apc-on",
+            i,
+            [
+                req(t * s, itl=[0.05 * s] * 4)
+                for t, s in zip(BASE_TTFT, [0.3, 2.2] * len(BASE_TTFT), strict=False)
+            ],
+            {"prefix_cache_hit_rate": 0.6},
+        )
+        for i in range(3)
+    ]
+    runs = {"baseline": hit_rate_runs("baseline", 0.05, 1.0), "apc-on": noisy}
+    comps = {"apc-on": compare_variant(noisy, runs["baseline"], n_boot=N_BOOT)}
+    e2el = next(c for c in comps["apc-on"] if c.metric == "median_e2el_ms")
+    assert e2el.verdict == "no clear difference"
+    assert e2el.ci_low is not None and e2el.ci_high is not None
+    assert e2el.ci_low < 0.8 or e2el.ci_high > 1.25
+    codes = [
+        f.code for f in findings(comps, runs, refs_for("apc-on", "baseline", APC), n_boot=N_BOOT)
+    ]
+    assert "hit_rate_up_e2e_flat" not in codes
