@@ -507,7 +507,17 @@ def record_result(session: Session, run: Run, result: RunResult) -> None:
         **_prefix_analysis(run, result),
     }
     run.timings = result.timings
-    run.progress = {**(run.progress or {}), "phase": "done", "message": result.status}
+    # the final counters are what was measured, not the last heartbeat's (which may
+    # predate the last requests or belong to the previous phase)
+    measured = sum(1 for r in result.requests if not r.warmup)
+    run.progress = {
+        **(run.progress or {}),
+        "phase": "done",
+        "message": result.status,
+        "requests_done": measured,
+    }
+    if result.status == "succeeded":
+        run.progress["requests_total"] = measured
     run.error = result.error
     run.partial = result.partial
     if result.engine_info.get("vllm_version"):

@@ -166,6 +166,8 @@ def test_engine_failure_then_apc_experiment(stack: dict[str, Any]) -> None:
         assert m["median_e2el_ms"] >= m["median_ttft_ms"]
         assert m["output_throughput"] > 0
         assert r["started_at"] and r["finished_at"]
+        n = WORKLOAD["num_requests"]
+        assert (r["progress"]["requests_done"], r["progress"]["requests_total"]) == (n, n)
     # APC off: no prefix cache hits; APC on: the shared prefix hits
     assert base["metrics"].get("prefix_cache_hits_delta", 0) == 0
     assert apc["metrics"]["prefix_cache_hits_delta"] > 0
