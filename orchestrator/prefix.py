@@ -30,6 +30,19 @@ What it does, in order:
 4. **Predict** the prefix cache hit rate of the workload sent in order, and re-predict it
    after each advised change (the volatile span moved to the end of the last message, JSON
    keys sorted, tools sorted, whitespace normalised, messages kept in one order).
+5. **Follow the prefix**: a prompt often holds several volatile values (an id, then a
+   clock). The change for the first cause is simulated on the requests, which are
+   re-rendered and compared again to find the next cause, and so on (at most
+   ``MAX_CAUSE_ROUNDS`` rounds, until the prompts differ only in the last message). Each
+   advice carries the hit rate predicted with its change and every earlier one applied
+   (cumulative) and whether that raises the hit rate; changes that do not (e.g. moving a
+   clock that already sits at the end of the shared text) are listed after the others.
+6. **Note** what the rendering hides: tools the chat template does not render (they do
+   not reach the prompt, so they cannot break the prefix), a date the template writes
+   itself.
+
+Malformed requests raise :class:`ValueError` whose message starts with ``requests[i]: ``
+(``i``: the index in the list given) and says what is wrong in plain words.
 
 How vLLM (V1 engine; checked against the vLLM 0.32 sources of the engine environment)
 counts prefix cache hits, which :func:`predict_hit_rate` reproduces:
@@ -68,7 +81,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
@@ -129,10 +142,12 @@ class PrefixRequest(BaseModel):
 
     @model_validator(mode="after")
     def _one_kind(self) -> PrefixRequest:
-        if (self.messages is None) == (self.prompt is None):
-            raise ValueError("a request has either 'messages' or 'prompt' (exactly one)")
+        if self.messages is None and self.prompt is None:
+            raise ValueError('needs "messages" (chat) or "prompt" (completions)')
+        if self.messages is not None and self.prompt is not None:
+            raise ValueError('has both "messages" (chat) and "prompt" (completions): send one')
         if self.prompt is not None and self.tools:
-            raise ValueError("'tools' needs 'messages' (a chat request)")
+            raise ValueError('"tools" needs "messages" (a chat request), not "prompt"')
         return self
 
 
@@ -257,18 +272,25 @@ class HitRatePrediction(BaseModel):
 
 
 class Advice(BaseModel):
-    """A change that raises the hit rate, for one ``cause`` found at ``source``.
+    """A change for one ``cause`` found at ``source`` (the ``step``-th cause of
+    :attr:`PrefixAnalysis.causes`, prompt order).
 
     ``predicted_hit_rate_after`` (fraction) / ``predicted_hits_tokens_after`` (tokens):
-    the prediction re-run on the requests rewritten as the change says (None when the
-    change cannot be simulated, e.g. text the chat template inserts).
+    the prediction re-run on the requests rewritten as this change *and every earlier
+    cause's change* (steps ``0..step``) say, i.e. cumulative (None when the change cannot
+    be simulated, e.g. text the chat template inserts). ``raises_hit_rate``: that
+    cumulative hit rate is greater than the one before this step (the workload as it is
+    for step 0); False when it is not (e.g. moving a clock that already sits at the end
+    of the shared text) or cannot be simulated.
     """
 
     cause: CauseKind
     source: str
     change: str
+    step: int = 0
     predicted_hit_rate_after: float | None = None
     predicted_hits_tokens_after: int | None = None
+    raises_hit_rate: bool = False
 
 
 class PrefixAnalysis(BaseModel):
@@ -280,9 +302,15 @@ class PrefixAnalysis(BaseModel):
     (min(shared, shortest - 1) // block_size)`` tokens. ``divergence``: the first divergence
     of the whole set (None for one request or identical prompts). ``clusters``: the groups
     the set splits into at that divergence. ``causes``: every actionable divergence found
-    (whole set and clusters), first first. ``prediction``: the best hit rate for the
-    workload as it is; ``advice``: changes that would raise it, and
-    ``predicted_hit_rate_after_advice`` with all of them applied.
+    along the prompts, in prompt order: the first one, then (after simulating its change
+    on the requests, re-rendering and comparing again) the next one, and so on, at most
+    ``MAX_CAUSE_ROUNDS`` rounds (divergences of clusters are included when the set's own
+    divergence cannot be changed). ``prediction``: the best hit rate for the workload as
+    it is; ``advice``: one change per cause, with the cumulative hit rate predicted after
+    it; the changes that raise the hit rate come first (``raises_hit_rate``), the others
+    after. ``predicted_hit_rate_after_advice``: with every simulated change applied.
+    ``notes``: facts about the rendering worth knowing (tools the chat template does not
+    render, a date the chat template writes itself).
     """
 
     model_dir: str
@@ -298,6 +326,7 @@ class PrefixAnalysis(BaseModel):
     prediction: HitRatePrediction
     advice: list[Advice]
     predicted_hit_rate_after_advice: float | None = None
+    notes: list[str] = Field(default_factory=list)
 
 
 class PrefixFinding(BaseModel):
@@ -326,27 +355,142 @@ def coerce_requests(items: Iterable[Any]) -> list[PrefixRequest]:
     are not part of the measured workload.
 
     Raises:
-        ValueError: an item is neither a chat nor a prompt.
+        ValueError: an item is neither a chat nor a prompt, or malformed; the message
+            starts with ``requests[i]: `` (``i``: the item's index in ``items``) and says
+            what is wrong in plain words.
     """
+    return _coerce(items)[0]
+
+
+def _type_name(x: Any) -> str:
+    if x is None:
+        return "null"
+    known = {str: "a string", list: "a list", dict: "an object", bool: "a boolean"}
+    name = type(x).__name__
+    return known.get(type(x), f"{'an' if name[:1] in 'aeiou' else 'a'} {name}")
+
+
+def _request_problem(messages: Any, tools: Any, prompt: Any) -> str | None:
+    """What is wrong with a request's fields, in plain words (None: nothing)."""
+    if prompt is not None:
+        if not isinstance(prompt, str):
+            return f'"prompt" must be a string, not {_type_name(prompt)}'
+        if messages:
+            return 'has both "messages" (chat) and "prompt" (completions): send one of them'
+        if tools:
+            return '"tools" needs "messages" (a chat request), not "prompt"'
+        return None
+    if messages is None:
+        return 'needs "messages" (chat) or "prompt" (completions)'
+    if not isinstance(messages, list | tuple):
+        return f'"messages" must be a list of message objects, not {_type_name(messages)}'
+    if not messages:
+        return '"messages" is empty: a chat request needs at least one message'
+    for j, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            return f'messages[{j}] must be an object with "role" and "content", not {_type_name(m)}'
+        role = m.get("role")
+        if not isinstance(role, str) or not role:
+            return f'messages[{j}] needs a "role" (a string such as "system", "user", "assistant")'
+        content = m.get("content")
+        if content is not None and not isinstance(content, str | list):
+            return (
+                f"messages[{j}].content must be a string or a list of content parts, "
+                f"not {_type_name(content)}"
+            )
+    if tools is not None and (
+        not isinstance(tools, list | tuple) or any(not isinstance(t, Mapping) for t in tools)
+    ):
+        return '"tools" must be a list of tool objects'
+    return None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _unicode_problem(req: PrefixRequest) -> str | None:
+    """``text is not valid Unicode (...)`` when a string of the request holds a lone
+    surrogate (JSON ``"\\ud800"`` escapes decode to those; no tokenizer can encode them)."""
+
+    def walk(x: Any, path: str) -> str | None:
+        if isinstance(x, str):
+            m = _SURROGATE.search(x)
+            if m:
+                return (
+                    f"text is not valid Unicode (lone surrogate at {path}, character "
+                    f"{m.start()}: U+{ord(m.group()):04X})"
+                )
+        elif isinstance(x, Mapping):
+            for k, v in x.items():
+                got = walk(k, f"{path} (a key)") or walk(v, f"{path}.{k}")
+                if got:
+                    return got
+        elif isinstance(x, list | tuple):
+            for i, v in enumerate(x):
+                got = walk(v, f"{path}[{i}]")
+                if got:
+                    return got
+        return None
+
+    return (
+        walk(req.prompt, "prompt")
+        or walk(req.messages or [], "messages")
+        or walk(req.tools or [], "tools")
+    )
+
+
+def _plain_validation(exc: ValidationError) -> str:
+    parts = []
+    for e in exc.errors(include_url=False):
+        loc = ".".join(str(x) for x in e.get("loc", ()))
+        msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts) or "invalid request"
+
+
+def _coerce(items: Iterable[Any]) -> tuple[list[PrefixRequest], list[int]]:
+    """:func:`coerce_requests` plus each request's index in ``items`` (warm-ups skipped)."""
     out: list[PrefixRequest] = []
-    for item in items:
+    where: list[int] = []
+    for i, item in enumerate(items):
         if isinstance(item, PrefixRequest):
+            problem = _request_problem(item.messages, item.tools, item.prompt)
+            if problem:
+                raise ValueError(f"requests[{i}]: {problem}")
             out.append(item)
+            where.append(i)
             continue
         data: Any = item.model_dump() if hasattr(item, "model_dump") else item
         if not isinstance(data, Mapping):
-            raise ValueError(f"not a request: {type(item).__name__}")
+            raise ValueError(
+                f'requests[{i}]: not a request: expected an object with "messages" (chat) '
+                f'or "prompt" (completions), got {_type_name(item)}'
+            )
         if data.get("warmup"):
             continue
         extra = data.get("extra_body") or {}
         tools = data.get("tools") or (extra.get("tools") if isinstance(extra, Mapping) else None)
         prompt = data.get("prompt")
         messages = data.get("messages")
-        if prompt is not None:  # a completions request (ChatRequest keeps messages=[])
-            out.append(PrefixRequest(prompt=prompt, messages=list(messages) if messages else None))
-        else:
-            out.append(PrefixRequest(messages=list(messages or []), tools=tools))
-    return out
+        if prompt is not None and not messages:  # ChatRequest keeps messages=[] for prompts
+            messages = None
+        problem = _request_problem(messages, tools, prompt)
+        if problem:
+            raise ValueError(f"requests[{i}]: {problem}")
+        try:
+            if prompt is not None:
+                out.append(PrefixRequest(prompt=prompt))
+            else:
+                out.append(
+                    PrefixRequest(
+                        messages=[dict(m) for m in messages or []],
+                        tools=[dict(t) for t in tools] if tools else None,
+                    )
+                )
+        except ValidationError as exc:
+            raise ValueError(f"requests[{i}]: {_plain_validation(exc)}") from None
+        where.append(i)
+    return out, where
 
 
 # --------------------------------------------------------------------------- tokenizer
@@ -662,8 +806,30 @@ def render_request(
         spans of the rendered text.
 
     Raises:
-        ValueError: the chat template cannot render the request (message ``index``).
+        ValueError: the request cannot be rendered or tokenized (a string with a lone
+            surrogate, a chat template or tokenizer error); the message starts with
+            ``requests[index]: ``.
     """
+    try:
+        return _render(request, tokenizer, index, add_generation_prompt)
+    except _RequestError as exc:
+        raise ValueError(f"requests[{index}]: {exc.reason}") from exc.__cause__
+
+
+class _RequestError(ValueError):
+    """A request that cannot be rendered; ``reason`` in plain words, no request index."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _render(
+    request: PrefixRequest, tokenizer: Any, index: int, add_generation_prompt: bool
+) -> RenderedPrompt:
+    problem = _unicode_problem(request)
+    if problem:
+        raise _RequestError(problem)
     if request.prompt is not None:
         text, add_special = request.prompt, True
     else:
@@ -675,18 +841,30 @@ def render_request(
                 add_generation_prompt=add_generation_prompt,
             )
         except Exception as exc:  # jinja2 TemplateError, missing template, bad message shape
-            raise ValueError(f"request {index}: the chat template failed: {exc}") from exc
+            raise _RequestError(f"the chat template failed: {_exc_text(exc)}") from exc
+        if not isinstance(text, str):
+            raise _RequestError(
+                f"the chat template returned {_type_name(text)}, not the prompt text"
+            )
         add_special = False
     try:
-        enc = tokenizer(text, add_special_tokens=add_special, return_offsets_mapping=True)
-        ids = [int(t) for t in enc["input_ids"]]
-        offsets = [(int(a), int(b)) for a, b in enc["offset_mapping"]]
-    except NotImplementedError:  # slow (Python) tokenizers have no offset mapping
-        ids = [int(t) for t in tokenizer(text, add_special_tokens=add_special)["input_ids"]]
-        offsets = _offsets_by_decoding(tokenizer, ids, text)
+        try:
+            enc = tokenizer(text, add_special_tokens=add_special, return_offsets_mapping=True)
+            ids = [int(t) for t in enc["input_ids"]]
+            offsets = [(int(a), int(b)) for a, b in enc["offset_mapping"]]
+        except NotImplementedError:  # slow (Python) tokenizers have no offset mapping
+            ids = [int(t) for t in tokenizer(text, add_special_tokens=add_special)["input_ids"]]
+            offsets = _offsets_by_decoding(tokenizer, ids, text)
+    except Exception as exc:
+        raise _RequestError(f"the tokenizer failed: {_exc_text(exc)}") from exc
     return RenderedPrompt(
         index=index, text=text, token_ids=ids, offsets=offsets, spans=_source_spans(request, text)
     )
+
+
+def _exc_text(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 # --------------------------------------------------------------------------- prediction
@@ -807,16 +985,38 @@ _RANDOM_ID = re.compile(
     r"\b(?=[0-9a-fA-F]*\d)(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{8,}\b"
     r"|\b(?=[A-Za-z0-9]*\d)(?=[A-Za-z0-9]*[A-Za-z])[A-Za-z0-9]{20,}\b"
 )
-#: Text right before a user name: a greeting, a name label, or a self-introduction.
+#: Text right before a user name, in three principled groups: a greeting or salutation
+#: ("Hello ", "Dear "), a label naming a person ("User: ", "customer ", "the user's name
+#: is ", "Mr. ") and a verb phrase whose object is the person ("talking to ", "I am ",
+#: "on behalf of "). A capitalised word right after one is taken for a name.
+_PERSON = (
+    r"(?:user|customer|client|patient|member|author|caller|student|guest|visitor|contact"
+    r"|sender|recipient|employee|agent|applicant|buyer|owner)"
+)
 _NAME_CUE = re.compile(
     r"(?:\b(?:hi|hello|hey|dear|greetings|welcome(?: back)?|thanks|thank you"
-    r"|good (?:morning|afternoon|evening))[,!]?\s+"
-    r"|\b(?:name|user ?name|user|customer|client|patient|author)\s*[:=]\s*"
-    r"|\bmy name is\s+|\bI am\s+|\bI'm\s+|\b(?:called|named)\s+)$",
+    r"|good (?:morning|afternoon|evening))[,!]?\s+(?:(?:this is|it's|it is)\s+)?"
+    rf"|\b(?:{_PERSON}(?:'s)?\s*(?:(?:first |last |full |display |user ?)?name)?"
+    r"|(?:first |last |full |display |user ?)?name)\s*(?:[:=]|\bis\b)\s*"
+    rf"|\b{_PERSON}\s+(?:named\s+|called\s+)?"
+    r"|\b(?:mr|mrs|ms|miss|mx|dr|prof)\.?\s+"
+    r"|\bI am\s+|\bI'm\s+|\b(?:called|named)\s+"
+    r"|\b(?:talking|speaking|chatting|writing|replying|responding)\s+(?:to|with)\s+"
+    r"|\b(?:assisting|helping|serving|addressing|on behalf of)\s+)$",
     re.IGNORECASE,
 )
 _NAME = re.compile(r"[A-Z][a-z]+(?:[-'][A-Z]?[a-z]+)*")
+#: A name of up to three capitalised words ("Alice", "Mary-Jane O'Neil").
+_FULL_NAME = re.compile(
+    r"[A-Z][a-z]+(?:[-'][A-Z]?[a-z]+)*(?: [A-Z][a-z]+(?:[-'][A-Z]?[a-z]+)*){0,2}"
+)
 _LABELLED_HANDLE = re.compile(r"(?:user ?name|login|handle)\s*[:=]\s*$", re.IGNORECASE)
+
+
+def _full_name_at(s: str, start: int) -> tuple[int, int]:
+    """The name (up to three capitalised words) that starts at ``start`` of ``s``."""
+    m = _FULL_NAME.match(s, start)
+    return (start, m.end()) if m else (start, start)
 
 
 def _match_at(rx: re.Pattern[str], text: str, pos: int) -> tuple[int, int] | None:
@@ -970,6 +1170,7 @@ class _Classified:
     values: tuple[str, str]
     spans: tuple[tuple[int, int], tuple[int, int]] | None = None  # rendered char ranges
     json_path: str | None = None
+    message_index: int | None = None  # reordered_messages: the first message out of order
 
 
 def _classify(
@@ -983,22 +1184,27 @@ def _classify(
     lb: SourceLocation,
 ) -> _Classified:
     ta, tb = ra.text, rb.text
-    # 1. reordered messages
-    if (
-        la.message_index is not None
-        and lb.message_index is not None
-        and qa.messages
-        and qb.messages
-    ):
-        k = la.message_index
+    # 1. reordered messages: the same messages (role and content) in another order. The
+    #    divergence may fall in the message text or in what the template writes around it
+    #    (a role header: "system" vs "user"); then the first message that differs counts.
+    if qa.messages and qb.messages:
         ca = [_canon(m) for m in qa.messages]
         cb = [_canon(m) for m in qb.messages]
-        if k < len(cb) and ca[k] != cb[k] and ca[k] in cb and cb[k] in ca:
+        first = next(
+            (j for j in range(min(len(ca), len(cb))) if ca[j] != cb[j]), min(len(ca), len(cb))
+        )
+        if la.message_index is not None and lb.message_index is not None:
+            k = la.message_index
+        else:
+            k = first
+        if k < len(ca) and k < len(cb) and ca[k] != cb[k] and ca[k] in cb and cb[k] in ca:
             return _Classified(
                 "reordered_messages",
-                f"message {k} of request {ra.index} is message {cb.index(ca[k])} "
-                f"of request {rb.index}",
+                f"message {k} of request {ra.index} ({_role(qa.messages[k])}) is message "
+                f"{cb.index(ca[k])} of request {rb.index}; the same messages come in "
+                "another order",
                 (f"messages[{k}]", f"messages[{k}]"),
+                message_index=k,
             )
     # 2. tools: reordered, or same schema with another key order
     in_tools = la.source.startswith("tools[") or lb.source.startswith("tools[")
@@ -1091,6 +1297,10 @@ def _classify(
         va, vb = ta[na[0] : na[1]], tb[nb[0] : nb[1]]
         cue = _NAME_CUE.search(before)
         names = _NAME.fullmatch(va) and _NAME.fullmatch(vb)
+        fa, fb = _FULL_NAME.match(ta, na[0]), _FULL_NAME.match(tb, nb[0])
+        if cue and names and fa and fb:  # a full name: "Alice Smith"
+            na, nb = (na[0], max(na[1], fa.end())), (nb[0], max(nb[1], fb.end()))
+            va, vb = ta[na[0] : na[1]], tb[nb[0] : nb[1]]
         handles = (
             _LABELLED_HANDLE.search(before)
             and re.fullmatch(r"[\w.-]+", va)
@@ -1104,6 +1314,11 @@ def _classify(
                 (na, nb),
             )
     return _Classified("other", "the content differs", (ta[da : da + 40], tb[db : db + 40]))
+
+
+def _role(m: Any) -> str:
+    role = m.get("role") if isinstance(m, Mapping) else None
+    return role if isinstance(role, str) else "?"
 
 
 _KIND_WORDS = {
@@ -1208,6 +1423,16 @@ def _divergence(
             la = la.model_copy(update={"value_chars": va.source_chars})
         if vb.source == lb.source:
             lb = lb.model_copy(update={"value_chars": vb.source_chars})
+    if c.message_index is not None:  # reordered messages: name the message out of order
+        k = c.message_index
+        if la.message_index is None:
+            la = la.model_copy(
+                update={"message_index": k, "role": _role((reqs[a].messages or [])[k])}
+            )
+        if lb.message_index is None and k < len(reqs[b].messages or []):
+            lb = lb.model_copy(
+                update={"message_index": k, "role": _role((reqs[b].messages or [])[k])}
+            )
     if c.json_path:
         la = la.model_copy(
             update={"source": la.source if la.source.startswith(c.json_path) else c.json_path}
@@ -1370,7 +1595,7 @@ def _rewrite(reqs: list[PrefixRequest], d: Divergence) -> list[PrefixRequest] | 
                     [(m.start(), m.end()) for m in rx.finditer(s)]
                     if rx is not None
                     else [
-                        (m.start(), m.end())
+                        _full_name_at(s, m.start())
                         for m in _NAME.finditer(s)
                         if _NAME_CUE.search(s[max(0, m.start() - 40) : m.start()])
                     ]
@@ -1430,13 +1655,247 @@ def _rewrite(reqs: list[PrefixRequest], d: Divergence) -> list[PrefixRequest] | 
 # --------------------------------------------------------------------------- analysis
 
 
+#: At most this many causes are followed along the prompts (one re-render per round).
+MAX_CAUSE_ROUNDS = 8
+
+
 def _render_all(
-    reqs: list[PrefixRequest], tok: Any, add_generation_prompt: bool
+    reqs: list[PrefixRequest],
+    tok: Any,
+    add_generation_prompt: bool,
+    where: Sequence[int] | None = None,
 ) -> list[RenderedPrompt]:
-    return [
-        render_request(r, tok, index=i, add_generation_prompt=add_generation_prompt)
-        for i, r in enumerate(reqs)
-    ]
+    """Render every request; errors name the request by its index in the caller's list
+    (``where[i]``, the index before warm-ups were skipped)."""
+    out = []
+    for i, r in enumerate(reqs):
+        try:
+            out.append(_render(r, tok, i, add_generation_prompt))
+        except _RequestError as exc:
+            n = where[i] if where is not None and i < len(where) else i
+            raise ValueError(f"requests[{n}]: {exc.reason}") from exc.__cause__
+    return out
+
+
+def _split(
+    rendered: list[RenderedPrompt], reqs: list[PrefixRequest], block_size: int
+) -> tuple[Divergence | None, list[PrefixCluster]]:
+    """The first divergence of the whole set and the clusters it splits the set into
+    (each with its own next divergence)."""
+    toks = [r.token_ids for r in rendered]
+    shared = shared_prefix_length(toks)
+    members = list(range(len(rendered)))
+    if len(rendered) < 2 or len({tuple(t) for t in toks}) < 2:
+        return None, [
+            PrefixCluster(
+                requests=members,
+                shared_prefix_tokens=shared,
+                shared_prefix_blocks=shared // block_size,
+            )
+        ]
+    groups = _partition(members, toks, shared)
+    divergence = _divergence(groups[0][0], groups[1][0], rendered, reqs, block_size)
+    clusters = []
+    for g in groups:
+        gp = shared_prefix_length([toks[i] for i in g])
+        gd: Divergence | None = None
+        if len(g) > 1 and len({tuple(toks[i]) for i in g}) > 1:
+            sub = _partition(g, toks, gp)
+            gd = _divergence(sub[0][0], sub[1][0], rendered, reqs, block_size)
+        clusters.append(
+            PrefixCluster(
+                requests=g,
+                shared_prefix_tokens=gp,
+                shared_prefix_blocks=gp // block_size,
+                divergence=gd,
+            )
+        )
+    return divergence, clusters
+
+
+def _advice_source(d: Divergence) -> str:
+    """Where the advice for ``d`` applies: the message out of order, the JSON object with
+    another key order, else the string field (``messages[0].content``, ``tools[1]``…)."""
+    if d.cause == "reordered_messages" and d.locations[0].message_index is not None:
+        return f"messages[{d.locations[0].message_index}]"
+    return d.json_path or _field_root(d.locations[0].source)
+
+
+def _change_text(d: Divergence, src: str) -> str:
+    if d.cause == "other" and d.locations[0].source == "template":
+        return (
+            "The chat template writes different text here (other roles, message counts or "
+            "template variables before the shared content): give every request the same "
+            "message structure up to the content they share."
+        )
+    change = _CHANGE.get(d.cause, _CHANGE["other"]).format(src=src)
+    if d.locations[0].source == "template" and d.cause not in (
+        "reordered_messages",
+        "reordered_tools",
+        "json_key_order",
+    ):
+        change += " The chat template itself writes it: pass a fixed value to the template."
+    return change
+
+
+def _follow_causes(
+    reqs: list[PrefixRequest],
+    rendered: list[RenderedPrompt],
+    first: tuple[Divergence | None, list[PrefixCluster]],
+    prediction: HitRatePrediction,
+    tok: Any,
+    add_generation_prompt: bool,
+    block_size: int,
+) -> tuple[list[Divergence], list[Advice], HitRatePrediction | None]:
+    """Every actionable cause along the prompts, in prompt order, each with its advice.
+
+    Round by round: take the first actionable divergence (of the whole set, else of a
+    cluster) not yet seen, rewrite the requests as its advice says (:func:`_rewrite`),
+    re-render, predict (cumulative: every earlier rewrite is kept) and look for the next
+    divergence in the rewritten requests. A divergence whose change cannot be simulated is
+    listed (prediction None) and the round tries the next candidate; the loop ends when no
+    candidate is left (the prompts now diverge only in the last message or where one
+    ends) or after :data:`MAX_CAUSE_ROUNDS` rounds. Returns the causes, the advice
+    (changes that raise the hit rate first) and the prediction with every simulated
+    change applied (None when none could be).
+    """
+    causes: list[Divergence] = []
+    advice: list[Advice] = []
+    seen: set[tuple[str, str, tuple[str, str]]] = set()
+    listed: set[tuple[str, str]] = set()
+    cur, cur_rendered, (div, clusters) = reqs, rendered, first
+    before = prediction
+    applied = False
+    for _ in range(MAX_CAUSE_ROUNDS):
+        candidates = [
+            d for d in [div, *(c.divergence for c in clusters)] if d is not None and d.actionable
+        ]
+        progressed = False
+        for d in candidates:
+            src = _advice_source(d)
+            key = (d.cause, src, d.values)
+            if key in seen:
+                continue
+            seen.add(key)
+            nxt: list[RenderedPrompt] | None = None
+            changed = _rewrite(cur, d)
+            if changed is not None:
+                try:
+                    nxt = _render_all(changed, tok, add_generation_prompt)
+                except ValueError:  # the rewritten request does not render: not simulated
+                    nxt = None
+                if nxt is not None and [r.token_ids for r in nxt] == [
+                    r.token_ids for r in cur_rendered
+                ]:
+                    nxt = None  # the rewrite changes nothing the engine sees
+            if nxt is None or changed is None:
+                if (d.cause, src) in listed:
+                    continue
+                listed.add((d.cause, src))
+                causes.append(d)
+                advice.append(
+                    Advice(cause=d.cause, source=src, change=_change_text(d, src), step=len(advice))
+                )
+                continue
+            after = predict_hit_rate([r.token_ids for r in nxt], block_size)
+            listed.add((d.cause, src))
+            causes.append(d)
+            advice.append(
+                Advice(
+                    cause=d.cause,
+                    source=src,
+                    change=_change_text(d, src),
+                    step=len(advice),
+                    predicted_hit_rate_after=after.hit_rate,
+                    predicted_hits_tokens_after=after.hits_tokens,
+                    raises_hit_rate=after.hit_rate > before.hit_rate + 1e-12,
+                )
+            )
+            before, applied = after, True
+            cur, cur_rendered = changed, nxt
+            div, clusters = _split(cur_rendered, cur, block_size)
+            progressed = True
+            break
+        if not progressed:
+            break
+    ordered = sorted(advice, key=lambda a: not a.raises_hit_rate)  # stable: prompt order
+    return causes, ordered, before if applied else None
+
+
+def _notes(
+    reqs: list[PrefixRequest], rendered: list[RenderedPrompt], tok: Any, add_generation_prompt: bool
+) -> list[str]:
+    """Facts about the rendering: tools the template ignores, a date it writes itself."""
+    notes: list[str] = []
+    with_tools = [i for i, r in enumerate(reqs) if r.tools]
+    if with_tools:
+        distinct: dict[str, int] = {}
+        for i in with_tools:
+            distinct.setdefault(_raw(reqs[i].tools), i)
+        ignored = True
+        for i in list(distinct.values())[:4]:
+            try:
+                bare = _render(
+                    PrefixRequest(messages=reqs[i].messages), tok, i, add_generation_prompt
+                )
+            except ValueError:
+                ignored = False
+                break
+            if bare.text != rendered[i].text:
+                ignored = False
+                break
+        if ignored:
+            what = (
+                f"the tools differ between requests ({len(distinct)} different tool lists)"
+                if len(distinct) > 1
+                else f"{len(with_tools)} of {len(reqs)} requests carry tools"
+            )
+            notes.append(
+                f"{what[0].upper()}{what[1:]}, but the model's chat template does not render "
+                "tools: they are not part of the prompt the engine sees, so they do not affect "
+                "the prefix (nor does the model see them)."
+            )
+    dates: dict[str, list[int]] = {}
+    for r in rendered[:64]:
+        covered = [(s.rendered_start, s.rendered_end) for s in r.spans]
+        for m in _TEMPLATE_DATE.finditer(r.text):
+            if not any(a <= m.start() < b for a, b in covered):
+                dates.setdefault(m.group(), []).append(r.index)
+    if dates:
+        today = _today_strings()
+        shown = ", ".join(repr(v) for v in list(dates)[:3])
+        note = (
+            f"The chat template writes a date into the prompt itself ({shown}; not from the "
+            "requests)"
+        )
+        if len(dates) > 1:
+            note += ": it differs between requests and breaks the shared prefix there"
+        elif any(v in today or any(t in v for t in today) for v in dates):
+            note += (
+                ": it is today's date, so the rendered prompts (and the prefix they share) "
+                "change every day; pass a fixed date to the template (e.g. its date variable) "
+                "if it should not move"
+            )
+        notes.append(note + ".")
+    return notes
+
+
+#: A calendar date (not a bare time or weekday), as templates write them.
+_TEMPLATE_DATE = re.compile(
+    rf"\b(?:\d{{4}}-\d{{2}}-\d{{2}}"
+    rf"|(?:{_WEEKDAY},?\s+)?{_MONTH}\.?\s+\d{{1,2}}(?:st|nd|rd|th)?,?\s+\d{{4}}"
+    rf"|(?:{_WEEKDAY},?\s+)?\d{{1,2}}\s+{_MONTH}\.?,?\s+\d{{4}}"
+    r"|\d{1,2}[/.]\d{1,2}[/.]\d{4})(?!\d)"
+)
+
+
+def _today_strings() -> set[str]:
+    import datetime as _dt
+
+    now = _dt.datetime.now()
+    fmts = ("%Y-%m-%d", "%d %b %Y", "%d %B %Y", "%b %d, %Y", "%B %d, %Y", "%m/%d/%Y", "%d/%m/%Y")
+    out = {now.strftime(f) for f in fmts}
+    return out | {x.lstrip("0") for x in out} | {x.replace(" 0", " ") for x in out}
 
 
 def analyze_prefix(
@@ -1460,91 +1919,31 @@ def analyze_prefix(
     Returns:
         :class:`PrefixAnalysis`: shared prefix (tokens and whole blocks), first divergence
         with its token position, source location and cause, clusters, every actionable
-        cause, the predicted hit rate (see the module docstring for vLLM's counting) and
-        advice with the hit rate predicted after each change.
+        cause along the prompts (found by simulating each change and comparing again), the
+        predicted hit rate (see the module docstring for vLLM's counting), advice with the
+        cumulative hit rate predicted after each change, and notes.
 
     Raises:
-        ValueError: no requests, a malformed request, or ``block_size < 1``.
+        ValueError: no requests, a malformed request or one that cannot be rendered (the
+            message starts with ``requests[i]: ``, ``i`` its index in ``requests``), or
+            ``block_size < 1``.
         FileNotFoundError: ``model_dir`` is not a directory.
     """
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
-    reqs = coerce_requests(requests)
+    reqs, where = _coerce(requests)
     if not reqs:
         raise ValueError("no requests to analyse")
     tok = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
-    rendered = _render_all(reqs, tok, add_generation_prompt)
+    rendered = _render_all(reqs, tok, add_generation_prompt, where)
     toks = [r.token_ids for r in rendered]
     lengths = [len(t) for t in toks]
     shared = shared_prefix_length(toks)
     prediction = predict_hit_rate(toks, block_size)
-
-    divergence: Divergence | None = None
-    clusters: list[PrefixCluster] = []
-    causes: list[Divergence] = []
-    members = list(range(len(reqs)))
-    if len(reqs) > 1 and len({tuple(t) for t in toks}) > 1:
-        groups = _partition(members, toks, shared)
-        divergence = _divergence(groups[0][0], groups[1][0], rendered, reqs, block_size)
-        for g in groups:
-            gp = shared_prefix_length([toks[i] for i in g])
-            gd: Divergence | None = None
-            if len(g) > 1 and len({tuple(toks[i]) for i in g}) > 1:
-                sub = _partition(g, toks, gp)
-                gd = _divergence(sub[0][0], sub[1][0], rendered, reqs, block_size)
-            clusters.append(
-                PrefixCluster(
-                    requests=g,
-                    shared_prefix_tokens=gp,
-                    shared_prefix_blocks=gp // block_size,
-                    divergence=gd,
-                )
-            )
-        seen: set[tuple[str, str]] = set()
-        for d in [divergence, *(c.divergence for c in clusters if c.divergence)]:
-            if d is None or not d.actionable:
-                continue
-            key = (d.cause, d.json_path or _field_root(d.locations[0].source))
-            if key not in seen:
-                seen.add(key)
-                causes.append(d)
-    else:
-        clusters.append(
-            PrefixCluster(
-                requests=members,
-                shared_prefix_tokens=shared,
-                shared_prefix_blocks=shared // block_size,
-            )
-        )
-
-    advice: list[Advice] = []
-    combined: list[PrefixRequest] | None = reqs
-    for d in causes:
-        src = d.json_path or _field_root(d.locations[0].source)
-        changed = _rewrite(reqs, d)
-        after: HitRatePrediction | None = None
-        if changed is not None:
-            after = predict_hit_rate(
-                [r.token_ids for r in _render_all(changed, tok, add_generation_prompt)], block_size
-            )
-            combined = _rewrite(combined, d) if combined is not None else None
-        change = _CHANGE.get(d.cause, _CHANGE["other"]).format(src=src)
-        if d.locations[0].source == "template":
-            change += " The chat template itself writes it: pass a fixed value to the template."
-        advice.append(
-            Advice(
-                cause=d.cause,
-                source=src,
-                change=change,
-                predicted_hit_rate_after=after.hit_rate if after else None,
-                predicted_hits_tokens_after=after.hits_tokens if after else None,
-            )
-        )
-    after_all: float | None = None
-    if advice and combined is not None and combined is not reqs:
-        after_all = predict_hit_rate(
-            [r.token_ids for r in _render_all(combined, tok, add_generation_prompt)], block_size
-        ).hit_rate
+    divergence, clusters = _split(rendered, reqs, block_size)
+    causes, advice, after_all = _follow_causes(
+        reqs, rendered, (divergence, clusters), prediction, tok, add_generation_prompt, block_size
+    )
     reusable = block_size * (min(shared, min(lengths) - 1) // block_size) if lengths else 0
     return PrefixAnalysis(
         model_dir=str(model_dir),
@@ -1559,7 +1958,8 @@ def analyze_prefix(
         causes=causes,
         prediction=prediction,
         advice=advice,
-        predicted_hit_rate_after_advice=after_all,
+        predicted_hit_rate_after_advice=after_all.hit_rate if after_all else None,
+        notes=_notes(reqs, rendered, tok, add_generation_prompt),
     )
 
 
@@ -1623,11 +2023,36 @@ def summarize(analysis: PrefixAnalysis) -> dict[str, Any]:
     """The part of an analysis a run keeps (``engine_info.prefix_analysis``), JSON-safe:
     ``predicted_hit_rate`` (0-1), ``queries_tokens``/``hits_tokens`` (predicted),
     ``shared_prefix_tokens``/``shared_prefix_blocks``/``reusable_prefix_tokens``,
-    ``block_size``, ``num_requests``, ``cause`` and ``divergence`` (the first
-    actionable divergence, else the first), ``advice`` (the first change in words),
-    ``advice_all`` (every change with its predicted hit rate) and
-    ``predicted_hit_rate_after_advice``."""
+    ``block_size``, ``num_requests``, ``cause`` (the cause of ``advice``, else the first
+    actionable cause), ``causes`` (every cause found, prompt order), ``divergence`` (the
+    first actionable divergence, else the first), ``advice`` (in words, the first change
+    that raises the predicted hit rate, None when no change does; the advisor shows it as
+    the change to make first), ``advice_all`` (every change with its cumulative predicted
+    hit rate and ``raises_hit_rate``), ``predicted_hit_rate_after_advice`` and ``notes``."""
     first = analysis.causes[0] if analysis.causes else analysis.divergence
+    best = next((a for a in analysis.advice if a.raises_hit_rate), None)
+    text: str | None = None
+    if best is not None:
+        text = best.change
+        # Predicted with the earlier causes' changes applied too: say so when they do not
+        # raise the hit rate on their own (they would not be shown as the change to make).
+        earlier = [
+            a
+            for a in analysis.advice
+            if a.step < best.step
+            and not a.raises_hit_rate
+            and a.predicted_hit_rate_after is not None
+        ]
+        if earlier:
+            many = len(earlier) > 1
+            text += (
+                f" Make the earlier change{'s' if many else ''} for "
+                + ", ".join(f"{a.cause} at {a.source}" for a in earlier)
+                + f" too: the predicted gain assumes {'them' if many else 'it'}."
+            )
+    cause = (
+        best.cause if best is not None else (first.cause if first and first.actionable else None)
+    )
     return {
         "predicted_hit_rate": analysis.prediction.hit_rate,
         "queries_tokens": analysis.prediction.queries_tokens,
@@ -1637,9 +2062,11 @@ def summarize(analysis: PrefixAnalysis) -> dict[str, Any]:
         "reusable_prefix_tokens": analysis.reusable_prefix_tokens,
         "block_size": analysis.block_size,
         "num_requests": analysis.num_requests,
-        "cause": first.cause if first and first.actionable else None,
+        "cause": cause,
+        "causes": [c.cause for c in analysis.causes],
         "divergence": first.model_dump(mode="json") if first else None,
-        "advice": analysis.advice[0].change if analysis.advice else None,
+        "advice": text,
         "advice_all": [a.model_dump(mode="json") for a in analysis.advice],
         "predicted_hit_rate_after_advice": analysis.predicted_hit_rate_after_advice,
+        "notes": list(analysis.notes),
     }

@@ -36,6 +36,13 @@ def test_bad_requests_are_problems(client: TestClient) -> None:
     resp = client.post("/api/v1/analyze/prefix", json={"model": "tiny", "requests": [{}]})
     assert resp.status_code == 422 and resp.headers["content-type"] == PROBLEM
     assert resp.json()["errors"][0]["loc"] == ["body", "requests"]
+    assert resp.json()["errors"][0]["msg"].startswith("requests[0]: ")
+    # a lone surrogate, as JSON allows it to be escaped (raw text: httpx cannot encode it)
+    raw = r'{"model": "tiny", "requests": [{"prompt": "ok"}, {"prompt": "bad \ud800 x"}]}'
+    resp = client.post(
+        "/api/v1/analyze/prefix", content=raw, headers={"content-type": "application/json"}
+    )
+    assert resp.status_code == 422 and "requests[1]: text is not valid Unicode" in resp.text
     resp = client.post("/api/v1/analyze/prefix", json={"model": "tiny", "requests": []})
     assert resp.status_code == 422
     resp = client.post(

@@ -28,6 +28,7 @@ from orchestrator.prefix import (
     predict_hit_rate,
     render_request,
     shared_prefix_length,
+    summarize,
 )
 
 DATA = Path(__file__).parent / "data" / "prefix"
@@ -610,6 +611,331 @@ def test_prompt_that_is_a_prefix_of_another(tiny_dir: Path) -> None:
 
 
 def test_template_error_is_a_value_error(tiny_dir: Path) -> None:
-    # modelgen's template concatenates the role: a message without one cannot be rendered.
-    with pytest.raises(ValueError, match="request 1: the chat template failed"):
+    # A message without a role cannot be rendered (modelgen's template concatenates it):
+    # said in plain words before the template runs.
+    with pytest.raises(ValueError, match=r'^requests\[1\]: messages\[0\] needs a "role"'):
         analyze_prefix([{"prompt": "x"}, {"messages": [{"content": "no role"}]}], tiny_dir)
+
+
+# --------------------------------------------------------------------------- several causes
+
+UUIDS = [
+    "3f2b8c1e-9d4a-4e7b-a1c2-5d6e7f8a9b0c",
+    "b7e1d2c3-4f5a-4b6c-8d9e-0a1b2c3d4e5f",
+    "0c9d8e7f-6a5b-4c3d-9e2f-1a0b9c8d7e6f",
+    "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d",
+]
+CLOCKS = [f"2026-11-30T19:21:0{i}Z" for i in range(4)]
+
+
+def _moved(reqs: list[dict[str, Any]], values: list[list[str]]) -> list[dict[str, Any]]:
+    """``reqs`` with ``values[i]`` cut from request i's system prompt and appended, in
+    order, to its last message (as the advice says and the analyser simulates)."""
+    out = []
+    for r, vals in zip(reqs, values, strict=True):
+        system, user = r["messages"][0]["content"], r["messages"][-1]["content"]
+        for v in vals:
+            system = system.replace(v, "", 1)
+            user = user + "\n\n" + v
+        out.append(
+            {"messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
+        )
+    return out
+
+
+def test_every_cause_along_the_prefix(tiny_dir: Path) -> None:
+    """A request id and a clock: both are found, in prompt order, with cumulative
+    predictions (the id alone gains little: the clock breaks the prefix right after)."""
+    systems = [
+        f"Request id: {u}. Current time: {c}. You are the helpdesk assistant.\n\n{HANDBOOK}"
+        for u, c in zip(UUIDS, CLOCKS, strict=True)
+    ]
+    reqs = _chats(systems)
+    a = analyze_prefix(reqs, tiny_dir)
+    assert a.divergence is not None and a.divergence.cause == "uuid"  # the first one, as is
+    assert [c.cause for c in a.causes] == ["uuid", "timestamp"]
+    assert a.causes[0] == a.divergence
+    assert [c.values for c in a.causes] == [(UUIDS[0], UUIDS[1]), (CLOCKS[0], CLOCKS[1])]
+    # the clock is found in the requests rewritten for the id: its token position is
+    # beyond the id's one
+    assert a.causes[1].token_position > a.causes[0].token_position
+    assert [(x.cause, x.step) for x in sorted(a.advice, key=lambda x: x.step)] == [
+        ("uuid", 0),
+        ("timestamp", 1),
+    ]
+    by_cause = {x.cause: x for x in a.advice}
+    only_id = analyze_prefix(_moved(reqs, [[u] for u in UUIDS]), tiny_dir).prediction
+    both = analyze_prefix(
+        _moved(reqs, [[u, c] for u, c in zip(UUIDS, CLOCKS, strict=True)]), tiny_dir
+    )
+    assert by_cause["uuid"].predicted_hits_tokens_after == only_id.hits_tokens
+    assert by_cause["timestamp"].predicted_hits_tokens_after == both.prediction.hits_tokens
+    assert a.predicted_hit_rate_after_advice == pytest.approx(both.prediction.hit_rate)
+    assert both.prediction.hit_rate > 2 * only_id.hit_rate
+    assert a.predicted_hit_rate_after_advice > 0.4 > a.prediction.hit_rate
+    # after both changes the requests differ only in the new turn
+    assert both.causes == [] and both.divergence is not None
+    assert both.divergence.locations[0].source == "messages[1].content"
+    s = summarize(a)
+    assert s["causes"] == ["uuid", "timestamp"]
+    assert s["predicted_hit_rate_after_advice"] == a.predicted_hit_rate_after_advice
+
+
+def test_a_change_that_does_not_raise_the_hit_rate_is_not_the_change_to_make(
+    tiny_dir: Path,
+) -> None:
+    """A clock at the END of the system prompt: moving it gains no block and adds tokens."""
+    systems = [f"You are the helpdesk assistant.\n\n{HANDBOOK}\nCurrent time: {c}" for c in CLOCKS]
+    a = analyze_prefix(_chats(systems), tiny_dir)
+    (adv,) = a.advice
+    assert adv.cause == "timestamp" and adv.predicted_hit_rate_after is not None
+    assert adv.predicted_hit_rate_after <= a.prediction.hit_rate
+    assert not adv.raises_hit_rate
+    s = summarize(a)
+    assert s["advice"] is None  # nothing to show as the change to make first
+    assert s["cause"] == "timestamp" and s["advice_all"][0]["raises_hit_rate"] is False
+
+
+def test_raising_advice_comes_first(tiny_dir: Path) -> None:
+    """A clock right before an id: moving the clock alone gains nothing (the id still
+    breaks the prefix within the first block); moving the id too does."""
+    systems = [f"Time {c} {u}\n\n{HANDBOOK}" for u, c in zip(UUIDS, CLOCKS, strict=True)]
+    a = analyze_prefix(_chats(systems), tiny_dir)
+    assert [c.cause for c in a.causes] == ["timestamp", "uuid"]
+    assert [(x.cause, x.step, x.raises_hit_rate) for x in a.advice] == [
+        ("uuid", 1, True),
+        ("timestamp", 0, False),
+    ]
+    clock, uid = a.advice[1], a.advice[0]
+    assert clock.predicted_hit_rate_after is not None and uid.predicted_hit_rate_after is not None
+    assert clock.predicted_hit_rate_after <= a.prediction.hit_rate < uid.predicted_hit_rate_after
+    s = summarize(a)
+    assert s["cause"] == "uuid"
+    assert s["advice"].startswith(uid.change)
+    assert "timestamp at messages[0].content too" in s["advice"]
+    assert [x["cause"] for x in s["advice_all"]] == ["uuid", "timestamp"]
+
+
+def test_rounds_are_bounded(tiny_dir: Path) -> None:
+    """Ten ids in a row: at most MAX_CAUSE_ROUNDS of them are followed."""
+    from orchestrator.prefix import MAX_CAUSE_ROUNDS
+
+    systems = [
+        " ".join(f"id{k}: {u[:-2]}{k:02d}".replace(u[:8], f"{j:08x}") for k in range(10))
+        + f"\n\n{HANDBOOK}"
+        for j, u in enumerate(UUIDS)
+    ]
+    a = analyze_prefix(_chats(systems), tiny_dir)
+    assert len(a.causes) == MAX_CAUSE_ROUNDS
+    assert {c.cause for c in a.causes} == {"uuid"}
+
+
+# --------------------------------------------------------------------------- user names
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "You are talking to {n}.",
+        "Dear {n}, thank you for writing.",
+        "The customer's name is {n}.",
+        "Customer: {n}",
+        "You are assisting {n} today.",
+        "Hi, I am {n}.",
+    ],
+)
+def test_user_name_cues(tiny_dir: Path, template: str) -> None:
+    systems = [template.format(n=n) + f"\n\n{HANDBOOK}" for n in ("Alice", "Bob", "Mariam")]
+    a = analyze_prefix(_chats(systems), tiny_dir)
+    d = _single_cause(a, "user_name")
+    assert d.values == ("Alice", "Bob")
+    adv = a.advice[0]
+    assert adv.raises_hit_rate and adv.predicted_hit_rate_after is not None
+    assert adv.predicted_hit_rate_after > a.prediction.hit_rate
+
+
+@pytest.mark.parametrize("template", ["Topic: {n}.", "About {n} and more.", "Use {n} here."])
+def test_capitalised_word_without_a_name_context_is_other(tiny_dir: Path, template: str) -> None:
+    systems = [template.format(n=n) + f"\n\n{HANDBOOK}" for n in ("Alice", "Bob")]
+    d = analyze_prefix(_chats(systems), tiny_dir).divergence
+    assert d is not None and d.cause == "other"
+
+
+def test_full_name_is_one_cause(tiny_dir: Path) -> None:
+    names = ["Alice Smith", "Bob Jones", "Mariam Khan"]
+    systems = [f"You are talking to {n}.\n\n{HANDBOOK}" for n in names]
+    a = analyze_prefix(_chats(systems), tiny_dir)
+    d = _single_cause(a, "user_name")
+    assert d.values == ("Alice Smith", "Bob Jones")
+    assert d.locations[0].value_chars == (19, 19 + len("Alice Smith"))
+
+
+def test_user_name_in_an_earlier_user_turn(tiny_dir: Path) -> None:
+    reqs = [
+        {
+            "messages": [
+                {"role": "system", "content": "You are the helpdesk assistant."},
+                {"role": "user", "content": f"Hi, I am {n}. Please read this.\n\n{HANDBOOK}"},
+                {"role": "assistant", "content": "Read it."},
+                {"role": "user", "content": q},
+            ]
+        }
+        for n, q in zip(("Alice", "Bob", "Mariam"), QUESTIONS, strict=False)
+    ]
+    a = analyze_prefix(reqs, tiny_dir)
+    d = _single_cause(a, "user_name")
+    assert d.locations[0].source == "messages[1].content" and d.locations[0].role == "user"
+    # In the last (new) turn the name is where prompts are expected to differ.
+    last = analyze_prefix([{"messages": r["messages"][1:2]} for r in reqs], tiny_dir)
+    assert last.divergence is not None and last.divergence.cause == "user_name"
+    assert not last.divergence.actionable and last.causes == []
+
+
+# --------------------------------------------------------------------------- reordered roles
+
+
+def test_messages_swapped_between_roles(tiny_dir: Path) -> None:
+    """[system S, user U] vs [user U, system S]: the template's role header differs
+    first, but the cause is the order of the same messages."""
+    s_msg = {"role": "system", "content": "You are the helpdesk assistant.\n\n" + HANDBOOK}
+    u_msg = {"role": "user", "content": "Context: the on-call rota changes every Monday."}
+    reqs = [
+        {"messages": [s_msg, u_msg, {"role": "user", "content": QUESTIONS[0]}]},
+        {"messages": [u_msg, s_msg, {"role": "user", "content": QUESTIONS[1]}]},
+        {"messages": [s_msg, u_msg, {"role": "user", "content": QUESTIONS[2]}]},
+    ]
+    a = analyze_prefix(reqs, tiny_dir)
+    d = _single_cause(a, "reordered_messages")
+    assert d.locations[0].source == "template"  # the role header "system" vs "user"
+    assert d.locations[0].message_index == 0 and d.locations[0].role == "system"
+    assert d.locations[1].role == "user"
+    (adv,) = a.advice
+    assert adv.source == "messages[0]"
+    assert "template" not in adv.change and "order" in adv.change
+    assert adv.raises_hit_rate and adv.predicted_hit_rate_after is not None
+    assert adv.predicted_hit_rate_after > a.prediction.hit_rate
+    # Two messages only, swapped: still the order, and the advice makes them equal.
+    two = analyze_prefix([{"messages": [s_msg, u_msg]}, {"messages": [u_msg, s_msg]}], tiny_dir)
+    d2 = _single_cause(two, "reordered_messages")
+    assert d2.actionable
+    assert two.predicted_hit_rate_after_advice is not None
+    assert two.predicted_hit_rate_after_advice > two.prediction.hit_rate
+
+
+# --------------------------------------------------------------------------- notes
+
+
+def test_note_tools_not_rendered(tiny_dir: Path, tools_dir: Path) -> None:
+    reqs = _case("tool_schema_key_order.json")["requests"]
+    (note,) = analyze_prefix(reqs, tiny_dir).notes
+    assert "tools differ between requests" in note and "does not render" in note
+    assert analyze_prefix(reqs, tools_dir).notes == []  # this template renders them
+    same = [dict(r, tools=TOOLS) for r in reqs]
+    (note,) = analyze_prefix(same, tiny_dir).notes
+    assert "2 of 2 requests carry tools" in note and "does not render" in note
+    assert summarize(analyze_prefix(same, tiny_dir))["notes"] == [note]
+
+
+def _with_template(src: Path, dest: Path, template: str) -> Path:
+    shutil.copytree(src, dest)
+    cfg_path = dest / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["chat_template"] = template
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+    return dest
+
+
+def test_note_date_the_template_writes(tiny_dir: Path, tmp_path: Path) -> None:
+    import datetime as dt
+
+    header = "{{- bos_token }}<|start_header_id|>system<|end_header_id|>\n\nToday Date: "
+    rest = (
+        "<|eot_id|>{%- for message in messages %}"
+        "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
+        "{{- message['content'] | trim }}{{- '<|eot_id|>' }}{%- endfor %}"
+    )
+    today = _with_template(
+        tiny_dir, tmp_path / "today", header + "{{ strftime_now('%d %b %Y') }}" + rest
+    )
+    fixed = _with_template(tiny_dir, tmp_path / "fixed", header + "26 Jul 2024" + rest)
+    reqs = _chats(["You are the helpdesk assistant. " + HANDBOOK] * 2)
+    (note,) = analyze_prefix(reqs, today).notes
+    assert dt.datetime.now().strftime("%d %b %Y") in note and "today's date" in note
+    (note,) = analyze_prefix(reqs, fixed).notes
+    assert "'26 Jul 2024'" in note and "today" not in note
+    # A date in the request's own text is not the template's.
+    assert analyze_prefix(_case("clock_in_system_prompt.json")["requests"], tiny_dir).notes == []
+
+
+# --------------------------------------------------------------------------- input errors
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"foo": 1}, 'needs "messages" (chat) or "prompt" (completions)'),
+        ({}, 'needs "messages" (chat) or "prompt" (completions)'),
+        ({"messages": []}, '"messages" is empty'),
+        ({"messages": "hello"}, '"messages" must be a list of message objects, not a string'),
+        ({"messages": ["hello"]}, "messages[0] must be an object"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content must be a string"),
+        ({"prompt": 7}, '"prompt" must be a string, not an int'),
+        ({"prompt": "x", "messages": [{"role": "user", "content": "y"}]}, "has both"),
+        ({"prompt": "x", "tools": TOOLS}, '"tools" needs "messages"'),
+        ({"messages": [{"role": "user", "content": "y"}], "tools": "all"}, '"tools" must be'),
+        (42, "not a request"),
+    ],
+)
+def test_malformed_request_says_what_is_wrong(tiny_dir: Path, bad: Any, message: str) -> None:
+    good = [{"prompt": "x"}, {"messages": [{"role": "user", "content": "hi"}]}, {"prompt": "y"}]
+    with pytest.raises(ValueError) as err:
+        analyze_prefix([*good, bad], tiny_dir)
+    text = str(err.value)
+    assert text.startswith("requests[3]: ") and message in text, text
+    assert "pydantic" not in text and "http" not in text and "validation error" not in text
+
+
+def test_lone_surrogate_is_a_value_error(tiny_dir: Path) -> None:
+    with pytest.raises(
+        ValueError, match=r"^requests\[1\]: text is not valid Unicode \(lone surrogate at prompt"
+    ):
+        analyze_prefix([{"prompt": "fine"}, {"prompt": "bad \ud800 x"}], tiny_dir)
+    chat = {"messages": [{"role": "user", "content": "bad \udfff"}]}
+    with pytest.raises(
+        ValueError, match=r"^requests\[0\]: .*lone surrogate at messages\[0\]\.content"
+    ):
+        analyze_prefix([chat], tiny_dir)
+    tok = load_tokenizer(tiny_dir)
+    with pytest.raises(ValueError, match=r"^requests\[5\]: text is not valid Unicode"):
+        render_request(PrefixRequest(prompt="bad \ud800"), tok, index=5)
+
+
+def test_errors_name_the_index_in_the_input_list(tiny_dir: Path) -> None:
+    """Warm-up requests are skipped from the analysis but still count in ``requests[i]``."""
+    msgs = [{"role": "user", "content": "hi"}]
+    items: list[Any] = [
+        ChatRequest(index=-1, messages=msgs, max_tokens=4, warmup=True),
+        {"messages": msgs},
+        {"prompt": "bad \ud800"},
+    ]
+    with pytest.raises(ValueError, match=r"^requests\[2\]: text is not valid Unicode"):
+        analyze_prefix(items, tiny_dir)
+
+
+def test_template_and_tokenizer_failures_are_wrapped(tiny_dir: Path, tmp_path: Path) -> None:
+    broken = _with_template(tiny_dir, tmp_path / "broken", "{{ raise_exception('only users') }}")
+    with pytest.raises(ValueError, match=r"^requests\[1\]: the chat template failed: only users"):
+        analyze_prefix([{"prompt": "x"}, {"messages": [{"role": "user", "content": "hi"}]}], broken)
+
+    class Failing:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
+            return self.inner.apply_chat_template(*args, **kwargs)
+
+        def __call__(self, text: str, **kwargs: Any) -> Any:
+            raise RuntimeError("encoder exploded")
+
+    with pytest.raises(ValueError, match=r"^requests\[0\]: the tokenizer failed: encoder exploded"):
+        analyze_prefix([{"prompt": "x"}], tiny_dir, tokenizer=Failing(load_tokenizer(tiny_dir)))
