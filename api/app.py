@@ -587,13 +587,24 @@ def create_schedule(
     422 problem+json: ``request_invalid`` for a bad field (an invalid ``cron``
     or ``timezone`` names the field and the value), ``schedule_invalid`` when
     the template fails experiment validation (locations under
-    ``body.template``); 409 ``schedule_name_taken``. Nothing is stored then.
+    ``body.template``) or an ``end_at`` already past; 409 ``schedule_name_taken``.
+    Nothing is stored then.
     """
     from orchestrator.schedules import save_schedule
 
-    sched = save_schedule(
-        session, settings, load_catalog(settings), body.model_dump(), now=utcnow()
-    )
+    now = utcnow()
+    if body.end_at is not None and body.end_at <= now:
+        raise ScheduleInvalidError(
+            [
+                {
+                    "loc": ["body", "end_at"],
+                    "msg": f"end_at {body.end_at.isoformat()} is in the past: the schedule "
+                    "would never fire",
+                    "type": "end_at_past",
+                }
+            ]
+        )
+    sched = save_schedule(session, settings, load_catalog(settings), body.model_dump(), now=now)
     out = _schedule_out(request, session, sched)
     response.headers["Location"] = out.url
     return out

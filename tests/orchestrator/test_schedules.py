@@ -128,6 +128,9 @@ def test_crud_and_next_fire_times(client: TestClient) -> None:
     assert patched.json()["enabled"] is False and patched.json()["cron"] == "5 * * * *"
     bad = client.patch(f"/api/v1/schedules/{sid}", json={"timezone": "Mars/Olympus"})
     assert bad.status_code == 422
+    past = {**body, "name": body["name"] + "-past", "end_at": "2020-01-01T00:00:00Z"}
+    resp = client.post("/api/v1/schedules", json=past)
+    assert resp.status_code == 422 and resp.json()["errors"][0]["loc"] == ["body", "end_at"]
     for value in ("yes", 1):  # only true/false: no silent coercion of "yes" or 1
         resp = client.patch(f"/api/v1/schedules/{sid}", json={"enabled": value})
         assert resp.status_code == 422 and resp.json()["errors"][0]["loc"][-1] == "enabled"
