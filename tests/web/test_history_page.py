@@ -41,6 +41,12 @@ def test_history_lists_runs_newest_first_with_metrics(
     page.goto(live_server + "/?experiment=demo+apc&sort=submitted")
     first = page.locator("#rows tr").first
     expect(first.locator("td").nth(2)).to_have_text("demo apc")
+    # the hit rate: measured with prefix caching on, "off" (not a blank) without it
+    hit = {
+        r.locator("td").nth(1).inner_text().split()[0]: r.locator("td").nth(12).inner_text()
+        for r in page.locator("#rows tr").all()
+    }
+    assert hit["baseline"] == "off" and hit["apc-on"] == "90.2 %"
     ttft = first.locator("td").nth(8).inner_text()
     assert ttft != "–" and float(ttft.replace(",", "")) > 0
     screenshot(page, "history")

@@ -18,6 +18,7 @@ from jobs.workload import build_requests
 from orchestrator.kvcache import check_against_engine
 from orchestrator.models import Experiment, Run, RunMetric
 from orchestrator.prefix import analyze_prefix, summarize
+from tests.web.conftest import screenshot
 from tests.web.seed import DATA, load_export
 
 SMALL = {  # config.json of the demo's generated "small" model
@@ -86,6 +87,8 @@ def test_a_finding_appears_when_the_hit_rate_collapses(
         expect(item).to_have_count(1)
         expect(item).to_have_attribute("data-code", "hit_rate_below_prediction")
         expect(item).to_contain_text("2.0%")
+        page.locator("#findings").scroll_into_view_if_needed()
+        screenshot(page, "run-findings")
     finally:
         with web_db.begin() as s:
             s.get(RunMetric, (rid, "prefix_cache_hit_rate")).value = old  # type: ignore[union-attr]
