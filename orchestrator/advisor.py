@@ -358,8 +358,9 @@ _COMPARE_ACTIONS = {
         "instead of TP) and check the interconnect"
     ),
     "long_requests_starve_short": (
-        "serve long and short requests from separate endpoints, or cap long inputs "
-        "(a lower max_model_len or max_num_batched_tokens, chunked prefill)"
+        "route long requests to a vLLM server of their own (a second endpoint); if one "
+        "server must serve both, turn on chunked prefill with a lower "
+        "max_num_batched_tokens so a long prefill is split between decode steps"
     ),
 }
 
