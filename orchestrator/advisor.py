@@ -13,7 +13,8 @@ Rollback order (``rank``; lower comes first):
    ``hit_rate_above_prediction``: prefix caching is on but hits little, or the
    measured hit rate is far from what the prompt-prefix analyser predicts for the
    request list (``engine_info.prefix_analysis``); the analyser's divergence is
-   the evidence.
+   the evidence. ``gain_without_prefix_hits``: a level that turned prefix caching on
+   hit nothing yet got faster, so the gain is something else.
 4. ``more_devices_slower`` / ``tp_up_throughput_per_device_down``: a level with
    more GPUs than its reference is slower; compare against the smaller baseline
    and look at communication (TP all-reduce, PP hand-offs).
@@ -41,6 +42,7 @@ RANK: dict[str, int] = {
     "prefix_caching_no_effect": 3,
     "hit_rate_below_prediction": 3,
     "hit_rate_above_prediction": 3,
+    "gain_without_prefix_hits": 3,
     "more_devices_slower": 4,
     "tp_up_throughput_per_device_down": 4,
     "long_requests_starve_short": 5,
@@ -320,6 +322,59 @@ def more_devices_slower(
                             "ci": [m.get("ci_low"), m.get("ci_high")],
                         }
                         for k, m in worse.items()
+                    },
+                },
+            )
+        )
+    return out
+
+
+def gain_without_hits(variants: Sequence[Mapping[str, Any]]) -> list[Advice]:
+    """Levels that turned prefix caching on, hit (almost) nothing, and still got a
+    ``better`` TTFT or E2EL verdict: the gain cannot come from prefix caching.
+
+    Args:
+        variants: ``comparison()["variants"]`` entries (``variant``, ``variable``,
+            ``metrics``: MetricComparison dicts, ``prefix_cache_hit_rate`` among them).
+    """
+    out = []
+    for v in variants:
+        if v.get("variable") != "enable_prefix_caching":
+            continue
+        by = {m["metric"]: m for m in v.get("metrics", [])}
+        hit = by.get("prefix_cache_hit_rate")
+        if hit is None or hit["variant"] >= LOW_HIT_RATE:
+            continue
+        gains = {
+            k: by[k]
+            for k in ("median_ttft_ms", "median_e2el_ms")
+            if k in by and by[k].get("verdict") == "better"
+        }
+        if not gains:
+            continue
+        out.append(
+            Advice(
+                code="gain_without_prefix_hits",
+                severity="warning",
+                rank=RANK["gain_without_prefix_hits"],
+                scope="experiment",
+                variant=str(v.get("variant")),
+                message=(
+                    f"{', '.join(gains)} got better with prefix caching on, but the prefix "
+                    f"cache hit rate is {hit['variant']:.1%}: the gain is not from prefix "
+                    "caching"
+                ),
+                action=(
+                    "do not credit prefix caching: the difference comes from something else "
+                    "(run order, a busy machine, compile or cache warm-up); repeat with more "
+                    "interleaved repeats and check the prompts share a prefix (POST "
+                    "/api/v1/analyze/prefix)"
+                ),
+                evidence={
+                    "prefix_cache_hit_rate": hit["variant"],
+                    "better": {
+                        k: {"ratio": m.get("ratio"), "ci": [m.get("ci_low"), m.get("ci_high")]}
+                        for k, m in gains.items()
                     },
                 },
             )

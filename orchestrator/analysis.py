@@ -250,7 +250,12 @@ def experiment_advice(
 
     ``comparison_doc``: :func:`comparison` of the experiment when the caller has it
     already (it is the expensive part)."""
-    from orchestrator.advisor import from_compare, more_devices_slower, ordered
+    from orchestrator.advisor import (
+        from_compare,
+        gain_without_hits,
+        more_devices_slower,
+        ordered,
+    )
 
     exp = get_experiment(session, experiment_id)
     runs = sorted(exp.runs, key=lambda r: r.sequence)
@@ -262,5 +267,6 @@ def experiment_advice(
     cmp = comparison_doc or comparison(session, experiment_id)
     devices = {r.name: reserved_devices(r.layout) for r in runs}
     advice += more_devices_slower(cmp["variants"], devices)
+    advice += gain_without_hits(cmp["variants"])
     advice += from_compare(cmp["findings"])
     return [a.model_dump(mode="json") for a in ordered(advice)]

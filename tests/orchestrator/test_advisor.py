@@ -127,3 +127,37 @@ def test_rollback_order() -> None:
     exp_level = more_devices_slower([_cmp("worse")], {"tp1": 1, "tp2": 2})
     codes = [a.code for a in ordered(exp_level + run_level)]
     assert codes == ["out_of_memory", "more_devices_slower"]
+
+
+def _apc_level(hit: float, ttft_verdict: str) -> dict[str, Any]:
+    return {
+        "variant": "apc-on",
+        "reference": "baseline",
+        "variable": "enable_prefix_caching",
+        "metrics": [
+            {"metric": "prefix_cache_hit_rate", "reference": 0.0, "variant": hit},
+            {
+                "metric": "median_ttft_ms",
+                "reference": 107.8,
+                "variant": 25.8,
+                "ratio": 0.24,
+                "ci_low": 0.07,
+                "ci_high": 0.44,
+                "verdict": ttft_verdict,
+            },
+        ],
+    }
+
+
+def test_a_gain_without_prefix_hits_is_not_credited() -> None:
+    """A new-user trial's run: APC on, 0 % hit rate, TTFT "better" 0.24x [0.07, 0.44]."""
+    from orchestrator.advisor import gain_without_hits
+
+    (f,) = gain_without_hits([_apc_level(0.0, "better")])
+    assert f.code == "gain_without_prefix_hits" and f.variant == "apc-on"
+    assert "not from prefix caching" in f.message
+    assert f.evidence["better"]["median_ttft_ms"]["ci"] == [0.07, 0.44]
+    assert gain_without_hits([_apc_level(0.6, "better")]) == []  # hits explain it
+    assert gain_without_hits([_apc_level(0.0, "no clear difference")]) == []
+    other = {**_apc_level(0.0, "better"), "variable": "max_num_seqs"}
+    assert gain_without_hits([other]) == []
