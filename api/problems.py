@@ -8,11 +8,13 @@ validation problems, ``errors``: ``[{"loc": [...], "msg": str, "type": str}]``.
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from orchestrator.errors import VlabError
@@ -72,9 +74,42 @@ def install(app: FastAPI) -> None:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return problem(request, exc.status_code, code, str(exc.detail), str(exc.detail))
 
+    @app.middleware("http")
+    async def _no_nul(request: Request, call_next: Any) -> Any:
+        # Postgres text cannot hold U+0000: refuse it at the edge instead of failing in SQL
+        if "\x00" in request.url.path or "\x00" in str(request.query_params):
+            return problem(
+                request,
+                422,
+                "nul_character",
+                "Invalid request",
+                "the URL contains a NUL character (%00), which no field accepts",
+            )
+        return await call_next(request)
+
+    @app.exception_handler(DataError)
+    async def _data(request: Request, exc: DataError) -> JSONResponse:
+        text = str(exc.orig)
+        if "\\u0000" in text or "NUL" in text or "0x00" in text:
+            return problem(
+                request,
+                422,
+                "nul_character",
+                "Invalid request",
+                "a text value contains a NUL character (\\u0000), which cannot be stored",
+            )
+        return await _unhandled(request, exc)
+
     @app.exception_handler(Exception)
     async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s", request.url.path)
+        # the error's text can hold SQL and parameters: it goes to the log, not the client
+        error_id = uuid.uuid4().hex[:12]
+        log.exception("unhandled error %s on %s", error_id, request.url.path)
         return problem(
-            request, 500, "internal_error", "Internal error", f"{type(exc).__name__}: {exc}"
+            request,
+            500,
+            "internal_error",
+            "Internal error",
+            f"an internal error ({type(exc).__name__}); the service log has it as {error_id}",
+            error_id=error_id,
         )

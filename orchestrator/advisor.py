@@ -1,7 +1,10 @@
 """The advisor: findings over a run's or an experiment's stored data, in the order
 operators roll changes back, each with the evidence behind it.
 
-Rollback order (``rank``; lower comes first):
+Rollback order (``rank``; lower comes first). Rank 0 is not a rollback but a
+warning about the measurement itself (``token_bursts``: streamed tokens arrived in
+bursts, so the client's ITL/TPOT, and TTFT when the first token comes with later
+ones, do not measure the engine; use the server-side histograms).
 
 1. ``out_of_memory`` / ``context_cap_does_not_fit``: the engine ran out of memory
    or the context cap does not fit the KV cache. Action: lower ``max_model_len``
@@ -36,6 +39,7 @@ from pydantic import BaseModel, Field
 
 #: Rollback order of every finding code (lower first).
 RANK: dict[str, int] = {
+    "token_bursts": 0,
     "out_of_memory": 1,
     "context_cap_does_not_fit": 1,
     "kv_estimate_mismatch": 2,
@@ -57,6 +61,8 @@ OOM_PATTERNS = re.compile(
     re.IGNORECASE,
 )
 
+#: At or above this share of inter-token gaps under 0.1 ms, streamed tokens came in bursts.
+BURSTY = 0.5
 #: Below this measured hit rate (0-1), prefix caching "has no effect".
 LOW_HIT_RATE = 0.05
 #: Measured below ``predicted - FAR`` or above ``predicted + FAR`` is "far" (absolute, 0-1;
@@ -178,6 +184,39 @@ def run_findings(
                     "kv_bytes_per_token": check["estimate"]["kv_bytes_per_token"],
                     "difference_tokens": check["difference_tokens"],
                     "tolerance_tokens": check["tolerance_tokens"],
+                },
+            )
+        )
+    burst = metrics.get("itl_burst_fraction")
+    if run.get("status") == "succeeded" and burst is not None and burst >= BURSTY:
+        gap = metrics.get("mean_ttft_client_minus_server_ms")
+        out.append(
+            Advice(
+                code="token_bursts",
+                severity="warning",
+                rank=RANK["token_bursts"],
+                scope="run",
+                run_id=rid,
+                message=(
+                    f"{burst:.0%} of inter-token gaps were under 0.1 ms: streamed tokens "
+                    "arrived in bursts, so the client's ITL and TPOT understate decode time"
+                    + (
+                        f" and its TTFT is {gap:.0f} ms above the server's"
+                        if gap is not None and gap > 20
+                        else ""
+                    )
+                ),
+                action=(
+                    "read TTFT, ITL and TPOT from the server-side histograms "
+                    "(server_mean_ttft_ms, server_p50_itl_ms, ...) for this run, and give the "
+                    "API server its own core (the engine's threads starve it)"
+                ),
+                evidence={
+                    "itl_burst_fraction": burst,
+                    "mean_ttft_client_minus_server_ms": gap,
+                    "median_ttft_ms": metrics.get("median_ttft_ms"),
+                    "median_e2el_ms": metrics.get("median_e2el_ms"),
+                    "server_mean_ttft_ms": metrics.get("server_mean_ttft_ms"),
                 },
             )
         )

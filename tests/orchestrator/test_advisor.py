@@ -161,3 +161,19 @@ def test_a_gain_without_prefix_hits_is_not_credited() -> None:
     assert gain_without_hits([_apc_level(0.0, "no clear difference")]) == []
     other = {**_apc_level(0.0, "better"), "variable": "max_num_seqs"}
     assert gain_without_hits([other]) == []
+
+
+def test_token_bursts_warn_about_the_measurement_first() -> None:
+    """A new-user trial's run: every gap under 0.1 ms, client TTFT 65 ms above the server's."""
+    r = _run()
+    m = {
+        **r["metrics"],
+        "itl_burst_fraction": 1.0,
+        "mean_ttft_client_minus_server_ms": 65.2,
+        "prefix_cache_hit_rate": 0.01,
+    }
+    found = run_findings(r, m)
+    assert [f.code for f in found] == ["token_bursts", "prefix_caching_no_effect"]
+    assert "TTFT is 65 ms above the server's" in found[0].message
+    assert "server_mean_ttft_ms" in found[0].action
+    assert run_findings(r, {**r["metrics"], "itl_burst_fraction": 0.2}) == []
