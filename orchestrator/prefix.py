@@ -278,10 +278,12 @@ class Advice(BaseModel):
     ``predicted_hit_rate_after`` (fraction) / ``predicted_hits_tokens_after`` (tokens):
     the prediction re-run on the requests rewritten as this change *and every earlier
     cause's change* (steps ``0..step``) say, i.e. cumulative (None when the change cannot
-    be simulated, e.g. text the chat template inserts). ``raises_hit_rate``: that
-    cumulative hit rate is greater than the one before this step (the workload as it is
-    for step 0); False when it is not (e.g. moving a clock that already sits at the end
-    of the shared text) or cannot be simulated.
+    be simulated, e.g. text the chat template inserts). ``raises_hit_rate``: the change
+    is part of the plan that raises the predicted hit rate: the simulated steps up to the
+    one with the best cumulative hit rate, when that beats the workload as it is. A step
+    that gains nothing alone but is needed for a later one (a clock before an id) is
+    part of it; a change that cannot raise it (a clock already at the end of the shared
+    text) or cannot be simulated is not.
     """
 
     cause: CauseKind
@@ -307,8 +309,8 @@ class PrefixAnalysis(BaseModel):
     ``MAX_CAUSE_ROUNDS`` rounds (divergences of clusters are included when the set's own
     divergence cannot be changed). ``prediction``: the best hit rate for the workload as
     it is; ``advice``: one change per cause, with the cumulative hit rate predicted after
-    it; the changes that raise the hit rate come first (``raises_hit_rate``), the others
-    after. ``predicted_hit_rate_after_advice``: with every simulated change applied.
+    it, in prompt order; ``raises_hit_rate`` marks the plan (the steps to make together).
+    ``predicted_hit_rate_after_advice``: with every simulated change applied.
     ``notes``: facts about the rendering worth knowing (tools the chat template does not
     render, a date the chat template writes itself).
     """
@@ -1818,8 +1820,23 @@ def _follow_causes(
             break
         if not progressed:
             break
-    ordered = sorted(advice, key=lambda a: not a.raises_hit_rate)  # stable: prompt order
-    return causes, ordered, before if applied else None
+    # The plan: the simulated steps up to the one with the best cumulative hit rate (a
+    # step that gains nothing alone may be needed for a later one: a clock before an id).
+    simulated = [a for a in advice if a.predicted_hit_rate_after is not None]
+    best = max(simulated, key=lambda a: (a.predicted_hit_rate_after or 0.0, -a.step), default=None)
+    gain = (
+        best is not None
+        and best.predicted_hit_rate_after is not None
+        and best.predicted_hit_rate_after > prediction.hit_rate + 1e-12
+    )
+    for a in advice:
+        a.raises_hit_rate = bool(
+            gain
+            and best is not None
+            and a.predicted_hit_rate_after is not None
+            and a.step <= best.step
+        )
+    return causes, advice, before if applied else None
 
 
 def _notes(
@@ -2023,33 +2040,24 @@ def summarize(analysis: PrefixAnalysis) -> dict[str, Any]:
     """The part of an analysis a run keeps (``engine_info.prefix_analysis``), JSON-safe:
     ``predicted_hit_rate`` (0-1), ``queries_tokens``/``hits_tokens`` (predicted),
     ``shared_prefix_tokens``/``shared_prefix_blocks``/``reusable_prefix_tokens``,
-    ``block_size``, ``num_requests``, ``cause`` (the cause of ``advice``, else the first
-    actionable cause), ``causes`` (every cause found, prompt order), ``divergence`` (the
-    first actionable divergence, else the first), ``advice`` (in words, the first change
-    that raises the predicted hit rate, None when no change does; the advisor shows it as
-    the change to make first), ``advice_all`` (every change with its cumulative predicted
-    hit rate and ``raises_hit_rate``), ``predicted_hit_rate_after_advice`` and ``notes``."""
+    ``block_size``, ``num_requests``, ``cause`` (the cause of the plan's last change, else
+    the first actionable cause), ``causes`` (every cause found, prompt order),
+    ``divergence`` (the first actionable divergence, else the first), ``advice`` (in words,
+    the plan: the change, or the changes to make together, that raise the predicted hit
+    rate; None when no change does; the advisor shows it as the change to make first),
+    ``advice_all`` (every change with its cumulative predicted hit rate and
+    ``raises_hit_rate``), ``predicted_hit_rate_after_advice`` and ``notes``."""
     first = analysis.causes[0] if analysis.causes else analysis.divergence
-    best = next((a for a in analysis.advice if a.raises_hit_rate), None)
+    plan = [a for a in analysis.advice if a.raises_hit_rate]
+    best = plan[-1] if plan else None
     text: str | None = None
-    if best is not None:
-        text = best.change
-        # Predicted with the earlier causes' changes applied too: say so when they do not
-        # raise the hit rate on their own (they would not be shown as the change to make).
-        earlier = [
-            a
-            for a in analysis.advice
-            if a.step < best.step
-            and not a.raises_hit_rate
-            and a.predicted_hit_rate_after is not None
-        ]
-        if earlier:
-            many = len(earlier) > 1
-            text += (
-                f" Make the earlier change{'s' if many else ''} for "
-                + ", ".join(f"{a.cause} at {a.source}" for a in earlier)
-                + f" too: the predicted gain assumes {'them' if many else 'it'}."
-            )
+    if len(plan) == 1:
+        text = plan[0].change
+    elif plan:
+        text = (
+            f"Make these {len(plan)} changes together (the predicted hit rate assumes all): "
+            + " ".join(f"({i}) {a.change}" for i, a in enumerate(plan, 1))
+        )
     cause = (
         best.cause if best is not None else (first.cause if first and first.actionable else None)
     )

@@ -696,24 +696,25 @@ def test_a_change_that_does_not_raise_the_hit_rate_is_not_the_change_to_make(
     assert s["cause"] == "timestamp" and s["advice_all"][0]["raises_hit_rate"] is False
 
 
-def test_raising_advice_comes_first(tiny_dir: Path) -> None:
+def test_a_step_needed_for_a_later_gain_is_part_of_the_plan(tiny_dir: Path) -> None:
     """A clock right before an id: moving the clock alone gains nothing (the id still
-    breaks the prefix within the first block); moving the id too does."""
+    breaks the prefix within the first block); moving the id too does. Both are the plan,
+    in prompt order (a new-user trial was told to move the id first and gained nothing)."""
     systems = [f"Time {c} {u}\n\n{HANDBOOK}" for u, c in zip(UUIDS, CLOCKS, strict=True)]
     a = analyze_prefix(_chats(systems), tiny_dir)
     assert [c.cause for c in a.causes] == ["timestamp", "uuid"]
     assert [(x.cause, x.step, x.raises_hit_rate) for x in a.advice] == [
+        ("timestamp", 0, True),
         ("uuid", 1, True),
-        ("timestamp", 0, False),
     ]
-    clock, uid = a.advice[1], a.advice[0]
+    clock, uid = a.advice
     assert clock.predicted_hit_rate_after is not None and uid.predicted_hit_rate_after is not None
     assert clock.predicted_hit_rate_after <= a.prediction.hit_rate < uid.predicted_hit_rate_after
     s = summarize(a)
     assert s["cause"] == "uuid"
-    assert s["advice"].startswith(uid.change)
-    assert "timestamp at messages[0].content too" in s["advice"]
-    assert [x["cause"] for x in s["advice_all"]] == ["uuid", "timestamp"]
+    assert s["advice"].startswith("Make these 2 changes together")
+    assert f"(1) {clock.change}" in s["advice"] and f"(2) {uid.change}" in s["advice"]
+    assert [x["cause"] for x in s["advice_all"]] == ["timestamp", "uuid"]
 
 
 def test_rounds_are_bounded(tiny_dir: Path) -> None:
