@@ -142,6 +142,11 @@ def _check_config(config: dict[str, Any], eng: KVEngine) -> None:
             f"{tp} does not divide num_attention_heads ({heads}); vLLM refuses this layout",
         )
     kv = config.get("num_key_value_heads") or heads
+    if not mla and heads is not None and kv is not None and (kv > heads or heads % kv):
+        raise _problem(
+            ["model", "num_key_value_heads"],
+            f"{kv} KV heads must divide the {heads} attention heads (grouped-query attention)",
+        )
     if not mla and kv is not None and kv % tp and tp % kv:
         raise _problem(
             ["engine", "tensor_parallel_size"],
@@ -204,9 +209,14 @@ def analyze_kv_cache(query: KVCacheQuery, settings: SettingsDep) -> dict[str, An
         if weights is None:
             weights = _weights_gib(path, devices)
             if weights is None:
+                where = (
+                    "the model directory has no weight files to size"
+                    if path is not None
+                    else "an inline model config has no weight files to size"
+                )
                 raise _problem(
                     ["memory", "weights_gib"],
-                    "the model directory has no weight files to size; give weights_gib "
+                    f"{where}; give weights_gib "
                     "(per device, GiB: the 'Loading weights took … GiB' figure)",
                 )
             assumptions.append(
@@ -242,7 +252,8 @@ def analyze_kv_cache(query: KVCacheQuery, settings: SettingsDep) -> dict[str, An
     except KeyError as exc:
         raise _problem(["model", str(exc.args[0])], "the model config lacks it") from None
     except ValueError as exc:
-        raise _problem(["engine"], str(exc)) from None
+        field = "kv_cache_dtype" if "KV cache dtype" in str(exc) else None
+        raise _problem(["engine", field] if field else ["engine"], str(exc)) from None
     if est["gpu_blocks"] == 0 and "available_kv_cache" not in memory:
         assumptions.append(
             "no memory is left for the KV cache: weights + activation + non-torch memory "

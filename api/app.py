@@ -604,6 +604,20 @@ def create_schedule(
                 }
             ]
         )
+    if body.end_at is not None:
+        from orchestrator.schedules import next_fire_times
+
+        if not next_fire_times(body.cron, body.timezone, now, 1, body.end_at):
+            raise ScheduleInvalidError(
+                [
+                    {
+                        "loc": ["body", "cron"],
+                        "msg": f"cron {body.cron!r} never fires before end_at "
+                        f"{body.end_at.isoformat()}",
+                        "type": "never_fires",
+                    }
+                ]
+            )
     sched = save_schedule(session, settings, load_catalog(settings), body.model_dump(), now=now)
     out = _schedule_out(request, session, sched)
     response.headers["Location"] = out.url

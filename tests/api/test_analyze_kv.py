@@ -122,6 +122,9 @@ LLAMA = {
         ({"model": {**LLAMA, "num_hidden_layers": "32"}}, ["model", "num_hidden_layers"], "'32'"),
         ({"model": {**LLAMA, "num_hidden_layers": 32.5}}, ["model", "num_hidden_layers"], "32.5"),
         ({"model": {**LLAMA, "head_dim": 10**300}}, ["model", "head_dim"], "65536"),
+        ({"model": {**LLAMA, "num_key_value_heads": 64}}, ["model", "num_key_value_heads"], "64"),
+        ({"model": {**LLAMA, "num_key_value_heads": 5}}, ["model", "num_key_value_heads"], "5"),
+        ({"engine": {"kv_cache_dtype": "fp7"}}, ["engine", "kv_cache_dtype"], "fp7"),
         # memory figures: infinite, absurd, or both kinds at once
         (
             {"memory": {"device_memory_gib": 80, "weights_gib": 1e308}},

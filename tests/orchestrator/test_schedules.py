@@ -7,6 +7,7 @@ keeps a running dispatcher or other tests from firing these schedules.
 
 from __future__ import annotations
 
+import calendar
 import threading
 import uuid
 from collections.abc import Iterator
@@ -131,6 +132,17 @@ def test_crud_and_next_fire_times(client: TestClient) -> None:
     past = {**body, "name": body["name"] + "-past", "end_at": "2020-01-01T00:00:00Z"}
     resp = client.post("/api/v1/schedules", json=past)
     assert resp.status_code == 422 and resp.json()["errors"][0]["loc"] == ["body", "end_at"]
+    # 29 February fires only in leap years: none before the day before the next one
+    now = datetime.now(UTC)
+    year = next(
+        y
+        for y in range(now.year, now.year + 9)
+        if calendar.isleap(y) and datetime(y, 2, 29, tzinfo=UTC) > now
+    )
+    end_at = datetime(year, 2, 28, 12, tzinfo=UTC).isoformat()
+    leap = {**body, "name": body["name"] + "-leap", "cron": "0 0 29 2 *"}
+    resp = client.post("/api/v1/schedules", json={**leap, "end_at": end_at})
+    assert resp.status_code == 422 and "never fires before end_at" in resp.text
     for value in ("yes", 1):  # only true/false: no silent coercion of "yes" or 1
         resp = client.patch(f"/api/v1/schedules/{sid}", json={"enabled": value})
         assert resp.status_code == 422 and resp.json()["errors"][0]["loc"][-1] == "enabled"
