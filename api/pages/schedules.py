@@ -252,5 +252,14 @@ def schedule(schedule_id: str, request: Request) -> HTMLResponse:
             "page": page,
             "pages": max(1, -(-total // FIRES_PER_PAGE)),
             "next_count": DETAIL_NEXT_FIRES,
+            "live_ms": _live_ms(request),
         }
         return render(request, "schedule.html", context)
+
+
+def _live_ms(request: Request) -> int:
+    """How often the page re-renders its live parts (``?live_ms=``, 1-60 s; default 20 s)."""
+    try:
+        return min(60_000, max(1_000, int(request.query_params.get("live_ms") or 20_000)))
+    except ValueError:
+        return 20_000

@@ -347,3 +347,28 @@ def test_list_is_paginated_by_50(
     expect(last.locator("td.latest")).to_have_text("never fired")
     page.goto(live_server + "/schedules?page=99")
     expect(page.locator("#rows")).to_contain_text("No schedules on page 99")
+
+
+def test_detail_page_shows_new_fires_without_reload(
+    page: Page, live_server: str, web_db: sessionmaker[Session]
+) -> None:
+    """A fire that happens while the page is open appears by itself (live re-render)."""
+    sched = _post_schedule(live_server)
+    try:
+        page.goto(f"{live_server}/schedules/{sched['id']}?live_ms=1000")
+        expect(page.locator("#fire-total")).to_have_text("0")
+        page.evaluate("window.__marker = 1")
+        with web_db.begin() as s:
+            s.add(
+                ScheduleFire(
+                    schedule_id=sched["id"],
+                    fire_time=datetime(2026, 11, 30, 9, 0, tzinfo=UTC),
+                    status="skipped_busy",
+                    detail="the previous sweep is still running",
+                )
+            )
+        expect(page.locator("#fire-total")).to_have_text("1", timeout=10_000)
+        expect(page.locator("#fires")).to_contain_text("skipped_busy")
+        assert page.evaluate("window.__marker") == 1  # not reloaded
+    finally:
+        httpx.delete(f"{live_server}/api/v1/schedules/{sched['id']}")

@@ -38,6 +38,17 @@
     }
   }
 
+  // Live: fires and next fire times change with the clock; re-render them every 20 s
+  // (the parts named by data-live-swap), without a reload.
+  const live = document.querySelector("[data-live-swap]");
+  if (live) {
+    const ids = live.dataset.liveSwap.split(/\s+/);
+    vlab.poll(async () => {
+      await swap(location.href, ids);
+      return true;
+    }, Number(live.dataset.liveMs || 20000));
+  }
+
   document.addEventListener("click", async (ev) => {
     const button = ev.target.closest ? ev.target.closest("button.toggle") : null;
     if (!button) return;
