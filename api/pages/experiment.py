@@ -283,7 +283,13 @@ def _context(session: Session, exp: Experiment) -> dict[str, Any]:
         "ladder": result["ladder"],
         "findings": result["findings"],
         "chart": result["chart"],
-        "metrics": [(m.name, metric_label(m)) for m in METRICS],
+        # only metrics some level has a value for (no goodput without SLOs, ...); the
+        # default stays selectable so the chart is never without a choice
+        "metrics": [
+            (m["name"], m["label"])
+            for m in result["chart"]["metrics"]
+            if m["name"] == DEFAULT_METRIC or any(p["value"] is not None for p in m["points"])
+        ],
         "default_metric": DEFAULT_METRIC,
     }
 

@@ -48,6 +48,14 @@ COLUMNS: list[tuple[str, str, bool]] = [
 ]
 
 
+COLUMN_HELP = {
+    "started": "when the run began (its vLLM server up, or reused), UTC",
+    "duration": "from the run's start to its end: warm-up and the measured phase; the "
+    "server's start-up is in the run's timings",
+    "hit_rate": "prefix cache hits / queries over the measured phase, in tokens",
+}
+
+
 def _date(field: str, raw: str) -> date:
     try:
         return date.fromisoformat(raw)
@@ -140,6 +148,7 @@ def history(request: Request) -> HTMLResponse:
             "sort": sort,
             "desc": desc,
             "columns": COLUMNS,
+            "column_help": COLUMN_HELP,
             "statuses": [s.value for s in RunStatus],
             "models": models,
             "link": link,

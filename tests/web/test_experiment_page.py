@@ -275,6 +275,10 @@ def test_chart_has_one_point_per_level_with_cis_and_follows_the_select(
     assert data["points"][1]["yMin"] == pytest.approx(thr["reference"] * thr["ci_low"])
 
     # hit rate: 0 on the baseline (APC off: no prefix-cache queries), apc-on's own value
+    # the select offers only metrics some level has: no goodput without SLOs
+    offered = page.locator("#metric option").evaluate_all("os => os.map(o => o.value)")
+    assert "median_ttft_ms" in offered and "prefix_cache_hit_rate" in offered
+    assert "request_goodput" not in offered
     page.select_option("#metric", "prefix_cache_hit_rate")
     page.wait_for_function(
         "() => Chart.getChart(document.getElementById('chart')).data.datasets[0].label"
