@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+from collections import OrderedDict
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -74,6 +76,36 @@ def fmt_json(value: Any) -> str:
 TEMPLATES.env.filters.update(
     num=fmt_num, pct=fmt_pct, duration=fmt_duration, time=fmt_time, tojson_text=fmt_json
 )
+
+
+class PageCache:
+    """A thread-safe LRU of results the pages compute (comparisons, regressions), keyed
+    by what they depend on (e.g. run ids and statuses), so a key changes when the data
+    does; at most ``size`` entries."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[Any, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> Any | None:
+        """The value stored under ``key`` (now the most recently used), or None."""
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None:
+                self._items.move_to_end(key)
+            return hit
+
+    def put(self, key: Any, value: Any) -> None:
+        """Store ``value``, dropping the least recently used entries beyond ``size``."""
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
 
 
 def render(

@@ -38,9 +38,7 @@ from __future__ import annotations
 import json
 import math
 import re
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,7 +51,7 @@ from markupsafe import Markup, escape
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from api.pages import render
+from api.pages import PageCache, render
 from orchestrator.analysis import runs_as_data
 from orchestrator.compare import METRICS_BY_NAME, MetricComparison, RunData, compare_variant
 from orchestrator.db import unit_of_work
@@ -95,8 +93,7 @@ NESTED = ("engine_args", "layout", "workload")
 
 _ID_SPLIT = re.compile(r"[\s,;]+")
 _CACHE_SIZE = 16
-_cache: OrderedDict[tuple[Any, ...], list[dict[str, Cell]]] = OrderedDict()
-_cache_lock = threading.Lock()
+_cache = PageCache(_CACHE_SIZE)
 
 
 class CompareQueryError(ValueError):
@@ -440,25 +437,19 @@ def _cached_compare(
     key = (tuple((r.id, r.status) for r in runs), ref, n_boot)
     cacheable = not any(r.status in ACTIVE for r in runs)
     if cacheable:
-        with _cache_lock:
-            hit = _cache.get(key)
-            if hit is not None:
-                _cache.move_to_end(key)
-                return hit, True
+        hit: list[dict[str, Cell]] | None = _cache.get(key)
+        if hit is not None:
+            return hit, True
     by_id = {d.run_id: d for group in runs_as_data(session, runs).values() for d in group}
     cells = compare_runs([by_id[r.id] for r in runs], ref, n_boot)
     if cacheable:
-        with _cache_lock:
-            _cache[key] = cells
-            while len(_cache) > _CACHE_SIZE:
-                _cache.popitem(last=False)
+        _cache.put(key, cells)
     return cells, False
 
 
 def clear_cache() -> None:
     """Forget cached comparisons (benchmarks time the uncached page)."""
-    with _cache_lock:
-        _cache.clear()
+    _cache.clear()
 
 
 def run_label(run: Run, experiment: str, repeats: int, many_experiments: bool) -> str:

@@ -16,8 +16,6 @@ change (a terminal run never changes again; only succeeded runs are compared).
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -25,7 +23,7 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 
 from api.app import experiment_status, server_reuse
-from api.pages import not_found, render
+from api.pages import PageCache, not_found, render
 from orchestrator.analysis import comparison, experiment_advice, runs_as_data
 from orchestrator.compare import (
     METRICS,
@@ -66,8 +64,7 @@ _RUN_LABELS = {
 ACTIVE = frozenset({"queued", "preparing", "running"})
 DEFAULT_METRIC = "median_ttft_ms"
 _CACHE_SIZE = 32
-_cache: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()
-_cache_lock = threading.Lock()
+_cache = PageCache(_CACHE_SIZE)
 
 
 def metric_label(spec: MetricSpec) -> str:
@@ -256,16 +253,11 @@ def analysis(session: Session, exp: Experiment) -> dict[str, Any]:
     advisor's, in rollback order), cached while its runs' ids and statuses are
     unchanged (at most ``_CACHE_SIZE`` experiments)."""
     key = (exp.id, tuple(sorted((r.id, r.status) for r in exp.runs)))
-    with _cache_lock:
-        hit = _cache.get(key)
-        if hit is not None:
-            _cache.move_to_end(key)
-            return hit
+    hit: dict[str, Any] | None = _cache.get(key)
+    if hit is not None:
+        return hit
     result = _build(session, exp)
-    with _cache_lock:
-        _cache[key] = result
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
+    _cache.put(key, result)
     return result
 
 

@@ -20,8 +20,6 @@ sends ``PATCH /api/v1/schedules/{id}`` and swaps in the re-rendered parts.
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -32,7 +30,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.app import experiment_status
-from api.pages import not_found, render
+from api.pages import PageCache, not_found, render
 from api.pages.experiment import metric_label
 from orchestrator.compare import METRICS_BY_NAME
 from orchestrator.db import unit_of_work
@@ -51,8 +49,7 @@ LIST_NEXT_FIRES = 3
 DETAIL_NEXT_FIRES = 10
 #: regression results kept (:func:`regressions`)
 _CACHE_SIZE = 512
-_cache: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()
-_cache_lock = threading.Lock()
+_cache = PageCache(_CACHE_SIZE)
 
 #: ``POST /api/v1/schedules`` example shown when there is no schedule yet
 EXAMPLE = {
@@ -148,16 +145,11 @@ def regressions(session: Session, fire: ScheduleFire) -> dict[str, Any]:
     while the runs it depends on (:func:`_regressions_key`) keep their statuses: the
     bootstrap takes about 0.3 s per compared sweep and the list shows up to 50."""
     key = _regressions_key(session, fire)
-    with _cache_lock:
-        hit = _cache.get(key)
-        if hit is not None:
-            _cache.move_to_end(key)
-            return hit
+    hit: dict[str, Any] | None = _cache.get(key)
+    if hit is not None:
+        return hit
     result = sweep_regressions(session, fire)
-    with _cache_lock:
-        _cache[key] = result
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
+    _cache.put(key, result)
     return result
 
 

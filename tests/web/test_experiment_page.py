@@ -367,8 +367,7 @@ def test_page_renders_fast_on_real_data(live_server: str, seeded: dict[str, Any]
     import api.pages.experiment as module
 
     url = f"{live_server}/experiments/{seeded['older']['experiment_id']}"
-    with module._cache_lock:
-        module._cache.clear()
+    module._cache.clear()
     times = []
     for _ in range(2):
         t0 = time.perf_counter()
