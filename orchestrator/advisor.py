@@ -53,6 +53,9 @@ RANK: dict[str, int] = {
     "hit_rate_up_e2e_flat": 6,
 }
 
+#: Rank of a code missing from :data:`RANK`.
+UNRANKED = 9
+
 #: Engine log / error wordings of running out of memory or of a cap that does not fit.
 OOM_PATTERNS = re.compile(
     r"out of memory|OutOfMemoryError|No available memory for the cache blocks|"
@@ -73,14 +76,15 @@ FAR = 0.2
 class Advice(BaseModel):
     """One finding: what is wrong, what to change first, and the numbers behind it.
 
-    ``rank``: position in the rollback order (module docstring). ``scope``: a run
+    ``rank``: position in the rollback order (module docstring), from :data:`RANK` by
+    ``code``. ``scope``: a run
     or an experiment level (``variant``). ``evidence``: JSON-safe figures (units in
     their key names: ``_ms``, ``_tokens``, ``_gib``; rates 0-1).
     """
 
     code: str
     severity: Literal["info", "warning", "error"]
-    rank: int
+    rank: int = Field(default_factory=lambda data: RANK.get(data["code"], UNRANKED))
     scope: Literal["run", "experiment"]
     run_id: str | None = None
     variant: str | None = None
@@ -136,7 +140,6 @@ def run_findings(
                 Advice(
                     code="out_of_memory",
                     severity="error",
-                    rank=RANK["out_of_memory"],
                     scope="run",
                     run_id=rid,
                     message="the engine ran out of memory or its context cap does not fit",
@@ -149,7 +152,6 @@ def run_findings(
             Advice(
                 code="context_cap_does_not_fit",
                 severity="error",
-                rank=RANK["context_cap_does_not_fit"],
                 scope="run",
                 run_id=rid,
                 message=(
@@ -165,7 +167,6 @@ def run_findings(
             Advice(
                 code="kv_estimate_mismatch",
                 severity="warning",
-                rank=RANK["kv_estimate_mismatch"],
                 scope="run",
                 run_id=rid,
                 message=(
@@ -194,7 +195,6 @@ def run_findings(
             Advice(
                 code="token_bursts",
                 severity="warning",
-                rank=RANK["token_bursts"],
                 scope="run",
                 run_id=rid,
                 message=(
@@ -255,7 +255,6 @@ def _prefix_findings(
                 Advice(
                     code=found.code,
                     severity=found.severity,
-                    rank=RANK[found.code],
                     scope="run",
                     run_id=rid,
                     message=found.message,
@@ -273,7 +272,6 @@ def _prefix_findings(
             Advice(
                 code="prefix_caching_no_effect",
                 severity="warning",
-                rank=RANK["prefix_caching_no_effect"],
                 scope="run",
                 run_id=rid,
                 message=(
@@ -338,7 +336,6 @@ def more_devices_slower(
             Advice(
                 code="more_devices_slower",
                 severity="warning",
-                rank=RANK["more_devices_slower"],
                 scope="experiment",
                 variant=str(name),
                 message=(
@@ -395,7 +392,6 @@ def gain_without_hits(variants: Sequence[Mapping[str, Any]]) -> list[Advice]:
             Advice(
                 code="gain_without_prefix_hits",
                 severity="warning",
-                rank=RANK["gain_without_prefix_hits"],
                 scope="experiment",
                 variant=str(v.get("variant")),
                 message=(
@@ -431,7 +427,6 @@ def from_compare(found: Sequence[Mapping[str, Any]]) -> list[Advice]:
             Advice(
                 code=code,
                 severity=f.get("severity", "info"),
-                rank=RANK.get(code, 9),
                 scope="experiment",
                 variant=f.get("variant"),
                 message=str(f["message"]),
