@@ -642,39 +642,15 @@ def _source_spans(req: PrefixRequest, text: str) -> list[SourceSpan]:
                 )
             )
             cursor = pos + n
-        name = msg.get("name")
-        if isinstance(name, str) and name:
-            i = text.find(name, msg_start)
-            if i >= 0:
-                spans.append(
-                    SourceSpan(
-                        rendered_start=i,
-                        rendered_end=i + len(name),
-                        source=f"messages[{k}].name",
-                        source_start=0,
-                        message_index=k,
-                        role=role_s,
-                    )
-                )
+        spans.extend(
+            _whole_span(text, msg.get("name"), msg_start, f"messages[{k}].name", k, role_s)
+        )
         for c, call in enumerate(msg.get("tool_calls") or []):
             if not isinstance(call, Mapping):
                 continue
             fn = call.get("function") or {}
             base = f"messages[{k}].tool_calls[{c}].function"
-            fname = fn.get("name")
-            if isinstance(fname, str) and fname:
-                i = text.find(fname, msg_start)
-                if i >= 0:
-                    spans.append(
-                        SourceSpan(
-                            rendered_start=i,
-                            rendered_end=i + len(fname),
-                            source=f"{base}.name",
-                            source_start=0,
-                            message_index=k,
-                            role=role_s,
-                        )
-                    )
+            spans.extend(_whole_span(text, fn.get("name"), msg_start, f"{base}.name", k, role_s))
             args = fn.get("arguments")
             spans.extend(
                 _json_source_spans(
@@ -691,6 +667,28 @@ def _source_spans(req: PrefixRequest, text: str) -> list[SourceSpan]:
             found = _leaf_spans(text, tool, f"tools[{i}]", i)
         spans.extend(found)
     return spans
+
+
+def _whole_span(
+    text: str, value: Any, start: int, source: str, message_index: int, role: str | None
+) -> list[SourceSpan]:
+    """The span of a string ``value`` (a name) found whole in ``text`` from ``start``;
+    nothing when it is not a non-empty string or not found."""
+    if not isinstance(value, str) or not value:
+        return []
+    i = text.find(value, start)
+    if i < 0:
+        return []
+    return [
+        SourceSpan(
+            rendered_start=i,
+            rendered_end=i + len(value),
+            source=source,
+            source_start=0,
+            message_index=message_index,
+            role=role,
+        )
+    ]
 
 
 def _prompt_span(prompt: str, text: str) -> list[SourceSpan]:
