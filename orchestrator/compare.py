@@ -241,7 +241,7 @@ class Finding(BaseModel):
 # --------------------------------------------------------------------------- helpers
 
 
-def _finite(x: Any) -> float | None:
+def finite_float(x: Any) -> float | None:
     """``float(x)`` when it is a finite number, else None."""
     if x is None or isinstance(x, bool):
         return None
@@ -263,8 +263,8 @@ def _measured(run: RunData) -> list[dict[str, Any]]:
         for q in run.requests
         if q.get("success")
         and not q.get("warmup")
-        and _finite(q.get("ttft_s")) is not None
-        and _finite(q.get("e2el_s")) is not None
+        and finite_float(q.get("ttft_s")) is not None
+        and finite_float(q.get("e2el_s")) is not None
     ]
 
 
@@ -303,7 +303,9 @@ def _field_values(side: _Side, field: str) -> tuple[FloatArray, IntArray]:
         try:
             arr = np.asarray(items, dtype=np.float64).reshape(-1)
         except (TypeError, ValueError):
-            arr = np.asarray([v for v in map(_finite, items) if v is not None], dtype=np.float64)
+            arr = np.asarray(
+                [v for v in map(finite_float, items) if v is not None], dtype=np.float64
+            )
         chunks.append(arr)
     if not chunks:
         return np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int64)
@@ -394,7 +396,7 @@ def _weighted_quantiles(
 
 
 def _run_values(runs: Sequence[RunData], name: str) -> FloatArray:
-    vals = [_finite(r.metrics.get(name)) for r in _usable(runs)]
+    vals = [finite_float(r.metrics.get(name)) for r in _usable(runs)]
     return np.asarray([v for v in vals if v is not None], dtype=np.float64)
 
 
@@ -412,7 +414,7 @@ def _interval(draws: FloatArray, confidence: float) -> tuple[float, float] | Non
         return None
     alpha = 1.0 - confidence
     lo, hi = np.percentile(finite, [100.0 * alpha / 2.0, 100.0 * (1.0 - alpha / 2.0)])
-    lo_f, hi_f = _finite(lo), _finite(hi)
+    lo_f, hi_f = finite_float(lo), finite_float(hi)
     if lo_f is None or hi_f is None:
         return None
     return lo_f, hi_f
@@ -449,8 +451,8 @@ def _effect(
     var_draws: FloatArray | None,
     confidence: float,
 ) -> _Effect:
-    ratio = _finite(var_point / ref_point) if ref_point > 0 else None
-    diff = _finite(var_point - ref_point)
+    ratio = finite_float(var_point / ref_point) if ref_point > 0 else None
+    diff = finite_float(var_point - ref_point)
     eff = _Effect(ref_point, var_point, ratio, diff if diff is not None else 0.0, None, None)
     if ref_draws is None or var_draws is None:
         return eff
@@ -761,16 +763,16 @@ def _tp_values(ref: VariantRef | None) -> tuple[float, float] | None:
         if isinstance(value, Mapping):
             for key in (path, path.split(".")[-1]):
                 if key in value:
-                    return _finite(value[key])
+                    return finite_float(value[key])
             return None
-        return _finite(value)
+        return finite_float(value)
 
     r, v = pick(ch.reference_value), pick(ch.variant_value)
     return None if r is None or v is None else (r, v)
 
 
 def _per_device(runs: Sequence[RunData], name: str) -> FloatArray:
-    vals = [_finite(r.metrics.get(name)) for r in _usable(runs)]
+    vals = [finite_float(r.metrics.get(name)) for r in _usable(runs)]
     return np.asarray(
         [v / r.devices for v, r in zip(vals, _usable(runs), strict=True) if v is not None],
         dtype=np.float64,

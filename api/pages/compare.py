@@ -36,7 +36,6 @@ and every run is terminal (a terminal run never changes again).
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -53,7 +52,13 @@ from sqlalchemy.orm import Session
 
 from api.pages import PageCache, render
 from orchestrator.analysis import runs_as_data
-from orchestrator.compare import METRICS_BY_NAME, MetricComparison, RunData, compare_variant
+from orchestrator.compare import (
+    METRICS_BY_NAME,
+    MetricComparison,
+    RunData,
+    compare_variant,
+    finite_float,
+)
 from orchestrator.db import unit_of_work
 from orchestrator.models import Experiment, Run
 
@@ -257,16 +262,6 @@ class Cell:
         return None
 
 
-def _finite(x: Any) -> float | None:
-    if x is None or isinstance(x, bool):
-        return None
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
-
-
 def _cell(comp: MetricComparison) -> Cell:
     return Cell(
         value=comp.variant,
@@ -305,7 +300,7 @@ def compare_runs(data: Sequence[RunData], ref: int, n_boot: int) -> list[dict[st
     for name in names:
         from_comp = next((c[name].reference for c in comps.values() if name in c), None)
         ref_values[name] = (
-            from_comp if from_comp is not None else _finite(reference.metrics.get(name))
+            from_comp if from_comp is not None else finite_float(reference.metrics.get(name))
         )
     out: list[dict[str, Cell]] = []
     for i, run in enumerate(data):
@@ -321,7 +316,7 @@ def compare_runs(data: Sequence[RunData], ref: int, n_boot: int) -> list[dict[st
             if comp is not None:
                 cells[name] = _cell(comp)
                 continue
-            value = _finite(run.metrics.get(name))
+            value = finite_float(run.metrics.get(name))
             cell = Cell(value=value)
             base = ref_values[name]
             if ref_ok and value is not None and base is not None:
