@@ -299,9 +299,8 @@ def list_runs(
         )
     except HistoryQueryError as exc:
         raise QueryInvalidError(exc.field, str(exc)) from None
-    metrics = RunRepository(session).metrics_for([row.run.id for row in page.rows])
     return Page(
-        items=[_run_out(request, row.run, metrics.get(row.run.id)) for row in page.rows],
+        items=[_run_out(request, row.run, row.run_metrics or None) for row in page.rows],
         total=page.total,
         limit=limit,
         offset=offset,

@@ -127,11 +127,17 @@ class HistoryFilter:
 
 @dataclass
 class HistoryRow:
-    """One row of the history table; ``metrics`` holds the :data:`METRIC_COLUMNS` values."""
+    """One row of the history table: ``run_metrics`` holds all the run's summary metrics
+    (stored names), ``metrics`` the :data:`METRIC_COLUMNS` ones by column key."""
 
     run: Run
     experiment_name: str
-    metrics: dict[str, float] = field(default_factory=dict)
+    run_metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        m = self.run_metrics
+        return {k: m[v] for k, v in METRIC_COLUMNS.items() if v in m}
 
     @property
     def duration_s(self) -> float | None:
@@ -211,14 +217,7 @@ def history_page(
     metrics = RunRepository(session).metrics_for([r.id for r, _ in found])
     rows = []
     for run, name in found:
-        m = metrics.get(run.id, {})
-        rows.append(
-            HistoryRow(
-                run=run,
-                experiment_name=name,
-                metrics={k: m[v] for k, v in METRIC_COLUMNS.items() if v in m},
-            )
-        )
+        rows.append(HistoryRow(run=run, experiment_name=name, run_metrics=metrics.get(run.id, {})))
     return HistoryPage(rows=rows, total=total, limit=limit, offset=offset)
 
 
