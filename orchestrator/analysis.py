@@ -224,14 +224,16 @@ def run_advice(session: Session, run_id: str) -> list[dict[str, Any]]:
     return [a.model_dump(mode="json") for a in ordered(_run_advice(session, run))]
 
 
-def _run_advice(session: Session, run: Run) -> list[Any]:
+def _run_advice(session: Session, run: Run, metrics: dict[str, float] | None = None) -> list[Any]:
+    """:func:`orchestrator.advisor.run_findings` of a stored run; ``metrics``: its summary
+    metrics when the caller has read them already."""
     from orchestrator.advisor import run_findings
-    from orchestrator.models import RunLog
 
+    repo = RunRepository(session)
     log_text = None
     if run.status in ("failed", "blocked"):
-        row = session.get(RunLog, run.id)
-        log_text = row.content[-200_000:] if row else None
+        content = repo.log(run.id)
+        log_text = content[-200_000:] if content else None
     doc = {
         "id": run.id,
         "status": run.status,
@@ -239,7 +241,7 @@ def _run_advice(session: Session, run: Run) -> list[Any]:
         "engine_args": run.engine_args,
         "engine_info": run.engine_info,
     }
-    return run_findings(doc, RunRepository(session).metrics(run.id), log_text)
+    return run_findings(doc, repo.metrics(run.id) if metrics is None else metrics, log_text)
 
 
 def experiment_advice(
@@ -260,8 +262,9 @@ def experiment_advice(
     exp = get_experiment(session, experiment_id)
     runs = sorted(exp.runs, key=lambda r: r.sequence)
     advice = []
+    metrics = RunRepository(session).metrics_for([r.id for r in runs])
     for r in runs:
-        for a in _run_advice(session, r):
+        for a in _run_advice(session, r, metrics.get(r.id, {})):
             a.variant = r.name
             advice.append(a)
     cmp = comparison_doc or comparison(session, experiment_id)
