@@ -130,6 +130,7 @@ def _experiment_out(request: Request, session: Session, exp: Experiment) -> Expe
         description=exp.description,
         model_id=exp.model_id,
         model_digest=exp.model_digest,
+        model_revision=exp.model_revision,
         request_list_hash=exp.request_list_hash,
         created_at=exp.created_at,
         status=experiment_status(list(exp.runs)),
@@ -503,7 +504,9 @@ def post_parity_check(
             chosen,
             body.tensor_parallel_size,
             body.pipeline_parallel_size,
-            resource=settings.orchestrator.device_resource,
+            resource=OrchestratorRepository(session).device_kind(
+                settings.orchestrator.device_resource, settings.orchestrator.stale_after_s
+            ),
         )
         if chosen and problem is not None:
             errors.append({"loc": ["body"], "msg": problem, "type": "shape_does_not_fit"})

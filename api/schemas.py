@@ -60,6 +60,9 @@ class RunOut(BaseModel):
     model_id: str
     model_path: str
     model_digest: str
+    model_revision: str | None = Field(
+        None, description="Hugging Face snapshot commit of a model named by id (else null)"
+    )
     max_model_len: int | None
     seed: int
     request_list_hash: str
@@ -85,6 +88,9 @@ class ExperimentOut(BaseModel):
     description: str | None
     model_id: str
     model_digest: str
+    model_revision: str | None = Field(
+        None, description="Hugging Face snapshot commit of a model named by id (else null)"
+    )
     request_list_hash: str
     created_at: datetime
     status: str

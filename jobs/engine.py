@@ -45,7 +45,18 @@ LAUNCHER_PATH = Path(__file__).resolve().with_name("vllm_launcher.py")
 """The standalone launcher script run by the engine venv's python."""
 
 #: Keys that :func:`build_serve_command` sets itself; refused in ``engine_args``.
-RESERVED_ENGINE_ARGS = frozenset({"model", "model_tag", "served_model_name", "host", "port"})
+RESERVED_ENGINE_ARGS = frozenset(
+    {
+        "model",
+        "model_tag",
+        "served_model_name",
+        "host",
+        "port",
+        # set from the spec: the model's revision, and layout.executor
+        "revision",
+        "distributed_executor_backend",
+    }
+)
 
 #: Environment variables of the calling (orchestrator) venv that would confuse
 #: the engine's interpreter.
@@ -156,7 +167,11 @@ def build_serve_command(launch: EngineLaunch, *, port: int | None = None) -> lis
     --node-rank r --master-addr A --master-port P``, and ``--headless`` on
     followers (rank > 0), the same engine arguments on every node. Raises
     ``ValueError`` for reserved engine-arg names or a multi-node launch without
-    its rendezvous address.
+    its rendezvous address. ``executor == "ray"`` appends
+    ``--distributed-executor-backend ray`` (one process; vLLM's Ray workers take
+    the run's placement group, see :mod:`jobs.vllm_launcher`); a model named by
+    Hugging Face id and not resolved to a directory on this node gets
+    ``--revision <commit>``.
     """
     multi_node: list[str] = []
     if launch.nnodes > 1:
@@ -174,6 +189,12 @@ def build_serve_command(launch: EngineLaunch, *, port: int | None = None) -> lis
         ]
         if launch.headless:
             multi_node.append("--headless")
+    if launch.executor == "ray":
+        if launch.nnodes > 1:
+            raise ValueError("the Ray executor starts one vllm serve; --nnodes is for 'mp'")
+        multi_node = ["--distributed-executor-backend", "ray"]
+    if launch.model_revision and not launch.resolve_model_on_node:
+        multi_node += ["--revision", launch.model_revision]
     return [
         launch.engine_python,
         str(LAUNCHER_PATH),
@@ -617,6 +638,71 @@ def _run_launcher(
     if not isinstance(data, dict):
         raise EngineError(f"launcher {subcommand!r} printed {type(data).__name__}, not an object")
     return data
+
+
+def resolve_model(
+    engine_python: str,
+    model: str,
+    revision: str | None = None,
+    *,
+    model_roots: Iterable[str] = (),
+    digests: bool = True,
+    digest_cache: str | None = None,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 300.0,
+) -> dict[str, Any]:
+    """Resolve ``model`` on this node the way vLLM would (``vllm_launcher.py resolve-model``).
+
+    A directory, a name under one of ``model_roots``, or a Hugging Face id at
+    ``revision`` in this node's HF cache (``HF_HOME``; offline with
+    ``HF_HUB_OFFLINE=1``), run in the engine's own interpreter and environment
+    (``env`` on top, as for a launch). Returns the launcher's document: ``source``,
+    ``path`` (on this node), ``revision`` (snapshot commit), ``weights_cached``,
+    ``files`` (``[{"path", "size", "sha256"}]``), ``config`` and ``meta_files``
+    (base64 tokenizer and config files). Raises :class:`EngineError` with the
+    node's one-sentence answer when the model cannot be resolved here.
+    """
+    args = ["--model", model]
+    if revision:
+        args += ["--revision", revision]
+    for root in model_roots:
+        args += ["--model-root", str(root)]
+    if not digests:
+        args.append("--no-digests")
+    if digest_cache:
+        args += ["--digest-cache", digest_cache]
+    launch = EngineLaunch(
+        engine_python=engine_python,
+        model_dir="",
+        served_model_name="",
+        log_path="",
+        env=dict(env or {}),
+    )
+    argv = [engine_python, str(LAUNCHER_PATH), "resolve-model", *args]
+    try:
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            env=engine_env(launch),
+            stdin=subprocess.DEVNULL,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise EngineError(f"resolving model {model!r} took longer than {timeout_s:g} s") from exc
+    except OSError as exc:
+        raise EngineError(f"cannot run the engine python {engine_python!r}: {exc}") from exc
+    doc: Any = None
+    lines = proc.stdout.strip().splitlines()
+    with contextlib.suppress(ValueError, IndexError):
+        doc = json.loads(lines[-1])
+    if isinstance(doc, dict) and doc.get("error"):
+        raise EngineError(str(doc["error"]))
+    if proc.returncode != 0 or not isinstance(doc, dict):
+        tail = [ln for ln in proc.stderr.strip().splitlines()[-8:] if ln.strip()]
+        raise EngineError(f"resolving model {model!r} failed (exit code {proc.returncode})", tail)
+    return doc
 
 
 def list_engine_args(engine_python: str, timeout_s: float = 180.0) -> dict[str, Any]:

@@ -146,6 +146,22 @@ SAMPLE_KEYS: dict[str, str] = {
         "counter, finished requests; vllm:request_success_total, summed over finished_reason "
         "(in vLLM 0.32 that includes the 'abort' and 'error' reasons)"
     ),
+    "gpu_utilization_pct": (
+        "gauge, percent (0-100) of time a kernel ran, mean over the run's GPUs; "
+        "NVML nvmlDeviceGetUtilizationRates or nvidia-smi utilization.gpu (jobs.gpus)"
+    ),
+    "gpu_memory_used_mib": (
+        "gauge, MiB of device memory in use, summed over the run's GPUs; "
+        "NVML nvmlDeviceGetMemoryInfo or nvidia-smi memory.used (jobs.gpus)"
+    ),
+    "gpu_power_w": (
+        "gauge, W of power draw, summed over the run's GPUs; "
+        "NVML nvmlDeviceGetPowerUsage or nvidia-smi power.draw (jobs.gpus)"
+    ),
+    "gpu_energy_j": (
+        "counter, J consumed since the driver was loaded, summed over the run's GPUs; "
+        "NVML nvmlDeviceGetTotalEnergyConsumption (mJ), absent with nvidia-smi (jobs.gpus)"
+    ),
     **{
         f"{key}_seconds_{part}": (
             f"counter, {unit} of the {key} histogram: {desc}; "

@@ -134,6 +134,7 @@ def probe_node(
     *,
     timeout_s: float = 120,
     env: Mapping[str, str] | None = None,
+    revision: str | None = None,
 ) -> dict[str, Any]:
     """Fingerprint of this node's engine environment (shape: :mod:`orchestrator.parity`).
 
@@ -175,6 +176,8 @@ def probe_node(
     argv = [engine_python, str(LAUNCHER_PATH), "fingerprint"]
     if model_dir is not None:
         argv += ["--model", model_dir]
+        if revision is not None:  # a Hugging Face id: resolved in this node's HF cache
+            argv += ["--revision", revision]
     if digest_cache is not None:
         argv += ["--digest-cache", digest_cache]
     try:
@@ -216,7 +219,11 @@ def node_name(fp: Mapping[str, Any]) -> str:
 
 
 def _probe_task(
-    engine_python: str, model_dir: str | None, digest_cache: str | None, timeout_s: float
+    engine_python: str,
+    model_dir: str | None,
+    digest_cache: str | None,
+    timeout_s: float,
+    revision: str | None = None,
 ) -> dict[str, Any]:
     """Body of the Ray task of :func:`probe_on_nodes` (module level: pickled by reference).
 
@@ -225,7 +232,9 @@ def _probe_task(
     if digest_cache is not None and "{node_id}" in digest_cache:
         node_id = _ray().get_runtime_context().get_node_id()
         digest_cache = digest_cache.replace("{node_id}", str(node_id))
-    return probe_node(engine_python, model_dir, digest_cache, timeout_s=timeout_s)
+    return probe_node(
+        engine_python, model_dir, digest_cache, timeout_s=timeout_s, revision=revision
+    )
 
 
 def probe_on_nodes(
@@ -235,6 +244,7 @@ def probe_on_nodes(
     digest_cache: str | None,
     *,
     timeout_s: float = 120,
+    revision: str | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Run :func:`probe_node` on every Ray node of ``node_ids``, in parallel.
 
@@ -269,7 +279,7 @@ def probe_on_nodes(
         node_id: remote.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             name=f"vlab-nodeprobe-{node_id[:12]}",
-        ).remote(engine_python, model_dir, digest_cache, timeout_s)
+        ).remote(engine_python, model_dir, digest_cache, timeout_s, revision)
         for node_id in dict.fromkeys(node_ids)
     }
     if not refs:

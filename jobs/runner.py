@@ -266,6 +266,7 @@ def execute_batch(
     job: BatchJob,
     progress: ProgressCallback | None = None,
     cancel: threading.Event | None = None,
+    telemetry: Callable[[], dict[str, float]] | None = None,
 ) -> list[RunResult]:
     """Run the segments of ``job`` on one vLLM server, in order; one :class:`RunResult` each.
 
@@ -307,10 +308,15 @@ def execute_batch(
         cache reset, all requests failed) fails that segment and the batch
         goes on while the server is healthy.
 
+    ``telemetry`` (optional, e.g. the GPUs' readings of :mod:`jobs.gpus`) is called
+    in a worker thread with every ``/metrics`` scrape (before, each second during,
+    after); its ``{key: float}`` is merged into that sample's values. Its errors are
+    noted in ``engine_info["telemetry_errors"]``, never raised.
+
     Never raises for an engine or workload problem; the engine is stopped
     (its whole process group) before returning.
     """
-    return _Batch(job, progress, cancel or threading.Event()).execute()
+    return _Batch(job, progress, cancel or threading.Event(), telemetry).execute()
 
 
 class _Segment:
@@ -380,9 +386,14 @@ class _Batch:
     """State of one :func:`execute_batch` call."""
 
     def __init__(
-        self, job: BatchJob, progress: ProgressCallback | None, cancel: threading.Event
+        self,
+        job: BatchJob,
+        progress: ProgressCallback | None,
+        cancel: threading.Event,
+        telemetry: Callable[[], dict[str, float]] | None = None,
     ) -> None:
         self.job = job
+        self.telemetry = telemetry
         self.progress_cb = progress
         self.cancel = cancel
         total = len(job.segments)
@@ -472,7 +483,8 @@ class _Batch:
         for seg in self.segments:
             try:
                 if tokenizer is None:
-                    tokenizer = load_tokenizer(self.job.launch.model_dir)
+                    launch = self.job.launch
+                    tokenizer = load_tokenizer(launch.tokenizer_dir or launch.model_dir)
                 seg.requests = build_requests(seg.workload, tokenizer)
             except Exception as exc:
                 logger.exception("cannot build the request list of run %s", seg.run_id)
@@ -736,6 +748,13 @@ class _Batch:
             if len(errors) < 20:
                 errors.append(f"{phase} at {t_s:.1f}s: {exc!r}")
             return False
+        if self.telemetry is not None:
+            try:
+                values.update(await asyncio.to_thread(self.telemetry))
+            except Exception as exc:  # noqa: BLE001 - telemetry never ends a run
+                errors = seg.engine_info.setdefault("telemetry_errors", [])
+                if len(errors) < 20:
+                    errors.append(f"{phase} at {t_s:.1f}s: {exc!r}")
         seg.samples.append(MetricSample(t_s=t_s, phase=phase, values=values))
         return True
 

@@ -238,6 +238,22 @@ class EngineLaunch(BaseModel):
     node_rank: int = Field(0, ge=0, description="this node's rank (--node-rank)")
     master_addr: str | None = Field(None, description="rank 0 node's IP (--master-addr)")
     master_port: int | None = Field(None, description="rendezvous port (--master-port)")
+    executor: Literal["mp", "ray"] = Field(
+        "mp",
+        description="vLLM's distributed executor: 'mp' (multiprocessing; --nnodes across "
+        "nodes) or 'ray' (--distributed-executor-backend ray inside the run's placement group)",
+    )
+    model_revision: str | None = Field(
+        None, description="Hugging Face revision (commit) of a model named by id (--revision)"
+    )
+    tokenizer_dir: str | None = Field(
+        None, description="directory with the tokenizer files when model_dir is not one"
+    )
+    resolve_model_on_node: bool = Field(
+        False,
+        description="model_dir is a Hugging Face id: resolve it in this node's HF cache "
+        "before the launch (the snapshot directory is served)",
+    )
 
     @property
     def headless(self) -> bool:
@@ -276,6 +292,9 @@ class NodePart(BaseModel):
     ip: str = Field(description="the node's IP as Ray sees it")
     bundle_index: int = Field(ge=0, description="a placement-group bundle on this node")
     devices: int = Field(ge=1, description="devices (ranks) of this node")
+    gpus: int = Field(
+        0, ge=0, description="GPUs the launcher on this node holds through Ray (0: none)"
+    )
     env: dict[str, str] = Field(
         default_factory=dict, description="node-specific environment (e.g. CPU thread binding)"
     )

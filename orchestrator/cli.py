@@ -191,6 +191,20 @@ def _runtime(settings: Settings):  # type: ignore[no-untyped-def]
     return rt
 
 
+def _print_device_kind(rt) -> None:  # type: ignore[no-untyped-def]
+    """One start-up line: the device kind runs reserve, and whether it was detected."""
+    if rt.device_kind is None:
+        return
+    kind, source = rt.device_kind
+    how = (
+        "detected from the Ray cluster"
+        if source == "detected"
+        else "set by VLAB_ORCHESTRATOR__DEVICE_RESOURCE"
+    )
+    what = "GPUs (each run holds its GPUs through Ray)" if kind == "GPU" else "CPU cores"
+    console.print(f"device kind: {kind}, {how}: a device is one of the cluster's {what}")
+
+
 @app.command()
 def up(
     host: Annotated[str | None, typer.Option(help="API host")] = None,
@@ -201,6 +215,7 @@ def up(
     settings = get_settings()
     rt = _runtime(settings)
     rt.start_orchestrator()
+    _print_device_kind(rt)
     try:
         rt.serve_api_foreground(host or settings.api.host, port or settings.api.port)
     finally:
@@ -228,6 +243,7 @@ def orchestrate() -> None:
     _setup_logging()
     rt = _runtime(get_settings())
     rt.start_orchestrator()
+    _print_device_kind(rt)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:
@@ -295,6 +311,7 @@ def demo(
         console.print(f"  vLLM {cat.vllm_version}, {len(cat.args)} engine arguments")
         console.print("starting Ray and the orchestrator ...")
         rt.start_orchestrator()
+        _print_device_kind(rt)
         rt.start_api_thread("127.0.0.1", port)
         api = f"http://127.0.0.1:{port}"
         console.print(f"API on {api} (OpenAPI: {api}/docs)")

@@ -74,6 +74,9 @@ class LaunchBlocked(Exception):
 
 
 class RunBackend(Protocol):
+    #: the Ray resource one device maps to ("GPU" or "CPU"), as detected or set
+    resource: str
+
     def resources(self) -> dict[str, float]: ...
 
     def nodes(self) -> list[NodeInventory]: ...
@@ -88,6 +91,8 @@ class RunBackend(Protocol):
         engine_args: dict[str, Any],
         tp: int = 1,
         pp: int = 1,
+        revision: str | None = None,
+        by_id: bool = False,
     ) -> dict[str, Any]: ...
 
     def poll(self, run_id: str) -> Poll: ...
@@ -116,6 +121,8 @@ class Dispatcher:
         """Publish this orchestrator's liveness and cluster resources (read by the API)."""
         with unit_of_work(self.session_factory) as s:
             resources: dict[str, Any] = dict(self.backend.resources())
+            # the device kind this orchestrator runs with (auto-detected or set)
+            resources["device_resource"] = self.backend.resource
             # per-node devices, so submissions can refuse shapes no node can hold
             resources["nodes"] = [
                 {"node_id": n.node_id, "ip": n.ip, "total": n.total, "available": n.available}
@@ -237,7 +244,7 @@ class Dispatcher:
             if run is None:
                 return
             batch = [run, *repo.claim_server_mates(run, self.orchestrator_id)]
-            job = build_batch_job(self.settings, batch)
+            job = build_batch_job(self.settings, batch, self.backend.resource)
             try:
                 info = self.backend.launch(run.id, job, run.layout)
             except NoCapacity:

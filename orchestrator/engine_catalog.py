@@ -23,6 +23,8 @@ from orchestrator.settings import Settings
 RESERVED: dict[str, str] = {
     "model": "set the experiment's `model` instead",
     "model_tag": "set the experiment's `model` instead",
+    "revision": "set the experiment's `revision` instead (resolved on the node that runs it)",
+    "distributed_executor_backend": "set `layout.executor` instead ('mp' or 'ray')",
     "served_model_name": "set by the orchestrator",
     "host": "set by the orchestrator",
     "port": "set by the orchestrator",

@@ -59,6 +59,9 @@ class Experiment(Base):
     spec: Mapped[dict[str, Any]] = mapped_column(JSONType)
     model_id: Mapped[str] = mapped_column(String(500))
     model_digest: Mapped[str] = mapped_column(String(64))
+    model_revision: Mapped[str | None] = mapped_column(
+        String(64), doc="Hugging Face snapshot commit of a model named by id"
+    )
     request_list_hash: Mapped[str] = mapped_column(String(64))
     repeats: Mapped[int] = mapped_column(Integer, server_default="1")
     variants: Mapped[list[dict[str, Any]]] = mapped_column(
@@ -125,6 +128,9 @@ class Run(Base):
     model_id: Mapped[str] = mapped_column(String(500))
     model_path: Mapped[str] = mapped_column(Text)
     model_digest: Mapped[str] = mapped_column(String(64))
+    model_revision: Mapped[str | None] = mapped_column(
+        String(64), doc="Hugging Face snapshot commit of a model named by id"
+    )
     max_model_len: Mapped[int | None] = mapped_column(Integer)
     seed: Mapped[int] = mapped_column(Integer)
     request_list_hash: Mapped[str] = mapped_column(String(64))

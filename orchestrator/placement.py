@@ -237,6 +237,23 @@ class Placement:
             out.extend({resource: 1.0, pin: NODE_AFFINITY_AMOUNT} for _ in range(node.reserved))
         return out
 
+    def node_bundles(self, resource: str) -> list[dict[str, float]]:
+        """Placement-group bundles: one per node holding all of that node's devices.
+
+        Used for GPUs with vLLM's multiprocessing executor: the launcher actor on
+        each node asks for the whole bundle (``num_gpus = reserved``), so Ray hands
+        it exactly those GPUs and sets ``CUDA_VISIBLE_DEVICES`` for the engine it
+        starts. Returns ``{resource: reserved, "node:<ip>": 0.001}`` per node, in rank
+        order (bundle ``i`` is on the node of rank ``i``).
+        """
+        return [
+            {
+                resource: float(node.reserved),
+                f"{NODE_RESOURCE_PREFIX}{node.ip}": NODE_AFFINITY_AMOUNT,
+            }
+            for node in self.nodes
+        ]
+
     def bundle_node_index(self) -> list[int]:
         """For each bundle of :meth:`bundles`, the rank of its node (same length and order)."""
         return [node.rank for node in self.nodes for _ in range(node.reserved)]

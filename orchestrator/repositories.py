@@ -338,13 +338,37 @@ class OrchestratorRepository:
         return best
 
     def cluster_devices(self, resource: str, stale_after_s: float) -> int | None:
-        """The most ``resource`` devices a live orchestrator reports; None when none is live."""
+        """The most ``resource`` devices a live orchestrator reports; None when none is live.
+
+        ``resource`` ``"auto"``: each orchestrator's own detected device kind
+        (``device_resource`` in its heartbeat; CPU when it published none).
+        """
         cutoff = utcnow() - timedelta(seconds=stale_after_s)
         rows = self.session.scalars(
             select(Orchestrator.resources).where(Orchestrator.heartbeat_at >= cutoff)
         ).all()
-        counts = [int(float(r.get(resource, 0) or 0)) for r in rows]
+        counts = [int(float(r.get(_kind(r, resource), 0) or 0)) for r in rows]
         return max(counts) if counts else None
+
+    def device_kind(self, resource: str, stale_after_s: float) -> str:
+        """The device kind in force: ``resource`` when set, else the one live orchestrators
+        detected (``"GPU"`` when any of them detected GPUs), else ``"CPU"``."""
+        if resource != "auto":
+            return resource
+        cutoff = utcnow() - timedelta(seconds=stale_after_s)
+        rows = self.session.scalars(
+            select(Orchestrator.resources).where(Orchestrator.heartbeat_at >= cutoff)
+        ).all()
+        kinds = {_kind(r, resource) for r in rows}
+        return "GPU" if "GPU" in kinds else "CPU"
+
+
+def _kind(resources: dict[str, Any], resource: str) -> str:
+    """``resource``, or for ``"auto"`` the kind an orchestrator published in its heartbeat."""
+    if resource != "auto":
+        return resource
+    kind = resources.get("device_resource")
+    return kind if kind in ("CPU", "GPU") else "CPU"
 
 
 class ParityCheckRepository:

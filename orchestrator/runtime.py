@@ -31,6 +31,8 @@ class Runtime:
     _threads: list[threading.Thread] = field(default_factory=list)
     _servers: list[uvicorn.Server] = field(default_factory=list)
     dispatcher: object | None = None
+    #: (device kind, "detected" | "setting") once the orchestrator is connected to Ray
+    device_kind: tuple[str, str] | None = None
 
     def start_database(self) -> sessionmaker[Session]:
         """Resolve the database (starting the embedded one if needed) and migrate to head."""
@@ -47,9 +49,16 @@ class Runtime:
         from orchestrator.raylayer.backend import RayRunBackend, connect
 
         assert self.session_factory is not None
+        from orchestrator import service
+        from orchestrator.raylayer.models import locate_on_cluster
+
         resources = connect(self.settings)
         log.info("ray cluster resources: %s", resources)
-        dispatcher = Dispatcher(self.settings, self.session_factory, RayRunBackend(self.settings))
+        backend = RayRunBackend(self.settings)
+        self.device_kind = (backend.resource, backend.resource_source)
+        # model ids are resolved on a node of the cluster, not on this host
+        service.set_model_locator(locate_on_cluster)
+        dispatcher = Dispatcher(self.settings, self.session_factory, backend)
         self.dispatcher = dispatcher
         t = threading.Thread(
             target=dispatcher.run_forever, args=(self._stop,), name="dispatcher", daemon=True
@@ -90,6 +99,10 @@ class Runtime:
             t.join(timeout=120)
         if self.dispatcher is not None:
             import ray
+
+            from orchestrator import service
+
+            service.set_model_locator(None)
 
             if ray.is_initialized():
                 ray.shutdown()

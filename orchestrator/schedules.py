@@ -142,7 +142,7 @@ def validate_template(
         pre_errors = expand(spec)[1]
         if pre_errors:
             raise SpecInvalidError(pre_errors)
-        model = service.resolve_model(settings, spec.model)
+        model = service.resolve_model(settings, spec.model, spec.revision)
         plan = service._plan(
             session, settings, spec, catalog, model, service.engine_resolver(settings)
         )

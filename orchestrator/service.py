@@ -5,8 +5,15 @@ Services take a session and never commit; the caller's unit of work does.
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import hashlib
 import json
 import logging
+import re
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +45,34 @@ GENERATED_SHAPES = ("tiny", "small")
 
 
 class ResolvedModel:
-    """A model directory the engine can serve, with its identity."""
+    """A model the engine can serve, with its identity.
 
-    def __init__(self, model_id: str, path: Path, digest: str, generated: bool) -> None:
+    ``path`` is a directory on this (API) host with the model's ``config.json`` and
+    tokenizer: the model itself for directories and generated models, the metadata
+    files a node sent for a model named by Hugging Face id (``revision`` is then the
+    snapshot commit it resolved to and ``by_id`` is True; the weights stay on the
+    nodes).
+    """
+
+    def __init__(
+        self,
+        model_id: str,
+        path: Path,
+        digest: str,
+        generated: bool,
+        revision: str | None = None,
+        resolution: dict[str, Any] | None = None,
+    ) -> None:
         self.model_id = model_id
         self.path = path
         self.digest = digest
         self.generated = generated
+        self.revision = revision
+        self.resolution = resolution or {}
+
+    @property
+    def by_id(self) -> bool:
+        return self.revision is not None
 
     @property
     def max_position_embeddings(self) -> int | None:
@@ -56,14 +84,96 @@ class ResolvedModel:
         return int(value) if isinstance(value, int) else None
 
 
-def resolve_model(settings: Settings, model: str) -> ResolvedModel:
-    """Find (or generate) the model a spec names.
+#: Resolves a model id on a node that will run it: ``(settings, model, revision) -> the
+#: document of ``jobs/vllm_launcher.py resolve-model``; raises ``EngineError`` with the
+#: node's answer. The orchestrator's Ray layer installs one that runs on a cluster node
+#: (:func:`orchestrator.raylayer.models.locate_on_cluster`); without it the model is
+#: resolved on this host with the engine environment.
+ModelLocator = Callable[[Settings, str, str | None], dict[str, Any]]
+_locator: ModelLocator | None = None
+_located: dict[tuple[str, str | None], tuple[float, dict[str, Any]]] = {}
+_located_lock = threading.Lock()
+#: Seconds a node's answer for a model id is reused (a submission asks twice).
+LOCATE_CACHE_S = 60.0
+_HF_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 
-    ``tiny``/``small`` name generated Llama-shaped models (made under
-    ``<home>/models`` on first use); otherwise a directory with a
-    ``config.json``, given as a path or as a name under a configured model root.
-    Raises :class:`SpecInvalidError` (loc ``model``) when nothing matches.
+
+def set_model_locator(locator: ModelLocator | None) -> None:
+    """Install (or remove) the process-wide model locator."""
+    global _locator
+    _locator = locator
+    with _located_lock:
+        _located.clear()
+
+
+def _locate_here(settings: Settings, model: str, revision: str | None) -> dict[str, Any]:
+    from jobs.engine import resolve_model as resolve_on_this_host
+
+    return resolve_on_this_host(
+        str(settings.engine.python),
+        model,
+        revision,
+        model_roots=[str(r) for r in settings.model_roots],
+        timeout_s=settings.engine.model_resolve_timeout_s,
+    )
+
+
+def locate_model(settings: Settings, model: str, revision: str | None) -> dict[str, Any]:
+    """The node's resolution of ``model`` at ``revision`` (cached for a minute)."""
+    key = (model, revision)
+    now = time.monotonic()
+    with _located_lock:
+        hit = _located.get(key)
+        if hit is not None and now - hit[0] < LOCATE_CACHE_S:
+            return hit[1]
+    doc = (_locator or _locate_here)(settings, model, revision)
+    with _located_lock:
+        _located[key] = (now, doc)
+    return doc
+
+
+def _store_meta(settings: Settings, doc: dict[str, Any]) -> Path:
+    """Write the config and tokenizer files a node sent under ``<home>/model_meta``."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "--", str(doc.get("model")))
+    folder = settings.home.absolute() / "model_meta" / safe / str(doc.get("revision"))
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, content in (doc.get("meta_files") or {}).items():
+        target = (folder / name).resolve()
+        if folder.resolve() not in target.parents:
+            continue  # a name that leaves the folder is never written
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(base64.b64decode(content))
+    if doc.get("config") and not (folder / "config.json").exists():
+        (folder / "config.json").write_text(json.dumps(doc["config"]))
+    return folder
+
+
+def _files_digest(files: list[dict[str, Any]]) -> str:
+    """SHA-256 over the sorted ``(path, size, sha256)`` of a model's files."""
+    rows = sorted((str(f.get("path")), f.get("size"), f.get("sha256")) for f in files)
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+
+
+def _unknown_model(msg: str) -> SpecInvalidError:
+    return SpecInvalidError([{"loc": ["body", "model"], "msg": msg, "type": "unknown_model"}])
+
+
+def resolve_model(settings: Settings, model: str, revision: str | None = None) -> ResolvedModel:
+    """Find (or generate) the model a spec names, the way vLLM names models.
+
+    - ``tiny``/``small``: generated Llama-shaped models (made under
+      ``<home>/models`` on first use);
+    - a directory with a ``config.json``, given as a path or as a name under a
+      configured model root (on this host);
+    - a Hugging Face id (``org/name``) at ``revision`` (default ``main``): resolved
+      on a node that will run it, in that node's Hugging Face cache
+      (:func:`locate_model`); the node sends the snapshot commit, every file's
+      digest and the config and tokenizer files, kept under ``<home>/model_meta``.
+
+    Raises :class:`SpecInvalidError` (loc ``model``) when nothing matches, with the
+    node's answer for an id.
     """
+    from jobs.engine import EngineError
     from jobs.modelgen import generate_model, model_digest
 
     if model in GENERATED_SHAPES:
@@ -73,17 +183,46 @@ def resolve_model(settings: Settings, model: str) -> ResolvedModel:
         return ResolvedModel(model, path.resolve(), model_digest(path), generated=True)
     candidates = [Path(model).expanduser()] + [root / model for root in settings.model_roots]
     for cand in candidates:
-        if (cand / "config.json").is_file():
-            return ResolvedModel(model, cand.resolve(), model_digest(cand), generated=False)
-    raise SpecInvalidError(
-        [
-            {
-                "loc": ["body", "model"],
-                "msg": f"no model {model!r}: use a generated model name "
-                f"({', '.join(GENERATED_SHAPES)}) or a directory holding config.json",
-                "type": "unknown_model",
-            }
-        ]
+        with contextlib.suppress(OSError):
+            if (cand / "config.json").is_file():
+                return ResolvedModel(model, cand.resolve(), model_digest(cand), generated=False)
+    if not _HF_ID.match(model) or ".." in model:
+        raise _unknown_model(
+            f"no model {model!r}: use a Hugging Face id (org/name), a directory holding "
+            f"config.json, or a generated model name ({', '.join(GENERATED_SHAPES)})"
+        )
+    try:
+        doc = locate_model(settings, model, revision)
+    except EngineError as exc:
+        raise _unknown_model(f"model {model!r} could not be resolved: {exc}") from exc
+    if not doc.get("revision"):
+        # the node found a directory of that name (a model root there): serve it as is
+        raise _unknown_model(
+            f"model {model!r} is a directory on the node ({doc.get('path')}), not on this "
+            "host: add its folder to VLAB_MODEL_ROOTS here too, or name it by Hugging Face id"
+        )
+    files = list(doc.get("files") or [])
+    resolution = {
+        k: doc.get(k)
+        for k in ("source", "revision", "requested_revision", "hf_cache", "offline")
+        if doc.get(k) is not None
+    }
+    resolution.update(
+        {
+            "node_path": doc.get("path"),
+            "node": doc.get("node"),
+            "weights_cached": doc.get("weights_cached"),
+            "files": len(files),
+            "bytes": sum(int(f.get("size") or 0) for f in files),
+        }
+    )
+    return ResolvedModel(
+        model,
+        _store_meta(settings, doc),
+        _files_digest(files),
+        generated=False,
+        revision=str(doc["revision"]),
+        resolution=resolution,
     )
 
 
@@ -131,8 +270,9 @@ def parse_spec(body: Any, settings: Settings, catalog: EngineArgCatalog) -> Expe
                 for err in catalog.check({path.split(".", 1)[1]: value}, []):
                     errors.append({**err, "loc": ["body", "variants", i, "changes", path]})
     if isinstance(body.get("model"), str) and body["model"]:
+        revision = body.get("revision") if isinstance(body.get("revision"), str) else None
         try:
-            resolve_model(settings, body["model"])
+            resolve_model(settings, body["model"], revision)
         except SpecInvalidError as exc:
             errors += exc.errors
     raise SpecInvalidError(errors)
@@ -180,7 +320,7 @@ def create_experiment(
     pre_errors = expand(spec)[1]
     if pre_errors:
         raise SpecInvalidError(pre_errors)
-    model = resolve_model(settings, spec.model)
+    model = resolve_model(settings, spec.model, spec.revision)
     plan = _plan(session, settings, spec, catalog, model, resolver)
     if plan.errors:
         raise SpecInvalidError(plan.errors)
@@ -191,12 +331,15 @@ def create_experiment(
         spec=spec.model_dump(mode="json"),
         model_id=model.model_id,
         model_digest=model.digest,
+        model_revision=model.revision,
         request_list_hash=hasher(plan.variants[0].config.workload),
         repeats=spec.repeats,
         variants=[_variant_doc(v) for v in plan.variants],
     )
     if plan.pinned:
         experiment.spec = {**experiment.spec, "pinned_engine_args": plan.pinned}
+    if model.resolution:
+        experiment.spec = {**experiment.spec, "model_resolution": model.resolution}
     ExperimentRepository(session).add(experiment)
     _store_runs(session, experiment, plan.runs, model, catalog, hasher, {})
     session.refresh(experiment)
@@ -271,6 +414,7 @@ def _store_runs(
             model_id=model.model_id,
             model_path=str(model.path),
             model_digest=model.digest,
+            model_revision=model.revision,
             max_model_len=context_cap(p, model),
             seed=v.config.workload.seed,
             request_list_hash=hasher(v.config.workload),
@@ -296,6 +440,9 @@ def context_cap(p: PlannedRun, model: ResolvedModel) -> int | None:
     )
 
 
+_SPEC_FACTS = ("pinned_engine_args", "model_resolution")
+
+
 def add_variant(
     session: Session,
     settings: Settings,
@@ -314,14 +461,16 @@ def add_variant(
     run = get_run(session, run_id)
     experiment = session.get(Experiment, run.experiment_id, with_for_update=True)
     assert experiment is not None
-    doc = dict(experiment.spec)
+    #: facts the service added to the stored spec (not part of what a user submits)
+    added = {k: v for k, v in experiment.spec.items() if k in _SPEC_FACTS}
+    doc = {k: v for k, v in experiment.spec.items() if k not in _SPEC_FACTS}
     variant = variant.model_copy(update={"reference": run.name})
     doc["variants"] = [*doc.get("variants", []), variant.model_dump(mode="json")]
     try:
         spec = ExperimentSpec.model_validate(doc)
     except ValidationError as exc:
         raise SpecInvalidError.from_validation(exc) from exc
-    model = resolve_model(settings, spec.model)
+    model = resolve_model(settings, spec.model, spec.revision)
     plan = _plan(session, settings, spec, catalog, model, resolver)
     if plan.errors:
         new_loc = ["body", "variants", len(spec.variants) - 1]
@@ -337,7 +486,7 @@ def add_variant(
     first = min(p.sequence for p in new_runs)
     for p in new_runs:
         p.sequence -= first
-    experiment.spec = spec.model_dump(mode="json")
+    experiment.spec = {**spec.model_dump(mode="json"), **added}
     experiment.variants = [*experiment.variants, _variant_doc(new_runs[0].variant)]
     return _store_runs(
         session,
@@ -414,11 +563,12 @@ def _slos(run: Run) -> dict[str, float]:
     return GoodputSLOs.model_validate(doc).as_loadgen() if doc else {}
 
 
-def build_batch_job(settings: Settings, runs: list[Run]) -> BatchJob:
+def build_batch_job(settings: Settings, runs: list[Run], resource: str = "CPU") -> BatchJob:
     """The :class:`BatchJob` for ``runs`` (same server configuration), in order.
 
     The server is launched with the first run's configuration; each run is
-    one segment with its own workload.
+    one segment with its own workload. ``resource`` is the device kind in force
+    (``"CPU"``: the run's vLLM threads are bound to its cores).
     """
     first = runs[0]
     log_path = (settings.runs_dir / first.id / "engine.log").resolve()
@@ -427,12 +577,16 @@ def build_batch_job(settings: Settings, runs: list[Run]) -> BatchJob:
         # marks every engine process of the batch (orphan checks scan /proc for it)
         "VLAB_RUN_ID": first.id,
     }
-    if settings.orchestrator.device_resource == "CPU":
+    if resource == "CPU":
         env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(first.layout)
     return BatchJob(
         launch=EngineLaunch(
             engine_python=str(Path(settings.engine.python).absolute()),
-            model_dir=first.model_path,
+            # a model named by id is resolved again on each node that runs it, in its own
+            # Hugging Face cache, at the commit the submission resolved it to
+            model_dir=first.model_id if first.model_revision else first.model_path,
+            model_revision=first.model_revision,
+            resolve_model_on_node=first.model_revision is not None,
             served_model_name=first.model_id,
             # cached prompt tokens per request (usage.prompt_tokens_details), unless the user
             # set the flag; it changes nothing the engine computes

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -33,12 +34,19 @@ class EngineSettings(BaseModel):
     resolve_configs: bool = Field(
         True, description="ask vLLM for its resolved configuration at submission"
     )
+    model_resolve_timeout_s: float = Field(
+        120.0, gt=0, description="seconds a node may take to resolve a model id at submission"
+    )
 
 
 class OrchestratorSettings(BaseModel):
     poll_interval_s: float = Field(1.0, gt=0)
     max_concurrent_runs: int = Field(1, ge=1)
-    device_resource: str = Field("CPU", description="Ray resource one device maps to (CPU or GPU)")
+    device_resource: Literal["auto", "CPU", "GPU"] = Field(
+        "auto",
+        description="Ray resource one device maps to: auto (GPU when the Ray cluster has GPU "
+        "resources, else CPU), CPU or GPU",
+    )
     placement_timeout_s: float = Field(60.0, gt=0)
     stale_after_s: float = Field(60.0, gt=0, description="heartbeat age that marks a run orphaned")
 
@@ -76,6 +84,19 @@ class Settings(BaseSettings):
 
     def api_base_url(self) -> str:
         return self.api.public_url or f"http://{self.api.host}:{self.api.port}"
+
+
+def detect_device_resource(setting: str, cluster_resources: dict[str, float]) -> tuple[str, str]:
+    """The Ray resource a device maps to, and why.
+
+    ``setting`` ``"CPU"``/``"GPU"`` wins (``"setting"``); ``"auto"`` gives ``"GPU"`` when
+    the cluster reports at least one whole GPU (``ray.cluster_resources()["GPU"] >= 1``,
+    ``"detected"``), else ``"CPU"``. Returns ``(resource, source)``.
+    """
+    if setting in ("CPU", "GPU"):
+        return setting, "setting"
+    gpus = float(cluster_resources.get("GPU", 0) or 0)
+    return ("GPU" if gpus >= 1 else "CPU"), "detected"
 
 
 @functools.lru_cache(maxsize=1)

@@ -64,6 +64,12 @@ class Layout(BaseModel):
     exclusive_nodes: bool = Field(
         False, description="keep the run alone on its nodes (reserve every device of them)"
     )
+    executor: Literal["mp", "ray"] = Field(
+        "mp",
+        description="vLLM's distributed executor: 'mp' (one vllm serve per node, --nnodes) "
+        "or 'ray' (--distributed-executor-backend ray in the run's own placement group; "
+        "GPU clusters only)",
+    )
 
     @property
     def world_size(self) -> int:
@@ -223,7 +229,17 @@ class ExperimentSpec(BaseModel):
     model: str = Field(
         min_length=1,
         max_length=500,
-        description="a generated model's name (tiny, small) or a model directory",
+        description="a Hugging Face model id (org/name, resolved in the HF cache of a node "
+        "that will run it), a model directory, a name under a model root, or a generated "
+        "model (tiny, small)",
+    )
+    revision: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$",
+        description="Hugging Face revision of a model id: a branch, tag or commit "
+        "(default main); the run records the snapshot commit it resolved to",
     )
     baseline: RunConfig = Field(default_factory=RunConfig)
     preset: Literal["ladder"] | None = None

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from jobs.gpus import is_gpu_counter
 from jobs.metrics import SAMPLE_KEYS
 
 __all__ = ["Point", "downsample", "is_counter"]
@@ -32,9 +33,10 @@ class Point:
 def is_counter(key: str) -> bool:
     """True for a sample key documented as a counter in :data:`jobs.metrics.SAMPLE_KEYS`.
 
+    Also for the per-GPU energy counters ``gpu{k}_energy_j`` (:func:`jobs.gpus.is_gpu_counter`).
     Unknown keys count as gauges.
     """
-    return SAMPLE_KEYS.get(key, "").startswith("counter")
+    return SAMPLE_KEYS.get(key, "").startswith("counter") or is_gpu_counter(key)
 
 
 def downsample(samples: Sequence[Any], max_points: int) -> list[Point]:

@@ -33,11 +33,22 @@ from orchestrator.placement import (
     plan_placement,
     shape_problem,
 )
-from orchestrator.raylayer.supervisor import NAMESPACE, RunSupervisorActor, actor_name
+from orchestrator.raylayer.supervisor import (
+    NAMESPACE,
+    RunSupervisorActor,
+    actor_name,
+    ray_executor_launch,
+)
 from orchestrator.service import cpu_thread_binding, reserved_devices
-from orchestrator.settings import Settings
+from orchestrator.settings import Settings, detect_device_resource
 
 log = logging.getLogger(__name__)
+
+RAY_EXECUTOR_NEEDS_GPUS = (
+    "layout.executor 'ray' needs GPUs: the device kind of this cluster is CPU, and vLLM's CPU "
+    "build refuses --distributed-executor-backend ray ('current platform cpu does not support "
+    "ray'); use executor 'mp' (one vllm serve per node with --nnodes)"
+)
 
 
 def connect(settings: Settings) -> dict[str, Any]:
@@ -63,7 +74,19 @@ class _Active:
 class RayRunBackend:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.resource = settings.orchestrator.device_resource
+        cluster = {k: float(v) for k, v in ray.cluster_resources().items()}
+        self.resource, self.resource_source = detect_device_resource(
+            settings.orchestrator.device_resource, cluster
+        )
+        log.info(
+            "device kind: %s (%s; the cluster has %g GPU, %g CPU)",
+            self.resource,
+            "set by VLAB_ORCHESTRATOR__DEVICE_RESOURCE"
+            if self.resource_source == "setting"
+            else "detected from the Ray cluster",
+            cluster.get("GPU", 0.0),
+            cluster.get("CPU", 0.0),
+        )
         self._runs: dict[str, _Active] = {}
 
     def resources(self) -> dict[str, float]:
@@ -81,16 +104,21 @@ class RayRunBackend:
         """Place the run, check node parity when it spans nodes, start its supervisor.
 
         1. plan TP x PP on the live nodes (:func:`orchestrator.placement.plan_placement`):
-           raises :class:`LaunchRefused` for a shape the cluster can never hold,
-           :class:`NoCapacity` when it fits but the devices are busy;
-        2. reserve a placement group of one-device bundles pinned to the chosen
-           nodes (``node:<ip>``) and read back where Ray put each bundle: the
-           recorded layout is what the run got;
+           raises :class:`LaunchRefused` for a shape the cluster can never hold (or the
+           Ray executor without GPUs), :class:`NoCapacity` when it fits but the devices
+           are busy;
+        2. reserve a placement group pinned to the chosen nodes (``node:<ip>``): on GPUs
+           with the ``mp`` executor one bundle per node holding all of that node's GPUs
+           (its launcher actor asks for them all, so Ray sets ``CUDA_VISIBLE_DEVICES``);
+           otherwise one-device bundles (CPU cores; with ``executor: "ray"`` vLLM's own
+           Ray workers take one GPU bundle each); then read back where Ray put each
+           bundle: the recorded layout is what the run got;
         3. on two or more nodes, probe every node in the engine environment
            (:func:`jobs.nodeprobe.probe_on_nodes`) and compare
            (:func:`orchestrator.parity.check_parity`): a blocking mismatch removes
            the group and raises :class:`LaunchBlocked` with the report;
-        4. start the supervisor in a bundle on the rank-0 node.
+        4. start the supervisor on the rank-0 node, holding that node's GPUs; the GPU
+           indices and UUIDs it got are added to the layout.
 
         Raises ``TimeoutError`` if the group is not ready within
         ``placement_timeout_s`` (the group is removed first).
@@ -99,6 +127,9 @@ class RayRunBackend:
         pp = int(layout.get("pipeline_parallel_size", 1))
         devices = reserved_devices(layout)
         exclusive = bool(layout.get("exclusive_nodes", False))
+        executor = str(layout.get("executor") or "mp")
+        if executor == "ray" and self.resource != "GPU":
+            raise LaunchRefused(RAY_EXECUTOR_NEEDS_GPUS)
         nodes = self.nodes()
         problem = shape_problem(nodes, tp, pp, devices, resource=self.resource)
         if problem is not None:
@@ -106,7 +137,9 @@ class RayRunBackend:
         plan = plan_placement(nodes, tp, pp, devices=devices, exclusive=exclusive)
         if plan is None:
             raise NoCapacity(f"{tp}x{pp} on {devices} {self.resource} devices is busy")
-        pg = placement_group(plan.bundles(self.resource), strategy="PACK", name=f"vlab-pg-{run_id}")
+        per_node = self.resource == "GPU" and executor == "mp"
+        specs = plan.node_bundles(self.resource) if per_node else plan.bundles(self.resource)
+        pg = placement_group(specs, strategy="PACK", name=f"vlab-pg-{run_id}")
         try:
             ray.get(pg.ready(), timeout=self.settings.orchestrator.placement_timeout_s)
         except GetTimeoutError as exc:
@@ -115,7 +148,9 @@ class RayRunBackend:
                 f"placement group of {plan.reserved} x {self.resource} not ready in time"
             ) from exc
         try:
-            parts, doc = self._actual_layout(pg, plan, job)
+            parts, doc = self._actual_layout(pg, plan, specs, gpus_per_bundle=per_node)
+            doc["executor"] = executor
+            doc["device_kind_source"] = self.resource_source
             parity: dict[str, Any] | None = None
             if len(parts) > 1:
                 parity = self.check_nodes(
@@ -124,18 +159,26 @@ class RayRunBackend:
                     engine_args=job.launch.engine_args,
                     tp=tp,
                     pp=pp,
+                    revision=job.launch.model_revision,
+                    by_id=job.launch.resolve_model_on_node,
                 )
                 if parity.get("verdict") == "blocked":
                     raise LaunchBlocked(parity, doc)
+            if executor == "ray":
+                job = job.model_copy(update={"launch": ray_executor_launch(job.launch, pg)})
+            elif len(parts) > 1:
                 job = job.model_copy(update={"nodes": parts})
             actor = RunSupervisorActor.options(  # type: ignore[attr-defined]
                 name=actor_name(run_id),
                 namespace=NAMESPACE,
+                num_gpus=parts[0].gpus,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=pg, placement_group_bundle_index=parts[0].bundle_index
                 ),
             ).remote(job)
-            ray.get(actor.start.remote(), timeout=120)
+            held = ray.get(actor.start.remote(), timeout=120)
+            if isinstance(held, dict):
+                doc["nodes"][0]["gpu_assignment"] = held
         except BaseException:
             remove_placement_group(pg)
             raise
@@ -143,9 +186,18 @@ class RayRunBackend:
         return LaunchInfo(placement=doc, parity=parity)
 
     def _actual_layout(
-        self, pg: PlacementGroup, plan: Placement, job: BatchJob
+        self,
+        pg: PlacementGroup,
+        plan: Placement,
+        specs: list[dict[str, float]],
+        *,
+        gpus_per_bundle: bool = False,
     ) -> tuple[list[NodePart], dict[str, Any]]:
-        """The node parts as Ray placed the bundles, and the layout document to record."""
+        """The node parts as Ray placed the bundles, and the layout document to record.
+
+        ``gpus_per_bundle``: each node has one bundle with all its GPUs, which its
+        launcher holds (``NodePart.gpus``).
+        """
         table = placement_group_table(pg)
         by_bundle: dict[int, str] = {
             int(i): str(n) for i, n in (table.get("bundles_to_node_id") or {}).items()
@@ -153,12 +205,15 @@ class RayRunBackend:
         ips = {n.node_id: n.ip for n in self.nodes()}
         order: list[str] = []
         bundles: dict[str, list[int]] = {}
-        for i in range(plan.reserved):
+        reserved: dict[str, int] = {}
+        for i, spec in enumerate(specs):
             node_id = by_bundle.get(i, "")
             if node_id not in bundles:
                 order.append(node_id)
                 bundles[node_id] = []
+                reserved[node_id] = 0
             bundles[node_id].append(i)
+            reserved[node_id] += int(spec.get(self.resource, 0))
         per_node = plan.devices // max(1, len(order))
         parts: list[NodePart] = []
         first_core: dict[str, int] = {}
@@ -181,6 +236,7 @@ class RayRunBackend:
                     ip=ip,
                     bundle_index=bundles[node_id][0],
                     devices=used,
+                    gpus=reserved[node_id] if gpus_per_bundle else 0,
                     env=env,
                 )
             )
@@ -191,7 +247,7 @@ class RayRunBackend:
                     "node_id": p.node_id,
                     "ip": p.ip,
                     "devices": p.devices,
-                    "reserved": len(bundles[p.node_id]),
+                    "reserved": reserved[p.node_id],
                     "bundles": bundles[p.node_id],
                     "stages": list(
                         range(p.rank * plan.pp // len(order), (p.rank + 1) * plan.pp // len(order))
@@ -204,6 +260,7 @@ class RayRunBackend:
             "exclusive": plan.exclusive,
             "policy": plan.policy,
             "resource": self.resource,
+            "bundle_shape": "per_node" if gpus_per_bundle else "per_device",
             "tensor_parallel_size": plan.tp,
             "pipeline_parallel_size": plan.pp,
         }
@@ -221,8 +278,13 @@ class RayRunBackend:
         engine_args: dict[str, Any],
         tp: int = 1,
         pp: int = 1,
+        revision: str | None = None,
+        by_id: bool = False,
     ) -> dict[str, Any]:
         """Probe ``node_ids`` (default: every live node) and compare their environments.
+
+        ``by_id``: ``model_dir`` is a Hugging Face id that every node resolves in its own
+        HF cache at ``revision`` (the snapshot commits and file digests are compared).
 
         Returns the :func:`orchestrator.parity.check_parity` report with the nodes
         in the given order, each named ``rank<i>:<hostname>`` and carrying the engine
@@ -242,6 +304,7 @@ class RayRunBackend:
             str(self.settings.engine.python),
             model_dir,
             self.digest_cache_path("{node_id}"),
+            revision=(revision or "main") if by_id else None,
         )
         ordered = []
         for i, node_id in enumerate(ids):

@@ -66,21 +66,140 @@ def part_launch(
     )
 
 
+def ray_executor_launch(launch: EngineLaunch, pg: Any) -> EngineLaunch:
+    """``launch`` for vLLM's Ray executor inside the run's own placement group ``pg``.
+
+    vLLM (``vllm/v1/executor/ray_utils.py``, ``initialize_ray_cluster``) uses the
+    placement group it finds with ``ray.util.get_current_placement_group()`` and
+    creates a second one only when there is none; a second group would wait forever
+    for the GPUs our group holds. ``vllm serve`` runs as a plain process (a new Ray
+    driver), where that call returns ``None``, so the launcher
+    (:mod:`jobs.vllm_launcher`) answers it with the group named by
+    ``VLAB_RAY_PLACEMENT_GROUP_ID`` in every vLLM process. ``RAY_ADDRESS`` makes
+    vLLM join this cluster instead of starting its own. The group has one-GPU
+    bundles, as vLLM requires ("Placement group bundle cannot have more than 1 GPU").
+    """
+    context = ray.get_runtime_context()
+    env = {
+        **launch.env,
+        "RAY_ADDRESS": str(context.gcs_address),
+        RAY_PG_ENV: pg.id.hex(),
+    }
+    return launch.model_copy(update={"executor": "ray", "env": env, "nnodes": 1})
+
+
+#: Environment variable naming the run's placement group for vLLM's Ray executor.
+RAY_PG_ENV = "VLAB_RAY_PLACEMENT_GROUP_ID"
+
+
+def held_devices(rank: int = 0, ranks_per_node: int | None = None) -> dict[str, Any]:
+    """The GPUs this process holds through Ray, as the engine it starts will see them.
+
+    Returns ``{"node_rank", "node_id", "cuda_visible_devices" (the variable as Ray
+    set it, None when unset), "ray_gpu_ids" (Ray's accelerator ids), "gpus": [{"index"
+    (physical), "uuid", "name", "memory_total_mib", "local_rank", "rank" (vLLM's
+    global rank, None for a held GPU vLLM does not use)}], "telemetry" (``"nvml"``,
+    ``"nvidia-smi"`` or None), "note"}``. On a CPU node ``gpus`` is empty with a note.
+    """
+    from jobs.gpus import GpuReader, resolve_visible, visible_devices
+
+    context = ray.get_runtime_context()
+    ray_ids = [str(i) for i in (context.get_accelerator_ids() or {}).get("GPU", [])]
+    entries = visible_devices()
+    info: dict[str, Any] = {
+        "node_rank": rank,
+        "node_id": context.get_node_id(),
+        "cuda_visible_devices": None if entries is None else ",".join(entries),
+        "ray_gpu_ids": ray_ids,
+        "gpus": [],
+        "telemetry": None,
+        "note": "",
+    }
+    if not ray_ids:
+        info["note"] = "this process holds no GPU through Ray (CPU device kind)"
+        return info
+    reader = GpuReader()
+    try:
+        info["telemetry"] = reader.source
+        readings = resolve_visible(reader.devices(), entries or []) if reader.source else []
+    finally:
+        reader.close()
+    known = {r.index: r for r in readings}
+    per_node = ranks_per_node if ranks_per_node is not None else len(entries or [])
+    for local, entry in enumerate(entries or []):
+        reading = known.get(int(entry)) if entry.isdigit() else None
+        if reading is None:
+            reading = next((r for r in readings if r.uuid.startswith(entry)), None)
+        info["gpus"].append(
+            {
+                "index": reading.index if reading else (int(entry) if entry.isdigit() else None),
+                "uuid": reading.uuid if reading else None,
+                "name": reading.name if reading else None,
+                "memory_total_mib": reading.memory_total_mib if reading else None,
+                "local_rank": local,
+                "rank": rank * per_node + local if local < per_node else None,
+            }
+        )
+    if reader.source is None:
+        info["note"] = f"GPU UUIDs unknown: {reader.note}"
+    return info
+
+
+class GpuTelemetry:
+    """Reads the GPUs this process holds (the ones in ``CUDA_VISIBLE_DEVICES``)."""
+
+    def __init__(self) -> None:
+        from jobs.gpus import GpuReader, visible_devices
+
+        self.reader = GpuReader()
+        self.entries = visible_devices() or []
+        self.available = self.reader.source is not None and bool(self.entries)
+
+    def read(self) -> list[Any]:
+        """This node's held GPUs, in ``CUDA_VISIBLE_DEVICES`` order (``GpuReading``)."""
+        from jobs.gpus import resolve_visible
+
+        if not self.available:
+            return []
+        return resolve_visible(self.reader.devices(), self.entries)
+
+    def close(self) -> None:
+        self.reader.close()
+
+
 class EnginePart:
     """A follower node's headless vLLM process of a multi-node launch."""
 
-    def __init__(self, launch: EngineLaunch) -> None:
-        from jobs.engine import EngineServer
-
+    def __init__(self, launch: EngineLaunch, rank: int = 1, ranks_per_node: int = 1) -> None:
         for var in _RAY_WORKER_ENV:
             os.environ.pop(var, None)
         self.launch = launch
-        self.server = EngineServer(launch)
+        self.rank = rank
+        self.ranks_per_node = ranks_per_node
+        self.server: Any = None
+        self.telemetry: GpuTelemetry | None = None
 
     def start(self) -> dict[str, Any]:
-        """Start the process; returns its command and process group."""
+        """Resolve the model on this node, start the process; returns its command, process
+        group, the GPUs it holds and how the model resolved here."""
+        from jobs.engine import EngineServer
+
+        launch, resolution = resolve_launch_model(self.launch)
+        self.server = EngineServer(launch)
+        held = held_devices(self.rank, self.ranks_per_node)
+        if held["ray_gpu_ids"]:
+            self.telemetry = GpuTelemetry()
         self.server.start()
-        return {"command": list(self.server.command), "pgid": self.server.pgid}
+        return {
+            "command": list(self.server.command),
+            "pgid": self.server.pgid,
+            "gpu_assignment": held,
+            **({"model_resolution": resolution} if resolution else {}),
+        }
+
+    def gpu_readings(self) -> list[Any]:
+        """This node's held GPUs now (``jobs.gpus.GpuReading``; empty without telemetry)."""
+        return self.telemetry.read() if self.telemetry is not None else []
 
     def alive(self) -> bool:
         return self.server.returncode is None
@@ -92,7 +211,55 @@ class EnginePart:
         return self.server.log_text()
 
     def stop(self) -> int | None:
-        return self.server.stop()
+        if self.telemetry is not None:
+            self.telemetry.close()
+        return self.server.stop() if self.server is not None else None
+
+
+def resolve_launch_model(launch: EngineLaunch) -> tuple[EngineLaunch, dict[str, Any] | None]:
+    """Resolve a model named by Hugging Face id in this node's HF cache.
+
+    Returns ``launch`` unchanged (and None) for a directory or generated model.
+    Otherwise runs :func:`jobs.engine.resolve_model` here: with the weights in the
+    cache the snapshot directory is served (exactly the files whose digests are
+    recorded); without them the id is served with ``--revision <commit>`` and
+    vLLM downloads the weights. With the Ray executor the id and commit are served
+    too (vLLM's workers on other nodes resolve them in their own caches). Raises
+    :class:`jobs.engine.EngineError` with the node's answer when the model cannot be
+    resolved here.
+    """
+    from jobs.engine import resolve_model
+
+    if not launch.resolve_model_on_node:
+        return launch, None
+    doc = resolve_model(
+        launch.engine_python, launch.model_dir, launch.model_revision, env=launch.env
+    )
+    resolution = {
+        k: doc.get(k)
+        for k in ("model", "source", "path", "revision", "hf_cache", "offline", "weights_cached")
+    }
+    resolution["files"] = doc.get("files") or []
+    if doc.get("revision") and launch.model_revision and doc["revision"] != launch.model_revision:
+        from jobs.engine import EngineStartError
+
+        raise EngineStartError(
+            f"model {launch.model_dir} resolved to revision {doc['revision']} on this node, "
+            f"but the experiment was planned with {launch.model_revision}"
+        )
+    if doc.get("weights_cached") and launch.executor == "mp":
+        update: dict[str, Any] = {
+            "model_dir": str(doc["path"]),
+            "resolve_model_on_node": False,
+            "model_revision": None,
+        }
+    else:
+        update = {
+            "resolve_model_on_node": False,
+            "model_revision": doc.get("revision"),
+            "tokenizer_dir": str(doc["path"]),
+        }
+    return launch.model_copy(update=update), resolution
 
 
 class RunSupervisor:
@@ -108,14 +275,67 @@ class RunSupervisor:
         self._parts: list[tuple[NodePart, Any]] = []
         self._part_failure: str | None = None
         self._parts_info: list[dict[str, Any]] = []
+        self._held: dict[str, Any] | None = None
+        self._telemetry: GpuTelemetry | None = None
 
-    def start(self) -> bool:
+    def start(self) -> dict[str, Any]:
+        """Start the job in a thread; returns the GPUs this launcher holds (see
+        :func:`held_devices`)."""
         if self._thread is None:
             for var in _RAY_WORKER_ENV:
                 os.environ.pop(var, None)
+            nodes = max(1, len(self.job.nodes))
+            ranks = next((p.devices for p in self.job.nodes if p.rank == 0), None)
+            if self.job.launch.executor == "ray":
+                self._held = {
+                    "node_rank": 0,
+                    "gpus": [],
+                    "note": "executor 'ray': vLLM's Ray workers hold one GPU bundle each of "
+                    "the run's placement group; the launcher holds none",
+                }
+            else:
+                self._held = held_devices(0, ranks if nodes > 1 else None)
+                if self._held["ray_gpu_ids"]:
+                    self._telemetry = GpuTelemetry()
             self._thread = threading.Thread(target=self._work, name="run-job", daemon=True)
             self._thread.start()
-        return True
+        return dict(self._held or {})
+
+    def _gpu_values(self) -> dict[str, float]:
+        """One telemetry reading of every GPU of the run: this node's, then each
+        follower's, in rank order (keys of :func:`jobs.gpus.gpu_sample_values`)."""
+        from jobs.gpus import gpu_sample_values
+
+        readings = list(self._telemetry.read()) if self._telemetry is not None else []
+        for _, actor in self._parts:
+            readings.extend(ray.get(actor.gpu_readings.remote(), timeout=10))
+        return gpu_sample_values(readings) if readings else {}
+
+    def _finish_gpu_facts(self, results: list[RunResult]) -> list[RunResult]:
+        """Add the GPU assignment per node and rank and the GPU telemetry summary."""
+        from jobs.gpus import summarize_gpu_samples
+
+        assignment = [self._held or {}] + [p.get("gpu_assignment") or {} for p in self._parts_info]
+        gpus = sum(len(a.get("gpus") or []) for a in assignment)
+        for r in results:
+            r.engine_info["gpu_assignment"] = assignment
+            if self._telemetry is None:
+                r.engine_info["gpu_telemetry"] = {
+                    "available": False,
+                    "note": (self._held or {}).get("note")
+                    or "no GPU telemetry for this run (no GPU held by its launcher)",
+                }
+                continue
+            tokens = r.metrics.get("total_output_tokens")
+            summary, info = summarize_gpu_samples(
+                r.samples,
+                int(tokens) if tokens is not None else None,
+                gpus,
+                source=self._telemetry.reader.source,
+            )
+            r.metrics.update(summary)
+            r.engine_info["gpu_telemetry"] = info
+        return results
 
     def _on_progress(self, progress: Progress) -> None:
         self._progress = progress.model_dump()
@@ -124,14 +344,21 @@ class RunSupervisor:
         from jobs.runner import execute_batch
 
         try:
-            job = self._start_parts() if len(self.job.nodes) > 1 else self.job
+            launch, resolution = resolve_launch_model(self.job.launch)
+            job = self.job.model_copy(update={"launch": launch})
+            job = self._start_parts(job) if len(job.nodes) > 1 else job
             if self._part_failure is not None:
                 raise RuntimeError(self._part_failure)
             watcher = None
             if self._parts:
                 watcher = threading.Thread(target=self._watch_parts, daemon=True)
                 watcher.start()
-            self._result = execute_batch(job, self._on_progress, self._cancel)
+            telemetry = self._gpu_values if self._telemetry is not None else None
+            self._result = execute_batch(job, self._on_progress, self._cancel, telemetry)
+            self._result = self._finish_gpu_facts(self._result)
+            if resolution is not None:
+                for r in self._result:
+                    r.engine_info["model_resolution"] = resolution
             if self._part_failure is not None:
                 self._result = [
                     r.model_copy(update={"status": "failed", "error": self._part_failure})
@@ -149,17 +376,20 @@ class RunSupervisor:
             ]
         finally:
             self._stop_parts()
+            if self._telemetry is not None:
+                self._telemetry.close()
             self._done.set()
 
     # -- multi-node ----------------------------------------------------------------------
 
-    def _start_parts(self) -> BatchJob:
-        """Start every follower's headless part; return the job for rank 0's server."""
+    def _start_parts(self, job: BatchJob) -> BatchJob:
+        """Start every follower's headless part (holding its node's GPUs, resolving the
+        model in its own HF cache); return the job for rank 0's server."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from jobs.engine import find_free_port
 
-        nodes = sorted(self.job.nodes, key=lambda p: p.rank)
+        nodes = sorted(job.nodes, key=lambda p: p.rank)
         addr = nodes[0].ip
         port = find_free_port("0.0.0.0")
         pg = ray.util.get_current_placement_group()
@@ -167,17 +397,18 @@ class RunSupervisor:
         for part in nodes[1:]:
             launch = part_launch(self.job.launch, part, len(nodes), addr, port)
             actor = EnginePartActor.options(  # type: ignore[attr-defined]
+                num_gpus=part.gpus,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=pg, placement_group_bundle_index=part.bundle_index
                 )
                 if pg is not None
                 else None,
-            ).remote(launch)
+            ).remote(launch, part.rank, part.devices)
             self._parts.append((part, actor))
             info = ray.get(actor.start.remote(), timeout=120)
             self._parts_info.append({"rank": part.rank, "node_id": part.node_id, **info})
-        return self.job.model_copy(
-            update={"launch": part_launch(self.job.launch, nodes[0], len(nodes), addr, port)}
+        return job.model_copy(
+            update={"launch": part_launch(job.launch, nodes[0], len(nodes), addr, port)}
         )
 
     def _watch_parts(self) -> None:

@@ -1,0 +1,270 @@
+"""SIMULATED GPU cluster, end to end through REST: exact GPU assignment, telemetry, models by id.
+
+Nothing here has a GPU. The cluster is real Ray (``ray.cluster_utils.Cluster``)
+whose nodes advertise fake GPUs (``num_gpus``); the engine is the simulated
+vLLM of :mod:`tests.simgpu.engine` (the project's stub server behind vLLM's GPU
+behaviour: it reports the ``CUDA_VISIBLE_DEVICES`` it was given and fails with
+CUDA out of memory when a GPU it wants is held by another engine), and
+``nvidia-smi`` is the simulated one of ``tests/simgpu/bin``. The orchestrator,
+placement, supervisor, parity probe, telemetry and persistence are the real ones.
+
+- one 4-GPU node: two TP=2 runs at once get disjoint GPUs and both succeed; the
+  device kind is detected (GPU); each run records its GPUs (index, UUID, rank) and
+  its GPU telemetry (power, energy, J/token);
+- a model named by Hugging Face id resolves in the node's HF cache (offline);
+  an id the cache lacks is a 422 with the node's answer;
+- two 2-GPU nodes: a TP=2 x PP=2 run spans both (``--nnodes 2``), with parity, and
+  records its GPUs per node and rank;
+- ``layout.executor: "ray"``: vLLM's Ray executor (simulated) takes the run's own
+  placement group, one GPU per worker, without creating a second group.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+from jobs.modelgen import generate_model
+from orchestrator import service
+from orchestrator.runtime import Runtime
+from orchestrator.settings import EngineSettings, OrchestratorSettings, Settings
+from tests.conftest import fresh_database
+from tests.simgpu import NODE_ENV, NVIDIA_SMI_DIR, STATE_ENV, write_inventory
+from tests.simgpu.engine import write_engine_python
+
+SNAPSHOT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _hf_cache(root: Path, repo: str, model_dir: Path) -> Path:
+    """A Hugging Face cache (hub layout) holding ``repo`` at commit :data:`SNAPSHOT`."""
+    hub = root / "hub" / ("models--" + repo.replace("/", "--"))
+    snap = hub / "snapshots" / SNAPSHOT
+    (hub / "blobs").mkdir(parents=True)
+    snap.mkdir(parents=True)
+    (hub / "refs").mkdir()
+    (hub / "refs" / "main").write_text(SNAPSHOT)
+    for f in sorted(model_dir.iterdir()):
+        blob = hub / "blobs" / f"blob-{f.name}"
+        shutil.copy(f, blob)
+        (snap / f.name).symlink_to(os.path.relpath(blob, snap))
+    return root
+
+
+def _stack(
+    tmp: Path, server_url: str, gpus_per_node: list[int], hf_home: Path | None = None
+) -> Iterator[dict[str, Any]]:
+    if ray.is_initialized():
+        ray.shutdown()
+    state = tmp / "sim-gpus"
+    path = f"{NVIDIA_SMI_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    nodes = []
+    for i, count in enumerate(gpus_per_node):
+        name = f"sim{i}"
+        write_inventory(state, name, count)
+        env = {STATE_ENV: str(state), NODE_ENV: name, "PATH": path, "HF_HUB_OFFLINE": "1"}
+        if hf_home is not None:
+            env["HF_HOME"] = str(hf_home)
+        nodes.append(cluster.add_node(num_cpus=2, num_gpus=count, env_vars=env))
+    cluster.wait_for_nodes()
+    home = tmp / "home"
+    home.mkdir()
+    engine_python = write_engine_python(tmp / "engine-python")
+    with fresh_database(server_url) as database_url:
+        settings = Settings(
+            home=home,
+            database_url=database_url,
+            ray_address=cluster.address,
+            engine=EngineSettings(
+                python=engine_python, startup_timeout_s=60, resolve_configs=False
+            ),
+            orchestrator=OrchestratorSettings(
+                poll_interval_s=0.3, max_concurrent_runs=2, placement_timeout_s=30
+            ),
+        )
+        rt = Runtime(settings)
+        rt.start_database()
+        rt.start_orchestrator()
+        port = _free_port()
+        rt.start_api_thread("127.0.0.1", port)
+        try:
+            yield {
+                "api": f"http://127.0.0.1:{port}",
+                "rt": rt,
+                "nodes": nodes,
+                "state": state,
+                "cluster": cluster,
+            }
+        finally:
+            rt.stop()
+            service.set_model_locator(None)
+            cluster.shutdown()
+
+
+def _spec(
+    name: str, layout: dict[str, Any], model: str = "tiny", num_requests: int = 12
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "model": model,
+        "baseline": {
+            "engine_args": {"max_model_len": 1024},
+            "layout": layout,
+            "workload": {
+                "num_requests": num_requests,
+                "concurrency": 2,
+                "prefix_tokens": 64,
+                "question_tokens": 8,
+                "output_tokens": 24,
+                "warmup_requests": 1,
+            },
+        },
+        "repeats": 1,
+    }
+
+
+def _submit(api: str, spec: dict[str, Any]) -> str:
+    resp = httpx.post(f"{api}/api/v1/experiments", json=spec, timeout=120)
+    assert resp.status_code == 201, resp.text
+    (run,) = resp.json()["runs"]
+    return str(run["id"])
+
+
+def _ended(api: str, run_id: str, timeout_s: float = 180) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        run: dict[str, Any] = httpx.get(f"{api}/api/v1/runs/{run_id}", timeout=30).json()
+        if run["status"] in ("succeeded", "failed", "cancelled", "blocked"):
+            return run
+        time.sleep(0.5)
+    raise AssertionError(f"run {run_id} did not end")
+
+
+@pytest.fixture(scope="module")
+def one_node(tmp_path_factory: pytest.TempPathFactory, server_url: str) -> Iterator[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("sim-one-node")
+    hf_home = _hf_cache(
+        tmp / "hf", "acme/tiny-chat", generate_model(tmp / "tiny-src", "tiny", seed=3)
+    )
+    yield from _stack(tmp, server_url, [4], hf_home=hf_home)
+
+
+@pytest.fixture(scope="module")
+def two_nodes(
+    tmp_path_factory: pytest.TempPathFactory, server_url: str
+) -> Iterator[dict[str, Any]]:
+    yield from _stack(tmp_path_factory.mktemp("sim-two-nodes"), server_url, [2, 2])
+
+
+def test_sim_two_concurrent_tp2_runs_get_disjoint_gpus(one_node: dict[str, Any]) -> None:
+    api = one_node["api"]
+    assert one_node["rt"].device_kind == ("GPU", "detected")
+    tp2 = {"tensor_parallel_size": 2}
+    ids = [_submit(api, _spec(f"tp2-{i}", tp2, num_requests=60)) for i in range(2)]
+    runs = [_ended(api, i) for i in ids]
+    for run in runs:
+        assert run["status"] == "succeeded", run["error"]
+        assert run["placement"]["resource"] == "GPU"
+        assert run["placement"]["device_kind_source"] == "detected"
+        assert run["placement"]["bundle_shape"] == "per_node"
+    started = [run["started_at"] for run in runs]
+    ended = [run["finished_at"] for run in runs]
+    assert max(started) < min(ended), "the two runs did not overlap"
+    held = []
+    for run in runs:
+        (node,) = run["engine_info"]["gpu_assignment"]
+        assert [g["rank"] for g in node["gpus"]] == [0, 1]
+        assert node["cuda_visible_devices"] == ",".join(str(g["index"]) for g in node["gpus"])
+        assert all(g["uuid"].startswith("GPU-") for g in node["gpus"])
+        held.append({g["uuid"] for g in node["gpus"]})
+    assert not held[0] & held[1]
+    assert len(held[0] | held[1]) == 4
+
+    # telemetry: every second, per GPU and in total; energy per output token
+    run = runs[0]
+    metrics = run["metrics"]
+    assert run["engine_info"]["gpu_telemetry"]["source"] == "nvidia-smi"
+    assert run["engine_info"]["gpu_telemetry"]["energy_source"] == "power_integral"
+    assert metrics["gpu_mean_power_w"] == pytest.approx(400.0, rel=0.05)  # busy simulated GPU
+    expected = metrics["gpu_energy_j"] / metrics["total_output_tokens"]
+    assert metrics["energy_per_output_token_j"] == pytest.approx(expected)
+    assert metrics["gpu_peak_memory_used_mib"] == 60000
+    series = httpx.get(f"{api}/api/v1/runs/{run['id']}/metrics", timeout=30).json()
+    during = [p for p in series["samples"] if p["phase"] == "during"]
+    assert during and all("gpu0_power_w" in p["values"] for p in during)
+    assert all("gpu_power_w" in p["values"] for p in during)
+
+
+def test_sim_hf_model_id_resolves_on_the_node(one_node: dict[str, Any]) -> None:
+    api = one_node["api"]
+    run_id = _submit(api, _spec("by-id", {"tensor_parallel_size": 1}, model="acme/tiny-chat"))
+    run = _ended(api, run_id)
+    assert run["status"] == "succeeded", run["error"]
+    assert run["model_id"] == "acme/tiny-chat"
+    assert run["model_revision"] == SNAPSHOT
+    resolution = run["engine_info"]["model_resolution"]
+    assert resolution["source"] == "hf_cache" and resolution["revision"] == SNAPSHOT
+    assert "snapshots/" + SNAPSHOT in resolution["path"]
+    assert {f["path"] for f in resolution["files"]} >= {"config.json", "tokenizer.json"}
+
+    bad = httpx.post(
+        f"{api}/api/v1/experiments",
+        json=_spec("missing", {"tensor_parallel_size": 1}, model="acme/not-cached"),
+        timeout=120,
+    )
+    assert bad.status_code == 422, bad.text
+    (err,) = [e for e in bad.json()["errors"] if e["loc"][-1] == "model"]
+    assert "HF_HUB_OFFLINE" in err["msg"] and "acme/not-cached" in err["msg"]
+
+
+def test_sim_tp2_pp2_over_two_nodes_records_gpus_per_rank(two_nodes: dict[str, Any]) -> None:
+    api = two_nodes["api"]
+    layout = {"tensor_parallel_size": 2, "pipeline_parallel_size": 2}
+    run = _ended(api, _submit(api, _spec("tp2pp2", layout)))
+    assert run["status"] == "succeeded", run["error"]
+    assert run["placement"]["nnodes"] == 2
+    assignment = run["engine_info"]["gpu_assignment"]
+    assert [a["node_rank"] for a in assignment] == [0, 1]
+    assert [[g["rank"] for g in a["gpus"]] for a in assignment] == [[0, 1], [2, 3]]
+    assert len({a["node_id"] for a in assignment}) == 2
+    assert len({g["uuid"] for a in assignment for g in a["gpus"]}) == 4
+    part = run["engine_info"]["node_parts"][0]
+    assert "--headless" in part["command"] and "--nnodes" in part["command"]
+    parity = httpx.get(f"{api}/api/v1/runs/{run['id']}/parity", timeout=30).json()
+    assert parity["report"]["verdict"] == "ok", parity["report"]["mismatches"]
+    # telemetry covers the GPUs of both nodes
+    assert run["metrics"]["gpu_mean_power_w"] == pytest.approx(400.0, rel=0.05)
+    series = httpx.get(f"{api}/api/v1/runs/{run['id']}/metrics", timeout=30).json()
+    during = [p for p in series["samples"] if p["phase"] == "during"]
+    assert all("gpu3_power_w" in p["values"] for p in during)
+
+
+def test_sim_ray_executor_uses_the_runs_placement_group(two_nodes: dict[str, Any]) -> None:
+    api = two_nodes["api"]
+    layout = {"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "executor": "ray"}
+    run = _ended(api, _submit(api, _spec("ray-executor", layout)))
+    assert run["status"] == "succeeded", run["error"]
+    assert run["placement"]["executor"] == "ray"
+    assert run["placement"]["bundle_shape"] == "per_device"
+    command = run["engine_info"]["command"]
+    assert command[command.index("--distributed-executor-backend") + 1] == "ray"
+    assert "--nnodes" not in command
+    log = httpx.get(f"{api}/api/v1/runs/{run['id']}/log", params={"raw": 1}, timeout=30).text
+    assert "Using the existing placement group" in log
+    assert "Creating a new one" not in log
