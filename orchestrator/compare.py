@@ -13,7 +13,8 @@ What is compared (:data:`METRICS`):
   ITL pools the inter-token gaps of every request. Percentiles use linear
   interpolation (``numpy.percentile``), as ``vllm bench serve`` does.
 - **run-level** metrics (throughputs, goodput, prefix cache hit rate, KV
-  cache usage peak, waiting-queue peak) come from each repeat's summary
+  cache usage peak, waiting-queue peak, and on GPUs the energy per output token
+  and mean power per GPU) come from each repeat's summary
   metrics; a side's value is the mean over its repeats.
 
 Metric definitions follow vLLM's ``vllm bench serve``
@@ -187,6 +188,11 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("server_mean_queue_ms", "ms", "lower_is_better", "run"),
     MetricSpec("server_mean_prefill_ms", "ms", "lower_is_better", "run"),
     MetricSpec("server_mean_decode_ms", "ms", "lower_is_better", "run"),
+    # GPU telemetry over the measured phase (jobs.gpus.summarize_gpu_samples): absent on CPU
+    # hosts, so compared only where both sides ran on GPUs
+    MetricSpec("energy_per_output_token_j", "J/token", "lower_is_better", "run"),
+    MetricSpec("gpu_mean_power_w", "W", "neutral", "run"),
+    MetricSpec("gpu_mean_utilization_pct", "%", "neutral", "run"),
 )
 METRICS_BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
 

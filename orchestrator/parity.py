@@ -25,13 +25,16 @@ Fingerprint shape (every key optional; unknown top-level keys are listed in
       "model_path_exists": true,
       "model_files": [{"path": "config.json", "size": 663, "sha256": "..."}, ...]
                      # or {"config.json": {"size": 663, "sha256": "..."}, ...}
+      "model_source": "hf_cache",        # fingerprint --model NAME: how it was found,
+      "model_revision": "<commit sha>",  # the snapshot's commit (None for directories),
+      "model_error": "...",              # and why it was not, when it was not
       "env": {"NCCL_SOCKET_IFNAME": "eth0", "VLLM_HOST_IP": "10.0.0.1", ...},
       "interfaces": ["lo", "eth0"],      # or [{"name": "eth0", ...}] or {"eth0": ...}
       "engine_args": {"max_model_len": 8192, ...},   # resolved engine args
       "launch_args": {...} or ["--flag", "value", ...]
     }
 
-Launch shape: ``{"model": "/models/x", "tensor_parallel_size": 8,
+Launch shape: ``{"model": "/models/x" or "org/name", "tensor_parallel_size": 8,
 "pipeline_parallel_size": 3, "gpus_per_node": 8}`` (all optional).
 
 The rules live in one table, :data:`RULES`; see :class:`Rule`.
@@ -96,6 +99,20 @@ RULES: tuple[Rule, ...] = (
         "each node needs at least launch.gpus_per_node GPUs, and all nodes together "
         "at least tensor_parallel_size x pipeline_parallel_size",
     ),
+    # --- model: the Hugging Face snapshot each node resolved, then every file in it.
+    Rule(
+        "model_revision",
+        "identical",
+        "blocking",
+        "the model revision (the commit of the Hugging Face snapshot each node resolved "
+        "the model id to; none for directories) must be identical on all nodes",
+    ),
+    Rule(
+        "model_source",
+        "identical",
+        "warning",
+        "nodes should find the model the same way (local_dir, model_root, hf_cache, hf_hub)",
+    ),
     # --- model directory: names, sizes and digests of every file, not only weights.
     Rule(
         "model_files",
@@ -152,6 +169,7 @@ _META_KEYS = {
     "ip",
     "model_path_exists",
     "model_path",
+    "model_error",
     "env",
     "env_vars",
     "environment",
@@ -190,7 +208,8 @@ def check_parity(nodes: list[dict[str, Any]], launch: dict[str, Any] | None = No
         "odd_nodes": [minority nodes], "rule": why}`` (per-node rules add
         ``"problems": {node: reason}``). A model-directory finding is per node:
         ``{"node", "field": "model_files", "missing_model_path": path}`` when the
-        directory is absent, else ``{"node", "field": "model_files", "missing":
+        directory is absent (plus ``"error"``: the node's ``model_error``, when it
+        gave one), else ``{"node", "field": "model_files", "missing":
         [...], "differs": [...], "extra": [...]}`` (empty lists left out) against
         the per-file majority; both also carry ``severity``, ``odd_nodes``,
         ``rule``. Secret-looking env values (``*TOKEN*``, ``*KEY*`` ...) are shown
@@ -503,7 +522,8 @@ def _check_model_files(
         tail = {"severity": rule.severity, "odd_nodes": [name], "rule": rule.why}
         if name not in by_node:
             path = launch.get("model") or node.get("model_path")
-            out.append({**base, "missing_model_path": path, **tail})
+            why = {"error": node["model_error"]} if node.get("model_error") else {}
+            out.append({**base, "missing_model_path": path, **why, **tail})
             continue
         manifest = by_node[name]
         missing, differs, extra = [], [], []

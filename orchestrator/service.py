@@ -286,8 +286,12 @@ def _plan(
     model: ResolvedModel,
     resolver: Resolver | None,
 ) -> Plan:
-    """:func:`plan_experiment` for ``spec`` on ``model``, checked against the live cluster."""
-    return plan_experiment(
+    """:func:`plan_experiment` for ``spec`` on ``model``, checked against the live cluster.
+
+    A variant with ``layout.executor: "ray"`` is refused when the device kind in force
+    is CPU (the CPU build of vLLM refuses the Ray executor).
+    """
+    plan = plan_experiment(
         spec,
         catalog,
         model_dir=str(model.path),
@@ -302,6 +306,32 @@ def _plan(
             settings.orchestrator.device_resource, settings.orchestrator.stale_after_s
         ),
     )
+    uses_ray = [v for v in plan.variants if v.config.layout.executor == "ray"]
+    if uses_ray:
+        kind = OrchestratorRepository(session).device_kind(
+            settings.orchestrator.device_resource, settings.orchestrator.stale_after_s
+        )
+        if kind == "CPU":
+            plan.errors = [
+                *plan.errors,
+                *(
+                    {
+                        "loc": ["body", "layout", "executor"],
+                        "msg": f"{v.name}: {RAY_EXECUTOR_ON_CPU}",
+                        "type": "executor_unsupported",
+                    }
+                    for v in uses_ray
+                ),
+            ]
+    return plan
+
+
+#: Why ``layout.executor: "ray"`` is refused on CPU (also the launch-time refusal).
+RAY_EXECUTOR_ON_CPU = (
+    "layout.executor 'ray' needs GPUs: the device kind of this cluster is CPU, and vLLM's "
+    "CPU build refuses --distributed-executor-backend ray ('current platform cpu does not "
+    "support ray'); use executor 'mp' (one vllm serve per node with --nnodes)"
+)
 
 
 def create_experiment(

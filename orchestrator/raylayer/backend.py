@@ -39,16 +39,10 @@ from orchestrator.raylayer.supervisor import (
     actor_name,
     ray_executor_launch,
 )
-from orchestrator.service import cpu_thread_binding, reserved_devices
+from orchestrator.service import RAY_EXECUTOR_ON_CPU, cpu_thread_binding, reserved_devices
 from orchestrator.settings import Settings, detect_device_resource
 
 log = logging.getLogger(__name__)
-
-RAY_EXECUTOR_NEEDS_GPUS = (
-    "layout.executor 'ray' needs GPUs: the device kind of this cluster is CPU, and vLLM's CPU "
-    "build refuses --distributed-executor-backend ray ('current platform cpu does not support "
-    "ray'); use executor 'mp' (one vllm serve per node with --nnodes)"
-)
 
 
 def connect(settings: Settings) -> dict[str, Any]:
@@ -129,7 +123,7 @@ class RayRunBackend:
         exclusive = bool(layout.get("exclusive_nodes", False))
         executor = str(layout.get("executor") or "mp")
         if executor == "ray" and self.resource != "GPU":
-            raise LaunchRefused(RAY_EXECUTOR_NEEDS_GPUS)
+            raise LaunchRefused(RAY_EXECUTOR_ON_CPU)
         nodes = self.nodes()
         problem = shape_problem(nodes, tp, pp, devices, resource=self.resource)
         if problem is not None:

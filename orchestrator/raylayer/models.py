@@ -34,7 +34,7 @@ def _resolve_task(
 def locate_on_cluster(settings: Settings, model: str, revision: str | None) -> dict[str, Any]:
     """Resolve ``model`` at ``revision`` on one live node with devices of the run's kind.
 
-    The task asks for 0.001 of the device resource, so it lands on a node that can
+    The task asks for 0.001 of a device, so it lands on a node that can
     run the model (a GPU node on GPU clusters). Raises :class:`jobs.engine.EngineError`
     with the node's answer (not in its cache, offline...) or with the reason no node
     answered in ``engine.model_resolve_timeout_s`` seconds.
@@ -45,7 +45,8 @@ def locate_on_cluster(settings: Settings, model: str, revision: str | None) -> d
     )
     timeout_s = settings.engine.model_resolve_timeout_s
     task = ray.remote(num_cpus=0, max_retries=0)(_resolve_task)
-    ref = task.options(resources={resource: 0.001}, name="vlab-resolve-model").remote(
+    amount = {"num_gpus": 0.001} if resource == "GPU" else {"num_cpus": 0.001}
+    ref = task.options(name="vlab-resolve-model", **amount).remote(
         str(settings.engine.python),
         model,
         revision,

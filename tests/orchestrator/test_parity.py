@@ -216,3 +216,84 @@ def test_rules_document_matches_the_table() -> None:
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "PARITY.md").read_text()
     assert doc.endswith(rules_markdown())
+
+
+# --------------------------------------------------------------------------- model revision
+
+SHA_MAIN = "9c" * 20
+SHA_OLD = "1f" * 20
+
+
+def _by_id(name: str, ip: str, revision: str | None, source: str | None = "hf_cache") -> dict:
+    """A node fingerprinted with ``fingerprint --model acme/tiny-chat``."""
+    return _node(name, ip, model_source=source, model_revision=revision)
+
+
+def test_same_model_revision_everywhere_is_ok() -> None:
+    nodes = [_by_id(n, f"10.0.0.{i}", SHA_MAIN) for i, n in enumerate("abc")]
+    report = check_parity(nodes, {**LAUNCH, "model": "acme/tiny-chat"})
+    assert report["verdict"] == "ok"
+    assert report["warnings"] == [] and report["unchecked_fields"] == []
+
+
+def test_other_snapshot_in_one_nodes_cache_blocks_naming_that_node() -> None:
+    nodes = [_by_id(n, f"10.0.0.{i}", SHA_MAIN) for i, n in enumerate("abc")]
+    nodes[1]["model_revision"] = SHA_OLD
+    report = check_parity(nodes, {**LAUNCH, "model": "acme/tiny-chat"})
+    assert report["verdict"] == "blocked"
+    (m,) = report["mismatches"]
+    assert m["field"] == "model_revision"
+    assert m["odd_nodes"] == ["b"]
+    assert m["values"] == {"a": SHA_MAIN, "b": SHA_OLD, "c": SHA_MAIN}
+    assert m["severity"] == "blocking" and "revision" in m["rule"]
+    rule = rule_for("model_revision")
+    assert rule is not None and (rule.check, rule.severity) == ("identical", "blocking")
+
+
+def test_model_revision_reported_before_model_files() -> None:
+    nodes = _pair()
+    nodes[0].update(model_source="hf_cache", model_revision=SHA_MAIN)
+    nodes[1].update(model_source="hf_cache", model_revision=SHA_OLD)
+    nodes[1]["model_files"] = {"config.json": {"size": 701, "sha256": "cd" * 32}}
+    report = check_parity(nodes, LAUNCH)
+    assert [m["field"] for m in report["mismatches"]] == ["model_revision", "model_files"]
+    assert [m["odd_nodes"] for m in report["mismatches"]] == [["b"], ["b"]]
+
+
+def test_model_source_differs_only_warns() -> None:
+    nodes = [
+        _by_id("a", "10.0.0.1", None, "local_dir"),
+        _by_id("b", "10.0.0.2", None, "model_root"),
+    ]
+    report = check_parity(nodes, LAUNCH)
+    assert report["verdict"] == "ok"
+    (w,) = report["warnings"]
+    assert w["field"] == "model_source" and w["odd_nodes"] == ["b"]
+
+
+def test_unresolved_model_blocks_with_the_nodes_reason() -> None:
+    error = "acme/tiny-chat (revision main) is not in the Hugging Face cache at /hf/hub and ..."
+    nodes = _pair()
+    nodes[0].update(model_source="hf_cache", model_revision=SHA_MAIN, model_path="/hf/x")
+    nodes[1].update(
+        model_source=None,
+        model_revision=None,
+        model_path=None,
+        model_path_exists=False,
+        model_files=[],
+        model_error=error,
+    )
+    report = check_parity(nodes, {**LAUNCH, "model": "acme/tiny-chat"})
+    assert report["verdict"] == "blocked"
+    by_field = {m["field"]: m for m in report["mismatches"]}
+    assert by_field["model_revision"]["odd_nodes"] == ["b"]
+    missing = by_field["model_files"]
+    assert missing["node"] == "b" and missing["missing_model_path"] == "acme/tiny-chat"
+    assert missing["error"] == error
+    assert "model_error" not in report["unchecked_fields"]
+
+
+def test_fingerprints_without_model_revision_are_unaffected() -> None:
+    nodes = _pair()  # --model-dir fingerprints: no model_revision/model_source at all
+    report = check_parity(nodes, LAUNCH)
+    assert report["verdict"] == "ok" and report["warnings"] == []

@@ -450,3 +450,30 @@ def test_placement_properties(
     assert (idle_placement is not None) == (problem is None)
     if idle_placement is not None:
         _check(idle_placement, idle, tp, pp, devices)
+
+
+def test_gpu_node_bundles_hold_each_nodes_devices_in_one_bundle() -> None:
+    from orchestrator.placement import NodeInventory, plan_placement
+
+    nodes = [NodeInventory(f"n{i}", f"10.0.0.{i + 1}", total=2, available=2) for i in range(2)]
+    plan = plan_placement(nodes, 2, 2)
+    assert plan is not None
+    assert plan.node_bundles("GPU") == [
+        {"GPU": 2.0, "node:10.0.0.1": 0.001},
+        {"GPU": 2.0, "node:10.0.0.2": 0.001},
+    ]
+    exclusive = plan_placement(
+        [NodeInventory("n0", "10.0.0.1", total=8, available=8)], 2, 1, exclusive=True
+    )
+    assert exclusive is not None
+    assert exclusive.node_bundles("GPU") == [{"GPU": 8.0, "node:10.0.0.1": 0.001}]
+
+
+def test_device_kind_is_detected_unless_set() -> None:
+    from orchestrator.settings import detect_device_resource
+
+    assert detect_device_resource("auto", {"CPU": 16.0, "GPU": 8.0}) == ("GPU", "detected")
+    assert detect_device_resource("auto", {"CPU": 16.0, "GPU": 0.5}) == ("CPU", "detected")
+    assert detect_device_resource("auto", {"CPU": 2.0}) == ("CPU", "detected")
+    assert detect_device_resource("CPU", {"GPU": 8.0}) == ("CPU", "setting")
+    assert detect_device_resource("GPU", {}) == ("GPU", "setting")

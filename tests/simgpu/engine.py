@@ -146,8 +146,8 @@ def _ray_executor(world: int) -> list[str]:
 
     @ray.remote(num_cpus=0, num_gpus=1)
     class Worker:
-        def __init__(self, state: str, node: str) -> None:
-            os.environ["VLAB_SIM_GPU_STATE"], os.environ["VLAB_SIM_GPU_NODE"] = state, node
+        def __init__(self) -> None:
+            # the worker's own node (its raylet's environment) and the GPU Ray gave it
             self.held = _hold(_visible())
 
         def devices(self) -> str:
@@ -158,7 +158,7 @@ def _ray_executor(world: int) -> list[str]:
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=pg, placement_group_bundle_index=i
             )
-        ).remote(os.environ.get(STATE_ENV, ""), os.environ.get(NODE_ENV, ""))
+        ).remote()
         for i in gpu_bundles[:world]
     ]
     devices: list[str] = ray.get([w.devices.remote() for w in workers], timeout=60)
