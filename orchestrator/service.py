@@ -607,6 +607,10 @@ def build_batch_job(settings: Settings, runs: list[Run], resource: str = "CPU") 
         # marks every engine process of the batch (orphan checks scan /proc for it)
         "VLAB_RUN_ID": first.id,
     }
+    if resource == "GPU":
+        # CUDA numbers the devices of CUDA_VISIBLE_DEVICES in this order; Ray's GPU ids and
+        # NVML/nvidia-smi indices are PCI bus order (CUDA's default is fastest first)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if resource == "CPU":
         env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(first.layout)
     return BatchJob(

@@ -166,6 +166,12 @@ def test_engine_failure_then_apc_experiment(stack: dict[str, Any]) -> None:
         assert m["median_e2el_ms"] >= m["median_ttft_ms"]
         assert m["output_throughput"] > 0
         assert r["started_at"] and r["finished_at"]
+        # a CPU host: the device kind was detected, and no GPU figure is made up
+        assert r["placement"]["resource"] == "CPU"
+        assert r["placement"]["device_kind_source"] == "detected"
+        assert r["engine_info"]["gpu_telemetry"]["available"] is False
+        assert "CPU" in r["engine_info"]["gpu_telemetry"]["note"]
+        assert not [k for k in m if k.startswith("gpu_") or k.startswith("energy_")]
         n = WORKLOAD["num_requests"]
         assert (r["progress"]["requests_done"], r["progress"]["requests_total"]) == (n, n)
     # APC off: no prefix cache hits; APC on: the shared prefix hits

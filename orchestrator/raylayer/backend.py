@@ -111,8 +111,8 @@ class RayRunBackend:
            (:func:`jobs.nodeprobe.probe_on_nodes`) and compare
            (:func:`orchestrator.parity.check_parity`): a blocking mismatch removes
            the group and raises :class:`LaunchBlocked` with the report;
-        4. start the supervisor on the rank-0 node, holding that node's GPUs; the GPU
-           indices and UUIDs it got are added to the layout.
+        4. start the supervisor on the rank-0 node, holding that node's GPUs (what
+           every node got is recorded in the runs' ``engine_info["gpu_assignment"]``).
 
         Raises ``TimeoutError`` if the group is not ready within
         ``placement_timeout_s`` (the group is removed first).
@@ -170,9 +170,7 @@ class RayRunBackend:
                     placement_group=pg, placement_group_bundle_index=parts[0].bundle_index
                 ),
             ).remote(job)
-            held = ray.get(actor.start.remote(), timeout=120)
-            if isinstance(held, dict):
-                doc["nodes"][0]["gpu_assignment"] = held
+            ray.get(actor.start.remote(), timeout=120)
         except BaseException:
             remove_placement_group(pg)
             raise

@@ -146,13 +146,16 @@ def held_devices(rank: int = 0, ranks_per_node: int | None = None) -> dict[str, 
 
 
 class GpuTelemetry:
-    """Reads the GPUs this process holds (the ones in ``CUDA_VISIBLE_DEVICES``)."""
+    """Reads the GPUs this process holds for vLLM (``CUDA_VISIBLE_DEVICES``; the first
+    ``used`` of them when the node holds more than vLLM computes on, as with exclusive
+    nodes: idle reserved GPUs are not the run's energy)."""
 
-    def __init__(self) -> None:
+    def __init__(self, used: int | None = None) -> None:
         from jobs.gpus import GpuReader, visible_devices
 
         self.reader = GpuReader()
-        self.entries = visible_devices() or []
+        entries = visible_devices() or []
+        self.entries = entries[:used] if used is not None else entries
         self.available = self.reader.source is not None and bool(self.entries)
 
     def read(self) -> list[Any]:
@@ -188,7 +191,7 @@ class EnginePart:
         self.server = EngineServer(launch)
         held = held_devices(self.rank, self.ranks_per_node)
         if held["ray_gpu_ids"]:
-            self.telemetry = GpuTelemetry()
+            self.telemetry = GpuTelemetry(self.ranks_per_node)
         self.server.start()
         return {
             "command": list(self.server.command),
@@ -285,7 +288,11 @@ class RunSupervisor:
             for var in _RAY_WORKER_ENV:
                 os.environ.pop(var, None)
             nodes = max(1, len(self.job.nodes))
-            ranks = next((p.devices for p in self.job.nodes if p.rank == 0), None)
+            args = self.job.launch.engine_args
+            world = int(args.get("tensor_parallel_size") or 1) * int(
+                args.get("pipeline_parallel_size") or 1
+            )
+            ranks = next((p.devices for p in self.job.nodes if p.rank == 0), world)
             if self.job.launch.executor == "ray":
                 self._held = {
                     "node_rank": 0,
@@ -294,9 +301,9 @@ class RunSupervisor:
                     "the run's placement group; the launcher holds none",
                 }
             else:
-                self._held = held_devices(0, ranks if nodes > 1 else None)
+                self._held = held_devices(0, ranks if nodes > 1 else world)
                 if self._held["ray_gpu_ids"]:
-                    self._telemetry = GpuTelemetry()
+                    self._telemetry = GpuTelemetry(ranks if nodes > 1 else world)
             self._thread = threading.Thread(target=self._work, name="run-job", daemon=True)
             self._thread.start()
         return dict(self._held or {})
@@ -316,7 +323,8 @@ class RunSupervisor:
         from jobs.gpus import summarize_gpu_samples
 
         assignment = [self._held or {}] + [p.get("gpu_assignment") or {} for p in self._parts_info]
-        gpus = sum(len(a.get("gpus") or []) for a in assignment)
+        # the GPUs vLLM computes on (held GPUs without a vLLM rank are idle reservations)
+        gpus = sum(1 for a in assignment for g in a.get("gpus") or [] if g.get("rank") is not None)
         for r in results:
             r.engine_info["gpu_assignment"] = assignment
             if self._telemetry is None:
@@ -341,10 +349,18 @@ class RunSupervisor:
         self._progress = progress.model_dump()
 
     def _work(self) -> None:
+        from jobs.engine import EngineError
         from jobs.runner import execute_batch
 
+        resolution: dict[str, Any] | None = None
         try:
-            launch, resolution = resolve_launch_model(self.job.launch)
+            try:
+                launch, resolution = resolve_launch_model(self.job.launch)
+            except EngineError as exc:
+                raise RuntimeError(
+                    f"model {self.job.launch.model_dir!r} could not be resolved on the rank 0 "
+                    f"node: {exc}"
+                ) from exc
             job = self.job.model_copy(update={"launch": launch})
             job = self._start_parts(job) if len(job.nodes) > 1 else job
             if self._part_failure is not None:
@@ -355,10 +371,6 @@ class RunSupervisor:
                 watcher.start()
             telemetry = self._gpu_values if self._telemetry is not None else None
             self._result = execute_batch(job, self._on_progress, self._cancel, telemetry)
-            self._result = self._finish_gpu_facts(self._result)
-            if resolution is not None:
-                for r in self._result:
-                    r.engine_info["model_resolution"] = resolution
             if self._part_failure is not None:
                 self._result = [
                     r.model_copy(update={"status": "failed", "error": self._part_failure})
@@ -366,9 +378,6 @@ class RunSupervisor:
                     else r
                     for r in self._result
                 ]
-            if self._parts_info:
-                for r in self._result:
-                    r.engine_info["node_parts"] = self._parts_info
         except BaseException as exc:  # noqa: BLE001 - reported as the runs' error
             self._result = [
                 RunResult(run_id=seg.run_id, status="failed", error=f"supervisor error: {exc}")
@@ -376,6 +385,13 @@ class RunSupervisor:
             ]
         finally:
             self._stop_parts()
+            if self._result is not None:
+                self._result = self._finish_gpu_facts(self._result)
+                for r in self._result:
+                    if resolution is not None:
+                        r.engine_info["model_resolution"] = resolution
+                    if self._parts_info:
+                        r.engine_info["node_parts"] = self._parts_info
             if self._telemetry is not None:
                 self._telemetry.close()
             self._done.set()

@@ -175,3 +175,238 @@ def bulk_history(
         session.execute(insert(RunMetric), metric_rows)
     session.flush()
     return exp_ids
+
+
+#: The two GPUs of :func:`gpu_runs`' GPU run: (node rank, node id, index, UUID).
+GPUS = (
+    (0, "a1" * 28, 2, "GPU-0c6f3a52-8d1e-4b7a-9f21-3e5d6c7b8a90"),
+    (1, "b2" * 28, 5, "GPU-7d1e9b40-2a3c-4f5e-8d6b-1c2a3b4c5d6e"),
+)
+GPU_NAME = "NVIDIA H100 80GB HBM3"
+GPU_MEMORY_MIB = 81559.0
+MODEL_REVISION = "0123456789abcdef0123456789abcdef01234567"
+CPU_NOTE = "this process holds no GPU through Ray (CPU device kind)"
+
+
+def _gpu_values(i: int) -> dict[str, float]:
+    """GPU sample keys of sample ``i`` (0-based) of the GPU run: two GPUs."""
+    out: dict[str, float] = {}
+    for k in range(len(GPUS)):
+        out[f"gpu{k}_utilization_pct"] = 50.0 + 10 * i + k
+        out[f"gpu{k}_memory_used_mib"] = 40960.0 + 1024 * i + 512 * k
+        out[f"gpu{k}_power_w"] = 150.0 + 10 * i + 50 * k
+        out[f"gpu{k}_energy_j"] = 1000.0 * (k + 1) + 180.0 * i
+    out["gpu_utilization_pct"] = sum(out[f"gpu{k}_utilization_pct"] for k in range(2)) / 2
+    out["gpu_memory_used_mib"] = sum(out[f"gpu{k}_memory_used_mib"] for k in range(2))
+    out["gpu_power_w"] = sum(out[f"gpu{k}_power_w"] for k in range(2))
+    out["gpu_energy_j"] = sum(out[f"gpu{k}_energy_j"] for k in range(2))
+    return out
+
+
+def gpu_runs(session: Session, *, name: str = "gpu telemetry") -> dict[str, Any]:
+    """Insert an experiment with two finished runs as a GPU cluster and a CPU cluster
+    store them (``engine_info["gpu_assignment"]``/``["gpu_telemetry"]``, placement
+    executor and device kind, GPU summary metrics and ``gpu{k}_*`` sample keys).
+
+    ``gpu``: two nodes (PP 2) with one GPU each (:data:`GPUS`), NVML telemetry with
+    the energy counter, a pinned model revision and its resolution, five samples
+    (before, 3 during, after) with GPU keys. ``cpu``: one CPU node holding no GPU,
+    samples without GPU keys, no GPU metrics. Returns ``{"experiment_id", "gpu",
+    "cpu", "metrics": {"gpu": ..., "cpu": ...}, "samples": {"gpu": ..., "cpu": ...}}``.
+    """
+    exp_id = str(uuid.uuid4())
+    session.add(
+        Experiment(
+            id=exp_id,
+            name=name,
+            spec={},
+            model_id="org/gpu-model",
+            model_digest="0" * 64,
+            model_revision=MODEL_REVISION,
+            request_list_hash="1" * 64,
+        )
+    )
+    session.flush()
+    start = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
+
+    def run_row(run_name: str, position: int) -> dict[str, Any]:
+        return {
+            "id": str(uuid.uuid4()),
+            "experiment_id": exp_id,
+            "name": run_name,
+            "position": position,
+            "sequence": position,
+            "is_baseline": position == 0,
+            "status": "succeeded",
+            "progress": {},
+            "created_at": start,
+            "started_at": start + timedelta(seconds=1),
+            "finished_at": start + timedelta(seconds=9),
+            "engine_args": {"max_num_seqs": 64},
+            "explicit_engine_args": {},
+            "layout": {"tensor_parallel_size": 1, "pipeline_parallel_size": 1},
+            "workload": {"num_requests": 8},
+            "model_id": "org/gpu-model",
+            "model_path": "/models/org/gpu-model",
+            "model_digest": "0" * 64,
+            "model_revision": None,
+            "max_model_len": 2048,
+            "seed": 0,
+            "request_list_hash": "1" * 64,
+            "timings": {},
+        }
+
+    def samples(with_gpu: bool) -> list[dict[str, Any]]:
+        out = []
+        for i, phase in enumerate(("before", "during", "during", "during", "after")):
+            values: dict[str, float] = {
+                "kv_cache_usage": 0.1 * i,
+                "num_requests_running": float(i),
+                "num_requests_waiting": 0.0,
+                "generation_tokens": 1000.0 * i,
+                "prompt_tokens": 2000.0 * i,
+            }
+            if with_gpu:
+                values.update(_gpu_values(i))
+            out.append({"t_s": 2.0 + i, "phase": phase, "values": values})
+        return out
+
+    node_ids = [n for _, n, _, _ in GPUS]
+    gpu = run_row("gpu", 0)
+    gpu.update(
+        model_revision=MODEL_REVISION,
+        layout={"tensor_parallel_size": 1, "pipeline_parallel_size": 2},
+        engine_info={
+            "gpu_assignment": [
+                {
+                    "node_rank": rank,
+                    "node_id": node_id,
+                    "cuda_visible_devices": str(index),
+                    "ray_gpu_ids": [str(index)],
+                    "gpus": [
+                        {
+                            "index": index,
+                            "uuid": gpu_uuid,
+                            "name": GPU_NAME,
+                            "memory_total_mib": GPU_MEMORY_MIB,
+                            "local_rank": 0,
+                            "rank": rank,
+                        }
+                    ],
+                    "telemetry": "nvml",
+                    "note": "",
+                }
+                for rank, node_id, index, gpu_uuid in GPUS
+            ],
+            "gpu_telemetry": {
+                "available": True,
+                "source": "nvml",
+                "energy_source": "nvml_energy_counter",
+                "notes": [],
+            },
+            "model_resolution": {
+                "source": "hf_cache",
+                "path": f"/root/.cache/huggingface/hub/models--org--gpu-model/snapshots/"
+                f"{MODEL_REVISION}",
+                "revision": MODEL_REVISION,
+                "hf_cache": "/root/.cache/huggingface/hub",
+                "offline": True,
+                "weights_cached": True,
+                "files": [
+                    {"path": "config.json", "size": 612},
+                    {"path": "model.safetensors", "size": 1_000_000},
+                ],
+            },
+        },
+        placement={
+            "nodes": [
+                {
+                    "rank": rank,
+                    "node_id": node_id,
+                    "ip": f"10.0.0.{rank + 1}",
+                    "devices": 1,
+                    "reserved": 1,
+                    "bundles": [rank],
+                    "stages": [rank],
+                }
+                for rank, node_id in enumerate(node_ids)
+            ],
+            "nnodes": 2,
+            "exclusive": False,
+            "policy": "shared_nodes",
+            "resource": "GPU",
+            "executor": "mp",
+            "device_kind_source": "detected",
+            "bundle_shape": "per_node",
+            "tensor_parallel_size": 1,
+            "pipeline_parallel_size": 2,
+        },
+    )
+    cpu = run_row("cpu", 1)
+    cpu.update(
+        engine_info={
+            "gpu_assignment": [
+                {
+                    "node_rank": 0,
+                    "node_id": "c3" * 28,
+                    "cuda_visible_devices": None,
+                    "ray_gpu_ids": [],
+                    "gpus": [],
+                    "telemetry": None,
+                    "note": CPU_NOTE,
+                }
+            ],
+            "gpu_telemetry": {"available": False, "note": CPU_NOTE},
+        },
+        placement={
+            "nodes": [
+                {
+                    "rank": 0,
+                    "node_id": "c3" * 28,
+                    "ip": "10.0.1.1",
+                    "devices": 1,
+                    "reserved": 1,
+                    "bundles": [0],
+                    "stages": [0],
+                    "cpu_binding": "0-3",
+                }
+            ],
+            "nnodes": 1,
+            "exclusive": False,
+            "policy": "shared_nodes",
+            "resource": "CPU",
+            "executor": "mp",
+            "device_kind_source": "setting",
+            "bundle_shape": "per_device",
+            "tensor_parallel_size": 1,
+            "pipeline_parallel_size": 1,
+        },
+    )
+    session.execute(insert(Run), [gpu, cpu])
+    common = {"median_ttft_ms": 12.5, "output_throughput": 750.0, "total_output_tokens": 3000.0}
+    metrics = {
+        "gpu": {
+            **common,
+            "gpu_energy_j": 1440.0,
+            "energy_per_output_token_j": 0.48,
+            "gpu_mean_power_w": 180.04,
+            "gpu_peak_memory_used_mib": 45568.0,
+            "gpu_mean_utilization_pct": 70.5,
+        },
+        "cpu": dict(common),
+    }
+    sample_rows = {"gpu": samples(True), "cpu": samples(False)}
+    for key, row in (("gpu", gpu), ("cpu", cpu)):
+        session.execute(
+            insert(RunMetric),
+            [{"run_id": row["id"], "name": k, "value": v} for k, v in metrics[key].items()],
+        )
+        session.execute(insert(RunSample), [{"run_id": row["id"], **s} for s in sample_rows[key]])
+    session.flush()
+    return {
+        "experiment_id": exp_id,
+        "gpu": gpu["id"],
+        "cpu": cpu["id"],
+        "metrics": metrics,
+        "samples": sample_rows,
+    }

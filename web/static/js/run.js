@@ -1,5 +1,6 @@
-// Run page: /metrics time-series charts, TTFT/E2EL distributions, the filtered engine
-// log, and the live refresh (status, progress, cards, charts) while the run is active.
+// Run page: /metrics time-series charts (and the GPU power, utilisation and memory
+// charts when the samples carry GPU telemetry), TTFT/E2EL distributions, the filtered
+// engine log, and the live refresh (status, progress, cards, charts) while the run is active.
 // Everything is read from the /api/v1 JSON; the tables are rendered on the server.
 "use strict";
 (() => {
@@ -130,6 +131,71 @@
     return out;
   }
 
+  // ---------------------------------------------------------------- GPU telemetry
+  // Per GPU ordinal k (position in the run, rank order): gpu{k}_power_w,
+  // gpu{k}_utilization_pct, gpu{k}_memory_used_mib; aggregates gpu_power_w etc.
+  // The charts are made when the samples first carry GPU keys (the block is hidden
+  // on CPU runs) and remade when the set of GPUs changes.
+  const gpuBlock = document.getElementById("gpu-charts");
+  let gpuLabels = JSON.parse((gpuBlock && gpuBlock.dataset.labels) || "[]");
+  const GPU_KEY = /^gpu(\d+)_(power_w|utilization_pct|memory_used_mib|energy_j)$/;
+  const GPU_CHARTS = {
+    power: { id: "chart-gpu-power", y: "power (W)", field: "power_w", scale: 1 },
+    util: { id: "chart-gpu-util", y: "utilisation (%)", field: "utilization_pct", scale: 1, max: 100 },
+    mem: { id: "chart-gpu-mem", y: "memory used (GiB)", field: "memory_used_mib", scale: 1 / 1024 },
+  };
+  const gpuCharts = {};
+  let lastGpu = null;
+
+  /** {power|util|mem: {labels, data: [[points]]}}: one series per GPU, or the
+   * aggregate ("all GPUs") when the samples carry no per-GPU key. */
+  function gpuSeriesFrom(samples) {
+    const pt = (p, y) => ({ x: p.t_s, y, phase: p.phase });
+    const ordinals = new Set();
+    for (const p of samples) {
+      for (const k of Object.keys(p.values)) {
+        const m = GPU_KEY.exec(k);
+        if (m) ordinals.add(Number(m[1]));
+      }
+    }
+    const ks = [...ordinals].sort((a, b) => a - b);
+    const out = {};
+    for (const [name, spec] of Object.entries(GPU_CHARTS)) {
+      const keys = ks.length ? ks.map((k) => `gpu${k}_${spec.field}`) : [`gpu_${spec.field}`];
+      const data = keys.map((key) => samples
+        .filter((p) => typeof p.values[key] === "number")
+        .map((p) => pt(p, p.values[key] * spec.scale)));
+      const labels = ks.length ? ks.map((k) => gpuLabels[k] || `gpu${k}`) : ["all GPUs"];
+      out[name] = data.some((d) => d.length) ? { labels, data } : { labels: [], data: [] };
+    }
+    return out;
+  }
+
+  function drawGpu(samples, band) {
+    if (!gpuBlock) return;
+    lastGpu = { samples, band };
+    const s = gpuSeriesFrom(samples);
+    const any = Object.values(s).some((c) => c.data.length);
+    if (any) gpuBlock.hidden = false;
+    const none = document.getElementById("gpu-charts-none");
+    if (none) none.hidden = !gpuBlock.hidden;
+    if (gpuBlock.hidden) return;
+    for (const [name, spec] of Object.entries(GPU_CHARTS)) {
+      const { labels, data } = s[name];
+      let chart = gpuCharts[name];
+      if (labels.length && (!chart || chart.data.datasets.map((d) => d.label).join("\n") !== labels.join("\n"))) {
+        if (chart) chart.destroy();
+        chart = gpuCharts[name] = lineChart(spec.id, spec.y, labels, spec.max);
+      }
+      if (chart) {
+        chart.data.datasets.forEach((d, i) => { d.data = data[i] || []; });
+        chart.options.plugins.phaseBand = band;
+        chart.update("none");
+      }
+      emptyState(spec.id, !data.some((d) => d.some((p) => p.y !== null)));
+    }
+  }
+
   function drawSeries(samples, total) {
     const s = seriesFrom(samples);
     const before = samples.find((p) => p.phase === "before");
@@ -145,6 +211,7 @@
       chart.update("none");
       emptyState(chart.canvas.id, !s[key].some((d) => d.some((p) => p.y !== null)));
     }
+    drawGpu(samples, band);
     const info = document.getElementById("samples-info");
     info.textContent = total ? `${total.toLocaleString("en-US")} samples stored, ${samples.length} shown.` : "";
   }
@@ -335,6 +402,12 @@
       }
       const fresh = doc.getElementById("run");
       if (fresh) root.dataset.hasLog = fresh.dataset.hasLog;
+      // the GPU assignment may be stored only now: name the GPU series after it
+      const gpu = doc.getElementById("gpu-charts");
+      if (gpu && lastGpu) {
+        gpuLabels = JSON.parse(gpu.dataset.labels || "[]");
+        drawGpu(lastGpu.samples, lastGpu.band);
+      }
     }
     await loadDistributions(metrics);
     if (root.dataset.hasLog === "true") await loadLog();
