@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,11 +18,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.deps import SessionDep, SettingsDep
 from orchestrator import kvcache
 from orchestrator.errors import AnalyzeRequestInvalidError, SpecInvalidError
+from orchestrator.pathpolicy import MAX_MODEL_CHARS
 from orchestrator.settings import Settings
 
 router = APIRouter(prefix="/api/v1/analyze", tags=["analyze"])
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+#: A model named by name or path: length-checked before the file system sees it.
+ModelName = Annotated[str, Field(min_length=1, max_length=MAX_MODEL_CHARS)]
 #: Upper bound of any memory figure (GiB per device): far above any device, keeps
 #: the arithmetic finite.
 MAX_GIB = 1_000_000.0
@@ -89,7 +92,7 @@ class KVCacheQuery(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str | dict[str, Any]
+    model: ModelName | dict[str, Any]
     engine: KVEngine = Field(default_factory=KVEngine)
     memory: KVMemory
     concurrency: int | None = Field(None, ge=1, le=1_000_000)
@@ -323,7 +326,7 @@ class PrefixQuery(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str
+    model: ModelName
     requests: list[dict[str, Any]] = Field(min_length=1, max_length=5000)
     block_size: int = Field(16, ge=1, le=4096)
     add_generation_prompt: bool = True

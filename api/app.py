@@ -2,25 +2,29 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+import contextlib
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, FastAPI, Query, Request
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import text
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
 
-from api import problems
+from api import auth, limits, problems
 from api.deps import SessionDep, SettingsDep
+from api.openapi import declare_problems
 from api.schemas import (
     ExperimentCreated,
     ExperimentListItem,
     ExperimentOut,
     FireBrief,
     FireOut,
+    IsoDatetime,
     Page,
     ParityCheckOut,
     ParityCheckRequest,
@@ -35,6 +39,8 @@ from api.schemas import (
     ScheduleUpdate,
 )
 from orchestrator import service
+from orchestrator.config_check import gate_for
+from orchestrator.db import database_health, release_connection, watch
 from orchestrator.engine_catalog import load_catalog
 from orchestrator.errors import (
     NotFoundError,
@@ -60,7 +66,7 @@ from orchestrator.repositories import (
     utcnow,
 )
 from orchestrator.settings import Settings
-from orchestrator.spec import NAME_PATTERN, ExperimentSpec, Variant
+from orchestrator.spec import CHANGES_SCHEMA, NAME_PATTERN, ExperimentSpec, Variant
 from orchestrator.states import RunStatus
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web" / "static"
@@ -133,6 +139,7 @@ def _experiment_out(request: Request, session: Session, exp: Experiment) -> Expe
         model_revision=exp.model_revision,
         request_list_hash=exp.request_list_hash,
         created_at=exp.created_at,
+        submitted_by=exp.submitted_by,
         status=experiment_status(list(exp.runs)),
         repeats=exp.repeats,
         variants=exp.variants,
@@ -174,13 +181,18 @@ def create_experiment(
     schema problems, unknown engine arguments, an unknown model, variants that
     change more or less than one variable, configurations vLLM refuses;
     nothing is stored then. 503 ``engine_unavailable`` when the engine
-    environment cannot list its arguments.
+    environment cannot list its arguments; 503 ``submissions_busy`` (with
+    ``Retry-After``) when too many submissions are being checked already
+    (``VLAB_SUBMISSIONS__*``). No database connection is held while vLLM checks
+    the configurations.
     """
-    catalog = load_catalog(settings)
-    spec = service.parse_spec(body, settings, catalog)
-    exp = service.create_experiment(
-        session, settings, spec, catalog, resolver=service.engine_resolver(settings)
-    )
+    release_connection(session)  # nothing held while waiting for a slot or for vLLM
+    with gate_for(settings).slot():
+        catalog = load_catalog(settings)
+        spec = service.parse_spec(body, settings, catalog)
+        exp = service.submit_experiment(
+            session, settings, spec, catalog, resolver=service.engine_resolver(settings)
+        )
     return ExperimentCreated(
         id=exp.id,
         url=str(request.url_for("get_experiment", experiment_id=exp.id)),
@@ -257,12 +269,13 @@ def list_runs(
         str | None,
         Query(
             max_length=500,
+            json_schema_extra={"pattern": r"^$|^[A-Za-z_][A-Za-z0-9_-]*="},
             description="name=value, value read as JSON: enable_prefix_caching=true",
         ),
     ] = None,
-    since: Annotated[datetime | None, Query(description="submitted at or after")] = None,
+    since: Annotated[IsoDatetime | None, Query(description="submitted at or after")] = None,
     until: Annotated[
-        datetime | None,
+        IsoDatetime | None,
         Query(description="submitted before (exclusive; a date alone means its midnight UTC)"),
     ] = None,
     sort: Annotated[
@@ -377,8 +390,12 @@ def get_run_log(run_id: str, session: SessionDep, raw: bool = False) -> PlainTex
     """
     from jobs.enginelog import filter_noise
 
-    service.get_run(session, run_id)
+    run = service.get_run(session, run_id)
     content = RunRepository(session).log(run_id)
+    if content is None:  # running, or lost before its end: the log file on disk
+        from orchestrator.dispatcher import engine_log_from_disk
+
+        content = engine_log_from_disk(run)
     if content is None:
         raise NotFoundError(f"run {run_id} has no engine log yet", code_hint="log_not_found")
     dropped = 0
@@ -393,7 +410,7 @@ class VariantIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=NAME_PATTERN)
-    changes: dict[str, Any] = Field(min_length=1)
+    changes: dict[str, Any] = Field(min_length=1, json_schema_extra=CHANGES_SCHEMA)
 
 
 @router.post("/runs/{run_id}/variants", status_code=201, response_model=list[RunBrief])
@@ -408,21 +425,24 @@ def add_variant(
 
     The new variant's reference is the cloned run's variant. 422 problem+json
     under the same rules as a new experiment (one variable, known engine
-    arguments, a level that differs from the reference).
+    arguments, a level that differs from the reference); 503 ``submissions_busy``
+    as for a new experiment.
     """
     try:
         variant = Variant(name=body.name, changes=body.changes)
     except ValidationError as exc:
         raise SpecInvalidError.from_validation(exc) from exc
-    catalog = load_catalog(settings)
-    runs = service.add_variant(
-        session,
-        settings,
-        catalog,
-        run_id,
-        variant,
-        resolver=service.engine_resolver(settings),
-    )
+    release_connection(session)
+    with gate_for(settings).slot():
+        catalog = load_catalog(settings)
+        runs = service.submit_variant(
+            session,
+            settings,
+            catalog,
+            run_id,
+            variant,
+            resolver=service.engine_resolver(settings),
+        )
     return [_brief(request, r) for r in runs]
 
 
@@ -464,7 +484,12 @@ def _parity_out(request: Request, check: ParityCheck) -> ParityCheckOut:
     )
 
 
-@router.post("/cluster/parity", response_model=ParityCheckOut, status_code=202)
+@router.post(
+    "/cluster/parity",
+    response_model=ParityCheckOut,
+    status_code=202,
+    dependencies=[auth.RequireAdmin],
+)
 def post_parity_check(
     body: ParityCheckRequest, request: Request, response: Response, session: SessionDep
 ) -> ParityCheckOut:
@@ -566,6 +591,8 @@ def _schedule_out(request: Request, session: Session, sched: Schedule) -> Schedu
         end_at=sched.end_at,
         created_at=sched.created_at,
         updated_at=sched.updated_at,
+        created_by=sched.created_by,
+        updated_by=sched.updated_by,
         last_fire_at=sched.last_fire_at,
         next_fire_times=(
             next_fire_times(sched.cron, sched.timezone, after, NEXT_FIRES, sched.end_at)
@@ -620,7 +647,12 @@ def create_schedule(
                     }
                 ]
             )
-    sched = save_schedule(session, settings, load_catalog(settings), body.model_dump(), now=now)
+    release_connection(session)
+    with gate_for(settings).slot(), service.remembered_checks():
+        catalog = load_catalog(settings)
+        # vLLM's check with no connection held; the validation below reuses its answers
+        service.precheck(settings, catalog, body.template)
+        sched = save_schedule(session, settings, catalog, body.model_dump(), now=now)
     out = _schedule_out(request, session, sched)
     response.headers["Location"] = out.url
     return out
@@ -655,27 +687,34 @@ def update_schedule(
     """Change the given fields; the result is checked like a new schedule (422 / 409).
 
     Changing the timing or re-enabling restarts the fire times from now (time
-    spent disabled is not caught up).
+    spent disabled is not caught up). A new template is checked by vLLM like a
+    submission (503 ``submissions_busy`` when too many are being checked).
     """
     from orchestrator.schedules import get_schedule as get
     from orchestrator.schedules import save_schedule
 
-    sched = get(session, schedule_id)
-    changes = body.model_dump(exclude_unset=True)
-    current = {k: getattr(sched, k) for k in ScheduleIn.model_fields}
-    try:
-        merged = ScheduleIn.model_validate({**current, **changes})
-    except ValidationError as exc:
-        raise ScheduleInvalidError.from_validation(exc) from exc
-    values = {k: getattr(merged, k) for k in changes}
-    sched = save_schedule(
-        session,
-        settings,
-        load_catalog(settings) if "template" in values else None,
-        values,
-        now=utcnow(),
-        existing=sched,
-    )
+    with contextlib.ExitStack() as checking:
+        if body.template is not None:
+            release_connection(session)
+            checking.enter_context(gate_for(settings).slot())
+            checking.enter_context(service.remembered_checks())
+            service.precheck(settings, load_catalog(settings), body.template)
+        sched = get(session, schedule_id)
+        changes = body.model_dump(exclude_unset=True)
+        current = {k: getattr(sched, k) for k in ScheduleIn.model_fields}
+        try:
+            merged = ScheduleIn.model_validate({**current, **changes})
+        except ValidationError as exc:
+            raise ScheduleInvalidError.from_validation(exc) from exc
+        values = {k: getattr(merged, k) for k in changes}
+        sched = save_schedule(
+            session,
+            settings,
+            load_catalog(settings) if "template" in values else None,
+            values,
+            now=utcnow(),
+            existing=sched,
+        )
     return _schedule_out(request, session, sched)
 
 
@@ -724,27 +763,64 @@ def _add_spec_schema(app: FastAPI) -> None:
         for name, sub in spec.pop("$defs", {}).items():
             schemas.setdefault(name, sub)
         schemas["ExperimentSpec"] = spec
-        app.openapi_schema = doc
-        return doc
+        app.openapi_schema = declare_problems(doc)
+        return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+async def _probe_database(app: FastAPI) -> BaseException | None:
+    """Run ``SELECT 1`` on a fresh connection (not the pool) in a thread of the health
+    check's own limiter; the failure, or None."""
+    import anyio
+
+    if getattr(app.state, "health_limiter", None) is None:
+        app.state.health_limiter = anyio.CapacityLimiter(2)
+    bind = app.state.session_factory.kw.get("bind")
+    if getattr(app.state, "health_engine", None) is None and isinstance(bind, Engine):
+        app.state.health_engine = create_engine(
+            bind.url, poolclass=NullPool, connect_args={"connect_timeout": 3}
+        )
+
+    def probe() -> BaseException | None:
+        try:
+            engine: Engine | None = getattr(app.state, "health_engine", None)
+            if engine is not None:
+                with engine.connect() as conn:
+                    conn.execute(text("SELECT 1"))
+            else:
+                with app.state.session_factory() as s:
+                    s.execute(text("SELECT 1"))
+        except Exception as exc:  # noqa: BLE001 - any failure means unhealthy
+            return exc
+        return None
+
+    result: BaseException | None = await anyio.to_thread.run_sync(
+        probe, limiter=app.state.health_limiter
+    )
+    return result
 
 
 def create_app(settings: Settings, session_factory: sessionmaker[Session]) -> FastAPI:
     app = FastAPI(
         docs_url=None,  # served below from the vendored Swagger UI (no CDN)
         redoc_url=None,
+        openapi_url=None,  # served by api.auth.install (a viewer may read it)
         title="vlab",
         version="0.1.0",
         description="Controlled, one-variable-at-a-time experiments on vLLM, run through Ray.",
     )
     app.state.settings = settings
     app.state.session_factory = session_factory
+    if isinstance(session_factory.kw.get("bind"), Engine):
+        watch(session_factory.kw["bind"])  # successful checkouts end a database outage
     problems.install(app)
-    app.include_router(router)
+    auth.install(app)
+    limits.install(app, settings)  # outermost: refuses large bodies before anything reads them
+    app.include_router(router, dependencies=auth.API_AUTH)
     _add_spec_schema(app)
 
-    @app.get("/docs", include_in_schema=False)
+    @app.get("/docs", include_in_schema=False, dependencies=auth.PAGE_AUTH)
     def swagger_ui() -> Response:
         """Swagger UI for ``/openapi.json`` from ``web/static/vendor/swagger-ui``
         (swagger-ui-dist 5.35.0), so the API docs work offline too."""
@@ -759,16 +835,35 @@ def create_app(settings: Settings, session_factory: sessionmaker[Session]) -> Fa
         )
 
     @app.get("/healthz")
-    def healthz(session: SessionDep) -> dict[str, str]:
-        session.execute(text("SELECT 1"))
-        return {"status": "ok", "database": "ok"}
+    async def healthz(request: Request) -> Response:
+        """200 ``{"status": "ok", "database": "ok"}`` when the database answers ``SELECT 1``;
+        else 503 problem+json ``database_unavailable`` with ``"database": "down"`` and
+        ``down_since`` (ISO 8601). Probed on its own connection and thread (limiter), so
+        it answers in milliseconds even when every request thread and pooled connection
+        is busy."""
+        failure = await _probe_database(request.app)
+        if failure is None:
+            database_health.ok()
+            return JSONResponse({"status": "ok", "database": "ok"})
+        database_health.failed(failure, "healthz")
+        since = database_health.down_since
+        return problems.problem(
+            request,
+            503,
+            "database_unavailable",
+            "Database unavailable",
+            "the database cannot be reached; the API answers 503 until it is back",
+            retry_after_s=problems.DATABASE_RETRY_AFTER_S,
+            database="down",
+            down_since=datetime.fromtimestamp(since, UTC).isoformat() if since else None,
+        )
 
     from api.analyze import findings_router
     from api.analyze import router as analyze_router
     from api.pages import build_router
 
-    app.include_router(analyze_router)
-    app.include_router(findings_router)
+    app.include_router(analyze_router, dependencies=auth.API_AUTH)
+    app.include_router(findings_router, dependencies=auth.API_AUTH)
 
     app.include_router(build_router())
     app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")

@@ -3,6 +3,13 @@
 Members: ``type`` (a stable URI per code), ``title``, ``status``, ``detail``,
 ``instance`` (the request path), ``code`` (stable, machine-readable) and, for
 validation problems, ``errors``: ``[{"loc": [...], "msg": str, "type": str}]``.
+
+A problem that a retry can cure (503 ``submissions_busy``, ``database_unavailable``,
+``database_busy``) carries a ``Retry-After`` header (seconds) and ``retry_after_s``.
+A database that cannot be reached is a 503 ``database_unavailable`` everywhere (an
+HTML page on the dashboard's pages), logged once per outage
+(:data:`orchestrator.db.database_health`), never a traceback per request. Bodies
+never carry exception class names, SQL or server paths.
 """
 
 from __future__ import annotations
@@ -13,14 +20,18 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DataError
+from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import DataError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from orchestrator.db import database_health, is_unavailable
 from orchestrator.errors import VlabError
 
 log = logging.getLogger(__name__)
 PROBLEM_JSON = "application/problem+json"
+#: Retry-After (seconds) of a 503 about the database
+DATABASE_RETRY_AFTER_S = 5
 
 
 def problem(
@@ -35,7 +46,49 @@ def problem(
         "code": code,
     }
     body.update(extra)
-    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON)
+    headers = {}
+    if isinstance(extra.get("retry_after_s"), int | float):
+        headers["Retry-After"] = str(max(1, round(extra["retry_after_s"])))
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+def _is_page(request: Request) -> bool:
+    """A dashboard page (answered in HTML), not the JSON API or the health check."""
+    path = request.url.path
+    if path.startswith(("/api/", "/static/")) or path in ("/healthz", "/openapi.json"):
+        return False
+    accept = request.headers.get("accept", "")
+    return "html" in accept or "json" not in accept
+
+
+def database_unavailable(request: Request, exc: BaseException | None = None) -> Response:
+    """503 ``database_unavailable`` (an HTML page for dashboard pages); the outage is
+    logged once by :data:`database_health`."""
+    if exc is not None:
+        database_health.failed(exc, "api")
+    detail = (
+        "the database cannot be reached; the service answers again as soon as it is back "
+        f"(retry in {DATABASE_RETRY_AFTER_S} s)"
+    )
+    if _is_page(request):
+        from api.pages import render
+
+        page = render(
+            request,
+            "error.html",
+            {"title": "Database unavailable", "message": f"The service is up but {detail}."},
+            503,
+        )
+        page.headers["Retry-After"] = str(DATABASE_RETRY_AFTER_S)
+        return page
+    return problem(
+        request,
+        503,
+        "database_unavailable",
+        "Database unavailable",
+        detail,
+        retry_after_s=DATABASE_RETRY_AFTER_S,
+    )
 
 
 def _clean_errors(errors: list[Any]) -> list[dict[str, Any]]:
@@ -51,10 +104,49 @@ def _clean_errors(errors: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method the API has for the request's path (the ``Allow`` of a 405), from the
+    OpenAPI description, where each path lists all its operations; empty when the path
+    is not an API path."""
+    import re
+
+    path = request.url.path
+    for template, item in (request.app.openapi().get("paths") or {}).items():
+        parts = re.split(r"\{[^/}]+\}", template)
+        if re.fullmatch("[^/]+".join(re.escape(p) for p in parts), path):
+            methods = {m.upper() for m in item if m in _METHODS}
+            if "GET" in methods:
+                methods.add("HEAD")
+            return sorted(methods)
+    return []
+
+
+_METHODS = ("get", "put", "post", "delete", "patch", "options", "head", "trace")
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(VlabError)
     async def _vlab(request: Request, exc: VlabError) -> JSONResponse:
         return problem(request, exc.status, exc.code, exc.title, exc.detail, **exc.extra)
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(InterfaceError)
+    async def _db_down(request: Request, exc: Exception) -> Response:
+        if not is_unavailable(exc):
+            return await _unhandled(request, exc)
+        return database_unavailable(request, exc)
+
+    @app.exception_handler(PoolTimeoutError)
+    async def _db_busy(request: Request, exc: PoolTimeoutError) -> JSONResponse:
+        log.warning("no free database connection for %s: %s", request.url.path, exc)
+        return problem(
+            request,
+            503,
+            "database_busy",
+            "Database busy",
+            "every database connection is in use; retry shortly",
+            retry_after_s=DATABASE_RETRY_AFTER_S,
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -72,7 +164,14 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return problem(request, exc.status_code, code, str(exc.detail), str(exc.detail))
+        response = problem(request, exc.status_code, code, str(exc.detail), str(exc.detail))
+        for name, value in (exc.headers or {}).items():
+            response.headers[name] = value
+        if exc.status_code == 405:  # RFC 9110: every method the resource has, not one route's
+            allowed = _allowed_methods(request)
+            if allowed:
+                response.headers["Allow"] = ", ".join(allowed)
+        return response
 
     @app.middleware("http")
     async def _no_nul(request: Request, call_next: Any) -> Any:
@@ -88,7 +187,7 @@ def install(app: FastAPI) -> None:
         return await call_next(request)
 
     @app.exception_handler(DataError)
-    async def _data(request: Request, exc: DataError) -> JSONResponse:
+    async def _data(request: Request, exc: DataError) -> Response:
         text = str(exc.orig)
         if "\\u0000" in text or "NUL" in text or "0x00" in text:
             return problem(
@@ -101,7 +200,9 @@ def install(app: FastAPI) -> None:
         return await _unhandled(request, exc)
 
     @app.exception_handler(Exception)
-    async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
+    async def _unhandled(request: Request, exc: Exception) -> Response:
+        if is_unavailable(exc):
+            return database_unavailable(request, exc)
         # the error's text can hold SQL and parameters: it goes to the log, not the client
         error_id = uuid.uuid4().hex[:12]
         log.exception("unhandled error %s on %s", error_id, request.url.path)
@@ -110,6 +211,6 @@ def install(app: FastAPI) -> None:
             500,
             "internal_error",
             "Internal error",
-            f"an internal error ({type(exc).__name__}); the service log has it as {error_id}",
+            f"an internal error; the service log has it as {error_id}",
             error_id=error_id,
         )

@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, field_validator
 from pydantic_core import PydanticCustomError
 
 T = TypeVar("T")
+
+
+def _iso_only(value: Any) -> Any:
+    """Refuse numbers (and numeric strings) as date-times: the API takes ISO 8601 text, as
+    its OpenAPI description says; pydantic alone reads ``0.5`` as a Unix time."""
+    if isinstance(value, int | float) or (
+        isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+(\.\d*)?\s*", value)
+    ):
+        raise ValueError("expected an ISO 8601 date-time, e.g. 2026-12-01T09:00:00Z")
+    return value
+
+
+#: A date-time given as ISO 8601 text only.
+IsoDatetime = Annotated[datetime, BeforeValidator(_iso_only)]
 
 
 class Page(BaseModel, Generic[T]):
@@ -53,6 +68,10 @@ class RunOut(BaseModel):
     status: str
     status_reason: str | None
     cancel_requested: bool
+    submitted_by: str | None = Field(
+        None, description="who queued the run: a token name, 'anonymous' or 'schedule:<name>'"
+    )
+    cancelled_by: str | None = Field(None, description="who asked to cancel the run")
     progress: dict[str, Any]
     created_at: datetime
     started_at: datetime | None
@@ -93,6 +112,9 @@ class ExperimentOut(BaseModel):
     )
     request_list_hash: str
     created_at: datetime
+    submitted_by: str | None = Field(
+        None, description="who submitted it: a token name, 'anonymous' or 'schedule:<name>'"
+    )
     status: str
     repeats: int
     server_reuse: dict[str, Any] = Field(
@@ -164,8 +186,8 @@ class ParityCheckRequest(BaseModel):
     engine_args: dict[str, Any] = Field(
         default_factory=dict, description="the engine arguments each node would launch with"
     )
-    tensor_parallel_size: int = Field(1, ge=1, le=1024)
-    pipeline_parallel_size: int = Field(1, ge=1, le=1024)
+    tensor_parallel_size: int = Field(1, ge=1, le=1024, strict=True)
+    pipeline_parallel_size: int = Field(1, ge=1, le=1024, strict=True)
 
 
 class ParityCheckOut(BaseModel):
@@ -202,13 +224,13 @@ class ScheduleIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=200)
-    cron: str = Field(max_length=200)
+    cron: str = Field(max_length=200, json_schema_extra={"pattern": r"^\s*\S+(\s+\S+){4}\s*$"})
     timezone: str = Field("UTC", max_length=64)
     template: dict[str, Any]
     enabled: StrictBool = True
     concurrency_policy: Literal["skip", "queue"] = "skip"
     catch_up: Literal["latest", "none"] = "latest"
-    end_at: datetime | None = None
+    end_at: IsoDatetime | None = None
 
     @field_validator("cron")
     @classmethod
@@ -243,13 +265,15 @@ class ScheduleUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str | None = Field(None, min_length=1, max_length=200)
-    cron: str | None = Field(None, max_length=200)
+    cron: str | None = Field(
+        None, max_length=200, json_schema_extra={"pattern": r"^\s*\S+(\s+\S+){4}\s*$"}
+    )
     timezone: str | None = Field(None, max_length=64)
     template: dict[str, Any] | None = None
     enabled: StrictBool | None = None
     concurrency_policy: Literal["skip", "queue"] | None = None
     catch_up: Literal["latest", "none"] | None = None
-    end_at: datetime | None = None
+    end_at: IsoDatetime | None = None
 
 
 class FireBrief(BaseModel):
@@ -302,6 +326,8 @@ class ScheduleOut(BaseModel):
     end_at: datetime | None
     created_at: datetime
     updated_at: datetime
+    created_by: str | None = Field(None, description="the token name that created it")
+    updated_by: str | None = Field(None, description="the token name that last changed it")
     last_fire_at: datetime | None
     next_fire_times: list[datetime] = Field(
         description="the next 5 fire times, in the schedule's time zone"

@@ -15,9 +15,15 @@ Lifecycle::
     # and no member of the group left (checked in /proc).
 
 Errors: :class:`EngineError` is the base; :class:`EngineStartError` (exited or
-never healthy while starting), :class:`EngineDiedError` (exited after it was
-healthy), :class:`EngineCancelledError` (start-up wait cancelled). Each
-carries ``log_lines``: the engine log's meaningful error lines.
+never healthy while starting), :class:`EngineDiedError` (any process of the
+engine exited after it was healthy: API server, engine core, workers; see
+:meth:`EngineServer.death`), :class:`EngineCancelledError` (start-up wait
+cancelled). Each carries ``log_lines``: the engine log's meaningful error lines.
+
+No orphans: every process of the engine carries the owner's pid and start time
+(:data:`OWNER_PID_ENV`) and runs the launcher's lifetime guard, which kills the
+whole group once the owner is gone, however it died; :func:`engine_processes`
+and :func:`kill_processes` let a restarted service find and end what is left.
 """
 
 from __future__ import annotations
@@ -72,6 +78,8 @@ _DROPPED_ENV = (
 )
 
 _PR_SET_PDEATHSIG = 1
+#: Seconds :meth:`EngineServer.stop` waits after SIGTERM for an engine that already died.
+DEAD_ENGINE_GRACE_S = 1.0
 _ERROR_MARKERS = re.compile(
     r"Traceback|Error|ERROR|Exception|CRITICAL|FATAL|Killed|error:|Not enough|not enough"
 )
@@ -85,6 +93,15 @@ _EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning
 _LOG_RECORD = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b|^\[|^\d{4}-\d\d-\d\d")
 #: At most this many lines after an exception line are kept as its message.
 _EXC_MESSAGE_LINES = 12
+#: A record logged below ERROR ("WARNING ...", "INFO: ..."): an error line only if it says
+#: a process died or a resource ran out (vLLM's "engine core exited unexpectedly"), never
+#: for the word "error" alone (vLLM's start-up warning "Found ulimit ... failed to
+#: automatically increase with error ..." is no error of the engine).
+_LOW_LEVEL_RECORD = re.compile(r"^(DEBUG|INFO|WARNING)\b")
+_STRONG_WORDS = re.compile(
+    r"died|exited unexpectedly|[Kk]illed|[Ff]atal|FATAL|CRITICAL|out of memory|"
+    r"[Ss]egmentation fault|[Nn]ot enough"
+)
 
 
 class EngineError(Exception):
@@ -247,14 +264,16 @@ def engine_env(launch: EngineLaunch, base: dict[str, str] | None = None) -> dict
 # --------------------------------------------------------------------------- logs
 
 
-def error_lines(text: str, n: int = 60) -> list[str]:
-    """The last ``n`` meaningful lines of an engine log.
+def _error_lines(text: str, n: int = 60) -> tuple[list[str], bool]:
+    """The last ``n`` meaningful lines of an engine log, and whether any is an error line.
 
     Meaningful: every line of a traceback (from ``Traceback`` to its exception
     line, and the message lines right after it up to the next log record:
     pydantic prints the field name and its error there) and lines that mention
-    an error; if there are none, the last ``n`` non-empty lines. Progress bars
-    (carriage-return rewrites) are reduced to their last state.
+    an error, except records logged below ``ERROR`` (``WARNING``, ``INFO``...)
+    that do not say a process died or a resource ran out; if there are none, the last ``n``
+    non-empty lines. Progress bars (carriage-return rewrites) are reduced to
+    their last state.
     """
     lines = [ln.rsplit("\r", 1)[-1].rstrip() for ln in text.splitlines()]
     lines = [ln for ln in lines if ln.strip()]
@@ -275,7 +294,11 @@ def error_lines(text: str, n: int = 60) -> list[str]:
         collecting_first = False
         if body.startswith("Traceback"):
             in_tb = True
-        if in_tb or _ERROR_MARKERS.search(ln):
+        if (
+            in_tb
+            or (_ERROR_MARKERS.search(ln) and not _LOW_LEVEL_RECORD.match(body))
+            or _STRONG_WORDS.search(body)
+        ):
             keep.append(ln)
         if _EXC_LINE.match(body):
             in_tb = False
@@ -286,16 +309,27 @@ def error_lines(text: str, n: int = 60) -> list[str]:
     tail = (keep or lines)[-n:]
     if first_error and first_error[0] not in tail:
         # the root cause (often in the engine-core process) scrolled out of the tail
-        return ["--- first error in the log ---", *first_error, "--- last error lines ---", *tail]
-    return tail
+        return [
+            "--- first error in the log ---",
+            *first_error,
+            "--- last error lines ---",
+            *tail,
+        ], True
+    return tail, bool(keep)
 
 
-def _read_tail(path: Path, max_bytes: int = 4_000_000) -> str:
+def error_lines(text: str, n: int = 60) -> list[str]:
+    """The last ``n`` meaningful lines of an engine log; see :func:`_error_lines`."""
+    return _error_lines(text, n)[0]
+
+
+def _read_tail(path: Path, max_bytes: int = 4_000_000, since: int = 0) -> str:
+    """The last ``max_bytes`` of ``path`` after byte offset ``since``; ``""`` if none."""
     try:
         with path.open("rb") as fh:
             fh.seek(0, os.SEEK_END)
             size = fh.tell()
-            fh.seek(max(0, size - max_bytes))
+            fh.seek(max(since, size - max_bytes, 0))
             return fh.read().decode("utf-8", "replace")
     except FileNotFoundError:
         return ""
@@ -304,31 +338,165 @@ def _read_tail(path: Path, max_bytes: int = 4_000_000) -> str:
 # --------------------------------------------------------------------------- processes
 
 
+#: Environment of every engine process: the pid of the process that started the engine
+#: (its owner: the run's supervisor) and that process's start time (clock ticks since boot,
+#: ``/proc/<pid>/stat`` field 22), so a recycled pid is never taken for the owner. The
+#: launcher (:mod:`jobs.vllm_launcher`) ends the engine's whole process group when the
+#: owner is gone, in every vLLM process (API server, engine core, workers).
+OWNER_PID_ENV = "VLAB_PARENT_PID"
+OWNER_START_ENV = "VLAB_PARENT_START"
+#: Marks every engine process of a run (set by the orchestrator), and of a ``VLAB_HOME``
+#: (its absolute path), so a start-up sweep ends only the engines its own home started.
+RUN_ID_ENV = "VLAB_RUN_ID"
+HOME_ENV = "VLAB_ENGINE_HOME"
+
+#: Helper processes in an engine's group that are not the engine: their coming and
+#: going says nothing about the engine's health (matched against the command line).
+_HELPER_PROCESSES = re.compile(
+    r"multiprocessing\.resource_tracker|multiprocessing\.forkserver|compile_worker"
+)
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """Fields of ``/proc/<pid>/stat`` from field 3 (state) on; None if there is no such pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return fields if len(fields) >= 20 else None
+
+
+def process_start_time(pid: int) -> int | None:
+    """Start time of ``pid`` (clock ticks after boot, ``/proc/<pid>/stat`` field 22)."""
+    fields = _proc_stat(pid)
+    return int(fields[19]) if fields is not None else None
+
+
+def process_alive(pid: int, start_time: int | None = None) -> bool:
+    """Whether ``pid`` runs (not a zombie) and, with ``start_time``, is still that process."""
+    fields = _proc_stat(pid)
+    if fields is None or fields[0] in ("Z", "X"):
+        return False
+    return start_time is None or int(fields[19]) == start_time
+
+
+def process_title(pid: int) -> str:
+    """What ``ps`` shows for ``pid``: its command line (vLLM retitles its processes
+    ``VLLM::EngineCore``, ``VLLM::Worker``...), else its name; ``""`` when gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            cmdline = fh.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        if cmdline:
+            return " ".join(cmdline.split())[:300]
+        with open(f"/proc/{pid}/comm", "rb") as fh:
+            return fh.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+
+def process_env(pid: int) -> dict[str, str]:
+    """The environment ``pid`` started with (``/proc/<pid>/environ``); {} if unreadable."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return {}
+    env: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return env
+
+
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) pids whose process group is ``pgid``, read from ``/proc``."""
     members: list[int] = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as fh:
-                stat = fh.read().decode("ascii", "replace")
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
+        fields = _proc_stat(int(entry.name))
         # fields: state ppid pgrp ...
-        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+        if fields is not None and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
             members.append(int(entry.name))
     return members
+
+
+def signal_name(code: int) -> str:
+    """``"exited with code 3"`` or ``"was killed by signal SIGKILL"`` for a Popen return code."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = str(-code)
+    return f"was killed by signal {name} (exit code {code})"
+
+
+def engine_processes(home: str | None = None) -> dict[int, dict[str, str]]:
+    """Engine processes on this machine (those carrying ``VLAB_RUN_ID``), read from ``/proc``.
+
+    ``home``: only those of that ``VLAB_HOME`` (the :data:`HOME_ENV` marker, an absolute
+    path). Returns ``{pid: {"run_id", "home", "owner_pid", "owner_start", "pgid",
+    "title"}}``; processes whose environment cannot be read (other users') are skipped.
+    """
+    found: dict[int, dict[str, str]] = {}
+    me = os.getpid()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        pid = int(entry.name)
+        env = process_env(pid)
+        run_id = env.get(RUN_ID_ENV)
+        if not run_id or (home is not None and env.get(HOME_ENV) != home):
+            continue
+        fields = _proc_stat(pid)
+        if fields is None or fields[0] in ("Z", "X"):
+            continue
+        found[pid] = {
+            "run_id": run_id,
+            "home": env.get(HOME_ENV, ""),
+            "owner_pid": env.get(OWNER_PID_ENV, ""),
+            "owner_start": env.get(OWNER_START_ENV, ""),
+            "pgid": fields[2],
+            "title": process_title(pid),
+        }
+    return found
+
+
+def kill_processes(pids: Iterable[int], timeout_s: float = 10.0) -> list[int]:
+    """SIGKILL ``pids`` and their process groups; wait until none is left.
+
+    Returns the pids still alive after ``timeout_s`` seconds (normally none).
+    """
+    targets = {pid: process_start_time(pid) for pid in pids}
+    groups = {int(f[2]) for pid in targets if (f := _proc_stat(pid)) is not None}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for pgid in groups:
+            if pgid > 1 and pgid != os.getpgid(0):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGKILL)
+        left = [pid for pid, start in targets.items() if process_alive(pid, start)]
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.05)
 
 
 def _make_preexec(parent_pid: int) -> Callable[[], None]:
     """preexec_fn: SIGTERM on parent death (Linux ``PR_SET_PDEATHSIG``).
 
     SIGTERM, not SIGKILL: vLLM's API server then shuts its engine-core and
-    worker processes down (a SIGKILLed launcher would orphan them). The
-    launcher's own watchdog (``VLAB_PARENT_PID``) SIGKILLs the whole group if
-    that graceful path hangs.
+    worker processes down. This covers the launcher only (the signal follows
+    the parent, and vLLM starts its engine core and workers itself); every
+    vLLM process also runs the launcher's lifetime guard, which SIGKILLs the
+    whole group within half a second once the owner (``VLAB_PARENT_PID``) is
+    gone, whoever notices first.
     """
 
     # Resolved in the parent: the child of a threaded process should not dlopen.
@@ -353,10 +521,17 @@ class EngineServer:
     The server runs in its own session / process group, with stdout+stderr
     written to ``launch.log_path`` (truncated on :meth:`start`). If this
     process dies, the server goes too: a parent-death SIGTERM
-    (``PR_SET_PDEATHSIG``) plus the launcher's watchdog, which SIGKILLs the
-    group 20 s later. ``PR_SET_PDEATHSIG`` follows the creating *thread*:
-    keep the server within the lifetime of the thread that called
-    :meth:`start` (``execute`` does).
+    (``PR_SET_PDEATHSIG``) on the launcher, and the launcher's lifetime guard
+    in every vLLM process (API server, engine core, workers: they all re-import
+    or fork from the launcher), which SIGKILLs the whole group within 0.5 s of
+    this process's end (:data:`OWNER_PID_ENV`). ``PR_SET_PDEATHSIG`` follows
+    the creating *thread*: keep the server within the lifetime of the thread
+    that called :meth:`start` (``execute`` does).
+
+    Once healthy, every process of the group (API server, ``VLLM::EngineCore``,
+    ``VLLM::Worker``...; not helpers such as multiprocessing's resource tracker)
+    is watched: :meth:`death` says when any of them exited or was replaced, and
+    :meth:`check_alive` raises :class:`EngineDiedError` then.
 
     Use as a context manager (``__enter__`` starts, ``__exit__`` stops) or call
     :meth:`start` / :meth:`stop` yourself; :meth:`stop` is idempotent.
@@ -372,6 +547,10 @@ class EngineServer:
         self._proc: subprocess.Popen[bytes] | None = None
         self._pgid: int | None = None
         self._lock = threading.Lock()
+        #: pid -> (start time, title) of the group's processes when it became healthy
+        self.watched: dict[int, tuple[int | None, str]] = {}
+        #: size of the log when the server became healthy (later error lines are the run's)
+        self._healthy_log_size = 0
 
     # -- properties ---------------------------------------------------------------
 
@@ -427,7 +606,8 @@ class EngineServer:
             self.command = build_serve_command(self.launch, port=self.port)
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             env = engine_env(self.launch)
-            env["VLAB_PARENT_PID"] = str(os.getpid())
+            env[OWNER_PID_ENV] = str(os.getpid())
+            env[OWNER_START_ENV] = str(process_start_time(os.getpid()) or "")
             with self.log_path.open("wb") as log:
                 log.write(f"# vlab: {' '.join(self.command)}\n".encode())
                 log.flush()
@@ -478,6 +658,7 @@ class EngineServer:
                     resp = client.get(self.base_url + "/health")
                     if resp.status_code == 200:
                         self.healthy_at = time.monotonic()
+                        self.watch_members()
                         return self.healthy_at - self.started_at
                 except httpx.HTTPError:
                     pass
@@ -491,25 +672,85 @@ class EngineServer:
                 else:
                     time.sleep(0.5)
 
+    def watch_members(self) -> dict[int, tuple[int | None, str]]:
+        """Note the group's processes now (called once healthy); :meth:`death` watches them.
+
+        Returns ``{pid: (start time, title)}``. Helper processes (multiprocessing's
+        resource tracker, compile workers) are left out.
+        """
+        if self._pgid is None:
+            return {}
+        watched: dict[int, tuple[int | None, str]] = {}
+        for pid in group_members(self._pgid):
+            title = process_title(pid)
+            if title and not _HELPER_PROCESSES.search(title):
+                watched[pid] = (process_start_time(pid), title)
+        self.watched = watched
+        with contextlib.suppress(OSError):
+            self._healthy_log_size = self.log_path.stat().st_size
+        return watched
+
+    def death(self) -> str | None:
+        """Why the engine is dead, or None while every watched process runs.
+
+        Dead: the launcher (vLLM's API server) exited, or any process of the group
+        noted by :meth:`watch_members` (engine core, workers) exited or was replaced
+        by another process under its pid. Cheap (a ``/proc`` read per process): meant
+        to be polled.
+        """
+        if self._proc is None:
+            return None
+        code = self._proc.poll()
+        if code is not None:
+            return f"the vLLM server process (pid {self._proc.pid}) {signal_name(code)}"
+        for pid, (start, title) in self.watched.items():
+            if pid != self._proc.pid and not process_alive(pid, start):
+                name = title.split()[0] if title.startswith("VLLM::") else title[:120]
+                return (
+                    f"the engine process {name} (pid {pid}) of the vLLM server is gone "
+                    "(exited or killed) while the server ran"
+                )
+        return None
+
     def check_alive(self) -> None:
-        """Raise :class:`EngineDiedError` (with error lines) if the process has exited."""
-        if self._proc is not None and (code := self._proc.poll()) is not None:
-            raise EngineDiedError(f"engine exited with code {code}", self.error_lines())
+        """Raise :class:`EngineDiedError` if the engine died (see :meth:`death`).
+
+        Its ``log_lines`` are the error lines the server logged since it became
+        healthy (a death's traces; start-up warnings are left out).
+        """
+        reason = self.death()
+        if reason is not None:
+            raise EngineDiedError(reason, self.run_error_lines())
+
+    def run_error_lines(self, n: int = 60) -> list[str]:
+        """The error lines logged since :meth:`watch_members` (the server became healthy);
+        before that, the whole log's.
+
+        When that part of the log has no error line, ``[]``: the server's start-up
+        warnings are never presented as the cause of a later death.
+        """
+        if not self.watched:
+            return self.error_lines(n)
+        lines, found = _error_lines(_read_tail(self.log_path, since=self._healthy_log_size), n)
+        return lines if found else []
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
         """Stop the server and every process of its group; idempotent.
 
         SIGTERM to the process group, SIGKILL to the group after ``timeout_s``
-        seconds (or as soon as the leader is gone but members linger past the
-        grace period), reap the leader, then re-check ``/proc`` until no live
-        member remains (SIGKILL again if needed, up to 10 s more). Returns the
-        leader's exit code (``None`` if never started). Raises
-        :class:`EngineError` only if processes survive SIGKILL.
+        seconds (:data:`DEAD_ENGINE_GRACE_S` at most when the engine already
+        died: a broken engine gets no long graceful shutdown), reap the leader,
+        then re-check ``/proc`` until no live member remains (SIGKILL again if
+        needed, up to 10 s more). Returns the leader's exit code (``None`` if
+        never started). Raises :class:`EngineError` only if processes survive
+        SIGKILL.
         """
         with self._lock:
             proc, pgid = self._proc, self._pgid
             if proc is None or pgid is None:
                 return None
+            if self.death() is not None:
+                timeout_s = min(timeout_s, DEAD_ENGINE_GRACE_S)
             deadline = time.monotonic() + timeout_s
             self._signal_group(pgid, signal.SIGTERM)
             while time.monotonic() < deadline:

@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import math
@@ -90,7 +91,14 @@ import numpy as np
 
 from jobs.schemas import ChatRequest, RequestRecord
 
-__all__ = ["CHAT_PATH", "COMPLETIONS_PATH", "run_load", "summarize"]
+__all__ = [
+    "CHAT_PATH",
+    "COMPLETIONS_PATH",
+    "CONNECTION_REFUSED",
+    "refused",
+    "run_load",
+    "summarize",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +119,24 @@ _PROTECTED_FIELDS = frozenset(
 )
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
+
+CONNECTION_REFUSED = "connection refused"
+"""Start of a failed record's ``error`` when the server's port refused the connection."""
+
+
+def _is_refused(exc: BaseException) -> bool:
+    if isinstance(exc, ConnectionRefusedError):
+        return True
+    os_error = getattr(exc, "os_error", None)  # aiohttp.ClientConnectorError
+    return isinstance(os_error, OSError) and os_error.errno == errno.ECONNREFUSED
+
+
+def refused(record: RequestRecord) -> bool:
+    """Whether ``record`` failed because nothing listened on the server's port any more.
+
+    The first sign of a dead server: pass it as :func:`run_load`'s ``stop_when``.
+    """
+    return not record.success and (record.error or "").startswith(CONNECTION_REFUSED)
 
 
 def _json_bytes(body: dict[str, Any]) -> bytes:
@@ -328,6 +354,8 @@ async def _one_request(
         error = f"timeout after {timeout_s:g} s"
     except (aiohttp.ClientError, OSError, ValueError, TypeError) as exc:  # bad JSON or usage
         error = _error_text(exc)
+        if _is_refused(exc):
+            error = f"{CONNECTION_REFUSED}: {error}"[:_MAX_ERROR_CHARS]
 
     fields = _record_fields(request, start - origin, scheduled_s)
     first, last = parser.first, parser.last
@@ -378,6 +406,7 @@ async def run_load(
     cancel: threading.Event | None = None,
     clock_origin: float | None = None,
     duration_s: float | None = None,
+    stop_when: Callable[[RequestRecord], bool] | None = None,
 ) -> list[RequestRecord]:
     """Send ``requests`` to the server, closed or open loop, and time each one.
 
@@ -427,6 +456,10 @@ async def run_load(
         duration_s: when set (> 0), no request is dispatched later than
             ``duration_s`` seconds after the first measured request was sent;
             requests in flight then finish, unsent ones get no record.
+        stop_when: called with each finished record; when it answers True the
+            load stops at once, as for ``cancel`` (e.g. :func:`refused`: the
+            server's port refused a connection, so the server is gone and every
+            further request would only fail).
 
     Returns:
         One :class:`~jobs.schemas.RequestRecord` per finished request, in
@@ -463,6 +496,8 @@ async def run_load(
     def cancelled() -> bool:
         return cancel is not None and cancel.is_set()
 
+    stopping: list[Callable[[], None]] = []  # abort(), once defined
+
     def deliver(pos: int, record: RequestRecord) -> None:
         records[pos] = record
         if on_record is not None:
@@ -470,6 +505,9 @@ async def run_load(
                 on_record(record)
             except Exception:
                 logger.exception("on_record callback failed for request %d", pos)
+        if stop_when is not None and stop_when(record):
+            for stop in stopping:
+                stop()
 
     async def wait_until(condition: Callable[[], bool], deadline: float | None) -> bool:
         """Wait until ``condition()`` (re-checked as requests finish); False at ``deadline``."""
@@ -584,6 +622,16 @@ async def run_load(
             dispatcher.cancel()
             for task in tasks:
                 task.cancel()
+
+        def stop_now() -> None:
+            """``abort`` from inside a request's task (that one ends by itself)."""
+            me = asyncio.current_task()
+            dispatcher.cancel()
+            for task in tasks:
+                if task is not me:
+                    task.cancel()
+
+        stopping.append(stop_now)
 
         watcher = asyncio.create_task(_watch_cancel(cancel, abort)) if cancel else None
         try:

@@ -23,7 +23,14 @@ carries the ``run_id`` it is about):
       ``after``; the segment is then ``done``. If the server stays alive but
       stops answering (:data:`UNRESPONSIVE_SCRAPES` failed scrapes over
       :data:`UNRESPONSIVE_AFTER_S` s), the load is abandoned, the segment
-      fails ``partial`` with what was measured, and the batch ends;
+      fails ``partial`` with what was measured, and the batch ends. If the
+      engine dies (any process of its group that ran when it became healthy:
+      API server, engine core, workers; checked every
+      :data:`ENGINE_WATCH_INTERVAL_S` s) or its port refuses a connection, the
+      load stops at once and the segment fails the same way, with the error
+      lines the engine logged since it became healthy. A segment whose share
+      of failed measured requests is above ``job.max_failed_fraction`` fails
+      too (``partial``): its numbers are no valid measurement;
 
 4. stop the server, always [``stopping``], and finish the last results [``done``].
 
@@ -267,6 +274,7 @@ def execute_batch(
     progress: ProgressCallback | None = None,
     cancel: threading.Event | None = None,
     telemetry: Callable[[], dict[str, float]] | None = None,
+    on_record: Callable[[str, RequestRecord], None] | None = None,
 ) -> list[RunResult]:
     """Run the segments of ``job`` on one vLLM server, in order; one :class:`RunResult` each.
 
@@ -313,10 +321,15 @@ def execute_batch(
     after); its ``{key: float}`` is merged into that sample's values. Its errors are
     noted in ``engine_info["telemetry_errors"]``, never raised.
 
+    ``on_record`` (optional) gets ``(run_id, record)`` for every request record as
+    soon as the request finished (warm-ups too, marked), in the event-loop thread:
+    what was measured can be kept even if this process dies before the end. Its
+    exceptions are logged and ignored.
+
     Never raises for an engine or workload problem; the engine is stopped
     (its whole process group) before returning.
     """
-    return _Batch(job, progress, cancel or threading.Event(), telemetry).execute()
+    return _Batch(job, progress, cancel or threading.Event(), telemetry, on_record).execute()
 
 
 class _Segment:
@@ -344,6 +357,9 @@ class _Segment:
         self.stats_before = 0  # engine stats lines logged before this segment began
         self.histograms: dict[str, dict[str, metrics.Histogram]] = {}
         self.unresponsive: str | None = None  # why the server was judged unresponsive
+        self.dead: str | None = None  # why the engine was seen dead during this segment
+        self.dead_at: float | None = None  # seconds into the segment it was seen dead
+        self.refused = False  # the server's port refused a connection
 
     @property
     def partial(self) -> bool:
@@ -363,8 +379,14 @@ class _Segment:
     def measured(self) -> list[ChatRequest]:
         return [r for r in self.requests or [] if not r.warmup]
 
-    def judge(self) -> tuple[Status, str | None]:
-        """Final verdict once the load ran: failed if nothing measured succeeded."""
+    def judge(self, max_failed_fraction: float = 0.05) -> tuple[Status, str | None]:
+        """Final verdict once the load ran on a live engine.
+
+        Failed if nothing measured succeeded, if fewer measured requests finished
+        than were planned, or if the share of failed measured requests is above
+        ``max_failed_fraction`` (0-1): throughput and latencies over a run that
+        lost that many requests measure the failures, not the engine.
+        """
         measured = self.measured
         done = [r for r in self.records if not r.warmup]
         if measured and not any(r.success for r in done):
@@ -372,6 +394,15 @@ class _Segment:
             return "failed", f"all {len(done)} measured requests failed; first error: {first}"
         if len(done) < len(measured):
             return "failed", f"only {len(done)} of {len(measured)} measured requests finished"
+        failed = [r for r in done if not r.success]
+        if done and len(failed) / len(done) > max_failed_fraction:
+            first = next((r.error for r in failed if r.error), "?")
+            return "failed", (
+                f"{len(failed)} of {len(done)} measured requests failed "
+                f"({len(failed) / len(done):.1%}, above the {max_failed_fraction:.1%} allowed: "
+                "VLAB_ENGINE__MAX_FAILED_REQUEST_FRACTION); the numbers are not a valid "
+                f"measurement; first error: {first}"
+            )
         return "succeeded", None
 
 
@@ -380,6 +411,10 @@ class _Segment:
 UNRESPONSIVE_SCRAPES = 3
 UNRESPONSIVE_AFTER_S = 20.0
 _SCRAPE_TIMEOUT_S = 10.0
+#: Seconds between two looks at the engine's processes while a segment runs.
+ENGINE_WATCH_INTERVAL_S = 0.1
+#: Seconds to wait, after the port refused a connection, for the dead process to show.
+_REFUSED_WAIT_S = 2.0
 
 
 class _Batch:
@@ -391,9 +426,11 @@ class _Batch:
         progress: ProgressCallback | None,
         cancel: threading.Event,
         telemetry: Callable[[], dict[str, float]] | None = None,
+        on_record: Callable[[str, RequestRecord], None] | None = None,
     ) -> None:
         self.job = job
         self.telemetry = telemetry
+        self.record_cb = on_record
         self.progress_cb = progress
         self.cancel = cancel
         total = len(job.segments)
@@ -410,11 +447,17 @@ class _Batch:
         seg: _Segment | None,
         phase: Any,
         message: str = "",
-        done: int = 0,
-        total: int = 0,
+        done: int | None = None,
+        total: int | None = None,
     ) -> None:
+        """Report a phase; the counters default to the segment's measured requests
+        (finished, planned), so no report says "400 of 0"."""
         if self.progress_cb is None:
             return
+        if done is None:
+            done = seg.measured_done if seg is not None else 0
+        if total is None:
+            total = seg.measured_total if seg is not None else 0
         try:
             self.progress_cb(
                 Progress(
@@ -525,22 +568,52 @@ class _Batch:
         try:
             asyncio.run(self._drive(server, seg, reused))
             self.check_cancel()
-            server.check_alive()
-            status, error = seg.judge()
+            self._raise_if_dead(server, seg)
+            status, error = seg.judge(self.job.max_failed_fraction)
         except (_Cancelled, EngineCancelledError, EngineDiedError):
             raise
         except EngineError as exc:
-            server.check_alive()  # a dead server ends the batch instead
+            self._raise_if_dead(server, seg)  # a dead server ends the batch instead
             status, error = "failed", str(exc)
         except Exception as exc:
             logger.exception("run %s failed", seg.run_id)
-            server.check_alive()
+            self._raise_if_dead(server, seg)
             status = "failed"
             error = f"internal error: {exc!r}\n{traceback.format_exc(limit=8)}"
         if seg.unresponsive is not None:
             # the server is alive but silent: end this run and the batch
             raise EngineUnresponsiveError(seg.unresponsive, server.log_tail(20))
         self.finish(seg, status, error)
+
+    def _raise_if_dead(self, server: EngineServer, seg: _Segment) -> None:
+        """Raise :class:`EngineDiedError` when the engine died or its port refused us.
+
+        The message says which process went, when in the run it was seen, and what
+        had been measured; ``log_lines`` are the error lines logged since the server
+        became healthy.
+        """
+        reason = seg.dead or server.death()
+        if reason is None and seg.refused:
+            # the port closed: give the process a moment to be seen gone
+            deadline = time.monotonic() + _REFUSED_WAIT_S
+            while (reason := server.death()) is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if reason is None:
+                reason = (
+                    f"the vLLM server at {server.base_url} refused connections (nothing "
+                    "listens on its port) although its processes still run"
+                )
+        if reason is None:
+            return
+        at = seg.dead_at if seg.dead_at is not None else seg.now()
+        done = [r for r in seg.records if not r.warmup]
+        ok = sum(1 for r in done if r.success)
+        raise EngineDiedError(
+            f"the vLLM engine died during run {seg.run_id}: {reason}; seen {at:.1f} s into "
+            f"the run, when the load was stopped ({ok} measured requests had succeeded, "
+            f"{len(done) - ok} failed, of {seg.measured_total} planned)",
+            server.run_error_lines(),
+        )
 
     def _end_all(
         self,
@@ -621,10 +694,31 @@ class _Batch:
     # -- async part ---------------------------------------------------------------------
 
     async def _drive(self, server: EngineServer, seg: _Segment, reused: bool) -> None:
+        # set on cancel, on the engine's death (the watcher), when the port refuses a
+        # connection (stop_when) or when the server stops answering (the scraper): the
+        # load in progress stops at once with what was measured
+        abandon = threading.Event()
+        watcher = asyncio.create_task(self._watch(server, seg, abandon))
+        try:
+            await self._drive_load(server, seg, reused, abandon)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    async def _drive_load(
+        self, server: EngineServer, seg: _Segment, reused: bool, abandon: threading.Event
+    ) -> None:
         job = self.job
         base_url = server.base_url
         model = job.launch.served_model_name
         warmups, measured = seg.warmups, seg.measured
+
+        def stop_when(record: RequestRecord) -> bool:
+            if loadgen.refused(record):
+                seg.refused = True
+                abandon.set()
+            return seg.refused
 
         # Warm-up, one at a time.
         t_warm = time.perf_counter()
@@ -636,13 +730,15 @@ class _Batch:
                 warmups,
                 concurrency=1,
                 timeout_s=job.request_timeout_s,
-                cancel=self.cancel,
+                on_record=lambda record: self._stream(seg, record),
+                cancel=abandon,
                 clock_origin=seg.t0,
+                stop_when=stop_when,
             )
             seg.records.extend(r.model_copy(update={"warmup": True}) for r in warm_records)
         seg.timings["warmup_s"] = time.perf_counter() - t_warm
         self.check_cancel()
-        server.check_alive()
+        self._raise_if_dead(server, seg)
 
         # A warm cache (this segment's warm-up, or an earlier segment's on a
         # reused server) must never leak into the measured numbers.
@@ -662,12 +758,9 @@ class _Batch:
         async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
             await self._sample(client, base_url, seg, "before")
             stop_scraping = asyncio.Event()
-            # set by the scraper when the server stops answering: ends the load early
-            abandon = threading.Event()
             scraper = asyncio.create_task(
                 self._scrape_loop(client, base_url, seg, stop_scraping, abandon)
             )
-            watcher = asyncio.create_task(self._forward_cancel(abandon))
             self.report(seg, "measuring", "measured requests", 0, len(measured))
             t_measure = time.perf_counter()
             try:
@@ -677,19 +770,19 @@ class _Batch:
                     measured,
                     concurrency=seg.workload.concurrency,
                     timeout_s=job.request_timeout_s,
-                    on_record=lambda record: self._on_measured_record(seg),
+                    on_record=lambda record: self._on_measured_record(seg, record),
                     cancel=abandon,
                     clock_origin=seg.t0,
                     duration_s=seg.workload.duration_s,
+                    stop_when=stop_when,
                 )
             finally:
-                watcher.cancel()
                 measure_s = time.perf_counter() - t_measure
                 seg.timings["measure_s"] = measure_s
                 stop_scraping.set()
                 with contextlib.suppress(asyncio.CancelledError):
                     await scraper
-            if seg.unresponsive is None:
+            if seg.unresponsive is None and seg.dead is None and not seg.refused:
                 await self._sample(client, base_url, seg, "after")
         seg.records.extend(measured_records)
         if measured_records and measure_s > 0:
@@ -718,14 +811,33 @@ class _Batch:
             if notes:
                 seg.engine_info["histogram_notes"] = notes
 
-    async def _forward_cancel(self, abandon: threading.Event) -> None:
-        """Mirror the batch's cancel event into this segment's ``abandon`` event."""
-        while not self.cancel.is_set():
-            await asyncio.sleep(0.05)
-        abandon.set()
+    async def _watch(self, server: EngineServer, seg: _Segment, abandon: threading.Event) -> None:
+        """Set ``abandon`` on the batch's cancel, or when a process of the engine is gone
+        (:meth:`EngineServer.death`, every :data:`ENGINE_WATCH_INTERVAL_S` s)."""
+        while not abandon.is_set():
+            if self.cancel.is_set():
+                abandon.set()
+                return
+            reason = server.death()
+            if reason is not None:
+                seg.dead, seg.dead_at = reason, seg.now()
+                logger.warning("run %s: %s", seg.run_id, reason)
+                abandon.set()
+                return
+            await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
 
-    def _on_measured_record(self, seg: _Segment) -> None:
+    def _stream(self, seg: _Segment, record: RequestRecord) -> None:
+        """Hand a finished request's record to ``on_record`` (never raises)."""
+        if self.record_cb is None:
+            return
+        try:
+            self.record_cb(seg.run_id, record)
+        except Exception:
+            logger.exception("on_record callback failed")
+
+    def _on_measured_record(self, seg: _Segment, record: RequestRecord) -> None:
         seg.measured_done += 1
+        self._stream(seg, record)
         self.report(seg, "measuring", "", seg.measured_done, seg.measured_total)
 
     async def _sample(

@@ -19,6 +19,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
+#: Largest value of a 32-bit signed column (Postgres ``integer``): ``runs.seed`` stores
+#: the workload's seed.
+INT32_MAX = 2**31 - 1
 
 
 class LengthDist(BaseModel):
@@ -137,7 +140,7 @@ class WorkloadSpec(BaseModel):
     kind: Literal["shared_prefix", "template", "replay"] = "shared_prefix"
     num_requests: int = Field(16, ge=1, le=20_000, description="measured requests")
     concurrency: int = Field(1, ge=1, le=4096, description="in-flight limit")
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=INT32_MAX, description="request-list seed (stored 32-bit)")
     prefix_tokens: int = Field(1024, ge=0, le=131_072, description="target shared-prefix length")
     question_tokens: int = Field(32, ge=1, le=131_072, description="target varying-part length")
     output_tokens: int = Field(16, ge=1, le=131_072, description="max_tokens, with ignore_eos")
@@ -315,6 +318,12 @@ class BatchJob(BaseModel):
     nodes: list[NodePart] = Field(default_factory=list)
     scrape_interval_s: float = 1.0
     request_timeout_s: float = 600.0
+    max_failed_fraction: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="a run whose share of failed measured requests is above this fails",
+    )
 
 
 class RequestRecord(BaseModel):

@@ -171,6 +171,107 @@ def adopt_run_placement_group() -> bool:
 
 adopt_run_placement_group()
 
+#: The process that owns the engine (the run's supervisor) and its start time
+#: (``/proc/<pid>/stat`` field 22), set by ``jobs.engine.EngineServer``.
+OWNER_PID_ENV = "VLAB_PARENT_PID"
+OWNER_START_ENV = "VLAB_PARENT_START"
+#: Seconds between two looks at the owner.
+GUARD_INTERVAL_S = 0.5
+_guard_forks_hooked = False
+
+
+def _owner_alive(pid: int, start: int | None) -> bool:
+    """Whether ``pid`` runs (not a zombie) and, with ``start``, is still that process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read().decode("ascii", "replace")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc here: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    fields = stat[stat.rfind(")") + 2 :].split()
+    if not fields or fields[0] in ("Z", "X"):
+        return False
+    return start is None or len(fields) < 20 or int(fields[19]) == start
+
+
+def _end_engine(owner: int) -> None:
+    """SIGKILL this process's whole group (the engine: API server, engine core, workers)."""
+    import signal
+
+    with contextlib.suppress(OSError):
+        os.write(
+            2,
+            f"vlab: the process that owns this engine (pid {owner}) is gone; "
+            f"pid {os.getpid()} ends the engine's process group\n".encode(),
+        )
+    with contextlib.suppress(OSError):
+        pgid = os.getpgid(0)
+        try:
+            with open(f"/proc/{pgid}/environ", "rb") as fh:
+                leader_env = fh.read().split(b"\0")
+        except FileNotFoundError:  # the leader (launcher) is gone: the group is the engine's
+            leader_env = None
+        # the group is the engine's own session (jobs.engine starts it in a new one), never
+        # a group this process merely joined
+        if pgid > 1 and (leader_env is None or f"{OWNER_PID_ENV}={owner}".encode() in leader_env):
+            os.killpg(pgid, signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _start_guard_thread() -> None:
+    import threading
+    import time
+
+    try:
+        owner = int(os.environ.get(OWNER_PID_ENV, "0"))
+        start_text = os.environ.get(OWNER_START_ENV, "")
+        start = int(start_text) if start_text else None
+    except ValueError:
+        return
+    if owner <= 0 or owner == os.getpid():
+        return
+
+    def watch() -> None:
+        while _owner_alive(owner, start):
+            time.sleep(GUARD_INTERVAL_S)
+        _end_engine(owner)
+
+    threading.Thread(target=watch, name="vlab-lifetime-guard", daemon=True).start()
+
+
+def install_lifetime_guard() -> bool:
+    """End the engine when its owner dies, whatever killed the owner; True when installed.
+
+    With ``VLAB_PARENT_PID`` set (every process of an engine that ``jobs.engine``
+    started: the variable is inherited), a daemon thread looks at the owner every
+    :data:`GUARD_INTERVAL_S` seconds and, once it is gone (or its pid now names
+    another process: ``VLAB_PARENT_START``), SIGKILLs the whole process group.
+    Installed at import time, so it runs in the launcher (vLLM's API server), in
+    every process vLLM *spawns* (they re-import this file as ``__mp_main__``) and,
+    through ``os.register_at_fork``, in every process it *forks* (the engine core
+    and its workers on CPU); any one of them that notices ends them all. The
+    launcher's parent-death signal covers the launcher alone: vLLM starts the
+    others itself, and a parent-death signal would follow their parent thread.
+    """
+    global _guard_forks_hooked
+    if not os.environ.get(OWNER_PID_ENV):
+        return False
+    _start_guard_thread()
+    if not _guard_forks_hooked and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_start_guard_thread)
+        _guard_forks_hooked = True
+    return True
+
+
+install_lifetime_guard()
+
 
 def _json_safe(value: Any) -> Any:
     """``value`` if it is JSON-representable as is, sequences item-wise, else its ``repr``."""
@@ -1314,38 +1415,6 @@ def _read_resolve_request(text: str) -> tuple[str, list[Any]]:
     return doc["model"], configs
 
 
-def _start_parent_watchdog(grace_s: float = 20.0) -> None:
-    """Tear the server down when the process that started us dies.
-
-    ``VLAB_PARENT_PID`` names that process. The job also sets a parent-death
-    SIGTERM on this process, but that does not reach vLLM's engine-core and
-    worker processes if this one is killed hard; so a daemon thread polls the
-    parent pid and, once it is gone, sends SIGTERM to this process (vLLM's
-    graceful shutdown) and SIGKILL to the whole process group after
-    ``grace_s`` seconds.
-    """
-    import signal
-    import threading
-    import time
-
-    try:
-        parent = int(os.environ.get("VLAB_PARENT_PID", "0"))
-    except ValueError:
-        return
-    if parent <= 0:
-        return
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        print(f"vlab launcher: parent {parent} is gone, shutting down", file=sys.stderr)
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(grace_s)
-        os.killpg(os.getpgid(0), signal.SIGKILL)
-
-    threading.Thread(target=watch, name="vlab-parent-watchdog", daemon=True).start()
-
-
 def _json_to_stdout(produce: Any) -> Any:
     """Call ``produce()`` with fd 1 pointed at stderr, then print its JSON to the real stdout.
 
@@ -1382,7 +1451,6 @@ def _main(argv: list[str]) -> int:
     if command == "serve":
         from vllm.entrypoints.cli.main import main as vllm_main
 
-        _start_parent_watchdog()
         sys.argv = ["vllm", "serve", *rest]
         vllm_main()
         return 0

@@ -2,13 +2,17 @@
 
 ``vlab up`` runs everything in the foreground (API + orchestrator, embedded
 Postgres and local Ray unless ``DATABASE_URL`` / ``RAY_ADDRESS`` are set).
+``vlab token create|list|revoke`` manage API tokens (straight in the database);
+the commands that call the API send ``VLAB_TOKEN`` as a bearer token when it is set.
 """
 
 from __future__ import annotations
 
 import functools
+import getpass
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -27,6 +31,12 @@ from orchestrator.settings import Settings, get_settings
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 models_app = typer.Typer(help="Generated Llama-shaped models (random weights, real compute).")
 app.add_typer(models_app, name="model")
+token_app = typer.Typer(
+    help="API tokens. Roles: viewer (read), operator (submit, cancel, schedules, analyses), "
+    "admin (tokens, cluster parity checks, path policy).",
+    no_args_is_help=True,
+)
+app.add_typer(token_app, name="token")
 # Not a terminal (logs, CI): wide enough for the result table, no line wrapping of URLs.
 console = Console() if sys.stdout.isatty() else Console(width=200, soft_wrap=True)
 warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")  # from the embedded Postgres
@@ -49,20 +59,119 @@ class CliError(Exception):
     """A user-facing failure: printed as one line, exit code 2."""
 
 
+#: Largest spec file read (bytes): the API's default request body limit.
+SPEC_FILE_MAX_BYTES = 16 * 2**20
+#: YAML aliases (``*name``) a spec may use ...
+YAML_MAX_ALIASES = 100
+#: ... and how many nodes they may repeat in all (the document as the API receives it
+#: holds at most this many nodes more than the file itself).
+YAML_MAX_REPEATED_NODES = 10_000
+
+
+class _SpecYamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with bounded aliases.
+
+    Anchors and aliases stay allowed (sharing a workload between variants is a
+    fair use), but a spec is a small document: more than :data:`YAML_MAX_ALIASES`
+    aliases, aliases that repeat more than :data:`YAML_MAX_REPEATED_NODES` nodes once
+    expanded (a "billion laughs" bomb: a few lines that expand to gigabytes when
+    sent as JSON), or an alias inside the node it names (a recursive structure) are
+    refused while composing, before anything is built or expanded.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.aliases = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > YAML_MAX_ALIASES:
+                raise yaml.composer.ComposerError(
+                    None,
+                    None,
+                    f"more than {YAML_MAX_ALIASES} aliases (*name) in one spec",
+                    self.peek_event().start_mark,
+                )
+        return super().compose_node(parent, index)
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int], open_: set[int]) -> int:
+    """Nodes of ``node`` with every alias expanded (each distinct node counted once per
+    use), in time linear in the distinct nodes; raises on a recursive alias."""
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    if key in open_:
+        raise yaml.composer.ComposerError(
+            None, None, "an alias inside the node it names (a recursive structure)", node.start_mark
+        )
+    open_.add(key)
+    size = 1
+    if isinstance(node, yaml.SequenceNode):
+        size += sum(_expanded_size(child, memo, open_) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size += sum(
+            _expanded_size(k, memo, open_) + _expanded_size(v, memo, open_) for k, v in node.value
+        )
+    open_.discard(key)
+    memo[key] = size
+    return size
+
+
+def load_yaml_spec(text: str) -> Any:
+    """A YAML document parsed with :class:`_SpecYamlLoader` (safe tags only, bounded
+    aliases). Raises :class:`yaml.YAMLError` with the position of the problem."""
+    loader = _SpecYamlLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        memo: dict[int, int] = {}
+        expanded = _expanded_size(node, memo, set())
+        if expanded - len(memo) > YAML_MAX_REPEATED_NODES:
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"its aliases repeat {expanded - len(memo)} nodes, more than "
+                f"{YAML_MAX_REPEATED_NODES} (an alias bomb?)",
+                node.start_mark,
+            )
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def load_spec_file(path: Path) -> dict[str, Any]:
     """Read a spec from JSON or YAML (by extension; YAML is a superset of JSON).
 
-    Raises :class:`CliError` with the parser's message and position.
+    At most :data:`SPEC_FILE_MAX_BYTES` are read; YAML goes through
+    :func:`load_yaml_spec` (aliases bounded). Raises :class:`CliError` with the
+    parser's message and position: every problem is one line, never a traceback.
     """
-    text = path.read_text()
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        with path.open("rb") as f:
+            raw = f.read(SPEC_FILE_MAX_BYTES + 1)
+    except OSError as exc:
+        raise CliError(f"{path}: cannot read the spec: {exc.strerror or exc}") from exc
+    if len(raw) > SPEC_FILE_MAX_BYTES:
+        raise CliError(
+            f"{path}: the spec is larger than {SPEC_FILE_MAX_BYTES} bytes; give long "
+            "request lists as a workload.replay_file"
+        )
+    try:
+        text = raw.decode("utf-8")
+        data = json.loads(text) if path.suffix == ".json" else load_yaml_spec(text)
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
     except json.JSONDecodeError as exc:
         raise CliError(
             f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
         ) from exc
     except yaml.YAMLError as exc:
         raise CliError(f"{path}: invalid YAML: {' '.join(str(exc).split())}") from exc
+    except RecursionError as exc:
+        raise CliError(f"{path}: the spec is nested too deeply") from exc
     if not isinstance(data, dict):
         raise CliError(f"{path}: the spec must be an object")
     _inline_replay_files(data, path.parent)
@@ -123,6 +232,9 @@ def friendly(func: Callable[..., None]) -> Callable[..., None]:
 
 
 def _http(method: str, url: str, **kw: Any) -> httpx.Response:
+    from orchestrator.auth import client_auth_headers
+
+    kw["headers"] = {**client_auth_headers(), **(kw.get("headers") or {})}
     try:
         return httpx.request(method, url, **kw)
     except httpx.HTTPError as exc:
@@ -146,6 +258,8 @@ def submit_spec(api: str, spec: dict[str, Any]) -> dict[str, Any] | None:
     resp = _http("POST", f"{api}/api/v1/experiments", json=spec, timeout=300)
     if resp.status_code != 201:
         _print_problem(resp)
+        if resp.status_code == 401:
+            console.print("  set VLAB_TOKEN to an operator token (`vlab token create`)")
         return None
     created: dict[str, Any] = resp.json()
     console.print(f"experiment [bold]{created['id']}[/bold]: {created['url']}")
@@ -205,36 +319,181 @@ def _print_device_kind(rt) -> None:  # type: ignore[no-untyped-def]
     console.print(f"device kind: {kind}, {how}: a device is one of the cluster's {what}")
 
 
+def _bound(settings: Settings, host: str | None, port: int | None) -> Settings:
+    """``settings`` with the API's host and port overridden (the app checks the host)."""
+    changes = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
+    if not changes:
+        return settings
+    return settings.model_copy(update={"api": settings.api.model_copy(update=changes)})
+
+
+def _auth_preflight(settings: Settings, rt) -> None:  # type: ignore[no-untyped-def]
+    """Refuse to serve on a non-loopback address without a token (one line, exit 2), or
+    print the loud warning of ``VLAB_API__AUTH=none``; before Ray starts."""
+    from orchestrator.auth import AuthSetupError, startup_check
+
+    try:
+        warning = startup_check(settings, rt.session_factory)
+    except AuthSetupError as exc:
+        raise CliError(str(exc)) from None
+    if warning:
+        Console(stderr=True, soft_wrap=True).print(warning, style="bold red", markup=False)
+
+
 @app.command()
+@friendly
 def up(
     host: Annotated[str | None, typer.Option(help="API host")] = None,
     port: Annotated[int | None, typer.Option(help="API port (env VLAB_API__PORT)")] = None,
 ) -> None:
     """Run the API and the orchestrator in the foreground until Ctrl-C."""
     _setup_logging()
-    settings = get_settings()
+    settings = _bound(get_settings(), host, port)
     rt = _runtime(settings)
-    rt.start_orchestrator()
-    _print_device_kind(rt)
     try:
-        rt.serve_api_foreground(host or settings.api.host, port or settings.api.port)
+        _auth_preflight(settings, rt)
+        rt.start_orchestrator()
+        _print_device_kind(rt)
+        rt.serve_api_foreground(settings.api.host, settings.api.port)
     finally:
         rt.stop()
 
 
 @app.command()
+@friendly
 def serve(
     host: Annotated[str | None, typer.Option(help="API host")] = None,
     port: Annotated[int | None, typer.Option(help="API port")] = None,
 ) -> None:
     """Run the API server only (no orchestrator)."""
     _setup_logging()
-    settings = get_settings()
+    settings = _bound(get_settings(), host, port)
     rt = _runtime(settings)
     try:
-        rt.serve_api_foreground(host or settings.api.host, port or settings.api.port)
+        _auth_preflight(settings, rt)
+        rt.serve_api_foreground(settings.api.host, settings.api.port)
     finally:
         rt.stop()
+
+
+def _cli_actor() -> str:
+    try:
+        return f"cli:{getpass.getuser()}"
+    except Exception:  # noqa: BLE001 - no user name (containers): still say where it came from
+        return "cli"
+
+
+@token_app.command("create")
+@friendly
+def token_create(
+    name: Annotated[str, typer.Option("--name", help="who or what holds the token")],
+    role: Annotated[str, typer.Option("--role", help="viewer, operator or admin")],
+    expires_in_days: Annotated[
+        float | None, typer.Option(help="days until it expires (default: never)")
+    ] = None,
+) -> None:
+    """Create an API token and print it (the only time it is shown)."""
+    from datetime import timedelta
+
+    from orchestrator import auth
+    from orchestrator.db import unit_of_work
+    from orchestrator.errors import TokenInvalidError
+    from orchestrator.repositories import AuditRepository, utcnow
+
+    if expires_in_days is not None and expires_in_days <= 0:
+        raise CliError("--expires-in-days must be positive")
+    rt = _runtime(get_settings())
+    try:
+        actor = _cli_actor()
+        with unit_of_work(rt.session_factory) as session:
+            token, secret = auth.create_token(
+                session,
+                name=name,
+                role=role,
+                created_by=actor,
+                expires_at=utcnow() + timedelta(days=expires_in_days) if expires_in_days else None,
+            )
+            AuditRepository(session).add(actor=actor, action="token.create", target=name)
+            role_name = token.role
+    except TokenInvalidError as exc:
+        raise CliError(exc.detail) from None
+    finally:
+        rt.stop()
+    console.print(f"token {name!r} ({role_name}) created; it is shown only this once:")
+    typer.echo(secret)
+    console.print(
+        "send it as `Authorization: Bearer <token>`, sign in to the dashboard with it, "
+        "or export VLAB_TOKEN=<token> for `vlab submit`",
+        markup=False,
+    )
+
+
+@token_app.command("list")
+@friendly
+def token_list(
+    all_: Annotated[bool, typer.Option("--all", help="include revoked tokens")] = False,
+) -> None:
+    """List the API tokens (never their secrets)."""
+    from rich.table import Table
+
+    from orchestrator.auth import token_usable
+    from orchestrator.db import unit_of_work
+    from orchestrator.repositories import TokenRepository, utcnow
+
+    rt = _runtime(get_settings())
+    try:
+        with unit_of_work(rt.session_factory) as session:
+            rows = TokenRepository(session).all(include_revoked=all_)
+    finally:
+        rt.stop()
+    now = utcnow()
+    table = Table("name", "role", "key id", "created", "by", "expires", "last used", "state")
+
+    def when(t: Any) -> str:
+        return t.strftime("%Y-%m-%d %H:%M UTC") if t else "–"
+
+    for t in rows:
+        state = (
+            "active"
+            if token_usable(t, now)
+            else (f"revoked by {t.revoked_by}" if t.revoked_at else "expired")
+        )
+        table.add_row(
+            t.name,
+            t.role,
+            t.key_id,
+            when(t.created_at),
+            t.created_by or "–",
+            when(t.expires_at),
+            when(t.last_used_at),
+            state,
+        )
+    console.print(table if rows else "no tokens: the API is open on loopback addresses only")
+
+
+@token_app.command("revoke")
+@friendly
+def token_revoke(
+    token: Annotated[str, typer.Argument(help="the token's name, key id or id")],
+) -> None:
+    """Revoke a token at once (its dashboard sessions end too)."""
+    from orchestrator import auth
+    from orchestrator.db import unit_of_work
+    from orchestrator.errors import TokenInvalidError
+    from orchestrator.repositories import AuditRepository
+
+    rt = _runtime(get_settings())
+    try:
+        actor = _cli_actor()
+        with unit_of_work(rt.session_factory) as session:
+            row = auth.revoke_token(session, token, by=actor)
+            AuditRepository(session).add(actor=actor, action="token.revoke", target=row.name)
+            name = row.name
+    except TokenInvalidError as exc:
+        raise CliError(exc.detail) from None
+    finally:
+        rt.stop()
+    console.print(f"token {name!r} revoked")
 
 
 @app.command()
@@ -300,12 +559,14 @@ def demo(
 
     _setup_logging()
     logging.getLogger().setLevel(logging.WARNING)
-    settings = get_settings()
+    settings = _bound(get_settings(), "127.0.0.1", port)
     spec_doc = load_spec_file(spec)
     console.rule("vlab demo")
     console.print("starting the database (embedded Postgres unless DATABASE_URL is set) ...")
     rt = _runtime(settings)
+    demo_token = None
     try:
+        demo_token = _demo_token(rt)
         console.print("reading the engine's argument list ...")
         cat = load_catalog(settings)
         console.print(f"  vLLM {cat.vllm_version}, {len(cat.args)} engine arguments")
@@ -325,7 +586,44 @@ def demo(
             raise typer.Exit(1)
     finally:
         console.print("stopping ...")
+        if demo_token is not None:
+            _revoke_demo_token(rt, demo_token)
         rt.stop()
+
+
+def _demo_token(rt) -> str | None:  # type: ignore[no-untyped-def]
+    """When tokens exist and ``VLAB_TOKEN`` is unset: a one-day operator token for the
+    demo's own API calls (revoked when it ends); returns its id, or None."""
+    from datetime import timedelta
+
+    from orchestrator import auth
+    from orchestrator.db import unit_of_work
+    from orchestrator.repositories import TokenRepository, utcnow
+
+    if os.environ.get(auth.TOKEN_ENV):
+        return None
+    with unit_of_work(rt.session_factory) as session:
+        if not TokenRepository(session).any_active(utcnow()):
+            return None
+        token, secret = auth.create_token(
+            session,
+            name=f"demo-{os.getpid()}-{int(utcnow().timestamp())}",
+            role="operator",
+            created_by=_cli_actor(),
+            expires_at=utcnow() + timedelta(days=1),
+        )
+        token_id = token.id
+    os.environ[auth.TOKEN_ENV] = secret
+    return token_id
+
+
+def _revoke_demo_token(rt, token_id: str) -> None:  # type: ignore[no-untyped-def]
+    from orchestrator import auth
+    from orchestrator.db import unit_of_work
+
+    os.environ.pop(auth.TOKEN_ENV, None)
+    with unit_of_work(rt.session_factory) as session:
+        auth.revoke_token(session, token_id, by="demo")
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -229,7 +229,13 @@ def plan_experiment(
     node, PP stages split evenly over nodes).
     """
     plan = Plan()
-    if spec.preset == "ladder" and resolver is not None:
+    # vLLM is asked nothing about arguments the catalogue refuses (unknown, or naming
+    # files or code the path policy does not allow): they are reported below
+    if (
+        spec.preset == "ladder"
+        and resolver is not None
+        and not catalog.check(spec.baseline.engine_args, [])
+    ):
         spec, plan.pinned = pin_ladder_defaults(spec, resolver, model_dir, generated_model)
     variants, errors = expand(spec)
     plan.variants = variants

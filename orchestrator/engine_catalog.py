@@ -4,10 +4,17 @@ The list comes from the engine environment itself (``jobs/vllm_launcher.py
 engine-args`` builds ``vllm serve``'s parser and dumps every argument), is
 cached as JSON in ``<home>/engine_args.json`` keyed by the engine python, and
 is loaded once per process. Nothing here imports vLLM.
+
+:func:`load_catalog` returns the catalogue bound to the settings' path policy
+(:mod:`orchestrator.pathpolicy`): :meth:`EngineArgCatalog.check` then also refuses
+arguments that name files, folders or code on the server outside what the operator
+allowed. A catalogue built without settings (:meth:`EngineArgCatalog.from_doc`) has
+the strictest policy: no folder allowed, no code.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import re
@@ -17,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import EngineUnavailableError
+from orchestrator.pathpolicy import ArgPolicy, PathPolicy, path_like_args, policy_from_settings
 from orchestrator.settings import Settings
 
 # Set by the orchestrator for every run, or through ``layout``: refused in engine_args.
@@ -36,7 +44,14 @@ RESERVED: dict[str, str] = {
     "master_addr": "set by the orchestrator for multi-node launches",
     "master_port": "set by the orchestrator for multi-node launches",
     "api_server_count": "set by the orchestrator",
+    "config": "give the arguments in engine_args (a config file would bypass their checks)",
+    "uds": "set by the orchestrator (the server listens on host:port)",
 }
+
+#: Largest integer an engine argument may take: vLLM hands them to C++/torch (int64).
+INT64_MAX = 2**63 - 1
+#: Engine arguments kept in a 32-bit column (``runs.max_model_len``) and bounded by it.
+INT32_ARGS = {"max_model_len": 2**31 - 1}
 
 
 @dataclass
@@ -49,6 +64,11 @@ class EngineArgCatalog:
 
     vllm_version: str
     args: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: where arguments naming files, folders or code may point (default: nowhere)
+    policy: PathPolicy = field(default_factory=PathPolicy)
+    _path_args: dict[str, ArgPolicy] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> EngineArgCatalog:
@@ -56,6 +76,19 @@ class EngineArgCatalog:
             vllm_version=str(doc.get("vllm_version", "unknown")),
             args={a["dest"]: a for a in doc.get("args", []) if a.get("dest")},
         )
+
+    def with_policy(self, policy: PathPolicy) -> EngineArgCatalog:
+        """This catalogue checking paths and code with ``policy``."""
+        bound = dataclasses.replace(self, policy=policy)
+        bound._path_args = self.path_args
+        return bound
+
+    @property
+    def path_args(self) -> dict[str, ArgPolicy]:
+        """The arguments that name files, folders or code (:func:`path_like_args`)."""
+        if self._path_args is None:
+            self._path_args = path_like_args(self.args)
+        return self._path_args
 
     def defaults(self) -> dict[str, Any]:
         """``dest -> default`` for every argument vLLM knows (JSON-safe values)."""
@@ -71,8 +104,10 @@ class EngineArgCatalog:
         """Problems with ``engine_args`` as ``{"loc", "msg", "type"}`` entries (empty if fine).
 
         Checks: the name is one vLLM knows (with a close-match suggestion),
-        is not reserved, and the value fits the argument's kind (boolean
-        flags take booleans, int/float arguments numbers, choices one of them).
+        is not reserved, the value fits the argument's kind (boolean flags take
+        booleans, int/float arguments numbers within what stores them, choices one
+        of them), and a value naming a file, folder or code on the server is
+        allowed by :attr:`policy` (``path_not_allowed``, ``code_not_allowed``).
         """
         errors: list[dict[str, Any]] = []
         for name, value in engine_args.items():
@@ -97,6 +132,10 @@ class EngineArgCatalog:
             problem = _value_problem(info, value)
             if problem:
                 errors.append({"loc": where, "msg": problem, "type": "bad_engine_arg_value"})
+                continue
+            errors += self.policy.check_arg(
+                name, value, self.path_args.get(name), info.get("default"), where
+            )
         return errors
 
 
@@ -117,18 +156,26 @@ def _value_problem(info: dict[str, Any], value: Any) -> str | None:
         if isinstance(value, bool):
             return f"{name} takes an integer like 2048 or '2k'; got {value!r}"
         if isinstance(value, int):
+            return _int_bound_problem(name, value)
+        if isinstance(value, str) and kind.endswith("_or_auto") and value.lower() in ("auto", "-1"):
             return None
-        if isinstance(value, str) and (
-            HUMAN_INT.fullmatch(value)
-            or (kind.endswith("_or_auto") and value.lower() in ("auto", "-1"))
-        ):
-            return None
+        if isinstance(value, str) and HUMAN_INT.fullmatch(value):
+            return _int_bound_problem(name, parse_human_int(value) or 0)
         return f"{name} takes an integer like 2048 or '2k'; got {value!r}"
     if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
         return f"{name} takes an integer; got {value!r}"
+    if kind == "int":
+        return _int_bound_problem(name, value)
     if kind == "float" and (isinstance(value, bool) or not isinstance(value, int | float)):
         return f"{name} takes a number; got {value!r}"
     return None
+
+
+def _int_bound_problem(name: str, value: int) -> str | None:
+    top = INT32_ARGS.get(name, INT64_MAX)
+    if -top - 1 <= value <= top:
+        return None
+    return f"{name} must be at most {top}; got {value}"
 
 
 #: vLLM's human-readable integers: digits with an optional decimal part and k/m/g/t suffix.
@@ -166,8 +213,13 @@ def load_catalog(settings: Settings, *, refresh: bool = False) -> EngineArgCatal
     """The catalogue for ``settings.engine.python``: memory, then file cache, then the engine.
 
     Raises :class:`EngineUnavailableError` when the engine environment is
-    missing or cannot describe its arguments.
+    missing or cannot describe its arguments. The catalogue returned checks paths
+    and code with the path policy of ``settings`` (``settings.paths``).
     """
+    return _load_catalog(settings, refresh=refresh).with_policy(policy_from_settings(settings))
+
+
+def _load_catalog(settings: Settings, *, refresh: bool) -> EngineArgCatalog:
     python = str(settings.engine.python)
     cache_file: Path = settings.engine_args_cache
     with _lock:

@@ -118,3 +118,48 @@ class AnalyzeRequestInvalidError(SpecInvalidError):
 
     code = "analyze_request_invalid"
     title = "Invalid analysis request"
+
+
+class UnauthenticatedError(VlabError):
+    """No valid credentials: no ``Authorization: Bearer`` token, an unknown, revoked or
+    expired one, or no dashboard session, while tokens are required. The API answers
+    401 with ``WWW-Authenticate: Bearer``."""
+
+    status = 401
+    code = "unauthenticated"
+    title = "Authentication required"
+
+
+class ForbiddenError(VlabError):
+    """Authenticated, but the token's role is below what the request needs (extra
+    member ``required_role``), or a dashboard request without its CSRF token
+    (code ``csrf_failed``)."""
+
+    status = 403
+    code = "forbidden"
+    title = "Forbidden"
+
+
+class TokenInvalidError(VlabError):
+    """A token cannot be created or revoked as asked (bad name or role, a name an
+    active token has, no such token)."""
+
+    status = 422
+    code = "token_invalid"
+    title = "Invalid token request"
+
+
+class TokenNotFoundError(TokenInvalidError):
+    """No token has that id, key id or name."""
+
+    status = 404
+    code = "token_not_found"
+    title = "No such token"
+
+
+class TokenNameTakenError(TokenInvalidError):
+    """An active token already has that name."""
+
+    status = 409
+    code = "token_name_taken"
+    title = "Token name taken"

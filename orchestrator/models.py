@@ -4,6 +4,8 @@ Tables: ``experiments``, ``runs`` (one row per run, its full resolved
 configuration and state), ``run_metrics`` (summary numbers, one row per metric
 name), ``run_samples`` (the ``/metrics`` time series), ``run_requests``
 (per-request client timings) and ``run_logs`` (the whole engine log).
+``api_tokens``, ``web_sessions`` and ``audit_events`` hold authentication and the
+audit trail (:mod:`orchestrator.auth`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     func,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -68,6 +71,9 @@ class Experiment(Base):
         JSONType, server_default="[]", doc="the chain: name, reference, variable, changes"
     )
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    submitted_by: Mapped[str | None] = mapped_column(
+        String(200), doc="who submitted it: a token name, 'anonymous' or 'schedule:<name>'"
+    )
 
     runs: Mapped[list[Run]] = relationship(
         back_populates="experiment", order_by="Run.position", lazy="selectin"
@@ -112,6 +118,10 @@ class Run(Base):
     status: Mapped[str] = mapped_column(String(20), default="queued")
     status_reason: Mapped[str | None] = mapped_column(Text)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    submitted_by: Mapped[str | None] = mapped_column(
+        String(200), doc="who queued it (the experiment's submitter, or who added the variant)"
+    )
+    cancelled_by: Mapped[str | None] = mapped_column(String(200), doc="who asked to cancel it")
     claimed_by: Mapped[str | None] = mapped_column(String(100))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     progress: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
@@ -266,6 +276,8 @@ class Schedule(Base):
     end_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    created_by: Mapped[str | None] = mapped_column(String(200))
+    updated_by: Mapped[str | None] = mapped_column(String(200))
     last_fire_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     next_fire_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
@@ -297,3 +309,72 @@ class ScheduleFire(Base):
     )
     detail: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class ApiToken(Base):
+    """An API token (``vlab token create``): a name, a role and the salted hash of its secret.
+
+    The token a client sends is ``vlab_<key_id>_<secret>``: ``key_id`` finds the row,
+    ``secret_hash`` = SHA-256 of ``salt`` + secret (:mod:`orchestrator.auth`). The
+    secret itself is never stored. A revoked or expired token authenticates nothing;
+    names are unique among tokens not revoked.
+    """
+
+    __tablename__ = "api_tokens"
+    __table_args__ = (
+        CheckConstraint("role IN ('viewer', 'operator', 'admin')", name="role_valid"),
+        Index(
+            "uq_api_tokens_active_name",
+            "name",
+            unique=True,
+            postgresql_where=text("revoked_at IS NULL"),
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    key_id: Mapped[str] = mapped_column(String(32), unique=True)
+    name: Mapped[str] = mapped_column(String(200))
+    role: Mapped[str] = mapped_column(String(20))
+    salt: Mapped[str] = mapped_column(String(64))
+    secret_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    created_by: Mapped[str | None] = mapped_column(String(200))
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    revoked_by: Mapped[str | None] = mapped_column(String(200))
+
+
+class WebSession(Base):
+    """A dashboard sign-in: the HttpOnly cookie holds a random id whose SHA-256 is
+    ``id_hash``; ``csrf_token`` is the synchronizer token the pages send back in the
+    ``X-CSRF-Token`` header. Ends at ``expires_at``, at sign-out, or when its token is
+    revoked (the row goes with the token)."""
+
+    __tablename__ = "web_sessions"
+    __table_args__ = (Index("ix_web_sessions_expires_at", "expires_at"),)
+
+    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_id: Mapped[str] = mapped_column(ForeignKey("api_tokens.id", ondelete="CASCADE"))
+    csrf_token: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+    token: Mapped[ApiToken] = relationship(lazy="joined")
+
+
+class AuditEvent(Base):
+    """Who changed what: one row per successful state-changing API request (``action``
+    is the HTTP method, ``target`` the path) and per token created or revoked from the
+    command line (``token.create``, ``token.revoke``)."""
+
+    __tablename__ = "audit_events"
+    __table_args__ = (Index("ix_audit_events_at", "at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    actor: Mapped[str] = mapped_column(String(200))
+    role: Mapped[str | None] = mapped_column(String(20))
+    token_id: Mapped[str | None] = mapped_column(String(36))
+    action: Mapped[str] = mapped_column(String(50))
+    target: Mapped[str] = mapped_column(Text)

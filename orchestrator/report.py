@@ -138,7 +138,9 @@ def watch(
             raise TimeoutError(f"experiment {experiment_id} still running")
         return any(r["status"] in ACTIVE for r in exp["runs"])
 
-    with httpx.Client(timeout=30) as client:
+    from orchestrator.auth import client_auth_headers
+
+    with httpx.Client(timeout=30, headers=client_auth_headers()) as client:
         exp = fetch_experiment(client, api, experiment_id)
         if not console.is_terminal:  # logs and CI: one line per change instead of a live view
             last: dict[str, str] = {}
@@ -229,7 +231,13 @@ def print_results(
     console = console or Console()
     console.print(result_table(exp))
     if api and len(exp.get("variants", [])) > 1:
-        resp = httpx.get(f"{api}/api/v1/experiments/{exp['id']}/comparison", timeout=120)
+        from orchestrator.auth import client_auth_headers
+
+        resp = httpx.get(
+            f"{api}/api/v1/experiments/{exp['id']}/comparison",
+            timeout=120,
+            headers=client_auth_headers(),
+        )
         if resp.status_code == 200:
             comp = resp.json()
             console.print(comparison_table(comp))

@@ -14,6 +14,8 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from orchestrator.models import (
+    ApiToken,
+    AuditEvent,
     Experiment,
     Orchestrator,
     ParityCheck,
@@ -24,6 +26,7 @@ from orchestrator.models import (
     RunSample,
     Schedule,
     ScheduleFire,
+    WebSession,
     new_id,
 )
 from orchestrator.placement import NodeInventory
@@ -214,30 +217,7 @@ class RunRepository:
             )
         if requests:
             self.session.execute(
-                insert(RunRequest),
-                [
-                    {
-                        "run_id": run_id,
-                        "seq": i,
-                        "request_index": r["index"],
-                        "warmup": r["warmup"],
-                        "request_class": r.get("request_class"),
-                        "success": r["success"],
-                        "error": r.get("error"),
-                        "start_s": r["start_s"],
-                        "ttft_s": r.get("ttft_s"),
-                        "tpot_s": r.get("tpot_s"),
-                        "e2el_s": r.get("e2el_s"),
-                        "itl_s": r.get("itl_s") or [],
-                        "prompt_tokens": r.get("prompt_tokens"),
-                        "output_tokens": r.get("output_tokens"),
-                        "cached_tokens": r.get("cached_tokens"),
-                        "scheduled_s": r.get("scheduled_s"),
-                        "conversation": r.get("conversation"),
-                        "turn": r.get("turn"),
-                    }
-                    for i, r in enumerate(requests)
-                ],
+                insert(RunRequest), [_request_row(run_id, i, r) for i, r in enumerate(requests)]
             )
         self.session.add(RunLog(run_id=run_id, content=engine_log.replace("\x00", "")))
         self.session.flush()
@@ -289,6 +269,104 @@ class RunRepository:
 
     def log(self, run_id: str) -> str | None:
         return self.session.scalar(select(RunLog.content).where(RunLog.run_id == run_id))
+
+    # -- what a run measured while it went (kept if it never ends normally) -------------
+
+    def count_requests(self, run_id: str) -> int:
+        """How many request records the run has stored."""
+        return int(
+            self.session.scalar(
+                select(func.count()).select_from(RunRequest).where(RunRequest.run_id == run_id)
+            )
+            or 0
+        )
+
+    def append_requests(self, run_id: str, first_seq: int, requests: list[dict[str, Any]]) -> None:
+        """Add request records (``RequestRecord.model_dump()``) as they finish, ``seq`` from
+        ``first_seq`` on (finishing order). :meth:`save_measurements` replaces them all
+        with the run's final list when it ends; a run lost before its end keeps these."""
+        if not requests:
+            return
+        self.session.execute(
+            pg_insert(RunRequest)
+            .values([_request_row(run_id, first_seq + i, r) for i, r in enumerate(requests)])
+            .on_conflict_do_nothing(index_elements=[RunRequest.run_id, RunRequest.seq])
+        )
+
+    def request_rows(self, run_id: str) -> Sequence[RunRequest]:
+        """Every request record of the run, in ``seq`` order."""
+        return self.session.scalars(
+            select(RunRequest).where(RunRequest.run_id == run_id).order_by(RunRequest.seq)
+        ).all()
+
+    def save_recovered(self, run_id: str, *, metrics: dict[str, float], engine_log: str) -> None:
+        """Store what could be recovered of a run lost before its end: the metrics of its
+        stored request records and its engine log (read from disk), next to those records."""
+        self.session.execute(delete(RunMetric).where(RunMetric.run_id == run_id))
+        if metrics:
+            self.session.execute(
+                insert(RunMetric),
+                [{"run_id": run_id, "name": k, "value": float(v)} for k, v in metrics.items()],
+            )
+        if engine_log and self.log(run_id) is None:
+            self.session.add(RunLog(run_id=run_id, content=engine_log.replace("\x00", "")))
+        self.session.flush()
+
+    def active_claimed_by(self, orchestrator_ids: list[str]) -> Sequence[Run]:
+        """Non-terminal runs claimed by any of ``orchestrator_ids`` (locked, ``SKIP LOCKED``)."""
+        if not orchestrator_ids:
+            return []
+        return self.session.scalars(
+            select(Run)
+            .where(
+                Run.claimed_by.in_(orchestrator_ids),
+                Run.status.in_([RunStatus.PREPARING.value, RunStatus.RUNNING.value]),
+            )
+            .with_for_update(skip_locked=True)
+        ).all()
+
+    def held_by_live_orchestrators(
+        self, run_ids: list[str], stale_after_s: float, exclude: list[str]
+    ) -> set[str]:
+        """Those of ``run_ids`` claimed by an orchestrator whose heartbeat is younger than
+        ``stale_after_s`` seconds, other than the ``exclude`` ones."""
+        if not run_ids:
+            return set()
+        cutoff = utcnow() - timedelta(seconds=stale_after_s)
+        rows = self.session.scalars(
+            select(Run.id)
+            .join(Orchestrator, Orchestrator.id == Run.claimed_by)
+            .where(
+                Run.id.in_(run_ids),
+                Orchestrator.heartbeat_at >= cutoff,
+                Orchestrator.id.not_in(exclude or [""]),
+            )
+        ).all()
+        return set(rows)
+
+
+def _request_row(run_id: str, seq: int, r: dict[str, Any]) -> dict[str, Any]:
+    """The ``run_requests`` row of one ``RequestRecord.model_dump()``."""
+    return {
+        "run_id": run_id,
+        "seq": seq,
+        "request_index": r["index"],
+        "warmup": r["warmup"],
+        "request_class": r.get("request_class"),
+        "success": r["success"],
+        "error": r.get("error"),
+        "start_s": r["start_s"],
+        "ttft_s": r.get("ttft_s"),
+        "tpot_s": r.get("tpot_s"),
+        "e2el_s": r.get("e2el_s"),
+        "itl_s": r.get("itl_s") or [],
+        "prompt_tokens": r.get("prompt_tokens"),
+        "output_tokens": r.get("output_tokens"),
+        "cached_tokens": r.get("cached_tokens"),
+        "scheduled_s": r.get("scheduled_s"),
+        "conversation": r.get("conversation"),
+        "turn": r.get("turn"),
+    }
 
 
 class OrchestratorRepository:
@@ -529,3 +607,113 @@ class ScheduleRepository:
                 )
             )
         )
+
+
+class TokenRepository:
+    """API tokens (:class:`ApiToken`); hashing and checks live in :mod:`orchestrator.auth`."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def add(self, token: ApiToken) -> ApiToken:
+        self.session.add(token)
+        self.session.flush()
+        return token
+
+    def by_key_id(self, key_id: str) -> ApiToken | None:
+        return self.session.scalar(select(ApiToken).where(ApiToken.key_id == key_id))
+
+    def get(self, token_id: str) -> ApiToken | None:
+        return self.session.get(ApiToken, token_id)
+
+    def active_by_name(self, name: str) -> ApiToken | None:
+        return self.session.scalar(
+            select(ApiToken).where(ApiToken.name == name, ApiToken.revoked_at.is_(None))
+        )
+
+    def any_active(self, now: datetime) -> bool:
+        """Whether a token exists that is neither revoked nor expired at ``now``."""
+        return (
+            self.session.scalar(
+                select(ApiToken.id)
+                .where(
+                    ApiToken.revoked_at.is_(None),
+                    or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > now),
+                )
+                .limit(1)
+            )
+            is not None
+        )
+
+    def touch(self, token_id: str, now: datetime, unless_since: datetime) -> None:
+        """Set ``last_used_at`` to ``now`` unless it is already at or after ``unless_since``."""
+        self.session.execute(
+            update(ApiToken)
+            .where(
+                ApiToken.id == token_id,
+                or_(ApiToken.last_used_at.is_(None), ApiToken.last_used_at < unless_since),
+            )
+            .values(last_used_at=now)
+        )
+
+    def all(self, *, include_revoked: bool = True) -> Sequence[ApiToken]:
+        """Every token, newest first."""
+        q = select(ApiToken).order_by(ApiToken.created_at.desc(), ApiToken.id)
+        if not include_revoked:
+            q = q.where(ApiToken.revoked_at.is_(None))
+        return self.session.scalars(q).all()
+
+
+class WebSessionRepository:
+    """Dashboard sign-ins (:class:`WebSession`), looked up by the hash of the cookie."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def add(self, web_session: WebSession) -> WebSession:
+        self.session.add(web_session)
+        self.session.flush()
+        return web_session
+
+    def get(self, id_hash: str) -> WebSession | None:
+        return self.session.get(WebSession, id_hash)
+
+    def delete(self, id_hash: str) -> None:
+        self.session.execute(delete(WebSession).where(WebSession.id_hash == id_hash))
+
+    def delete_for_token(self, token_id: str) -> None:
+        self.session.execute(delete(WebSession).where(WebSession.token_id == token_id))
+
+    def delete_expired(self, now: datetime) -> None:
+        self.session.execute(delete(WebSession).where(WebSession.expires_at <= now))
+
+
+class AuditRepository:
+    """The audit trail (:class:`AuditEvent`)."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def add(
+        self,
+        *,
+        actor: str,
+        action: str,
+        target: str,
+        role: str | None = None,
+        token_id: str | None = None,
+    ) -> None:
+        self.session.add(
+            AuditEvent(actor=actor, role=role, token_id=token_id, action=action, target=target)
+        )
+
+    def page(self, *, limit: int, offset: int) -> tuple[Sequence[AuditEvent], int]:
+        """Events, newest first."""
+        total = self.session.scalar(select(func.count()).select_from(AuditEvent)) or 0
+        rows = self.session.scalars(
+            select(AuditEvent)
+            .order_by(AuditEvent.at.desc(), AuditEvent.id.desc())
+            .limit(limit)
+            .offset(offset)
+        ).all()
+        return rows, int(total)

@@ -44,7 +44,12 @@ class Runtime:
         return self.session_factory
 
     def start_orchestrator(self) -> None:
-        """Connect to Ray (or start it locally) and run the dispatcher in a thread."""
+        """Connect to Ray (or start it locally) and run the dispatcher in a thread.
+
+        The dispatcher's start-up (:meth:`orchestrator.dispatcher.Dispatcher.startup`)
+        runs here, before the thread: when this returns, the runs a dead predecessor
+        left are adopted or failed (with what they measured) and no orphaned engine
+        process of this ``VLAB_HOME`` is left."""
         from orchestrator.dispatcher import Dispatcher
         from orchestrator.raylayer.backend import RayRunBackend, connect
 
@@ -60,6 +65,9 @@ class Runtime:
         service.set_model_locator(locate_on_cluster)
         dispatcher = Dispatcher(self.settings, self.session_factory, backend)
         self.dispatcher = dispatcher
+        # before anything starts: adopt or fail what a dead predecessor left, and kill every
+        # engine process of this home that no live run owns
+        dispatcher.startup()
         t = threading.Thread(
             target=dispatcher.run_forever, args=(self._stop,), name="dispatcher", daemon=True
         )

@@ -335,6 +335,9 @@ def _fire(
             exp = service.create_experiment(
                 session, settings, spec, catalog, resolver=service.engine_resolver(settings)
             )
+            exp.submitted_by = f"schedule:{sched.name}"[:200]
+            for run in exp.runs:
+                run.submitted_by = exp.submitted_by
             local = fire_time.astimezone(zone(sched.timezone)).isoformat()
             stamp = f"scheduled sweep {sched.name!r}, fire time {local}"
             exp.description = f"{exp.description}\n\n{stamp}" if exp.description else stamp

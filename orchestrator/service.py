@@ -1,19 +1,26 @@
 """Use cases of the service: submit an experiment, cancel a run, record a result.
 
-Services take a session and never commit; the caller's unit of work does.
+Services take a session and never commit; the caller's unit of work does. The
+exceptions are :func:`submit_experiment` and :func:`submit_variant` (the API's
+submissions): they commit the caller's transaction once, after their reads,
+because vLLM's configuration check (6-80 s cold) must run with no database
+connection held; they store the result in a new transaction of the same session.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import contextvars
+import copy
 import hashlib
 import json
 import logging
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +28,8 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from jobs.schemas import BatchJob, EngineLaunch, RunResult, RunSegment, WorkloadSpec
+from orchestrator.config_check import gate_for
+from orchestrator.db import release_connection
 from orchestrator.design import Plan, PlannedRun, Resolver, plan_experiment
 from orchestrator.engine_catalog import EngineArgCatalog, parse_human_int
 from orchestrator.errors import (
@@ -30,6 +39,7 @@ from orchestrator.errors import (
     SpecInvalidError,
 )
 from orchestrator.models import Experiment, Run
+from orchestrator.placement import NodeInventory
 from orchestrator.repositories import (
     ExperimentRepository,
     OrchestratorRepository,
@@ -95,7 +105,32 @@ _located: dict[tuple[str, str | None], tuple[float, dict[str, Any]]] = {}
 _located_lock = threading.Lock()
 #: Seconds a node's answer for a model id is reused (a submission asks twice).
 LOCATE_CACHE_S = 60.0
+_generate_lock = threading.Lock()
 _HF_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+
+
+@dataclass
+class _Remembered:
+    answers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    models: dict[tuple[str, str | None], ResolvedModel] = field(default_factory=dict)
+
+
+_remembered: contextvars.ContextVar[_Remembered | None] = contextvars.ContextVar(
+    "vlab_remembered_checks", default=None
+)
+
+
+@contextlib.contextmanager
+def remembered_checks() -> Iterator[None]:
+    """Within the block, vLLM's answers (per model directory and configuration) and
+    resolved models are remembered and reused: a check done outside a transaction is
+    not redone (holding a database connection) when the same spec is checked again
+    inside one."""
+    token = _remembered.set(_Remembered())
+    try:
+        yield
+    finally:
+        _remembered.reset(token)
 
 
 def set_model_locator(locator: ModelLocator | None) -> None:
@@ -126,7 +161,10 @@ def locate_model(settings: Settings, model: str, revision: str | None) -> dict[s
         hit = _located.get(key)
         if hit is not None and now - hit[0] < LOCATE_CACHE_S:
             return hit[1]
-    doc = (_locator or _locate_here)(settings, model, revision)
+    # a node's model look-up is bounded like vLLM's checks (an API submission holds a
+    # slot already; background work waits for one)
+    with gate_for(settings).slot(patient=True):
+        doc = (_locator or _locate_here)(settings, model, revision)
     with _located_lock:
         _located[key] = (now, doc)
     return doc
@@ -154,12 +192,20 @@ def _files_digest(files: list[dict[str, Any]]) -> str:
     return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
 
 
+_NO_REVISION = (
+    "'revision' applies to a model named by Hugging Face id, but {model!r} is {what}; "
+    "drop the revision, or rename the directory so the id is looked up in the cache"
+)
+
+
 def _unknown_model(msg: str) -> SpecInvalidError:
     return SpecInvalidError([{"loc": ["body", "model"], "msg": msg, "type": "unknown_model"}])
 
 
 def resolve_model(settings: Settings, model: str, revision: str | None = None) -> ResolvedModel:
     """Find (or generate) the model a spec names, the way vLLM names models.
+
+    Within :func:`remembered_checks`, a model already resolved there is reused.
 
     - ``tiny``/``small``: generated Llama-shaped models (made under
       ``<home>/models`` on first use);
@@ -173,18 +219,44 @@ def resolve_model(settings: Settings, model: str, revision: str | None = None) -
     Raises :class:`SpecInvalidError` (loc ``model``) when nothing matches, with the
     node's answer for an id.
     """
+    memo = _remembered.get()
+    if memo is not None and (model, revision) in memo.models:
+        return memo.models[(model, revision)]
+    found = _resolve_model(settings, model, revision)
+    if memo is not None:
+        memo.models[(model, revision)] = found
+    return found
+
+
+def _resolve_model(settings: Settings, model: str, revision: str | None) -> ResolvedModel:
     from jobs.engine import EngineError
     from jobs.modelgen import generate_model, model_digest
+    from orchestrator.pathpolicy import model_name_problem, policy_from_settings
 
+    if problem := model_name_problem(model):  # before the file system sees it
+        err = {"loc": ["body", "model"], "msg": problem, "type": "bad_model_name"}
+        raise SpecInvalidError([err])
     if model in GENERATED_SHAPES:
+        if revision is not None:
+            raise _unknown_model(_NO_REVISION.format(model=model, what="a generated model"))
         path = settings.models_dir / model
         if not (path / "config.json").exists():
-            generate_model(path, model)
+            with _generate_lock:  # concurrent first submissions generate it once
+                if not (path / "config.json").exists():
+                    generate_model(path, model)
         return ResolvedModel(model, path.resolve(), model_digest(path), generated=True)
     candidates = [Path(model).expanduser()] + [root / model for root in settings.model_roots]
     for cand in candidates:
         with contextlib.suppress(OSError):
             if (cand / "config.json").is_file():
+                if revision is not None:  # vLLM too prefers a directory of that name
+                    raise _unknown_model(
+                        _NO_REVISION.format(model=model, what=f"a directory here ({cand})")
+                    )
+                roots = [*settings.model_roots, settings.models_dir]
+                if outside := policy_from_settings(settings).model_dir_problem(cand, roots):
+                    err = {"loc": ["body", "model"], "msg": outside, "type": "path_not_allowed"}
+                    raise SpecInvalidError([err])
                 return ResolvedModel(model, cand.resolve(), model_digest(cand), generated=False)
     if not _HF_ID.match(model) or ".." in model:
         raise _unknown_model(
@@ -227,20 +299,35 @@ def resolve_model(settings: Settings, model: str, revision: str | None = None) -
 
 
 def engine_resolver(settings: Settings) -> Resolver | None:
-    """vLLM's own configuration resolution, when enabled (``VLAB_ENGINE__RESOLVE_CONFIGS``)."""
+    """vLLM's own configuration resolution, when enabled (``VLAB_ENGINE__RESOLVE_CONFIGS``).
+
+    Each call takes a slot of the process-wide :func:`orchestrator.config_check.gate_for`
+    (the API's submissions hold one already; other callers wait for one, 503
+    ``submissions_busy`` when none frees up in time) and asks the warm vLLM process
+    (:func:`orchestrator.config_check.resolve_configs`). Within
+    :func:`remembered_checks`, configurations already answered are not asked again.
+    """
     if not settings.engine.resolve_configs:
         return None
 
     def resolve(model_dir: str, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        from jobs.engine import EngineError, resolve_engine_configs
+        from jobs.engine import EngineError
+        from orchestrator import config_check
 
-        try:
-            doc = resolve_engine_configs(str(settings.engine.python), model_dir, configs)
-        except EngineError as exc:
-            raise EngineUnavailableError(
-                f"vLLM could not resolve the configurations: {exc}"
-            ) from exc
+        memo = _remembered.get()
+        keys = [json.dumps([model_dir, c], sort_keys=True, default=str) for c in configs]
+        if memo is not None and all(k in memo.answers for k in keys):
+            return [memo.answers[k] for k in keys]
+        with gate_for(settings).slot(patient=True):  # re-entered by API submissions
+            try:
+                doc = config_check.resolve_configs(settings, model_dir, configs)
+            except EngineError as exc:
+                raise EngineUnavailableError(
+                    f"vLLM could not resolve the configurations: {exc}"
+                ) from exc
         results: list[dict[str, Any]] = doc["results"]
+        if memo is not None:
+            memo.answers.update(zip(keys, results, strict=True))
         return results
 
     return resolve
@@ -269,13 +356,37 @@ def parse_spec(body: Any, settings: Settings, catalog: EngineArgCatalog) -> Expe
             if isinstance(path, str) and path.startswith("engine_args."):
                 for err in catalog.check({path.split(".", 1)[1]: value}, []):
                     errors.append({**err, "loc": ["body", "variants", i, "changes", path]})
-    if isinstance(body.get("model"), str) and body["model"]:
+    revision_bad = any(e.get("loc", [])[:2] == ["body", "revision"] for e in errors)
+    if isinstance(body.get("model"), str) and body["model"] and not revision_bad:
         revision = body.get("revision") if isinstance(body.get("revision"), str) else None
         try:
             resolve_model(settings, body["model"], revision)
         except SpecInvalidError as exc:
             errors += exc.errors
     raise SpecInvalidError(errors)
+
+
+@dataclass
+class ClusterView:
+    """What planning reads about the live cluster (the orchestrators' heartbeats).
+
+    ``devices``/``nodes`` None: unknown, not checked; ``kind`` None: the device kind
+    is not checked (the default view checks nothing).
+    """
+
+    devices: int | None = None
+    nodes: list[NodeInventory] | None = None
+    kind: str | None = None
+
+    @classmethod
+    def read(cls, session: Session, settings: Settings) -> ClusterView:
+        repo = OrchestratorRepository(session)
+        resource, stale = settings.orchestrator.device_resource, settings.orchestrator.stale_after_s
+        return cls(
+            devices=repo.cluster_devices(resource, stale),
+            nodes=repo.cluster_nodes(resource, stale),
+            kind=repo.device_kind(resource, stale),
+        )
 
 
 def _plan(
@@ -286,44 +397,77 @@ def _plan(
     model: ResolvedModel,
     resolver: Resolver | None,
 ) -> Plan:
-    """:func:`plan_experiment` for ``spec`` on ``model``, checked against the live cluster.
+    """:func:`plan_experiment` for ``spec`` on ``model``, checked against the live cluster
+    (read in ``session``); see :func:`_plan_for`."""
+    return _plan_for(ClusterView.read(session, settings), spec, catalog, model, resolver)
+
+
+def _plan_for(
+    cluster: ClusterView,
+    spec: ExperimentSpec,
+    catalog: EngineArgCatalog,
+    model: ResolvedModel,
+    resolver: Resolver | None,
+) -> Plan:
+    """:func:`plan_experiment` for ``spec`` on ``model``, checked against ``cluster``.
 
     A variant with ``layout.executor: "ray"`` is refused when the device kind in force
-    is CPU (the CPU build of vLLM refuses the Ray executor).
+    is CPU (the CPU build of vLLM refuses the Ray executor). Uses no database.
     """
-    plan = plan_experiment(
+    if model.resolution.get("offline") and model.resolution.get("weights_cached") is False:
+        variants, _ = expand(spec)
+        missing = [v.name for v in variants if v.config.engine_args.get("load_format") != "dummy"]
+        if missing:
+            return Plan(
+                variants=variants,
+                errors=[
+                    {
+                        "loc": ["body", "model"],
+                        "msg": f"{model.model_id} @ {model.revision}: the node's Hugging Face "
+                        f"cache ({model.resolution.get('hf_cache')}) has its config and "
+                        "tokenizer but no weights, and HF_HUB_OFFLINE=1 there, so vLLM cannot "
+                        "load it; download the weights into that cache, or set "
+                        "engine_args.load_format 'dummy' (random weights) for: "
+                        f"{', '.join(missing)}",
+                        "type": "model_weights_missing",
+                    }
+                ],
+            )
+    if cluster.kind == "CPU":
+        # before vLLM's (slow) configuration check: nothing else matters for these
+        variants, _ = expand(spec)
+        refused = [
+            {
+                "loc": _executor_loc(spec, v),
+                "msg": f"{v.name}: {RAY_EXECUTOR_ON_CPU}",
+                "type": "executor_unsupported",
+            }
+            for v in variants
+            if v.config.layout.executor == "ray"
+        ]
+        if refused:
+            return Plan(variants=variants, errors=refused)
+    return plan_experiment(
         spec,
         catalog,
         model_dir=str(model.path),
         model_digest=model.digest,
         generated_model=model.generated,
-        cluster_devices=OrchestratorRepository(session).cluster_devices(
-            settings.orchestrator.device_resource, settings.orchestrator.stale_after_s
-        ),
+        cluster_devices=cluster.devices,
         resolver=resolver,
         model_max_len=model.max_position_embeddings,
-        cluster_nodes=OrchestratorRepository(session).cluster_nodes(
-            settings.orchestrator.device_resource, settings.orchestrator.stale_after_s
-        ),
+        cluster_nodes=cluster.nodes,
     )
-    uses_ray = [v for v in plan.variants if v.config.layout.executor == "ray"]
-    if uses_ray:
-        kind = OrchestratorRepository(session).device_kind(
-            settings.orchestrator.device_resource, settings.orchestrator.stale_after_s
-        )
-        if kind == "CPU":
-            plan.errors = [
-                *plan.errors,
-                *(
-                    {
-                        "loc": ["body", "layout", "executor"],
-                        "msg": f"{v.name}: {RAY_EXECUTOR_ON_CPU}",
-                        "type": "executor_unsupported",
-                    }
-                    for v in uses_ray
-                ),
-            ]
-    return plan
+
+
+def _executor_loc(spec: ExperimentSpec, v: PlannedVariant) -> list[str | int]:
+    """Where a variant's ``layout.executor`` comes from in the submitted document."""
+    if v.source == "variant" and "layout.executor" in v.changes:
+        index = next(i for i, x in enumerate(spec.variants) if x.name == v.name)
+        return ["body", "variants", index, "changes", "layout.executor"]
+    if v.source == "factor":
+        return ["body", "factors", v.variable or ""]
+    return ["body", "baseline", "layout", "executor"]
 
 
 #: Why ``layout.executor: "ray"`` is refused on CPU (also the launch-time refusal).
@@ -345,16 +489,94 @@ def create_experiment(
     """Check ``spec`` and store the experiment with all its runs (``queued``).
 
     Raises :class:`SpecInvalidError` listing every problem; nothing is stored then.
+    The check (vLLM's, through ``resolver``) runs inside the caller's transaction:
+    the API uses :func:`submit_experiment` instead.
     """
+    model = _model_for(settings, spec)
+    checked = _check_experiment(ClusterView.read(session, settings), spec, catalog, model, resolver)
+    return _store_experiment(session, checked, catalog)
 
+
+def submit_experiment(
+    session: Session,
+    settings: Settings,
+    spec: ExperimentSpec,
+    catalog: EngineArgCatalog,
+    *,
+    resolver: Resolver | None = None,
+) -> Experiment:
+    """:func:`create_experiment` holding no database connection during the check.
+
+    The cluster's state is read, then the caller's transaction is committed
+    (:func:`orchestrator.db.release_connection`: its connection goes back to the pool);
+    the model, vLLM's check and the request lists are computed with no connection
+    held; the experiment is stored in a new transaction of ``session``, which the
+    caller's unit of work commits. Errors as :func:`create_experiment`, plus 503
+    ``submissions_busy`` from ``resolver``.
+    """
+    cluster = ClusterView.read(session, settings)
+    release_connection(session)
+    model = _model_for(settings, spec)
+    checked = _check_experiment(cluster, spec, catalog, model, resolver)
+    return _store_experiment(session, checked, catalog)
+
+
+def precheck(settings: Settings, catalog: EngineArgCatalog, doc: Any) -> None:
+    """Ask vLLM about the configurations of spec document ``doc`` using no database,
+    inside :func:`remembered_checks`, so that checking it again there in a transaction
+    (:func:`orchestrator.schedules.validate_template`) reuses the answers instead of
+    holding a connection during vLLM's check. Reports nothing: problems are reported by
+    that later check (which also knows the cluster)."""
+    try:
+        spec = parse_spec(doc, settings, catalog)
+        model = _model_for(settings, spec)
+    except SpecInvalidError:
+        return
+    _plan_for(ClusterView(), spec, catalog, model, engine_resolver(settings))
+
+
+def _model_for(settings: Settings, spec: ExperimentSpec) -> ResolvedModel:
     pre_errors = expand(spec)[1]
     if pre_errors:
         raise SpecInvalidError(pre_errors)
-    model = resolve_model(settings, spec.model, spec.revision)
-    plan = _plan(session, settings, spec, catalog, model, resolver)
+    return resolve_model(settings, spec.model, spec.revision)
+
+
+@dataclass
+class _Checked:
+    """A spec that passed every check, with what storing it needs."""
+
+    spec: ExperimentSpec
+    model: ResolvedModel
+    plan: Plan
+    hasher: _RequestListHasher
+
+
+def _check_experiment(
+    cluster: ClusterView,
+    spec: ExperimentSpec,
+    catalog: EngineArgCatalog,
+    model: ResolvedModel,
+    resolver: Resolver | None,
+) -> _Checked:
+    """Plan ``spec`` and build its request lists (no database). Raises
+    :class:`SpecInvalidError` with every problem."""
+    plan = _plan_for(cluster, spec, catalog, model, resolver)
     if plan.errors:
         raise SpecInvalidError(plan.errors)
+    return _Checked(spec, model, plan, _hashed(model, plan))
+
+
+def _hashed(model: ResolvedModel, plan: Plan) -> _RequestListHasher:
+    """A hasher that already holds every workload's request list hash of ``plan``."""
     hasher = _RequestListHasher(model.path)
+    for v in plan.variants:
+        hasher(v.config.workload)
+    return hasher
+
+
+def _store_experiment(session: Session, c: _Checked, catalog: EngineArgCatalog) -> Experiment:
+    spec, model, plan, hasher = c.spec, c.model, c.plan, c.hasher
     experiment = Experiment(
         name=spec.name,
         description=spec.description,
@@ -487,21 +709,90 @@ def add_variant(
     The new variant's reference is the cloned run's variant; it gets the
     experiment's repeat count, queued after the experiment's existing runs.
     Raises :class:`SpecInvalidError` under the same rules as a new experiment.
+    The check runs inside the caller's transaction (the experiment row locked):
+    the API uses :func:`submit_variant` instead.
     """
     run = get_run(session, run_id)
     experiment = session.get(Experiment, run.experiment_id, with_for_update=True)
     assert experiment is not None
+    cluster = ClusterView.read(session, settings)
+    c = _check_variant(cluster, settings, catalog, experiment.spec, run.name, variant, resolver)
+    return _store_variant(session, experiment, c, catalog)
+
+
+def submit_variant(
+    session: Session,
+    settings: Settings,
+    catalog: EngineArgCatalog,
+    run_id: str,
+    variant: Variant,
+    *,
+    resolver: Resolver | None = None,
+    attempts: int = 3,
+) -> list[Run]:
+    """:func:`add_variant` holding no database connection during the check.
+
+    The experiment's spec and the cluster's state are read and the caller's
+    transaction committed (:func:`orchestrator.db.release_connection`); the new
+    variant is checked with no connection held; then, in a new transaction of
+    ``session`` (committed by the caller), the experiment row is locked and the runs
+    stored if its spec is still the one checked. If another variant was added
+    meanwhile, the check is done again (vLLM's answers remembered), up to
+    ``attempts`` times, then 409 ``experiment_busy``.
+    """
+    with remembered_checks():
+        for _ in range(attempts):
+            run = get_run(session, run_id)
+            experiment = session.get(Experiment, run.experiment_id, populate_existing=True)
+            assert experiment is not None
+            seen = copy.deepcopy(experiment.spec)
+            reference, cluster = run.name, ClusterView.read(session, settings)
+            release_connection(session)
+            c = _check_variant(cluster, settings, catalog, seen, reference, variant, resolver)
+            experiment = session.get(
+                Experiment, run.experiment_id, with_for_update=True, populate_existing=True
+            )
+            assert experiment is not None
+            if experiment.spec == seen:
+                session.expire(experiment, ["runs"])  # as they are now, under the lock
+                return _store_variant(session, experiment, c, catalog)
+    raise ConflictError(
+        f"the experiment of run {run_id} kept changing while the variant was checked; "
+        "submit it again",
+        code_hint="experiment_busy",
+    )
+
+
+@dataclass
+class _CheckedVariant:
+    checked: _Checked
+    variant: Variant
     #: facts the service added to the stored spec (not part of what a user submits)
-    added = {k: v for k, v in experiment.spec.items() if k in _SPEC_FACTS}
-    doc = {k: v for k, v in experiment.spec.items() if k not in _SPEC_FACTS}
-    variant = variant.model_copy(update={"reference": run.name})
+    added: dict[str, Any]
+
+
+def _check_variant(
+    cluster: ClusterView,
+    settings: Settings,
+    catalog: EngineArgCatalog,
+    stored_spec: dict[str, Any],
+    reference: str,
+    variant: Variant,
+    resolver: Resolver | None = None,
+) -> _CheckedVariant:
+    """The experiment spec ``stored_spec`` with ``variant`` (referring to ``reference``)
+    appended, planned and checked (no database). Raises :class:`SpecInvalidError`; the
+    new variant's problems are located at ``body`` (the request's own body)."""
+    added = {k: v for k, v in stored_spec.items() if k in _SPEC_FACTS}
+    doc = {k: v for k, v in stored_spec.items() if k not in _SPEC_FACTS}
+    variant = variant.model_copy(update={"reference": reference})
     doc["variants"] = [*doc.get("variants", []), variant.model_dump(mode="json")]
     try:
         spec = ExperimentSpec.model_validate(doc)
     except ValidationError as exc:
         raise SpecInvalidError.from_validation(exc) from exc
     model = resolve_model(settings, spec.model, spec.revision)
-    plan = _plan(session, settings, spec, catalog, model, resolver)
+    plan = _plan_for(cluster, spec, catalog, model, resolver)
     if plan.errors:
         new_loc = ["body", "variants", len(spec.variants) - 1]
         raise SpecInvalidError(
@@ -510,23 +801,23 @@ def add_variant(
                 for e in plan.errors
             ]
         )
-    new_runs = [p for p in plan.runs if p.variant.name == variant.name]
+    return _CheckedVariant(_Checked(spec, model, plan, _hashed(model, plan)), variant, added)
+
+
+def _store_variant(
+    session: Session, experiment: Experiment, c: _CheckedVariant, catalog: EngineArgCatalog
+) -> list[Run]:
+    new_runs = [p for p in c.checked.plan.runs if p.variant.name == c.variant.name]
     existing = {(r.name, r.repeat_index): r.id for r in experiment.runs}
     offset = max((r.sequence for r in experiment.runs), default=-1) + 1
     first = min(p.sequence for p in new_runs)
     for p in new_runs:
         p.sequence -= first
-    experiment.spec = {**spec.model_dump(mode="json"), **added}
+    experiment.spec = {**c.checked.spec.model_dump(mode="json"), **c.added}
     experiment.variants = [*experiment.variants, _variant_doc(new_runs[0].variant)]
+    model, hasher = c.checked.model, c.checked.hasher
     return _store_runs(
-        session,
-        experiment,
-        new_runs,
-        model,
-        catalog,
-        _RequestListHasher(model.path),
-        existing,
-        sequence_offset=offset,
+        session, experiment, new_runs, model, catalog, hasher, existing, sequence_offset=offset
     )
 
 
@@ -706,6 +997,9 @@ def record_result(session: Session, run: Run, result: RunResult) -> None:
     }
     if result.status == "succeeded":
         run.progress["requests_total"] = measured
+    else:  # never "400 of 0": the planned count, or at least what finished
+        planned = int(run.progress.get("requests_total") or 0)
+        run.progress["requests_total"] = max(planned, measured)
     run.error = result.error
     run.partial = result.partial
     if result.engine_info.get("vllm_version"):

@@ -22,6 +22,16 @@ class ApiSettings(BaseModel):
     public_url: str | None = Field(
         None, description="base URL printed in links; default http://<host>:<port>"
     )
+    auth: Literal["tokens", "none"] = Field(
+        "tokens",
+        description="tokens: API tokens (``vlab token create``) are required once one exists; "
+        "with none, open access only when bound to a loopback address. none: no "
+        "authentication at all, every request acts as an admin (explicit opt-out, warned "
+        "about loudly at start)",
+    )
+    session_ttl_s: float = Field(
+        12 * 3600.0, gt=0, description="lifetime of a dashboard sign-in (seconds)"
+    )
 
 
 class EngineSettings(BaseModel):
@@ -36,6 +46,60 @@ class EngineSettings(BaseModel):
     )
     model_resolve_timeout_s: float = Field(
         120.0, gt=0, description="seconds a node may take to resolve a model id at submission"
+    )
+    max_failed_request_fraction: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="a run whose share of failed measured requests is above this (0-1) "
+        "fails (partial): its numbers are no valid measurement",
+    )
+
+
+class SubmissionSettings(BaseModel):
+    """Back-pressure on submissions (:mod:`orchestrator.config_check`)."""
+
+    max_concurrent_checks: int = Field(
+        2, ge=1, description="submissions (vLLM configuration checks) processed at once"
+    )
+    max_waiting: int = Field(
+        8, ge=0, description="submissions that may wait for a slot; more get 503 submissions_busy"
+    )
+    wait_timeout_s: float = Field(
+        120.0, gt=0, description="longest wait for a slot before 503 submissions_busy"
+    )
+    retry_after_s: int = Field(10, ge=1, description="Retry-After of a 503 submissions_busy")
+    warm_resolver: bool = Field(
+        True, description="keep one vLLM process warm for configuration checks (one import)"
+    )
+    warm_idle_s: float = Field(
+        600.0, gt=0, description="seconds the warm vLLM process stays without work"
+    )
+
+
+class PathSettings(BaseModel):
+    """Where engine arguments may point on the servers (:mod:`orchestrator.pathpolicy`)."""
+
+    allowed_roots: list[Path] = Field(
+        default_factory=list,
+        description="folders engine arguments may name files in (chat_template, "
+        "download_dir, tokenizer...) and, when set, the only places model directories "
+        "are served from (besides model_roots); default none: every such path is refused",
+    )
+    allow_remote_code: bool = Field(
+        False,
+        description="accept engine arguments that run or import code the server does not "
+        "ship (trust_remote_code, worker_cls, middleware, parser plugins...)",
+    )
+
+
+class LimitsSettings(BaseModel):
+    """Sizes the API accepts (:mod:`api.limits`)."""
+
+    max_body_bytes: int = Field(
+        16 * 2**20,
+        ge=1024,
+        description="largest request body (bytes); above it 413 payload_too_large",
     )
 
 
@@ -69,6 +133,9 @@ class Settings(BaseSettings):
     api: ApiSettings = Field(default_factory=ApiSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
     orchestrator: OrchestratorSettings = Field(default_factory=OrchestratorSettings)
+    submissions: SubmissionSettings = Field(default_factory=SubmissionSettings)
+    paths: PathSettings = Field(default_factory=PathSettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
 
     @property
     def models_dir(self) -> Path:

@@ -28,16 +28,25 @@ Each variant runs ``repeats`` times; repeats are interleaved
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from jobs.schemas import WorkloadSpec
+from orchestrator.pathpolicy import MAX_MODEL_CHARS
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.=:,\- ]{0,99}$"
 SECTIONS = ("engine_args", "layout", "workload")
 #: Engine arguments that mirror ``layout`` (set there, never in engine_args).
 LAYOUT_ARGS = ("tensor_parallel_size", "pipeline_parallel_size")
+
+
+#: The JSON schema of a ``changes`` object: its keys are dotted paths into a run
+#: configuration (``engine_args.max_model_len``); the validator says which part is wrong.
+CHANGES_SCHEMA: dict[str, Any] = {
+    "propertyNames": {"pattern": r"^(engine_args|layout|workload)\.[A-Za-z0-9_.-]*[A-Za-z0-9_-]$"}
+}
 
 
 def _check_path(path: str) -> str:
@@ -154,9 +163,17 @@ class Factor(BaseModel):
         return dict(level) if self.linked else {self.paths[0]: level}
 
     def level_label(self, level: Any) -> str:
+        """The level's variant name, ``<factor>=<value>``: characters a name may not
+        hold (``/``, quotes...) become ``_`` and it is cut to a name's 100 characters."""
         if not self.linked:
-            return f"{self.name}={_short(level)}"
-        return f"{self.name}=" + ",".join(_short(level[p]) for p in self.paths)
+            label = f"{self.name}={_short(level)}"
+        else:
+            label = f"{self.name}=" + ",".join(_short(level[p]) for p in self.paths)
+        return _NAME_UNSAFE.sub("_", label)[:100].rstrip() or "level"
+
+
+#: Characters :data:`NAME_PATTERN` does not allow after the first.
+_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.=:,\- ]")
 
 
 def _short(value: Any) -> str:
@@ -168,7 +185,7 @@ class Variant(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=NAME_PATTERN)
-    changes: dict[str, Any] = Field(min_length=1)
+    changes: dict[str, Any] = Field(min_length=1, json_schema_extra=CHANGES_SCHEMA)
     reference: str = Field("baseline", description="the run this one is compared with")
 
     @field_validator("changes")
@@ -228,7 +245,7 @@ class ExperimentSpec(BaseModel):
     description: str | None = Field(None, max_length=10_000)
     model: str = Field(
         min_length=1,
-        max_length=500,
+        max_length=MAX_MODEL_CHARS,
         description="a Hugging Face model id (org/name, resolved in the HF cache of a node "
         "that will run it), a model directory, a name under a model root, or a generated "
         "model (tiny, small)",
@@ -239,7 +256,7 @@ class ExperimentSpec(BaseModel):
         max_length=200,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$",
         description="Hugging Face revision of a model id: a branch, tag or commit "
-        "(default main); the run records the snapshot commit it resolved to",
+        "(default main; no '..'); the run records the snapshot commit it resolved to",
     )
     baseline: RunConfig = Field(default_factory=RunConfig)
     preset: Literal["ladder"] | None = None
@@ -252,6 +269,14 @@ class ExperimentSpec(BaseModel):
     slos: GoodputSLOs | None = Field(
         None, description="goodput objectives applied to every run of the experiment"
     )
+
+    @field_validator("revision")
+    @classmethod
+    def _no_parent_steps(cls, value: str | None) -> str | None:
+        # a git ref never holds "..", and the revision becomes part of a folder name
+        if value is not None and ".." in value:
+            raise ValueError("a revision cannot contain '..'")
+        return value
 
     @model_validator(mode="after")
     def _unique_names(self) -> ExperimentSpec:

@@ -94,10 +94,11 @@ def main() -> int:
                     "median_e2el_ms",
                     "energy_per_output_token_j",
                 ):
-                    print(
-                        f"{variant.get('variant')}: {m['metric']} ratio {_fmt(m.get('ratio'))} "
-                        f"(95 % CI {_fmt(m.get('ci_low'))}..{_fmt(m.get('ci_high'))}) "
-                        f"{m.get('verdict')}"
+                    of = m.get("ci_of") or "ratio"  # the interval is of the ratio or the
+                    print(  # difference (when the reference is 0)
+                        f"{variant.get('variant')}: {m['metric']} ratio {_fmt(m.get('ratio'))}, "
+                        f"95 % CI of the {of} {_fmt(m.get('ci_low'))}..{_fmt(m.get('ci_high'))}"
+                        f" ({m.get('verdict')})"
                     )
         return 0 if ok else 1
     finally:

@@ -12,7 +12,10 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
   exit 2
 fi
 nvidia-smi -L
-make venv engine >/dev/null
+make venv >/dev/null
+if [[ -z "${VLAB_ENGINE__PYTHON:-}" ]]; then
+  make engine >/dev/null  # vLLM's CUDA build into .engine-venv (nvidia-smi sees a GPU)
+fi
 ENGINE_PY="${VLAB_ENGINE__PYTHON:-$PWD/.engine-venv/bin/python}"
 if ! "$ENGINE_PY" -c "import torch, vllm; assert torch.cuda.is_available(), 'torch sees no GPU'; print('vLLM', vllm.__version__, 'torch', torch.__version__, 'CUDA', torch.version.cuda)"; then
   echo "gpu_check: the engine environment ($ENGINE_PY) has no CUDA build of vLLM" >&2

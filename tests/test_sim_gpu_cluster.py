@@ -213,7 +213,14 @@ def test_sim_two_concurrent_tp2_runs_get_disjoint_gpus(one_node: dict[str, Any])
 
 def test_sim_hf_model_id_resolves_on_the_node(one_node: dict[str, Any]) -> None:
     api = one_node["api"]
-    run_id = _submit(api, _spec("by-id", {"tensor_parallel_size": 1}, model="acme/tiny-chat"))
+    spec = _spec("by-id", {"tensor_parallel_size": 1}, model="acme/tiny-chat")
+    # the cache holds config and tokenizer only, and the node is offline: refused ...
+    refused = httpx.post(f"{api}/api/v1/experiments", json=spec, timeout=120)
+    assert refused.status_code == 422, refused.text
+    assert [e["type"] for e in refused.json()["errors"]] == ["model_weights_missing"]
+    # ... unless the run uses random weights (vLLM's load_format dummy)
+    spec["baseline"]["engine_args"]["load_format"] = "dummy"
+    run_id = _submit(api, spec)
     run = _ended(api, run_id)
     assert run["status"] == "succeeded", run["error"]
     assert run["model_id"] == "acme/tiny-chat"

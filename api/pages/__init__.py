@@ -2,7 +2,8 @@
 with charts and live updates done in the browser from the ``/api/v1`` JSON.
 
 Pages: ``/`` run history, ``/experiments/{id}``, ``/runs/{id}``, ``/compare?run=...``,
-``/schedules``. Static assets are served from ``/static`` and all ship in
+``/schedules``; ``/login`` (:mod:`api.auth`) signs in with an API token when tokens
+exist. Static assets are served from ``/static`` and all ship in
 ``web/static`` (Chart.js and its error-bar plugin are vendored in
 ``web/static/vendor``; no CDN, no web font).
 """
@@ -111,7 +112,10 @@ class PageCache:
 def render(
     request: Request, template: str, context: dict[str, Any], status_code: int = 200
 ) -> HTMLResponse:
-    """Render ``web/templates/<template>`` with ``request`` in the context."""
+    """Render ``web/templates/<template>`` with ``request`` in the context, and
+    ``principal`` (who is signed in; :class:`orchestrator.auth.Principal`, None on the
+    sign-in page) for the header, the CSRF token and the role-dependent buttons."""
+    context = {"principal": getattr(request.state, "principal", None), **context}
     return TEMPLATES.TemplateResponse(request, template, context, status_code=status_code)
 
 
@@ -121,10 +125,12 @@ def not_found(request: Request, what: str) -> HTMLResponse:
 
 
 def build_router() -> APIRouter:
-    """All dashboard pages (kept out of the OpenAPI document)."""
+    """All dashboard pages (kept out of the OpenAPI document), each behind the sign-in
+    (:data:`api.auth.PAGE_AUTH`: viewer or above, else a redirect to ``/login``)."""
+    from api.auth import PAGE_AUTH
     from api.pages import compare, experiment, history, run, schedules
 
-    router = APIRouter(include_in_schema=False)
+    router = APIRouter(include_in_schema=False, dependencies=PAGE_AUTH)
     for module in (history, experiment, run, compare, schedules):
         router.include_router(module.router)
     return router

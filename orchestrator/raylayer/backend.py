@@ -339,6 +339,20 @@ class RayRunBackend:
             progress = None
         return Poll(done=False, progress=progress)
 
+    def records(self, run_id: str, since: dict[str, int]) -> dict[str, list[dict[str, Any]]]:
+        """The request records the batch's runs finished after ``since[run_id]`` of them
+        (:meth:`RunSupervisor.records`); ``{}`` when the supervisor does not answer."""
+        active = self._runs.get(run_id)
+        if active is None:
+            return {}
+        try:
+            found: dict[str, list[dict[str, Any]]] = ray.get(
+                active.actor.records.remote(since), timeout=10
+            )
+        except (GetTimeoutError, RayError):
+            return {}
+        return found
+
     def cancel(self, run_id: str) -> None:
         active = self._runs.get(run_id)
         if active is not None:

@@ -14,9 +14,15 @@ supervisor picks the rendezvous port on its own node and starts one
 running ``vllm serve ... --nnodes N --node-rank r --master-addr <rank 0 IP>
 --master-port P --headless`` with the same engine arguments; rank 0's
 process is the batch's own server (it serves the API). While the runs go,
-a watcher checks every part; if a part's process exits or its node is lost,
-the runs are stopped and fail with that node's error lines. Every part is
-stopped when the job ends.
+a watcher checks every part; if any process of a part's engine exits (once
+the server is healthy, every process of each node's group is watched) or its
+node is lost, the runs are stopped and fail with that node's error lines.
+Every part is stopped when the job ends.
+
+Every request record is kept in the supervisor as soon as the request
+finished; ``records(since)`` hands out the new ones, and the dispatcher writes
+them to the database while the run goes, so the measured requests of a run
+survive the loss of the orchestrator and of this supervisor.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from typing import Any
 
 import ray
 
-from jobs.schemas import BatchJob, EngineLaunch, NodePart, Progress, RunResult
+from jobs.schemas import BatchJob, EngineLaunch, NodePart, Progress, RequestRecord, RunResult
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +46,7 @@ NAMESPACE = "vlab"
 _RAY_WORKER_ENV = ("OMP_NUM_THREADS",)
 
 #: Seconds between checks of the follower parts of a multi-node launch.
-PART_CHECK_INTERVAL_S = 2.0
+PART_CHECK_INTERVAL_S = 1.0
 
 
 def actor_name(run_id: str) -> str:
@@ -205,10 +211,20 @@ class EnginePart:
         return self.telemetry.read() if self.telemetry is not None else []
 
     def alive(self) -> bool:
-        return self.server.returncode is None
+        return self.server.death() is None
+
+    def watch_members(self) -> int:
+        """Note this node's engine processes (the run's server is healthy): from now on a
+        process of them that exits fails the runs. Returns how many are watched."""
+        return len(self.server.watch_members())
+
+    def death(self) -> str | None:
+        """Why this node's engine is dead (see ``EngineServer.death``), None while it runs."""
+        return self.server.death() if self.server is not None else None
 
     def error_lines(self, n: int = 40) -> list[str]:
-        return self.server.error_lines(n)
+        # once watched, only what was logged since (never its start-up warnings)
+        return self.server.run_error_lines(n)
 
     def log_text(self) -> str:
         return self.server.log_text()
@@ -280,6 +296,10 @@ class RunSupervisor:
         self._parts_info: list[dict[str, Any]] = []
         self._held: dict[str, Any] | None = None
         self._telemetry: GpuTelemetry | None = None
+        #: every finished request's record so far, per run (``RequestRecord.model_dump()``)
+        self._records: dict[str, list[dict[str, Any]]] = {}
+        self._records_lock = threading.Lock()
+        self._parts_watched = False
 
     def start(self) -> dict[str, Any]:
         """Start the job in a thread; returns the GPUs this launcher holds (see
@@ -347,6 +367,15 @@ class RunSupervisor:
 
     def _on_progress(self, progress: Progress) -> None:
         self._progress = progress.model_dump()
+        if progress.phase in ("warmup", "measuring") and self._parts and not self._parts_watched:
+            # the run's server answers: every node's engine processes are up, watch them all
+            self._parts_watched = True
+            for _, actor in self._parts:
+                actor.watch_members.remote()
+
+    def _on_record(self, run_id: str, record: RequestRecord) -> None:
+        with self._records_lock:
+            self._records.setdefault(run_id, []).append(record.model_dump())
 
     def _work(self) -> None:
         from jobs.engine import EngineError
@@ -370,7 +399,9 @@ class RunSupervisor:
                 watcher = threading.Thread(target=self._watch_parts, daemon=True)
                 watcher.start()
             telemetry = self._gpu_values if self._telemetry is not None else None
-            self._result = execute_batch(job, self._on_progress, self._cancel, telemetry)
+            self._result = execute_batch(
+                job, self._on_progress, self._cancel, telemetry, on_record=self._on_record
+            )
             if self._part_failure is not None:
                 self._result = [
                     r.model_copy(update={"status": "failed", "error": self._part_failure})
@@ -434,18 +465,18 @@ class RunSupervisor:
             for part, actor in self._parts:
                 where = f"node rank {part.rank} ({part.ip}, Ray node {part.node_id[:12]})"
                 try:
-                    alive = ray.get(actor.alive.remote(), timeout=30)
+                    death = ray.get(actor.death.remote(), timeout=30)
                 except RayError as exc:
                     self._fail_parts(f"{where} was lost: {type(exc).__name__}: {exc}"[:2000])
                     return
-                if not alive:
+                if death is not None:
                     try:
                         lines = ray.get(actor.error_lines.remote(), timeout=30)
                     except RayError:
                         lines = []
                     self._fail_parts(
-                        f"the vLLM part on {where} exited\n--- its engine log (error lines) ---\n"
-                        + "\n".join(lines)
+                        f"the vLLM part on {where} died: {death}\n"
+                        "--- its engine log (error lines) ---\n" + "\n".join(lines)
                     )
                     return
 
@@ -472,6 +503,18 @@ class RunSupervisor:
 
     def progress(self) -> dict[str, Any]:
         return dict(self._progress)
+
+    def records(self, since: dict[str, int] | None = None) -> dict[str, list[dict[str, Any]]]:
+        """The request records each run got after the first ``since[run_id]`` (default 0),
+        in the order the requests finished: ``{run_id: [RequestRecord.model_dump(), ...]}``
+        (runs without new records are left out)."""
+        since = since or {}
+        with self._records_lock:
+            return {
+                run_id: rows[since.get(run_id, 0) :]
+                for run_id, rows in self._records.items()
+                if len(rows) > since.get(run_id, 0)
+            }
 
     def cancel(self) -> bool:
         self._cancel.set()

@@ -32,7 +32,16 @@ def test_ray_executor_on_a_cpu_cluster_is_refused_at_submission(
     errors = resp.json()["errors"]
     assert {e["type"] for e in errors} == {"executor_unsupported"}
     assert all("current platform cpu does not support ray" in e["msg"] for e in errors)
-    assert all(e["loc"] == ["body", "layout", "executor"] for e in errors)
+    assert [e["loc"] for e in errors] == [["body", "baseline", "layout", "executor"]] * 2
+    # a variant that switches to the Ray executor is named where it does so
+    spec = demo_spec(
+        variants=[{"name": "ray", "changes": {"layout.executor": "ray"}}],
+    )
+    resp = client.post("/api/v1/experiments", json=spec)
+    assert resp.status_code == 422, resp.text
+    assert [e["loc"] for e in resp.json()["errors"]] == [
+        ["body", "variants", 0, "changes", "layout.executor"]
+    ]
     with session_factory() as s:
         assert s.scalar(select(func.count()).select_from(Experiment)) == before
 
@@ -69,3 +78,10 @@ def test_bad_revision_is_a_field_error(client: TestClient) -> None:
     resp = client.post("/api/v1/experiments", json=demo_spec(revision="../etc"))
     assert resp.status_code == 422
     assert ["body", "revision"] in [e["loc"] for e in resp.json()["errors"]]
+
+
+def test_revision_of_a_generated_model_or_directory_is_refused(client: TestClient) -> None:
+    resp = client.post("/api/v1/experiments", json=demo_spec(revision="main"))
+    assert resp.status_code == 422
+    (err,) = resp.json()["errors"]
+    assert err["loc"] == ["body", "model"] and "applies to a model named by" in err["msg"]

@@ -9,6 +9,8 @@ environment: set ``VLAB_ENGINE__PYTHON`` to its python (or have ``./.engine-venv
 
 from __future__ import annotations
 
+import os
+import signal
 import stat
 import sys
 import threading
@@ -18,8 +20,10 @@ from pathlib import Path
 import pytest
 
 from jobs.engine import (
+    DEAD_ENGINE_GRACE_S,
     LAUNCHER_PATH,
     EngineCancelledError,
+    EngineDiedError,
     EngineError,
     EngineServer,
     EngineStartError,
@@ -332,3 +336,55 @@ def test_error_lines_put_the_first_error_first_when_it_scrolled_out() -> None:
     assert lines[0] == "--- first error in the log ---"
     assert any("Cannot find any model weights" in ln for ln in lines[:3])
     assert lines[-1].endswith("See root cause above.")
+
+
+def test_error_lines_leave_out_warnings_that_only_mention_an_error() -> None:
+    """vLLM's start-up ulimit warning is no engine error; a warning that a process died is."""
+    log = "\n".join(
+        [
+            "(APIServer pid=1) WARNING 12-01 16:04:40 [system_utils.py:255] Found ulimit of "
+            "1024 and failed to automatically increase with error current limit exceeds "
+            "maximum limit. This can cause fd limit errors like `OSError: [Errno 24] Too many "
+            "open files`. Consider increasing with ulimit -n",
+            "(APIServer pid=1) INFO 12-01 16:04:41 [launcher.py:1] Route: /v1/chat/completions",
+            "(APIServer pid=1) WARNING 12-01 16:04:44 [core_client.py:817] [shutdown] MPClient: "
+            "engine core exited unexpectedly; starting cleanup",
+            "(APIServer pid=1) ERROR 12-01 16:04:44 [async_llm.py:906] vllm.v1.engine.exceptions"
+            ".EngineDeadError: EngineCore encountered an issue.",
+        ]
+    )
+    lines = error_lines(log)
+    assert not any("ulimit" in ln for ln in lines)
+    assert any("exited unexpectedly" in ln for ln in lines)
+    assert lines[-1].endswith("EngineCore encountered an issue.")
+
+
+def test_death_names_the_process_of_the_group_that_went(tmp_path: Path) -> None:
+    """Once watched, a child of the group that exits is the engine's death (the API
+    server, the group's leader, still runs), and ``stop`` does not wait long for it."""
+    server = EngineServer(_launch(tmp_path, _fake_engine(tmp_path, "hang"), port=0))
+    server.start()
+    try:
+        assert server.pgid is not None
+        members = _wait_members(server.pgid, 2)
+        watched = server.watch_members()
+        assert set(watched) == set(members)
+        assert server.death() is None
+        server.check_alive()
+        child = next(pid for pid in members if pid != server.pid)
+        os.kill(child, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while server.death() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        reason = server.death()
+        assert reason is not None and f"(pid {child})" in reason and "is gone" in reason
+        with pytest.raises(EngineDiedError) as info:
+            server.check_alive()
+        # nothing was logged since the watch began: no unrelated start-up line is quoted
+        assert info.value.log_lines == []
+        t = time.monotonic()
+        server.stop()
+        assert time.monotonic() - t < DEAD_ENGINE_GRACE_S + 5
+    finally:
+        server.stop(timeout_s=5)
+    assert group_members(server.pgid) == []

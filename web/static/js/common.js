@@ -8,6 +8,28 @@ const vlab = {
   pct(v, digits = 1) {
     return v === undefined || v === null ? "–" : (v * 100).toFixed(digits) + " %";
   },
+  // The dashboard session's CSRF token (a <meta> the server renders when signed in with
+  // the session cookie); sent back in X-CSRF-Token on every request that changes state.
+  csrfToken() {
+    const m = document.querySelector('meta[name="csrf-token"]');
+    return m ? m.content : "";
+  },
+  // fetch() for a state-changing JSON API call: adds the CSRF header (and a JSON body).
+  send(url, method, body) {
+    const headers = { accept: "application/json", "X-CSRF-Token": vlab.csrfToken() };
+    const init = { method, headers };
+    if (body !== undefined) {
+      headers["content-type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+    return fetch(url, init);
+  },
+  // Whether the signed-in role may do what `needed` (viewer < operator < admin) may do.
+  allows(needed) {
+    const order = ["viewer", "operator", "admin"];
+    const m = document.querySelector('meta[name="vlab-role"]');
+    return order.indexOf(m ? m.content : "admin") >= order.indexOf(needed);
+  },
   async json(url) {
     const r = await fetch(url, { headers: { accept: "application/json" } });
     if (!r.ok) throw new Error(`${url}: HTTP ${r.status}`);

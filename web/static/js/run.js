@@ -244,6 +244,8 @@
     root.dataset.status = run.status;
     document.getElementById("partial").hidden = !run.partial;
     document.getElementById("cancel-requested").hidden = !(run.cancel_requested && active);
+    const cancel = document.getElementById("cancel-run");
+    if (cancel) cancel.hidden = !active || run.cancel_requested;
     document.getElementById("live").hidden = !active;
     const reason = document.getElementById("status-reason");
     const why = [run.status_reason, run.error && run.error !== run.status_reason ? run.error : null].filter(Boolean);
@@ -261,6 +263,42 @@
       started.textContent = run.started_at.replace("T", " ").replace(/(\.\d+)?(Z|\+00:00)$/, "") + " UTC";
     }
   }
+
+  // ---------------------------------------------------------------- cancel
+  // POST /api/v1/runs/{id}/cancel with the session's CSRF token (vlab.send); then the
+  // server-rendered head (status, who cancelled) replaces this one. Delegated: the head
+  // is re-rendered when the run ends.
+  document.addEventListener("click", async (ev) => {
+    const button = ev.target.closest ? ev.target.closest("#cancel-run") : null;
+    if (!button) return;
+    if (!window.confirm("Cancel this run?")) return;
+    button.disabled = true;
+    const box = document.getElementById("cancel-error");
+    let r;
+    try {
+      r = await vlab.send(`${API}/cancel`, "POST");
+    } catch (e) {
+      r = null;
+      box.textContent = `could not reach the server: ${e.message}`;
+    }
+    if (r && r.ok) {
+      updateHead(await r.json());
+      const page = await fetch(location.pathname, { headers: { accept: "text/html" } });
+      if (page.ok) {
+        const doc = new DOMParser().parseFromString(await page.text(), "text/html");
+        const fresh = doc.getElementById("run-head");
+        if (fresh) document.getElementById("run-head").innerHTML = fresh.innerHTML;
+      }
+      return;
+    }
+    if (r) {
+      let detail = `HTTP ${r.status}`;
+      try { detail = (await r.json()).detail || detail; } catch (e) { /* not JSON */ }
+      box.textContent = `could not cancel: ${detail}`;
+    }
+    box.hidden = false;
+    button.disabled = false;
+  });
 
   // ---------------------------------------------------------------- distributions
   async function measuredRequests() {

@@ -1,5 +1,5 @@
 // Schedules pages: the enable/disable button.
-// PATCH /api/v1/schedules/{id} {"enabled": ...}; on success the page parts named in the
+// PATCH /api/v1/schedules/{id} {"enabled": ...} (with the CSRF token); on success the page parts named in the
 // button's data-swap (element ids) are replaced by freshly server-rendered ones from
 // data-refresh (so times and outcomes are formatted in one place, the server); on failure
 // the problem+json `detail` is shown next to the button. The API commits its unit of work
@@ -56,10 +56,8 @@
     button.disabled = true;
     let r;
     try {
-      r = await fetch(`/api/v1/schedules/${encodeURIComponent(button.dataset.id)}`, {
-        method: "PATCH",
-        headers: { "content-type": "application/json", accept: "application/json" },
-        body: JSON.stringify({ enabled: enable }),
+      r = await vlab.send(`/api/v1/schedules/${encodeURIComponent(button.dataset.id)}`, "PATCH", {
+        enabled: enable,
       });
     } catch (e) {
       button.disabled = false;
