@@ -334,7 +334,10 @@ class TokenIn(BaseModel):
     name: str = Field(pattern=auth.TOKEN_NAME_PATTERN, description="who or what holds it")
     role: Role
     expires_in_days: float | None = Field(
-        None, gt=0, le=3650, description="omitted: the token does not expire"
+        None,
+        ge=1 / 24,
+        le=3650,
+        description="from one hour (1/24) to 3650 days; omitted: the token does not expire",
     )
 
 

@@ -103,8 +103,12 @@ def declare_problems(doc: dict[str, Any]) -> dict[str, Any]:
                 continue
             responses = op.setdefault("responses", {})
             codes = {"500"}
+            if (
+                path.startswith("/api/") or path == "/healthz"
+            ):  # health: 503 when a dependency is down
+                codes |= {"503"}
             if path.startswith("/api/"):
-                codes |= {"401", "403", "503"}
+                codes |= {"401", "403"}
             if "{" in path:
                 codes.add("404")
             if op.get("parameters") or op.get("requestBody"):

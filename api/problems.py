@@ -30,6 +30,8 @@ from orchestrator.errors import VlabError
 
 log = logging.getLogger(__name__)
 PROBLEM_JSON = "application/problem+json"
+#: Longest ``detail`` answered (the full text stays in ``errors`` or the log).
+MAX_DETAIL = 2000
 #: Retry-After (seconds) of a 503 about the database
 DATABASE_RETRY_AFTER_S = 5
 
@@ -37,6 +39,8 @@ DATABASE_RETRY_AFTER_S = 5
 def problem(
     request: Request, status: int, code: str, title: str, detail: str, **extra: Any
 ) -> JSONResponse:
+    if len(detail) > MAX_DETAIL:  # e.g. a 5,000-character id echoed back in a 404
+        detail = detail[:MAX_DETAIL] + "…"
     body: dict[str, Any] = {
         "type": f"https://vlab.dev/problems/{code.replace('_', '-')}",
         "title": title,

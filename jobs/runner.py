@@ -415,6 +415,9 @@ _SCRAPE_TIMEOUT_S = 10.0
 ENGINE_WATCH_INTERVAL_S = 0.1
 #: Seconds to wait, after the port refused a connection, for the dead process to show.
 _REFUSED_WAIT_S = 2.0
+#: Seconds to wait, after an engine process was seen gone, for the engine's own log lines
+#: about it (they are the run's error; without them only our observation is reported).
+_DEATH_LINES_WAIT_S = 3.0
 
 
 class _Batch:
@@ -608,11 +611,18 @@ class _Batch:
         at = seg.dead_at if seg.dead_at is not None else seg.now()
         done = [r for r in seg.records if not r.warmup]
         ok = sum(1 for r in done if r.success)
+        # we see a process gone within 0.1 s; vLLM's own lines about it ("engine core
+        # exited unexpectedly", EngineDeadError) follow a moment later: wait for them
+        lines = server.run_error_lines()
+        deadline = time.monotonic() + _DEATH_LINES_WAIT_S
+        while not lines and time.monotonic() < deadline:
+            time.sleep(0.1)
+            lines = server.run_error_lines()
         raise EngineDiedError(
             f"the vLLM engine died during run {seg.run_id}: {reason}; seen {at:.1f} s into "
             f"the run, when the load was stopped ({ok} measured requests had succeeded, "
             f"{len(done) - ok} failed, of {seg.measured_total} planned)",
-            server.run_error_lines(),
+            lines,
         )
 
     def _end_all(

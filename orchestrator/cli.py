@@ -400,8 +400,8 @@ def token_create(
     from orchestrator.errors import TokenInvalidError
     from orchestrator.repositories import AuditRepository, utcnow
 
-    if expires_in_days is not None and expires_in_days <= 0:
-        raise CliError("--expires-in-days must be positive")
+    if expires_in_days is not None and not 1 / 24 <= expires_in_days <= 3650:
+        raise CliError("--expires-in-days must be between 1/24 (an hour) and 3650")
     rt = _runtime(get_settings())
     try:
         actor = _cli_actor()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,6 +137,25 @@ def server_key(model_digest: str, explicit: dict[str, Any], layout: dict[str, An
     """Runs with the same key can share one vLLM server (they differ only client-side)."""
     doc = json.dumps([model_digest, explicit, layout], sort_keys=True, default=str)
     return hashlib.sha256(doc.encode()).hexdigest()[:32]
+
+
+_EXC_PREFIX = re.compile(r"\b(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception):\s*")
+_SITE_PATH = re.compile(r"(?:/[^\s'\"]*)?/(?:site|dist)-packages/[^\s'\"]*")
+_PYDANTIC_NOISE = re.compile(
+    r"\s*\[type=[^\]]*\]|\s*For further information visit \S+|"
+    r",?\s*input_value=.*?(?=, input_type=|\]|$)|,?\s*input_type=\w+"
+)
+
+
+def public_reason(text: str) -> str:
+    """vLLM's refusal, fit for a client: without exception class names, pydantic's
+    noise (input values, type tags, links) and paths inside the engine's installation;
+    what the user can act on (the field and the rule) stays."""
+    text = _SITE_PATH.sub("<engine installation>", text)
+    text = _PYDANTIC_NOISE.sub("", text)
+    text = _EXC_PREFIX.sub("", text)
+    text = re.sub(r"\d+ validation errors? for \w+\s*", "", text)
+    return " ".join(text.split())[:1000]
 
 
 def _variant_loc(spec: ExperimentSpec, variant: PlannedVariant) -> list[str | int]:
@@ -289,7 +309,7 @@ def plan_experiment(
                     {
                         "loc": _variant_loc(spec, v),
                         "msg": f"vLLM refuses the configuration of {v.name!r}: "
-                        f"{answer.get('error', 'unknown error')}",
+                        f"{public_reason(str(answer.get('error', 'unknown error')))}",
                         "type": "engine_refuses_config",
                     }
                 )

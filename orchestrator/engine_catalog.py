@@ -139,8 +139,28 @@ class EngineArgCatalog:
         return errors
 
 
+#: Deepest nesting of brackets accepted in a JSON-text engine argument (vLLM's own
+#: configs nest a few levels; Python's JSON parser gives up near 1,000).
+MAX_JSON_DEPTH = 64
+
+
+def _json_depth(text: str) -> int:
+    """Deepest bracket nesting of ``text`` (brackets inside strings counted too: an upper
+    bound, enough to refuse a value before any parser recurses into it)."""
+    depth = deepest = 0
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
 def _value_problem(info: dict[str, Any], value: Any) -> str | None:
     name = info["dest"]
+    if isinstance(value, str) and _json_depth(value) > MAX_JSON_DEPTH:
+        return f"{name}: JSON nested deeper than {MAX_JSON_DEPTH} levels"
     if value is None:
         return None
     if info.get("is_bool_flag"):

@@ -39,7 +39,16 @@ class SpecInvalidError(VlabError):
     code = "spec_invalid"
     title = "Invalid experiment spec"
 
+    #: Most problems listed in one answer (a body can hold thousands of bad fields).
+    MAX_LISTED = 200
+
     def __init__(self, errors: list[dict[str, Any]], detail: str | None = None) -> None:
+        if len(errors) > self.MAX_LISTED:
+            more = len(errors) - self.MAX_LISTED
+            errors = [
+                *errors[: self.MAX_LISTED],
+                {"loc": ["body"], "msg": f"... and {more} more problems", "type": "truncated"},
+            ]
         summary = "; ".join(
             f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg', '')}" for e in errors[:5]
         )

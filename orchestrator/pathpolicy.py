@@ -271,13 +271,15 @@ class PathPolicy:
         norm = os.path.normpath(value)
         if not _is_under(norm, self.allowed_roots):
             return f"outside the allowed roots {list(self.allowed_roots)} ({ROOTS_SETTING})"
+        # realpath follows every symbolic link of the parts that exist, also when the last
+        # part does not exist yet (a file vLLM would create under a linked folder)
         try:
-            exists = os.path.lexists(norm)
+            real = os.path.realpath(norm)
         except (OSError, ValueError):
-            exists = False
-        if exists and not _is_under(os.path.realpath(norm), self._real_roots):
+            real = norm
+        if not _is_under(real, self._real_roots):
             return (
-                f"it leads through a symbolic link to {os.path.realpath(norm)}, outside the "
+                f"it leads through a symbolic link to {real}, outside the "
                 f"allowed roots {list(self.allowed_roots)} ({ROOTS_SETTING})"
             )
         return None
@@ -449,7 +451,7 @@ def _as_json(value: Any) -> Any:
     if isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
         try:
             return json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):
             return value
     return value
 

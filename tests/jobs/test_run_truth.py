@@ -208,7 +208,8 @@ def test_engine_core_killed_mid_run_fails_partial_and_stops_the_load(
     measured = [r for r in result.requests if not r.warmup]
     assert 20 <= len(measured) < 200  # the load stopped at once, not after 2000 requests
     assert result.metrics["completed"] >= 20
-    assert ended - killed_at[0] < 5.0
+    # detection takes 0.1 s; the rest is the wait for the engine's own lines (3 s at most)
+    assert ended - killed_at[0] < 8.0
     # every record was handed out as its request finished, before the run ended
     assert sorted((r.index, r.warmup) for _, r, _ in streamed) == sorted(
         (r.index, r.warmup) for r in result.requests
