@@ -750,6 +750,26 @@ def fingerprint(
     return doc
 
 
+def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    """``--revision``, ``--model-root`` and ``--digest-cache``: how ``fingerprint`` and
+    ``resolve-model`` find a model and cache its digests (the same on both)."""
+    parser.add_argument("--revision", metavar="REV", default=None, help="branch, tag or commit")
+    parser.add_argument(
+        "--model-root",
+        metavar="DIR",
+        action="append",
+        default=[],
+        dest="model_roots",
+        help="directory holding models by name (repeatable)",
+    )
+    parser.add_argument(
+        "--digest-cache",
+        metavar="FILE",
+        default=None,
+        help="JSON file caching the model files' SHA-256 digests",
+    )
+
+
 def _parse_fingerprint_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="vllm_launcher.py fingerprint",
@@ -766,21 +786,7 @@ def _parse_fingerprint_args(argv: list[str]) -> argparse.Namespace:
         help="model to resolve and list: a directory, a name under --model-root, or a "
         "Hugging Face repo id (see resolve-model)",
     )
-    parser.add_argument("--revision", metavar="REV", default=None, help="branch, tag or commit")
-    parser.add_argument(
-        "--model-root",
-        metavar="DIR",
-        action="append",
-        default=[],
-        dest="model_roots",
-        help="directory holding models by name (repeatable)",
-    )
-    parser.add_argument(
-        "--digest-cache",
-        metavar="FILE",
-        default=None,
-        help="JSON file caching the model files' SHA-256 digests",
-    )
+    _add_model_options(parser)
     args = parser.parse_args(argv)
     if args.model is None and (args.revision is not None or args.model_roots):
         parser.error("--revision and --model-root need --model")
@@ -1190,21 +1196,7 @@ def _parse_resolve_model_args(argv: list[str]) -> argparse.Namespace:
         "Face repo id) on this node and print a JSON description of it.",
     )
     parser.add_argument("--model", metavar="NAME", required=True, help="model to resolve")
-    parser.add_argument("--revision", metavar="REV", default=None, help="branch, tag or commit")
-    parser.add_argument(
-        "--model-root",
-        metavar="DIR",
-        action="append",
-        default=[],
-        dest="model_roots",
-        help="directory holding models by name (repeatable)",
-    )
-    parser.add_argument(
-        "--digest-cache",
-        metavar="FILE",
-        default=None,
-        help="JSON file caching the model files' SHA-256 digests",
-    )
+    _add_model_options(parser)
     parser.add_argument("--no-digests", action="store_true", help="do not hash the files")
     return parser.parse_args(argv)
 
