@@ -38,26 +38,16 @@ from api.schemas import (
     ScheduleOut,
     ScheduleUpdate,
 )
-from orchestrator import service
-from orchestrator.config_check import gate_for
-from orchestrator.db import database_health, release_connection, watch
-from orchestrator.engine_catalog import load_catalog
-from orchestrator.errors import (
+from orchestrator.core.db import database_health, release_connection, watch
+from orchestrator.core.errors import (
     NotFoundError,
     ParityRequestInvalidError,
     QueryInvalidError,
     ScheduleInvalidError,
     SpecInvalidError,
 )
-from orchestrator.history import (
-    SORT_KEYS,
-    HistoryFilter,
-    HistoryQueryError,
-    history_page,
-    parse_engine_arg,
-)
-from orchestrator.models import Experiment, ParityCheck, Run, Schedule, ScheduleFire
-from orchestrator.repositories import (
+from orchestrator.core.models import Experiment, ParityCheck, Run, Schedule, ScheduleFire
+from orchestrator.core.repositories import (
     ExperimentRepository,
     OrchestratorRepository,
     ParityCheckRepository,
@@ -65,9 +55,19 @@ from orchestrator.repositories import (
     ScheduleRepository,
     utcnow,
 )
-from orchestrator.settings import Settings
-from orchestrator.spec import CHANGES_SCHEMA, NAME_PATTERN, ExperimentSpec, Variant
-from orchestrator.states import RunStatus
+from orchestrator.core.settings import Settings
+from orchestrator.core.states import RunStatus
+from orchestrator.experiments import service
+from orchestrator.experiments.config_check import gate_for
+from orchestrator.experiments.engine_catalog import load_catalog
+from orchestrator.experiments.spec import CHANGES_SCHEMA, NAME_PATTERN, ExperimentSpec, Variant
+from orchestrator.runs.history import (
+    SORT_KEYS,
+    HistoryFilter,
+    HistoryQueryError,
+    history_page,
+    parse_engine_arg,
+)
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web" / "static"
 
@@ -229,8 +229,8 @@ def get_experiment(experiment_id: str, request: Request, session: SessionDep) ->
 def get_comparison(experiment_id: str, session: SessionDep) -> dict[str, Any]:
     """Each variant vs its reference: per metric both values, the ratio, a 95 % bootstrap
     CI over repeats and requests, and a verdict (better / worse / no clear difference);
-    plus findings (e.g. hit rate up but E2E latency flat). See ``orchestrator.compare``."""
-    from orchestrator.analysis import comparison
+    plus findings (e.g. hit rate up but E2E latency flat). See ``orchestrator.analysis.compare``."""
+    from orchestrator.analysis.service import comparison
 
     return comparison(session, experiment_id)
 
@@ -244,7 +244,7 @@ def export_runs(
     """The experiment's runs as CSV or Parquet: one row per run, configuration and metrics
     flattened into dotted columns (``engine_args.enable_prefix_caching``,
     ``metrics.median_ttft_ms``)."""
-    from orchestrator.analysis import export
+    from orchestrator.analysis.service import export
 
     body = export(session, experiment_id, format)
     media = "text/csv" if format == "csv" else "application/vnd.apache.parquet"
@@ -292,7 +292,7 @@ def list_runs(
     offset: Offset = 0,
 ) -> Page[RunOut]:
     """The run history: filtered, sorted, paginated (the dashboard's first page uses the
-    same query, :func:`orchestrator.history.history_page`). Runs without the sort value
+    same query, :func:`orchestrator.runs.history.history_page`). Runs without the sort value
     (e.g. no metric yet) come last."""
     try:
         if since and until and until <= since:
@@ -336,11 +336,12 @@ def get_run_metrics(
     """Summary metrics (``vllm bench serve`` names, plus server-side ones) and the time series.
 
     The ``/metrics`` time series (one scrape per second) is downsampled to at most
-    ``max_points`` points during the measured phase (:func:`orchestrator.timeseries.downsample`:
+    ``max_points`` points during the measured phase
+    (:func:`orchestrator.runs.timeseries.downsample`:
     counters keep their last value per bin, gauges their maximum); ``samples_total``
     is the number stored.
     """
-    from orchestrator.timeseries import downsample
+    from orchestrator.runs.timeseries import downsample
 
     run = service.get_run(session, run_id)
     repo = RunRepository(session)
@@ -393,7 +394,7 @@ def get_run_log(run_id: str, session: SessionDep, raw: bool = False) -> PlainTex
     run = service.get_run(session, run_id)
     content = RunRepository(session).log(run_id)
     if content is None:  # running, or lost before its end: the log file on disk
-        from orchestrator.dispatcher import engine_log_from_disk
+        from orchestrator.dispatch.dispatcher import engine_log_from_disk
 
         content = engine_log_from_disk(run)
     if content is None:
@@ -497,7 +498,7 @@ def post_parity_check(
 
     Stored ``pending`` and answered by an orchestrator, which runs the node
     probe in the engine environment on every node and compares the
-    fingerprints (:func:`orchestrator.parity.check_parity`). Poll the
+    fingerprints (:func:`orchestrator.cluster.parity.check_parity`). Poll the
     ``Location`` until ``status`` is ``done`` (``report.verdict`` is ``ok`` or
     ``blocked``; warn-only findings are in ``report.warnings``) or ``failed``.
 
@@ -505,7 +506,7 @@ def post_parity_check(
     arguments against vLLM's own list, the node ids and the TP x PP shape
     against the nodes the live orchestrators publish, and the model.
     """
-    from orchestrator.placement import shape_problem
+    from orchestrator.cluster.placement import shape_problem
 
     settings: Settings = request.app.state.settings
     doc = body.model_dump(mode="json")
@@ -561,7 +562,7 @@ def get_parity_check(check_id: str, request: Request, session: SessionDep) -> Pa
 
 
 def _fire_brief(sched: Schedule, fire: ScheduleFire) -> FireBrief:
-    from orchestrator.schedules import zone
+    from orchestrator.schedules.service import zone
 
     return FireBrief(
         fire_time=fire.fire_time.astimezone(zone(sched.timezone)),
@@ -572,7 +573,7 @@ def _fire_brief(sched: Schedule, fire: ScheduleFire) -> FireBrief:
 
 
 def _schedule_out(request: Request, session: Session, sched: Schedule) -> ScheduleOut:
-    from orchestrator.schedules import NEXT_FIRES, next_fire_times
+    from orchestrator.schedules.service import NEXT_FIRES, next_fire_times
 
     now = utcnow()
     after = max(now, sched.last_fire_at) if sched.last_fire_at else now
@@ -619,7 +620,7 @@ def create_schedule(
     ``body.template``) or an ``end_at`` already past; 409 ``schedule_name_taken``.
     Nothing is stored then.
     """
-    from orchestrator.schedules import save_schedule
+    from orchestrator.schedules.service import save_schedule
 
     now = utcnow()
     if body.end_at is not None and body.end_at <= now:
@@ -634,7 +635,7 @@ def create_schedule(
             ]
         )
     if body.end_at is not None:
-        from orchestrator.schedules import next_fire_times
+        from orchestrator.schedules.service import next_fire_times
 
         if not next_fire_times(body.cron, body.timezone, now, 1, body.end_at):
             raise ScheduleInvalidError(
@@ -671,7 +672,7 @@ def list_schedules(
 @router.get("/schedules/{schedule_id}", response_model=ScheduleOut)
 def get_schedule(schedule_id: str, request: Request, session: SessionDep) -> ScheduleOut:
     """One schedule: its next 5 fire times (ISO 8601 in its zone) and its latest fires."""
-    from orchestrator.schedules import get_schedule as get
+    from orchestrator.schedules.service import get_schedule as get
 
     return _schedule_out(request, session, get(session, schedule_id))
 
@@ -690,8 +691,8 @@ def update_schedule(
     spent disabled is not caught up). A new template is checked by vLLM like a
     submission (503 ``submissions_busy`` when too many are being checked).
     """
-    from orchestrator.schedules import get_schedule as get
-    from orchestrator.schedules import save_schedule
+    from orchestrator.schedules.service import get_schedule as get
+    from orchestrator.schedules.service import save_schedule
 
     with contextlib.ExitStack() as checking:
         if body.template is not None:
@@ -721,7 +722,7 @@ def update_schedule(
 @router.delete("/schedules/{schedule_id}", status_code=204)
 def delete_schedule(schedule_id: str, session: SessionDep) -> Response:
     """Delete the schedule and its fire records; its experiments stay."""
-    from orchestrator.schedules import get_schedule as get
+    from orchestrator.schedules.service import get_schedule as get
 
     ScheduleRepository(session).delete(get(session, schedule_id))
     return Response(status_code=204)
@@ -736,10 +737,10 @@ def list_schedule_fires(
     A fired sweep whose runs are all terminal is compared with the previous
     completed sweep of the schedule, variant by variant (same name): a metric
     whose 95 % bootstrap interval lies on the bad side is a regression
-    (:func:`orchestrator.schedules.sweep_regressions`; computed on read).
+    (:func:`orchestrator.schedules.service.sweep_regressions`; computed on read).
     """
-    from orchestrator.schedules import get_schedule as get
-    from orchestrator.schedules import sweep_regressions
+    from orchestrator.schedules.service import get_schedule as get
+    from orchestrator.schedules.service import sweep_regressions
 
     sched = get(session, schedule_id)
     rows, total = ScheduleRepository(session).fires(sched.id, limit=limit, offset=offset)
@@ -858,9 +859,9 @@ def create_app(settings: Settings, session_factory: sessionmaker[Session]) -> Fa
             down_since=datetime.fromtimestamp(since, UTC).isoformat() if since else None,
         )
 
-    from api.analyze import findings_router
-    from api.analyze import router as analyze_router
-    from api.pages import build_router
+    from api.routes.analyze import findings_router
+    from api.routes.analyze import router as analyze_router
+    from web.pages import build_router
 
     app.include_router(analyze_router, dependencies=auth.API_AUTH)
     app.include_router(findings_router, dependencies=auth.API_AUTH)

@@ -1,4 +1,6 @@
-"""Authentication and roles for the API and the dashboard (the rules: :mod:`orchestrator.auth`).
+"""Authentication and roles for the API and the dashboard.
+
+The rules live in :mod:`orchestrator.core.auth`.
 
 - :data:`API_AUTH`: the dependency every ``/api/v1`` router is included with. It
   resolves who the request is (``Authorization: Bearer <token>``, else the dashboard
@@ -37,12 +39,12 @@ from sqlalchemy.orm import Session
 
 from api import problems
 from api.deps import SessionDep
-from orchestrator import auth
-from orchestrator.auth import ROLE_SCOPE, Principal, Role
-from orchestrator.db import unit_of_work
-from orchestrator.errors import ForbiddenError, UnauthenticatedError
-from orchestrator.models import ApiToken
-from orchestrator.repositories import AuditRepository, TokenRepository, utcnow
+from orchestrator.core import auth
+from orchestrator.core.auth import ROLE_SCOPE, Principal, Role
+from orchestrator.core.db import unit_of_work
+from orchestrator.core.errors import ForbiddenError, UnauthenticatedError
+from orchestrator.core.models import ApiToken
+from orchestrator.core.repositories import AuditRepository, TokenRepository, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +221,7 @@ def _secure(request: Request) -> bool:
 def _login_page(
     request: Request, next_url: str, error: str | None = None, status: int = 200
 ) -> HTMLResponse:
-    from api.pages import render
+    from web.pages import render
 
     csrf = secrets.token_urlsafe(32)
     with unit_of_work(request.app.state.session_factory) as session:
@@ -457,7 +459,7 @@ def audit_events(
 
 
 def install(app: FastAPI) -> None:
-    """Refuse an unsafe configuration (:func:`orchestrator.auth.startup_check`), register
+    """Refuse an unsafe configuration (:func:`orchestrator.core.auth.startup_check`), register
     the 401/redirect handlers, the sign-in pages, the token API and ``/openapi.json``
     (which needs a viewer like any other read)."""
     settings = app.state.settings

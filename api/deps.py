@@ -8,8 +8,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
-from orchestrator.db import unit_of_work
-from orchestrator.settings import Settings
+from orchestrator.core.db import unit_of_work
+from orchestrator.core.settings import Settings
 
 
 def _session(request: Request) -> Iterator[Session]:

@@ -21,7 +21,7 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from orchestrator.settings import Settings
+from orchestrator.core.settings import Settings
 
 SETTING = "VLAB_LIMITS__MAX_BODY_BYTES"
 

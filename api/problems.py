@@ -8,7 +8,7 @@ A problem that a retry can cure (503 ``submissions_busy``, ``database_unavailabl
 ``database_busy``) carries a ``Retry-After`` header (seconds) and ``retry_after_s``.
 A database that cannot be reached is a 503 ``database_unavailable`` everywhere (an
 HTML page on the dashboard's pages), logged once per outage
-(:data:`orchestrator.db.database_health`), never a traceback per request. Bodies
+(:data:`orchestrator.core.db.database_health`), never a traceback per request. Bodies
 never carry exception class names, SQL or server paths.
 """
 
@@ -25,8 +25,8 @@ from sqlalchemy.exc import DataError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from orchestrator.db import database_health, is_unavailable
-from orchestrator.errors import VlabError
+from orchestrator.core.db import database_health, is_unavailable
+from orchestrator.core.errors import VlabError
 
 log = logging.getLogger(__name__)
 PROBLEM_JSON = "application/problem+json"
@@ -75,7 +75,7 @@ def database_unavailable(request: Request, exc: BaseException | None = None) -> 
         f"(retry in {DATABASE_RETRY_AFTER_S} s)"
     )
     if _is_page(request):
-        from api.pages import render
+        from web.pages import render
 
         page = render(
             request,

@@ -1,4 +1,7 @@
-"""Response schemas of the REST API (requests use :class:`orchestrator.spec.ExperimentSpec`)."""
+"""Response schemas of the REST API.
+
+Requests use :class:`orchestrator.experiments.spec.ExperimentSpec`.
+"""
 
 from __future__ import annotations
 
@@ -198,7 +201,8 @@ class ParityCheckOut(BaseModel):
     finished_at: datetime | None
     request: dict[str, Any]
     report: dict[str, Any] | None = Field(
-        None, description="orchestrator.parity.check_parity report: verdict, per-field values"
+        None,
+        description="orchestrator.cluster.parity.check_parity report: verdict, per-field values",
     )
     error: str | None
 
@@ -235,7 +239,7 @@ class ScheduleIn(BaseModel):
     @field_validator("cron")
     @classmethod
     def _cron(cls, v: str) -> str:
-        from orchestrator.schedules import check_cron
+        from orchestrator.schedules.service import check_cron
 
         try:
             return check_cron(v)
@@ -245,7 +249,7 @@ class ScheduleIn(BaseModel):
     @field_validator("timezone")
     @classmethod
     def _tz(cls, v: str) -> str:
-        from orchestrator.schedules import zone
+        from orchestrator.schedules.service import zone
 
         try:
             zone(v)

@@ -1,7 +1,7 @@
 """Node fingerprints for the multi-node parity check, collected on each node.
 
 A *node fingerprint* describes one node's engine environment in the shape
-:func:`orchestrator.parity.check_parity` consumes. Most of it comes from the
+:func:`orchestrator.cluster.parity.check_parity` consumes. Most of it comes from the
 engine's own interpreter (``vllm_launcher.py fingerprint``, run with the
 engine venv's python: Python/vLLM/torch/CUDA/NCCL versions, GPUs, network
 interfaces, the launch-relevant environment, the model directory's files and
@@ -136,7 +136,7 @@ def probe_node(
     env: Mapping[str, str] | None = None,
     revision: str | None = None,
 ) -> dict[str, Any]:
-    """Fingerprint of this node's engine environment (shape: :mod:`orchestrator.parity`).
+    """Fingerprint of this node's engine environment (shape: :mod:`orchestrator.cluster.parity`).
 
     Runs ``[engine_python, jobs/vllm_launcher.py, "fingerprint", "--model",
     model_dir, "--digest-cache", digest_cache]`` (options only when not

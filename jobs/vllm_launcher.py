@@ -462,7 +462,7 @@ def _gpu_facts() -> dict[str, Any]:
     """``nvidia_driver``, ``gpu_model``, ``gpu_count``, ``gpu_memory_mib``, ``gpu_topology``.
 
     From ``nvidia-smi``; without it (or when it fails) all are ``None``: the
-    GPU count is unknown then, not 0 (``orchestrator.parity`` skips its
+    GPU count is unknown then, not 0 (``orchestrator.cluster.parity`` skips its
     world-size check for unknown counts); ``nvidia-smi`` listing no GPU gives
     ``gpu_count`` 0. Several GPU models on one node are joined with ``" / "``
     (in first-seen order); ``gpu_memory_mib`` is the smallest GPU's total memory.
@@ -698,7 +698,7 @@ def fingerprint(
     revision: str | None = None,
     model_roots: list[str] | tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """Description of this node's engine environment, for ``orchestrator.parity``.
+    """Description of this node's engine environment, for ``orchestrator.cluster.parity``.
 
     Collected in the engine's own interpreter. Keys: ``hostname``, ``os``
     (``platform.platform()``), ``kernel`` (``platform.release()``), ``machine``,

@@ -5,9 +5,9 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from orchestrator.db import normalize_url
-from orchestrator.models import Base
-from orchestrator.settings import get_settings
+from orchestrator.core.db import normalize_url
+from orchestrator.core.models import Base
+from orchestrator.core.settings import get_settings
 
 config = context.config
 target_metadata = Base.metadata
@@ -17,7 +17,7 @@ def _url() -> str:
     url = config.get_main_option("sqlalchemy.url")
     if url:
         return url
-    from orchestrator.db import resolve_database_url
+    from orchestrator.core.db import resolve_database_url
 
     return resolve_database_url(get_settings())
 

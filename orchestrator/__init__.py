@@ -1,5 +1,5 @@
 """vlab orchestrator: domain, persistence, experiment rules, dispatcher and Ray layer.
 
 Nothing imported from this package's top level pulls in Ray; Ray-specific code
-lives in :mod:`orchestrator.raylayer`.
+lives in :mod:`orchestrator.dispatch.ray`.
 """

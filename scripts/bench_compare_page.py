@@ -40,17 +40,17 @@ from sqlalchemy.orm import sessionmaker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import api.pages.compare as compare_page  # noqa: E402
+import web.pages.compare as compare_page  # noqa: E402
 from api.app import create_app  # noqa: E402
-from orchestrator.db import (  # noqa: E402
+from orchestrator.core.db import (  # noqa: E402
     normalize_url,
     scratch_database,
     start_embedded_postgres,
     stop_embedded_postgres,
     upgrade_to_head,
 )
-from orchestrator.models import Experiment, Run  # noqa: E402
-from orchestrator.settings import EngineSettings, Settings  # noqa: E402
+from orchestrator.core.models import Experiment, Run  # noqa: E402
+from orchestrator.core.settings import EngineSettings, Settings  # noqa: E402
 from tests.web.seed import DATA, load_export  # noqa: E402
 
 EXPORT = DATA / "demo_experiment.json"

@@ -27,8 +27,8 @@ from sqlalchemy.orm import sessionmaker
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from api.app import create_app  # noqa: E402
-from orchestrator.db import scratch_database, upgrade_to_head  # noqa: E402
-from orchestrator.settings import EngineSettings, Settings  # noqa: E402
+from orchestrator.core.db import scratch_database, upgrade_to_head  # noqa: E402
+from orchestrator.core.settings import EngineSettings, Settings  # noqa: E402
 from tests.web.seed import bulk_history  # noqa: E402
 
 QUERIES = {

@@ -19,10 +19,10 @@ from typing import Any
 
 import httpx
 
-from orchestrator.cli import load_spec_file, submit_spec
-from orchestrator.report import watch
-from orchestrator.runtime import Runtime
-from orchestrator.settings import get_settings
+from orchestrator.cli.main import load_spec_file, submit_spec
+from orchestrator.cli.report import watch
+from orchestrator.cli.runtime import Runtime
+from orchestrator.core.settings import get_settings
 
 SPEC = Path(__file__).resolve().parent.parent / "examples" / "gpu-check.json"
 

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator.db import (
+from orchestrator.core.db import (
     normalize_url,
     scratch_database,
     start_embedded_postgres,

@@ -8,9 +8,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from orchestrator.engine_catalog import EngineArgCatalog
-from orchestrator.models import Experiment, Run
-from orchestrator.states import RunStatus
+from orchestrator.core.models import Experiment, Run
+from orchestrator.core.states import RunStatus
+from orchestrator.experiments.engine_catalog import EngineArgCatalog
 
 DATA = Path(__file__).resolve().parent / "data"
 

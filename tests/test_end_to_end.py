@@ -20,10 +20,10 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator.db import unit_of_work
-from orchestrator.models import Run, RunLog, RunMetric, RunRequest, RunSample
-from orchestrator.runtime import Runtime
-from orchestrator.settings import EngineSettings, OrchestratorSettings, Settings
+from orchestrator.cli.runtime import Runtime
+from orchestrator.core.db import unit_of_work
+from orchestrator.core.models import Run, RunLog, RunMetric, RunRequest, RunSample
+from orchestrator.core.settings import EngineSettings, OrchestratorSettings, Settings
 from tests.conftest import ENGINE_PYTHON, fresh_database
 from tests.factories import make_experiment
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import load_spec_file
-from orchestrator.design import plan_experiment
-from orchestrator.spec import ExperimentSpec
+from orchestrator.cli.main import load_spec_file
+from orchestrator.experiments.planner import plan_experiment
+from orchestrator.experiments.spec import ExperimentSpec
 from tests.factories import real_catalog
 
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.*"))

@@ -23,8 +23,8 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from orchestrator.runtime import Runtime
-from orchestrator.settings import EngineSettings, OrchestratorSettings, Settings
+from orchestrator.cli.runtime import Runtime
+from orchestrator.core.settings import EngineSettings, OrchestratorSettings, Settings
 from tests.conftest import ENGINE_PYTHON, fresh_database
 
 pytestmark = pytest.mark.engine

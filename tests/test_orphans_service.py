@@ -1,5 +1,5 @@
 """No orphans, end to end, on a real vLLM CPU server: the service (a ``vlab up``-like
-process running :class:`orchestrator.runtime.Runtime`: Postgres, a local Ray, the
+process running :class:`orchestrator.cli.runtime.Runtime`: Postgres, a local Ray, the
 dispatcher, the API) is SIGKILLed while a run measures.
 
 - within a few seconds no engine process of the run is left (``/proc``, the
@@ -28,8 +28,8 @@ from sqlalchemy import create_engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.modelgen import generate_model
-from orchestrator.db import normalize_url, upgrade_to_head
-from orchestrator.models import Run, RunRequest
+from orchestrator.core.db import normalize_url, upgrade_to_head
+from orchestrator.core.models import Run, RunRequest
 from tests.conftest import ENGINE_PYTHON, REPO, fresh_database, needs_engine
 from tests.factories import make_experiment
 
@@ -39,8 +39,8 @@ ENGINE_ARGS = {"load_format": "dummy", "max_model_len": 2048, "enforce_eager": T
 
 SERVICE = """\
 import sys, time
-from orchestrator.runtime import Runtime
-from orchestrator.settings import Settings
+from orchestrator.cli.runtime import Runtime
+from orchestrator.core.settings import Settings
 
 rt = Runtime(Settings())
 rt.start_database()

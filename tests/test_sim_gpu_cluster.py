@@ -35,9 +35,9 @@ import ray
 from ray.cluster_utils import Cluster
 
 from jobs.modelgen import generate_model
-from orchestrator import service
-from orchestrator.runtime import Runtime
-from orchestrator.settings import EngineSettings, OrchestratorSettings, Settings
+from orchestrator.cli.runtime import Runtime
+from orchestrator.core.settings import EngineSettings, OrchestratorSettings, Settings
+from orchestrator.experiments import service
 from tests.conftest import fresh_database
 from tests.simgpu import NODE_ENV, NVIDIA_SMI_DIR, STATE_ENV, write_inventory
 from tests.simgpu.engine import write_engine_python

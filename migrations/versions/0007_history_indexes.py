@@ -5,7 +5,7 @@ and sorts by submission time or by a summary metric, over tens of thousands of
 runs. ``runs(created_at)`` and ``runs(model_id, created_at)`` serve the default
 order and the model filter, a GIN index on ``runs.engine_args`` serves the
 ``@>`` containment filter, and ``run_metrics(name, value)`` serves sorting by a
-metric (see ``orchestrator/history.py`` and docs/BENCHMARKS.md).
+metric (see ``orchestrator/runs/history.py`` and docs/BENCHMARKS.md).
 
 Revision ID: 0007
 Revises: 0006

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.app import create_app
-from orchestrator.settings import EngineSettings, Settings
+from orchestrator.core.settings import EngineSettings, Settings
 from tests.factories import DATA
 
 

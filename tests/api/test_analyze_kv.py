@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from tests.api.test_api import PROBLEM
 
-CASES = Path(__file__).resolve().parent.parent / "orchestrator" / "data" / "kvcache"
+CASES = Path(__file__).resolve().parent.parent / "orchestrator" / "analysis" / "data" / "kvcache"
 
 
 def _case() -> dict[str, Any]:

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from tests.api.test_api import PROBLEM
 
-CASE = Path(__file__).resolve().parent.parent / "orchestrator" / "data" / "prefix"
+CASE = Path(__file__).resolve().parent.parent / "orchestrator" / "analysis" / "data" / "prefix"
 
 
 def test_clock_in_the_system_prompt(client: TestClient) -> None:

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator.models import Experiment, Run
+from orchestrator.core.models import Experiment, Run
 
 PROBLEM = "application/problem+json"
 
@@ -262,7 +262,7 @@ def test_clone_a_run_with_one_change(client: TestClient) -> None:
 
 def _finish(session_factory: sessionmaker[Session], run_id: str, ttft_s: float) -> None:
     """Record a succeeded run with 20 measured requests of the given TTFT (test data)."""
-    from orchestrator.repositories import RunRepository
+    from orchestrator.core.repositories import RunRepository
 
     with session_factory() as s:
         repo = RunRepository(s)
@@ -375,7 +375,7 @@ def test_spec_schema_is_in_openapi(client: TestClient) -> None:
 def test_run_log_is_filtered_unless_raw(
     client: TestClient, session_factory: sessionmaker[Session]
 ) -> None:
-    from orchestrator.repositories import RunRepository
+    from orchestrator.core.repositories import RunRepository
 
     body = client.post("/api/v1/experiments", json=demo_spec(variants=[])).json()
     run_id = body["runs"][0]["id"]
@@ -413,7 +413,7 @@ def test_clone_with_a_bad_path_is_a_422_not_a_500(client: TestClient) -> None:
 def test_partial_run_downsampled_series_and_request_filters(
     client: TestClient, session_factory: sessionmaker[Session]
 ) -> None:
-    from orchestrator.repositories import RunRepository
+    from orchestrator.core.repositories import RunRepository
 
     body = client.post("/api/v1/experiments", json=demo_spec()).json()
     run_id = body["runs"][0]["id"]
@@ -577,8 +577,8 @@ def test_parity_request_is_checked_like_a_spec(
 ) -> None:
     from sqlalchemy import delete
 
-    from orchestrator.models import Orchestrator, ParityCheck
-    from orchestrator.repositories import OrchestratorRepository
+    from orchestrator.core.models import Orchestrator, ParityCheck
+    from orchestrator.core.repositories import OrchestratorRepository
 
     with session_factory() as s:
         before = s.scalar(select(func.count()).select_from(ParityCheck))

@@ -20,9 +20,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
 from api.app import create_app
-from orchestrator import auth
-from orchestrator.db import normalize_url, upgrade_to_head
-from orchestrator.models import (
+from orchestrator.core import auth
+from orchestrator.core.db import normalize_url, upgrade_to_head
+from orchestrator.core.models import (
     ApiToken,
     AuditEvent,
     Experiment,
@@ -30,8 +30,8 @@ from orchestrator.models import (
     Schedule,
     WebSession,
 )
-from orchestrator.repositories import utcnow
-from orchestrator.settings import ApiSettings, Settings
+from orchestrator.core.repositories import utcnow
+from orchestrator.core.settings import ApiSettings, Settings
 from tests.api.test_api import demo_spec
 from tests.conftest import fresh_database
 from tests.factories import make_experiment
@@ -478,7 +478,7 @@ def cli_settings(settings: Settings, factory: sessionmaker[Session], **api: Any)
 def test_cli_serve_on_all_interfaces_without_a_token_refuses_in_one_line(
     settings: Settings, factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from orchestrator import cli
+    from orchestrator.cli import main as cli
 
     monkeypatch.setattr(cli, "get_settings", lambda: cli_settings(settings, factory))
     monkeypatch.setattr(cli, "_setup_logging", lambda verbose=False: None)
@@ -496,7 +496,7 @@ def test_cli_token_create_list_revoke(
     client: TestClient,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from orchestrator import cli
+    from orchestrator.cli import main as cli
 
     monkeypatch.setattr(cli, "get_settings", lambda: cli_settings(settings, factory))
     runner = CliRunner()
@@ -530,8 +530,8 @@ def test_cli_token_create_list_revoke(
 def test_a_scheduled_sweep_is_submitted_by_its_schedule(
     settings: Settings, factory: sessionmaker[Session]
 ) -> None:
-    from orchestrator.engine_catalog import load_catalog
-    from orchestrator.schedules import fire_due_schedules
+    from orchestrator.experiments.engine_catalog import load_catalog
+    from orchestrator.schedules.service import fire_due_schedules
 
     now = utcnow().replace(second=0, microsecond=0) + timedelta(seconds=10)
     with factory.begin() as s:

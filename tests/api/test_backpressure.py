@@ -27,11 +27,11 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.app import create_app
-from orchestrator import config_check
-from orchestrator.config_check import CheckGate, SubmissionsBusyError
-from orchestrator.db import make_engine, make_session_factory
-from orchestrator.models import Experiment
-from orchestrator.settings import ApiSettings, EngineSettings, Settings, SubmissionSettings
+from orchestrator.core.db import make_engine, make_session_factory
+from orchestrator.core.models import Experiment
+from orchestrator.core.settings import ApiSettings, EngineSettings, Settings, SubmissionSettings
+from orchestrator.experiments import config_check
+from orchestrator.experiments.config_check import CheckGate, SubmissionsBusyError
 from tests.api.livehttp import live_server
 from tests.conftest import ENGINE_PYTHON, needs_engine
 

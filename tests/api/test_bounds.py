@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from orchestrator import service
-from orchestrator.settings import LimitsSettings, PathSettings, Settings
+from orchestrator.core.settings import LimitsSettings, PathSettings, Settings
+from orchestrator.experiments import service
 
 PROBLEM = "application/problem+json"
 LONG_MODEL = "m" * 300
@@ -110,7 +110,7 @@ def test_a_300_character_model_is_a_422_on_every_endpoint(
 
 
 def test_long_path_components_never_reach_the_file_system(tmp_path: Path) -> None:
-    from orchestrator.errors import SpecInvalidError
+    from orchestrator.core.errors import SpecInvalidError
 
     settings = Settings(home=tmp_path)
     with pytest.raises(SpecInvalidError) as exc:

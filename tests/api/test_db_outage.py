@@ -27,7 +27,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.app import create_app
 from jobs.schemas import BatchJob
-from orchestrator.db import (
+from orchestrator.cluster.placement import NodeInventory
+from orchestrator.core.db import (
     database_health,
     make_engine,
     make_session_factory,
@@ -35,9 +36,8 @@ from orchestrator.db import (
     stop_embedded_postgres,
     upgrade_to_head,
 )
-from orchestrator.dispatcher import Dispatcher, NoCapacity, Poll
-from orchestrator.placement import NodeInventory
-from orchestrator.settings import ApiSettings, OrchestratorSettings, Settings
+from orchestrator.core.settings import ApiSettings, OrchestratorSettings, Settings
+from orchestrator.dispatch.dispatcher import Dispatcher, NoCapacity, Poll
 from tests.api.livehttp import live_server
 
 PROBLEM = "application/problem+json"
@@ -279,7 +279,7 @@ def test_no_free_pooled_connection_is_a_503_database_busy_and_health_still_answe
     from fastapi.testclient import TestClient
     from sqlalchemy import create_engine
 
-    from orchestrator.db import normalize_url
+    from orchestrator.core.db import normalize_url
 
     settings.api = ApiSettings.model_validate({**settings.api.model_dump(), "auth": "none"})
     engine = create_engine(

@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator.models import Run
+from orchestrator.core.models import Run
 from tests.web.seed import DATA, load_export
 
 
@@ -25,7 +25,7 @@ def test_findings_of_a_real_experiment(
     # the same apc-on run with a hit rate near 0 -> prefix caching without effect
     apc = ids["runs"]["apc-on#0"]
     with session_factory.begin() as s:
-        from orchestrator.models import RunMetric
+        from orchestrator.core.models import RunMetric
 
         s.get(RunMetric, (apc, "prefix_cache_hit_rate")).value = 0.01  # type: ignore[union-attr]
     found = client.get(f"/api/v1/runs/{apc}/findings").json()["findings"]

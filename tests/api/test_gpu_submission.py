@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator.models import Experiment
+from orchestrator.core.models import Experiment
 from tests.api.test_api import demo_spec
 
 

@@ -24,9 +24,9 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import sessionmaker
 
 from api.app import create_app
-from orchestrator import auth
-from orchestrator.db import normalize_url, unit_of_work, upgrade_to_head
-from orchestrator.settings import EngineSettings, Settings
+from orchestrator.core import auth
+from orchestrator.core.db import normalize_url, unit_of_work, upgrade_to_head
+from orchestrator.core.settings import EngineSettings, Settings
 from tests.api.livehttp import live_server
 from tests.conftest import fresh_database
 from tests.factories import DATA

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator.history import HistoryQueryError, parse_engine_arg
+from orchestrator.runs.history import HistoryQueryError, parse_engine_arg
 from tests.api.test_api import PROBLEM
 from tests.web.seed import bulk_history
 

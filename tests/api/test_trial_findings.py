@@ -9,9 +9,9 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from orchestrator.design import public_reason
-from orchestrator.engine_catalog import EngineArgCatalog
-from orchestrator.pathpolicy import PathPolicy
+from orchestrator.experiments.engine_catalog import EngineArgCatalog
+from orchestrator.experiments.pathpolicy import PathPolicy
+from orchestrator.experiments.planner import public_reason
 from tests.api.test_api import demo_spec
 from tests.factories import DATA
 

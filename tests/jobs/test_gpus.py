@@ -30,7 +30,7 @@ from jobs.gpus import (
 )
 from jobs.metrics import SAMPLE_KEYS
 from jobs.schemas import MetricSample
-from orchestrator.timeseries import is_counter
+from orchestrator.runs.timeseries import is_counter
 from tests.simgpu import (
     NODE_ENV,
     NVIDIA_SMI_DIR,

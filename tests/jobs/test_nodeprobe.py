@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from jobs.nodeprobe import ProbeError, node_name, probe_node, probe_on_nodes
-from orchestrator.parity import check_parity
+from orchestrator.cluster.parity import check_parity
 from tests.conftest import ENGINE_PYTHON, needs_engine
 
 PY = sys.executable

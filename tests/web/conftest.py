@@ -25,8 +25,8 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.app import create_app
-from orchestrator.db import normalize_url, upgrade_to_head
-from orchestrator.settings import EngineSettings, Settings
+from orchestrator.core.db import normalize_url, upgrade_to_head
+from orchestrator.core.settings import EngineSettings, Settings
 from tests.conftest import fresh_database
 from tests.web.seed import DATA, bulk_history, load_export
 

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
-from orchestrator.models import Experiment, Run, RunLog, RunMetric, RunRequest, RunSample
+from orchestrator.core.models import Experiment, Run, RunLog, RunMetric, RunRequest, RunSample
 
 DATA = Path(__file__).resolve().parent / "data"
 

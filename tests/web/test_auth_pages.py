@@ -23,10 +23,10 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import sessionmaker
 
 from api.app import create_app
-from orchestrator import auth
-from orchestrator.db import normalize_url, upgrade_to_head
-from orchestrator.models import Run
-from orchestrator.settings import EngineSettings, Settings
+from orchestrator.core import auth
+from orchestrator.core.db import normalize_url, upgrade_to_head
+from orchestrator.core.models import Run
+from orchestrator.core.settings import EngineSettings, Settings
 from tests.conftest import fresh_database
 from tests.factories import make_experiment
 from tests.web.conftest import ENGINE_ARGS, _free_port, allow_console_error

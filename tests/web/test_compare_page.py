@@ -12,9 +12,9 @@ from playwright.sync_api import Page, expect
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator.analysis import runs_as_data
-from orchestrator.compare import MetricComparison, RunData, compare_variant
-from orchestrator.models import Experiment, Run
+from orchestrator.analysis.compare import MetricComparison, RunData, compare_variant
+from orchestrator.analysis.service import runs_as_data
+from orchestrator.core.models import Experiment, Run
 from tests.web.conftest import allow_console_error, screenshot
 
 KEY_METRICS = (

@@ -14,11 +14,11 @@ from playwright.sync_api import Page, expect
 from sqlalchemy import delete, insert, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.pages import fmt_num, fmt_pct
-from api.pages.experiment import KEY_METRICS
-from orchestrator.analysis import comparison
-from orchestrator.models import Experiment, Run, RunMetric, RunRequest
+from orchestrator.analysis.service import comparison
+from orchestrator.core.models import Experiment, Run, RunMetric, RunRequest
 from tests.web.conftest import allow_console_error, screenshot
+from web.pages import fmt_num, fmt_pct
+from web.pages.experiment import KEY_METRICS
 
 
 def _comparison(web_db: sessionmaker[Session], experiment_id: str) -> dict[str, Any]:
@@ -364,7 +364,7 @@ def test_unknown_experiment_is_a_404_page(page: Page, live_server: str) -> None:
 
 def test_page_renders_fast_on_real_data(live_server: str, seeded: dict[str, Any]) -> None:
     """The bootstrap (2000 draws) runs on the first view; later views hit the cache."""
-    import api.pages.experiment as module
+    import web.pages.experiment as module
 
     url = f"{live_server}/experiments/{seeded['older']['experiment_id']}"
     module._cache.clear()

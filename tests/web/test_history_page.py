@@ -8,7 +8,7 @@ from playwright.sync_api import Page, expect
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator.models import Experiment, Run
+from orchestrator.core.models import Experiment, Run
 from tests.web.conftest import allow_console_error, screenshot
 
 # seeded: 2 real experiments x 4 runs + 30 bulk experiments x 4 runs ("bulk-model");

@@ -15,9 +15,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from jobs.modelgen import generate_model, load_tokenizer
 from jobs.schemas import WorkloadSpec
 from jobs.workload import build_requests
-from orchestrator.kvcache import check_against_engine
-from orchestrator.models import Experiment, Run, RunMetric
-from orchestrator.prefix import analyze_prefix, summarize
+from orchestrator.analysis.kvcache import check_against_engine
+from orchestrator.analysis.prefix import analyze_prefix, summarize
+from orchestrator.core.models import Experiment, Run, RunMetric
 from tests.web.conftest import screenshot
 from tests.web.seed import DATA, load_export
 

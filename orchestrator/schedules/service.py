@@ -1,0 +1,407 @@
+"""Scheduled sweeps: cron schedules that submit an experiment template, and their fires.
+
+A schedule's ``cron`` (5 fields, :mod:`croniter`) is evaluated in its
+``timezone`` (IANA, :mod:`zoneinfo`), so fire times follow the wall clock
+across DST changes. In a fall-back repeated hour, an expression with a fixed
+hour fires once (the first occurrence); with a wildcard hour it fires in both
+hours (each is a real hour).
+
+Firing (:func:`fire_due_schedules`, called from the dispatcher tick) is exactly
+once per ``(schedule, fire_time)``: the ``schedule_fires`` row is inserted first
+(``ON CONFLICT DO NOTHING`` on a UNIQUE constraint) and only the inserter
+creates the experiment, in the same transaction.
+
+Catch-up after downtime (fire times older than :data:`MISFIRE_GRACE_S`):
+``latest`` fires the most recent missed time once and records each older one
+as a ``skipped`` row (at most :data:`MAX_SKIPPED_RECORDED`, newest first; the
+fired row's ``detail`` says how many); ``none`` records every missed time as
+``skipped``. Policy ``skip`` records ``skipped_busy`` while the previous sweep
+still has unfinished runs; ``queue`` fires anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import CroniterBadDateError, croniter
+from sqlalchemy.orm import Session, sessionmaker
+
+from orchestrator.core.db import unit_of_work
+from orchestrator.core.errors import (
+    ConflictError,
+    NotFoundError,
+    ScheduleInvalidError,
+    SpecInvalidError,
+    VlabError,
+)
+from orchestrator.core.models import Schedule, ScheduleFire
+from orchestrator.core.repositories import ExperimentRepository, ScheduleRepository
+from orchestrator.core.settings import Settings
+from orchestrator.core.states import is_terminal
+from orchestrator.experiments import service
+from orchestrator.experiments.engine_catalog import EngineArgCatalog, load_catalog
+from orchestrator.experiments.spec import ExperimentSpec, expand
+
+log = logging.getLogger(__name__)
+
+#: a fire time at most this old (seconds) when handled is on time, not missed
+MISFIRE_GRACE_S = 60.0
+#: older missed fire times recorded one row each, at most
+MAX_SKIPPED_RECORDED = 100
+#: next fire times shown with a schedule
+NEXT_FIRES = 5
+
+
+def check_cron(expr: str) -> str:
+    """``expr`` stripped, if it is a valid 5-field cron expression that fires at least
+    once; else ValueError."""
+    expr = " ".join(expr.split())
+    if len(expr.split(" ")) != 5 or not croniter.is_valid(expr):
+        raise ValueError(f"invalid cron expression {expr!r}: expected 5 valid fields")
+    try:  # valid fields can still name a date that never exists ("0 0 31 2 *")
+        croniter(expr, datetime(2026, 1, 1)).get_next(datetime)
+    except CroniterBadDateError:
+        raise ValueError(f"cron expression {expr!r} never fires (no such date)") from None
+    return expr
+
+
+def zone(name: str) -> ZoneInfo:
+    """The IANA time zone ``name``; ValueError when unknown."""
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ValueError(f"unknown time zone {name!r}: use an IANA name") from exc
+
+
+def _fixed_hour(expr: str) -> bool:
+    return "*" not in expr.split(" ")[1]
+
+
+def _repeat(t: datetime) -> bool:
+    """Whether local ``t`` is the second occurrence of an ambiguous (fall-back) wall time."""
+    naive = t.replace(tzinfo=None)
+    first = naive.replace(tzinfo=t.tzinfo, fold=0)
+    return first.utcoffset() != t.utcoffset()
+
+
+def _iter(expr: str, tz: ZoneInfo, start: datetime, *, forward: bool) -> Iterator[datetime]:
+    """Fire times strictly after (or before) ``start``, tz-aware in ``tz``."""
+    it = croniter(expr, start.astimezone(tz))
+    skip_repeats = _fixed_hour(expr)
+    while True:
+        t: datetime = it.get_next(datetime) if forward else it.get_prev(datetime)
+        if skip_repeats and _repeat(t):
+            continue
+        yield t
+
+
+def next_fire_times(
+    expr: str,
+    tz_name: str,
+    after: datetime,
+    count: int = NEXT_FIRES,
+    end_at: datetime | None = None,
+) -> list[datetime]:
+    """The next ``count`` fire times strictly after ``after``, in the zone (offset-aware).
+
+    Times after ``end_at`` are left out (so the list may be shorter).
+    """
+    out: list[datetime] = []
+    for t in _iter(expr, zone(tz_name), after, forward=True):
+        if end_at is not None and t > end_at or len(out) >= count:
+            break
+        out.append(t)
+    return out
+
+
+def next_fire_at(
+    expr: str, tz_name: str, after: datetime, end_at: datetime | None
+) -> datetime | None:
+    """The first fire time after ``after`` (UTC), or None past ``end_at``."""
+    times = next_fire_times(expr, tz_name, after, 1, end_at)
+    return times[0].astimezone(UTC) if times else None
+
+
+def validate_template(
+    session: Session, settings: Settings, catalog: EngineArgCatalog, template: Any
+) -> ExperimentSpec:
+    """Check ``template`` as ``POST /api/v1/experiments`` would, storing nothing.
+
+    Runs :func:`service.parse_spec`, the design expansion, model resolution and
+    the planning checks against the live cluster. Raises
+    :class:`ScheduleInvalidError` with every problem (locations under
+    ``["body", "template", ...]``).
+    """
+    try:
+        spec = service.parse_spec(template, settings, catalog)
+        pre_errors = expand(spec)[1]
+        if pre_errors:
+            raise SpecInvalidError(pre_errors)
+        model = service.resolve_model(settings, spec.model, spec.revision)
+        plan = service._plan(
+            session, settings, spec, catalog, model, service.engine_resolver(settings)
+        )
+        if plan.errors:
+            raise SpecInvalidError(plan.errors)
+    except SpecInvalidError as exc:
+        errors = []
+        for e in exc.errors:
+            loc = list(e.get("loc", []))
+            rest = loc[1:] if loc[:1] == ["body"] else loc
+            errors.append({**e, "loc": ["body", "template", *rest]})
+        raise ScheduleInvalidError(errors) from exc
+    return spec
+
+
+def get_schedule(session: Session, schedule_id: str) -> Schedule:
+    """The schedule; :class:`NotFoundError` (``schedule_not_found``) when missing."""
+    sched = ScheduleRepository(session).get(schedule_id)
+    if sched is None:
+        raise NotFoundError(f"no schedule {schedule_id}", code_hint="schedule_not_found")
+    return sched
+
+
+def save_schedule(
+    session: Session,
+    settings: Settings,
+    catalog: EngineArgCatalog | None,
+    values: dict[str, Any],
+    *,
+    now: datetime,
+    existing: Schedule | None = None,
+) -> Schedule:
+    """Create a schedule (``existing`` None) or overwrite ``existing`` with ``values``.
+
+    ``values``: the fields of ``api.schemas.ScheduleIn`` (cron and time zone
+    already checked). The template is validated (:func:`validate_template`:
+    422 ``schedule_invalid``); a name another schedule has is 409
+    ``schedule_name_taken``. ``next_fire_at`` is recomputed from ``now`` (or
+    the last fire, if later) when the timing changes or the schedule is
+    (re-)enabled, so time spent disabled is not caught up.
+    """
+    repo = ScheduleRepository(session)
+    if "template" in values:
+        cat = catalog if catalog is not None else load_catalog(settings)
+        validate_template(session, settings, cat, values["template"])
+    if "name" in values:
+        other = repo.by_name(values["name"])
+        if other is not None and other is not existing:
+            raise ConflictError(
+                f"a schedule named {values['name']!r} exists", code_hint="schedule_name_taken"
+            )
+    sched = existing or Schedule()
+    retime = existing is None or any(
+        k in values and values[k] != getattr(existing, k)
+        for k in ("cron", "timezone", "end_at", "enabled")
+    )
+    for k, v in values.items():
+        setattr(sched, k, v)
+    sched.updated_at = now
+    if retime:
+        after = max(now, sched.last_fire_at) if sched.last_fire_at else now
+        sched.next_fire_at = next_fire_at(sched.cron, sched.timezone, after, sched.end_at)
+    if existing is None:
+        repo.add(sched)
+    session.flush()
+    session.refresh(sched)
+    return sched
+
+
+@dataclass
+class FireOutcome:
+    """One fire row written by :func:`fire_due_schedules`."""
+
+    schedule_id: str
+    fire_time: datetime
+    status: str
+    experiment_id: str | None = None
+    detail: str | None = None
+
+
+def fire_due_schedules(
+    session_factory: sessionmaker[Session],
+    settings: Settings,
+    catalog: EngineArgCatalog | None = None,
+    *,
+    now: datetime,
+) -> list[FireOutcome]:
+    """Handle every enabled schedule whose next fire time is at or before ``now``.
+
+    One transaction per schedule: its row is locked (``SKIP LOCKED``: another
+    orchestrator handling it is left alone), the fire rows are inserted and, for
+    the winner of the fire time to run, the experiment is created. ``catalog``
+    is loaded (:func:`load_catalog`) only when an experiment is to be created.
+    Returns the fire rows this call wrote (none for times another process took).
+    """
+    with unit_of_work(session_factory) as s:
+        due = ScheduleRepository(s).due_ids(now)
+    out: list[FireOutcome] = []
+    cache: dict[str, EngineArgCatalog] = {}
+
+    def get_catalog() -> EngineArgCatalog:
+        if catalog is not None:
+            return catalog
+        if "c" not in cache:
+            cache["c"] = load_catalog(settings)
+        return cache["c"]
+
+    for schedule_id in due:
+        try:
+            with unit_of_work(session_factory) as s:
+                out += _fire_one(s, settings, get_catalog, schedule_id, now)
+        except Exception:  # noqa: BLE001 - one bad schedule must not stop the others
+            log.exception("schedule %s: firing failed", schedule_id)
+    return out
+
+
+def _fire_one(
+    session: Session,
+    settings: Settings,
+    get_catalog: Callable[[], EngineArgCatalog],
+    schedule_id: str,
+    now: datetime,
+) -> list[FireOutcome]:
+    repo = ScheduleRepository(session)
+    sched = repo.lock(schedule_id)
+    if sched is None or not sched.enabled or sched.next_fire_at is None:
+        return []
+    start = sched.next_fire_at
+    if start > now:
+        return []
+    tz = zone(sched.timezone)
+    upto = min(now, sched.end_at) if sched.end_at is not None else now
+    times: list[datetime] = []
+    truncated = False
+    for t in _iter(sched.cron, tz, upto + timedelta(seconds=1), forward=False):
+        if t > upto:
+            continue
+        if t < start:
+            break
+        if len(times) > MAX_SKIPPED_RECORDED:
+            truncated = True
+            break
+        times.append(t)
+    out: list[FireOutcome] = []
+    if times:
+        latest, older = times[0], times[1:]
+        on_time = (now - latest).total_seconds() <= MISFIRE_GRACE_S
+        for t in older:
+            if repo.insert_fire(sched.id, t, "skipped", "missed; catch-up ran a later fire"):
+                out.append(FireOutcome(sched.id, t, "skipped"))
+        if sched.catch_up == "none" and not on_time:
+            if repo.insert_fire(sched.id, latest, "skipped", "missed; catch_up is none"):
+                out.append(FireOutcome(sched.id, latest, "skipped"))
+        else:
+            note = f"{len(older)}{'+' if truncated else ''} older missed fire(s) skipped"
+            outcome = _fire(session, settings, get_catalog, sched, latest, note if older else None)
+            if outcome is not None:
+                out.append(outcome)
+        sched.last_fire_at = latest
+    sched.next_fire_at = next_fire_at(sched.cron, sched.timezone, upto, sched.end_at)
+    return out
+
+
+def _fire(
+    session: Session,
+    settings: Settings,
+    get_catalog: Callable[[], EngineArgCatalog],
+    sched: Schedule,
+    fire_time: datetime,
+    note: str | None,
+) -> FireOutcome | None:
+    repo = ScheduleRepository(session)
+    previous = repo.fired_before(sched.id, None, limit=1)
+    if (
+        sched.concurrency_policy == "skip"
+        and previous
+        and previous[0].experiment_id
+        and repo.has_active_runs(previous[0].experiment_id)
+    ):
+        detail = f"previous sweep {previous[0].experiment_id} still has unfinished runs"
+        fire = repo.insert_fire(sched.id, fire_time, "skipped_busy", detail)
+        return FireOutcome(sched.id, fire_time, "skipped_busy", detail=detail) if fire else None
+    fire = repo.insert_fire(sched.id, fire_time, "fired", note)
+    if fire is None:
+        return None  # another orchestrator won this fire time
+    try:
+        with session.begin_nested():
+            catalog = get_catalog()
+            spec = service.parse_spec(sched.template, settings, catalog)
+            exp = service.create_experiment(
+                session, settings, spec, catalog, resolver=service.engine_resolver(settings)
+            )
+            exp.submitted_by = f"schedule:{sched.name}"[:200]
+            for run in exp.runs:
+                run.submitted_by = exp.submitted_by
+            local = fire_time.astimezone(zone(sched.timezone)).isoformat()
+            stamp = f"scheduled sweep {sched.name!r}, fire time {local}"
+            exp.description = f"{exp.description}\n\n{stamp}" if exp.description else stamp
+    except VlabError as exc:
+        fire.status, fire.detail = "failed", f"{exc.code}: {exc.detail}"[:4000]
+        log.warning("schedule %s: fire %s failed: %s", sched.id, fire_time, exc.detail)
+        return FireOutcome(sched.id, fire_time, "failed", detail=fire.detail)
+    fire.experiment_id = exp.id
+    log.info("schedule %s fired at %s: experiment %s", sched.id, fire_time, exp.id)
+    return FireOutcome(sched.id, fire_time, "fired", exp.id, note)
+
+
+def sweep_regressions(
+    session: Session, fire: ScheduleFire, *, n_boot: int = 1000
+) -> dict[str, Any]:
+    """Regressions of a fired sweep against the previous completed sweep of its schedule.
+
+    Shape: ``{"comparison": "not_fired" | "pending" | "no_previous" | "compared",
+    "compared_with": {"fire_time", "experiment_id"} | None, "regressions":
+    [{"variant", "metric", "unit", "reference_value", "value", "ratio", "ci_low",
+    "ci_high", "ci_of"}]}``. ``pending`` while the sweep has unfinished runs.
+    For each variant name in both sweeps, the new runs (variant side) are
+    compared with the previous sweep's runs of that name (reference side) by
+    :func:`orchestrator.analysis.compare.compare_variant` (hierarchical bootstrap, 95 %);
+    a metric whose verdict is ``worse`` is a regression. Computed on read.
+    """
+    from orchestrator.analysis.compare import compare_variant
+    from orchestrator.analysis.service import runs_as_data
+
+    empty: dict[str, Any] = {"compared_with": None, "regressions": []}
+    if fire.status != "fired" or fire.experiment_id is None:
+        return {"comparison": "not_fired", **empty}
+    exps = ExperimentRepository(session)
+    exp = exps.get(fire.experiment_id)
+    if exp is None or any(not is_terminal(r.status) for r in exp.runs):
+        return {"comparison": "pending", **empty}
+    prev_exp = prev_fire = None
+    for cand in ScheduleRepository(session).fired_before(fire.schedule_id, fire.fire_time):
+        e = exps.get(cand.experiment_id) if cand.experiment_id else None
+        if e is not None and all(is_terminal(r.status) for r in e.runs):
+            prev_exp, prev_fire = e, cand
+            break
+    if prev_exp is None or prev_fire is None:
+        return {"comparison": "no_previous", **empty}
+    new, old = runs_as_data(session, list(exp.runs)), runs_as_data(session, list(prev_exp.runs))
+    regressions = []
+    for variant in [v["name"] for v in exp.variants if v["name"] in old]:
+        for c in compare_variant(new.get(variant, []), old[variant], n_boot=n_boot, seed=0):
+            if c.verdict == "worse":
+                regressions.append(
+                    {
+                        "variant": variant,
+                        "metric": c.metric,
+                        "unit": c.unit,
+                        "reference_value": c.reference,
+                        "value": c.variant,
+                        "ratio": c.ratio,
+                        "ci_low": c.ci_low,
+                        "ci_high": c.ci_high,
+                        "ci_of": c.ci_of,
+                    }
+                )
+    return {
+        "comparison": "compared",
+        "compared_with": {"fire_time": prev_fire.fire_time, "experiment_id": prev_exp.id},
+        "regressions": regressions,
+    }

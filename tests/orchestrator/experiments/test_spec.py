@@ -1,0 +1,316 @@
+"""Spec expansion: one variable per variant, linked factors, invariants, ladder, interleaving."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from orchestrator.experiments.spec import (
+    ExperimentSpec,
+    RunConfig,
+    config_diff,
+    execution_order,
+    expand,
+)
+
+
+def spec(**kw: Any) -> ExperimentSpec:
+    doc: dict[str, Any] = {
+        "name": "t",
+        "model": "tiny",
+        "baseline": {"engine_args": {"enable_prefix_caching": False}},
+        "variants": [{"name": "apc", "changes": {"engine_args.enable_prefix_caching": True}}],
+    }
+    doc.update(kw)
+    return ExperimentSpec.model_validate(doc)
+
+
+def test_expands_baseline_and_one_variant() -> None:
+    variants, errors = expand(spec())
+    assert errors == []
+    assert [v.name for v in variants] == ["baseline", "apc"]
+    assert variants[1].reference == "baseline"
+    assert variants[1].variable == "engine_args.enable_prefix_caching"
+    assert variants[1].config.engine_args == {"enable_prefix_caching": True}
+    assert variants[1].config.workload == variants[0].config.workload
+
+
+def test_variant_changing_two_variables_is_refused_naming_both_with_values() -> None:
+    s = spec(
+        variants=[
+            {
+                "name": "two",
+                "changes": {"engine_args.enable_prefix_caching": True, "workload.concurrency": 4},
+            }
+        ]
+    )
+    _, errors = expand(s)
+    assert [e["type"] for e in errors] == ["more_than_one_variable"]
+    msg = errors[0]["msg"]
+    assert "engine_args.enable_prefix_caching: False -> True" in msg
+    assert "workload.concurrency: 1 -> 4" in msg
+
+
+def test_level_equal_to_the_reference_is_refused() -> None:
+    s = spec(
+        variants=[],
+        factors=[
+            {"name": "apc", "paths": ["engine_args.enable_prefix_caching"], "levels": [False]}
+        ],
+    )
+    _, errors = expand(s)
+    assert [e["type"] for e in errors] == ["no_change"]
+    assert errors[0]["loc"][:3] == ["body", "factors", 0]
+
+
+def test_factor_levels_expand_against_the_baseline() -> None:
+    s = spec(
+        variants=[],
+        factors=[{"name": "conc", "paths": ["workload.concurrency"], "levels": [2, 4]}],
+    )
+    variants, errors = expand(s)
+    assert errors == []
+    assert [v.name for v in variants] == ["baseline", "conc=2", "conc=4"]
+    assert all(v.reference == "baseline" for v in variants[1:])
+    assert [v.config.workload.concurrency for v in variants] == [1, 2, 4]
+
+
+def test_linked_factor_moves_paths_together_and_checks_invariant() -> None:
+    s = spec(
+        baseline={
+            "layout": {"tensor_parallel_size": 2, "pipeline_parallel_size": 2},
+        },
+        variants=[],
+        factors=[
+            {
+                "name": "parallel",
+                "paths": ["layout.tensor_parallel_size", "layout.pipeline_parallel_size"],
+                "levels": [
+                    [4, 1],
+                    {"layout.tensor_parallel_size": 1, "layout.pipeline_parallel_size": 4},
+                    [2, 4],
+                ],
+                "invariant": "constant_product",
+            }
+        ],
+    )
+    variants, errors = expand(s)
+    assert [v.name for v in variants] == ["baseline", "parallel=4,1", "parallel=1,4"]
+    assert variants[1].variable == "parallel"
+    assert variants[1].variable_paths == [
+        "layout.pipeline_parallel_size",
+        "layout.tensor_parallel_size",
+    ]
+    assert [e["type"] for e in errors] == ["invariant_broken"]
+    assert "product" in errors[0]["msg"] and "4" in errors[0]["msg"] and "8" in errors[0]["msg"]
+
+
+def test_explicit_variant_touching_a_linked_factors_paths_is_one_variable() -> None:
+    s = spec(
+        variants=[
+            {
+                "name": "ctx",
+                "changes": {
+                    "engine_args.max_model_len": 4096,
+                    "engine_args.max_num_batched_tokens": 4096,
+                },
+            }
+        ],
+        factors=[
+            {
+                "name": "context",
+                "paths": ["engine_args.max_model_len", "engine_args.max_num_batched_tokens"],
+                "levels": [[2048, 2048]],
+                "invariant": "equal_values",
+            }
+        ],
+    )
+    variants, errors = expand(s)
+    assert errors == []
+    assert [v.variable for v in variants[1:]] == ["context", "context"]
+
+
+def test_equal_values_invariant() -> None:
+    s = spec(
+        variants=[],
+        factors=[
+            {
+                "name": "context",
+                "paths": ["engine_args.max_model_len", "engine_args.max_num_batched_tokens"],
+                "levels": [[2048, 4096]],
+                "invariant": "equal_values",
+            }
+        ],
+    )
+    _, errors = expand(s)
+    assert [e["type"] for e in errors] == ["invariant_broken"]
+
+
+def test_variant_reference_chain_and_unknown_reference() -> None:
+    s = spec(
+        variants=[
+            {"name": "apc", "changes": {"engine_args.enable_prefix_caching": True}},
+            {"name": "apc-c4", "changes": {"workload.concurrency": 4}, "reference": "apc"},
+            {"name": "orphan", "changes": {"workload.concurrency": 2}, "reference": "nope"},
+        ]
+    )
+    variants, errors = expand(s)
+    by = {v.name: v for v in variants}
+    assert by["apc-c4"].reference == "apc"
+    assert by["apc-c4"].config.engine_args["enable_prefix_caching"] is True
+    assert [e["type"] for e in errors] == ["unknown_reference"]
+
+
+def test_ladder_preset_builds_the_chain() -> None:
+    s = spec(variants=[], preset="ladder", baseline={"engine_args": {}})
+    variants, errors = expand(s)
+    assert errors == []
+    assert [(v.name, v.reference) for v in variants] == [
+        ("1-baseline", None),
+        ("2-apc-on", "1-baseline"),
+        ("3-tp2", "2-apc-on"),
+        ("4-long-only", "3-tp2"),
+        ("4-mixed", "3-tp2"),
+    ]
+    base, apc, tp, long_only, mixed = variants
+    assert base.config.workload.long_fraction == 0.0
+    assert long_only.config.workload.long_fraction == 1.0
+    assert mixed.config.workload.long_fraction == 0.5
+    assert mixed.variable == "workload.long_fraction"
+    assert mixed.config.layout == tp.config.layout
+    assert base.config.engine_args["enable_prefix_caching"] is False
+    assert base.config.layout.reserved == tp.config.layout.reserved == 2
+    assert tp.config.layout.tensor_parallel_size == 2
+    assert tp.config.engine_args["enable_prefix_caching"] is True
+    assert tp.variable == "layout.tensor_parallel_size"
+
+
+def test_schema_errors_name_every_field() -> None:
+    with pytest.raises(ValidationError) as exc:
+        ExperimentSpec.model_validate(
+            {
+                "name": "",
+                "model": "tiny",
+                "baseline": {"layout": {"tensor_parallel_size": 0}, "bogus": 1},
+                "variants": [{"name": "x", "changes": {"nope.thing": 1}}],
+                "factors": [
+                    {
+                        "name": "f",
+                        "paths": ["workload.seed"],
+                        "levels": [],
+                        "invariant": "equal_values",
+                    }
+                ],
+            }
+        )
+    locs = {tuple(e["loc"]) for e in exc.value.errors()}
+    assert ("name",) in locs
+    assert ("baseline", "layout", "tensor_parallel_size") in locs
+    assert ("baseline", "bogus") in locs
+    assert ("variants", 0, "changes") in locs
+    assert any(loc[:2] == ("factors", 0) for loc in locs)
+
+
+def test_devices_must_hold_the_layout() -> None:
+    with pytest.raises(ValidationError):
+        RunConfig.model_validate({"layout": {"tensor_parallel_size": 2, "devices": 3}})
+
+
+def test_execution_order_interleaves_and_groups_server_sharing_variants() -> None:
+    variants, _ = expand(
+        spec(
+            variants=[
+                {"name": "apc", "changes": {"engine_args.enable_prefix_caching": True}},
+                {"name": "c4", "changes": {"workload.concurrency": 4}},
+            ]
+        )
+    )
+    order = execution_order(variants, 2)
+    assert order == [
+        ("baseline", 0),
+        ("apc", 0),
+        ("c4", 0),
+        ("baseline", 1),
+        ("apc", 1),
+        ("c4", 1),
+    ]
+    keys = {"baseline": "k1", "apc": "k2", "c4": "k1"}
+    grouped = execution_order(variants, 2, keys)
+    assert [n for n, _ in grouped[:3]] == ["baseline", "c4", "apc"]
+
+
+# -- properties -------------------------------------------------------------------------
+
+PATHS = {
+    "engine_args.enable_prefix_caching": st.booleans(),
+    "engine_args.max_num_seqs": st.integers(1, 512),
+    "engine_args.max_model_len": st.sampled_from([1024, 2048, 4096]),
+    "workload.concurrency": st.integers(1, 64),
+    "workload.num_requests": st.integers(1, 500),
+    "workload.prefix_tokens": st.integers(0, 4096),
+    "layout.tensor_parallel_size": st.sampled_from([1, 2, 4]),
+}
+
+
+@st.composite
+def change_sets(draw: st.DrawFn) -> dict[str, Any]:
+    keys = draw(st.lists(st.sampled_from(sorted(PATHS)), min_size=1, max_size=4, unique=True))
+    return {k: draw(PATHS[k]) for k in keys}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(change_sets(), min_size=1, max_size=5))
+def test_no_accepted_variant_differs_from_its_reference_in_more_than_one_variable(
+    changes: list[dict[str, Any]],
+) -> None:
+    s = ExperimentSpec.model_validate(
+        {
+            "name": "prop",
+            "model": "tiny",
+            "baseline": {"engine_args": {"enable_prefix_caching": False, "max_num_seqs": 8}},
+            "variants": [{"name": f"v{i}", "changes": c} for i, c in enumerate(changes)],
+        }
+    )
+    variants, errors = expand(s)
+    by = {v.name: v for v in variants}
+    refused = {e["loc"][2] for e in errors}
+    for i, c in enumerate(changes):
+        ref = by["baseline"].config
+        name = f"v{i}"
+        if name in by:
+            diff = config_diff(ref, by[name].config)
+            assert len(diff) == 1, diff
+        else:
+            assert i in refused
+            # refused for a reason that is true of the change set
+            from orchestrator.experiments.spec import apply_changes
+
+            diff = config_diff(ref, apply_changes(ref, c))
+            assert len(diff) != 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(change_sets())
+def test_every_multi_variable_change_is_refused(c: dict[str, Any]) -> None:
+    s = ExperimentSpec.model_validate(
+        {
+            "name": "prop",
+            "model": "tiny",
+            "baseline": {"engine_args": {"enable_prefix_caching": False, "max_num_seqs": 8}},
+            "variants": [{"name": "v", "changes": c}],
+        }
+    )
+    from orchestrator.experiments.spec import apply_changes
+
+    n_changed = len(config_diff(s.baseline, apply_changes(s.baseline, c)))
+    _, errors = expand(s)
+    if n_changed > 1:
+        assert [e["type"] for e in errors] == ["more_than_one_variable"]
+    elif n_changed == 0:
+        assert [e["type"] for e in errors] == ["no_change"]
+    else:
+        assert errors == []

@@ -1,0 +1,48 @@
+"""Storing a finished run's result: final progress counters and the stored diagnostics."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from jobs.schemas import RequestRecord, RunResult
+from orchestrator.core.states import RunStatus
+from orchestrator.experiments.service import record_result
+from tests.factories import make_experiment
+
+
+def _records(n: int, warmups: int) -> list[RequestRecord]:
+    return [
+        RequestRecord(index=i - warmups, warmup=i < warmups, success=True, start_s=0.1 * i)
+        for i in range(n + warmups)
+    ]
+
+
+def test_final_progress_counts_the_measured_requests(db_session: Session) -> None:
+    exp = make_experiment(db_session, n_runs=2)
+    failed, ok = sorted(exp.runs, key=lambda r: r.position)  # ok: prefix caching on
+    for r in (ok, failed):
+        r.status = RunStatus.RUNNING.value
+        # the last heartbeat before the end: stale counters of an earlier phase
+        r.progress = {"phase": "warmup", "requests_done": 0, "requests_total": 1}
+    record_result(
+        db_session, ok, RunResult(run_id=ok.id, status="succeeded", requests=_records(8, 1))
+    )
+    assert ok.progress == {
+        "phase": "done",
+        "message": "succeeded",
+        "requests_done": 8,
+        "requests_total": 8,
+    }
+    # a run that failed part-way keeps its planned total, with what was measured done
+    failed.progress = {"phase": "measuring", "requests_done": 2, "requests_total": 8}
+    record_result(
+        db_session,
+        failed,
+        RunResult(run_id=failed.id, status="failed", error="boom", requests=_records(3, 1)),
+    )
+    assert (failed.progress["requests_done"], failed.progress["requests_total"]) == (3, 8)
+    # the model path does not exist: no KV check; the prefix analysis records why it is
+    # missing instead of failing the result (prefix caching off: no analysis at all)
+    assert "kv_cache_check" not in ok.engine_info
+    assert "FileNotFoundError" in ok.engine_info["prefix_analysis"]["error"]
+    assert "prefix_analysis" not in failed.engine_info

@@ -1,0 +1,296 @@
+"""Dashboard page ``/experiments/{id}``: the ladder, verdicts with 95 % CIs, a chart, findings.
+
+The page is rendered on the server from :func:`orchestrator.analysis.service.comparison`
+(each variant against its reference, hierarchical bootstrap, 2000 draws) plus a
+per-level estimate of every compared metric (:func:`level_estimates`, used for
+the baseline's own point and interval in the chart). The chart data is embedded
+in the page as JSON (``<script type="application/json" id="chart-data">``).
+
+Live: while a run is active the page's script polls ``GET /api/v1/experiments/{id}``
+(every 3 s) and updates the run statuses in place; when a run finishes it fetches
+this page again and swaps in the new ladder, findings and chart data.
+
+Results are cached per experiment while the set of run ids and statuses does not
+change (a terminal run never changes again; only succeeded runs are compared).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse
+from sqlalchemy.orm import Session
+
+from api.app import experiment_status, server_reuse
+from orchestrator.analysis.compare import (
+    METRICS,
+    METRICS_BY_NAME,
+    MetricSpec,
+    level_estimates,
+)
+from orchestrator.analysis.service import comparison, experiment_advice, runs_as_data
+from orchestrator.core.db import unit_of_work
+from orchestrator.core.models import Experiment
+from orchestrator.core.repositories import ExperimentRepository
+from web.pages import PageCache, not_found, render
+
+router = APIRouter()
+
+#: Metrics shown in the ladder table: (metric name, heading with unit).
+KEY_METRICS: tuple[tuple[str, str], ...] = (
+    ("median_ttft_ms", "TTFT p50 (ms)"),
+    ("p99_ttft_ms", "TTFT p99 (ms)"),
+    ("median_tpot_ms", "TPOT p50 (ms)"),
+    ("median_e2el_ms", "E2EL p50 (ms)"),
+    ("output_throughput", "Output throughput (tok/s)"),
+    ("prefix_cache_hit_rate", "Prefix cache hit rate (%)"),
+)
+
+_RUN_LABELS = {
+    "output_throughput": "Output token throughput",
+    "request_throughput": "Request throughput",
+    "total_token_throughput": "Total token throughput",
+    "request_goodput": "Goodput",
+    "goodput_fraction": "Goodput fraction",
+    "prefix_cache_hit_rate": "Prefix cache hit rate",
+    "kv_cache_usage_peak": "KV cache usage peak",
+    "num_requests_waiting_peak": "Waiting requests peak",
+    "server_mean_queue_ms": "Server queue time, mean",
+    "server_mean_prefill_ms": "Server prefill time, mean",
+    "server_mean_decode_ms": "Server decode time, mean",
+}
+
+ACTIVE = frozenset({"queued", "preparing", "running"})
+DEFAULT_METRIC = "median_ttft_ms"
+_CACHE_SIZE = 32
+_cache = PageCache(_CACHE_SIZE)
+
+
+def metric_label(spec: MetricSpec) -> str:
+    """Human heading with unit, e.g. ``TTFT p50 (ms)``, ``Prefix cache hit rate (%)``."""
+    if spec.level == "request":
+        stat, short, _ = spec.name.split("_")
+        stat = "p50" if stat == "median" else stat
+        return f"{short.upper()} {stat} ({spec.unit})"
+    base = _RUN_LABELS.get(spec.name, spec.name)
+    unit = "%" if spec.unit == "fraction" else spec.unit
+    return f"{base} ({unit})"
+
+
+def _short_path(path: str) -> str:
+    """``engine_args.enable_prefix_caching`` -> ``enable_prefix_caching`` (vLLM's own name)."""
+    section, _, name = path.partition(".")
+    return name if section in ("engine_args", "layout") and name else path
+
+
+def _changes(variant: dict[str, Any], chain: dict[str, Any]) -> list[dict[str, Any]]:
+    """The changed variable as ``[{"name", "path", "reference", "value"}]`` (one per path)."""
+    paths = list(chain.get("paths") or variant.get("variable_paths") or [])
+    if not paths:
+        return []
+    ref, new = chain.get("reference_value"), chain.get("variant_value")
+    missing = "reference_value" not in chain
+    out = []
+    for p in paths:
+        if missing:
+            r, v = None, (variant.get("changes") or {}).get(p)
+        elif len(paths) == 1:
+            r, v = ref, new
+        else:
+            r = ref.get(p) if isinstance(ref, dict) else None
+            v = new.get(p) if isinstance(new, dict) else None
+        out.append(
+            {"name": _short_path(p), "path": p, "reference": r, "value": v, "known": not missing}
+        )
+    return out
+
+
+def _ci_on_scale(reference: float, row: dict[str, Any]) -> tuple[float | None, float | None]:
+    """A variant's CI on the metric's scale from its comparison row.
+
+    ``ci_of == "ratio"``: reference x [ci_low, ci_high]; ``"difference"``:
+    reference + [ci_low, ci_high]; (None, None) when there is no interval.
+    """
+    lo, hi = row.get("ci_low"), row.get("ci_high")
+    if lo is None or hi is None:
+        return None, None
+    if row.get("ci_of") == "ratio":
+        return reference * lo, reference * hi
+    return reference + lo, reference + hi
+
+
+def _build(session: Session, exp: Experiment) -> dict[str, Any]:
+    """Comparison, ladder rows and chart document of one experiment (see module docstring)."""
+    runs = list(exp.runs)
+    cmp = comparison(session, exp.id)
+    chain = {c["variant"]: c for c in cmp["chain"]}
+    compared = {v["variant"]: v for v in cmp["variants"]}
+    variants = sorted(
+        exp.variants,
+        key=lambda v: (v.get("reference") is not None, v.get("position", 0)),
+    )
+    by_name: dict[str, list[dict[str, Any]]] = {}  # plain data: the result is cached
+    for r in sorted(runs, key=lambda r: (r.position, r.repeat_index)):
+        by_name.setdefault(r.name, []).append(
+            {
+                "id": r.id,
+                "repeat_index": r.repeat_index,
+                "status": r.status,
+                "status_reason": r.status_reason,
+                "partial": r.partial,
+            }
+        )
+    data = runs_as_data(session, runs)
+    own: dict[str, dict[str, dict[str, float | None]]] = {}
+    for v in variants:
+        name = v["name"]
+        rows = {m["metric"]: m for m in compared.get(name, {}).get("metrics", [])}
+        missing = {m.name for m in METRICS if m.name not in rows}
+        if v.get("reference") is None:
+            own[name] = level_estimates(data.get(name, []))
+        else:  # only what the comparison lacks (e.g. a metric the reference never had)
+            own[name] = level_estimates(data.get(name, []), only=missing) if missing else {}
+
+    ladder = []
+    chart_points: dict[str, list[dict[str, Any]]] = {m.name: [] for m in METRICS}
+    labels = []
+    for v in variants:
+        name, ref = v["name"], v.get("reference")
+        entry = chain.get(name, {})
+        comp = compared.get(name)
+        rows = {m["metric"]: m for m in (comp or {}).get("metrics", [])}
+        changes = _changes(v, entry)
+        cells = []
+        for metric, heading in KEY_METRICS:
+            spec = METRICS_BY_NAME[metric]
+            row = rows.get(metric)
+            mine = own[name].get(metric)
+            cells.append(
+                {
+                    "metric": metric,
+                    "heading": heading,
+                    "fraction": spec.unit == "fraction",
+                    "row": row,
+                    "own": mine,
+                    "baseline": ref is None,
+                }
+            )
+        ladder.append(
+            {
+                "name": name,
+                "position": v.get("position", 0),
+                "reference": ref,
+                "variable": v.get("variable"),
+                "changes": changes,
+                "runs": by_name.get(name, []),
+                "succeeded": entry.get("succeeded", 0),
+                "notes": (comp or {}).get("notes", []),
+                "cells": cells,
+            }
+        )
+        label = [name]
+        for ch in changes:
+            label.append(f"{ch['name']}={_text(ch['value'])}")
+        labels.append(label)
+        for spec in METRICS:
+            row = rows.get(spec.name)
+            mine = own[name].get(spec.name)
+            point: dict[str, Any] = {
+                "variant": name,
+                "reference": ref,
+                "value": None,
+                "ci_low": None,
+                "ci_high": None,
+                "ci_source": None,
+                "verdict": None,
+            }
+            if row is not None:
+                lo, hi = _ci_on_scale(row["reference"], row)
+                point.update(
+                    value=row["variant"],
+                    ci_low=lo,
+                    ci_high=hi,
+                    ci_source="vs reference" if lo is not None else None,
+                    verdict=row["verdict"],
+                )
+            elif mine is not None:
+                point.update(
+                    value=mine["value"],
+                    ci_low=mine["ci_low"],
+                    ci_high=mine["ci_high"],
+                    ci_source="own" if mine["ci_low"] is not None else None,
+                )
+            chart_points[spec.name].append(point)
+    chart = {
+        "experiment_id": exp.id,
+        "labels": labels,
+        "default": DEFAULT_METRIC,
+        "metrics": [
+            {
+                "name": m.name,
+                "label": metric_label(m),
+                "unit": m.unit,
+                "direction": m.direction,
+                "points": chart_points[m.name],
+            }
+            for m in METRICS
+        ],
+    }
+    findings = experiment_advice(session, exp.id, cmp)
+    return {"comparison": cmp, "ladder": ladder, "chart": chart, "findings": findings}
+
+
+def _text(value: Any) -> str:
+    """A configuration value as shown in labels: ``true``, ``64``, ``fp8``."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "–" if value is None else str(value)
+
+
+def analysis(session: Session, exp: Experiment) -> dict[str, Any]:
+    """``{"comparison", "ladder", "chart", "findings"}`` of ``exp`` (findings: the
+    advisor's, in rollback order), cached while its runs' ids and statuses are
+    unchanged (at most ``_CACHE_SIZE`` experiments)."""
+    key = (exp.id, tuple(sorted((r.id, r.status) for r in exp.runs)))
+    hit: dict[str, Any] | None = _cache.get(key)
+    if hit is not None:
+        return hit
+    result = _build(session, exp)
+    _cache.put(key, result)
+    return result
+
+
+def _context(session: Session, exp: Experiment) -> dict[str, Any]:
+    runs = list(exp.runs)
+    result = analysis(session, exp)
+    return {
+        "nav": "runs",
+        "exp": exp,
+        "status": experiment_status(runs),
+        "run_count": len(runs),
+        "reuse": server_reuse(runs),
+        "active": any(r.status in ACTIVE for r in runs),
+        "key_metrics": KEY_METRICS,
+        "ladder": result["ladder"],
+        "findings": result["findings"],
+        "chart": result["chart"],
+        # only metrics some level has a value for (no goodput without SLOs, ...); the
+        # default stays selectable so the chart is never without a choice
+        "metrics": [
+            (m["name"], m["label"])
+            for m in result["chart"]["metrics"]
+            if m["name"] == DEFAULT_METRIC or any(p["value"] is not None for p in m["points"])
+        ],
+        "default_metric": DEFAULT_METRIC,
+    }
+
+
+@router.get("/experiments/{experiment_id}", response_class=HTMLResponse)
+def experiment_page(experiment_id: str, request: Request) -> HTMLResponse:
+    """The experiment page (404 page for an unknown id)."""
+    with unit_of_work(request.app.state.session_factory) as session:
+        exp = ExperimentRepository(session).get(experiment_id)
+        if exp is None:
+            return not_found(request, f"No experiment {experiment_id}.")
+        return render(request, "experiment.html", _context(session, exp))

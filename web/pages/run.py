@@ -1,0 +1,579 @@
+"""Dashboard page ``/runs/{run_id}``: one run in full.
+
+Server-rendered: the header (status, times, what changed vs the reference run,
+progress), summary cards, the full metrics table (client-side, server-side and
+per request class), the per-class table, the configuration and versions, the
+node layout (placement) and the node parity report. In the browser
+(``web/static/js/run.js``, from the ``/api/v1`` JSON): the ``/metrics`` time
+series charts, the TTFT / E2EL distributions of the measured requests, the
+filtered engine log, and the live refresh while the run is active.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse
+
+from orchestrator.analysis.service import run_advice
+from orchestrator.core.db import unit_of_work
+from orchestrator.core.models import Run
+from orchestrator.core.repositories import RunRepository
+from web.pages import not_found, render
+
+router = APIRouter()
+
+ACTIVE = ("queued", "preparing", "running")
+
+
+@dataclass(frozen=True)
+class Card:
+    """One summary card: ``metric`` key in ``run_metrics``, heading, unit and kind.
+
+    ``kind``: ``ms`` / ``rate`` (a number shown with ``digits`` decimals) or
+    ``pct`` (a 0-1 fraction shown as a percentage).
+    """
+
+    metric: str
+    label: str
+    unit: str
+    kind: str = "ms"
+    digits: int = 1
+    optional: bool = False
+
+
+CARDS: tuple[Card, ...] = (
+    Card("median_ttft_ms", "TTFT p50", "ms"),
+    Card("p99_ttft_ms", "TTFT p99", "ms"),
+    Card("median_tpot_ms", "TPOT p50", "ms"),
+    Card("median_itl_ms", "ITL p50", "ms"),
+    Card("median_e2el_ms", "E2EL p50", "ms"),
+    Card("output_throughput", "Output throughput", "tok/s", "rate"),
+    Card("request_throughput", "Request throughput", "req/s", "rate", 2),
+    Card("prefix_cache_hit_rate", "Prefix cache hit rate", "", "pct"),
+    Card("request_goodput", "Goodput", "req/s", "rate", 2, optional=True),
+    Card("goodput_fraction", "Requests within SLOs", "", "pct", optional=True),
+    Card("energy_per_output_token_j", "Energy per output token", "J/token", "rate", 3, True),
+    Card("gpu_mean_power_w", "Mean GPU power", "W per GPU", "rate", 1, True),
+)
+
+#: Per-class table columns: (metric suffix, heading, kind).
+CLASS_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("completed", "Completed", "count"),
+    ("failed", "Failed", "count"),
+    ("median_ttft_ms", "TTFT p50 (ms)", "ms"),
+    ("p99_ttft_ms", "TTFT p99 (ms)", "ms"),
+    ("median_tpot_ms", "TPOT p50 (ms)", "ms"),
+    ("median_itl_ms", "ITL p50 (ms)", "ms"),
+    ("median_e2el_ms", "E2EL p50 (ms)", "ms"),
+    ("p99_e2el_ms", "E2EL p99 (ms)", "ms"),
+    ("total_input_tokens", "Input tokens", "count"),
+    ("total_output_tokens", "Output tokens", "count"),
+    ("output_throughput", "Output tok/s", "rate"),
+    ("request_throughput", "Requests/s", "rate"),
+    ("request_goodput", "Goodput (req/s)", "rate"),
+)
+
+_SERVER_PREFIXES = ("server_", "kv_cache_usage", "num_requests_", "gpu_prefix_cache")
+_SERVER_EXACT = {"prefix_cache_hit_rate", "prefix_cache_hit_rate_blocks"}
+#: GPU telemetry metrics (:func:`jobs.gpus.summarize_gpu_samples`): ``gpu_*`` and ``energy_*``.
+_GPU_PREFIXES = ("gpu_", "energy_")
+#: Units of the GPU telemetry metrics, by name suffix (``_pct`` is 0-100, not a fraction).
+_GPU_UNITS = (("_per_output_token_j", "J/token"), ("_j", "J"), ("_w", "W"), ("_mib", "MiB"))
+
+TIMING_LABELS = {
+    "startup_s": "server start-up (to /health)",
+    "warmup_s": "warm-up requests",
+    "measure_s": "measured phase",
+    "stop_s": "server stop",
+    "total_s": "total",
+    "startup_saved_s": "start-up saved (server reused)",
+}
+
+
+def metric_unit(name: str) -> str:
+    """The display unit of a metric from its name (``vllm bench serve`` conventions).
+
+    ``*_ms`` -> ``ms``; ``*_s`` -> ``s``; ``output/total_token_throughput`` ->
+    ``tok/s``; ``request_throughput``/``request_goodput`` -> ``req/s``; hit
+    rates, fractions and KV cache usage (0-1) -> ``%``; token counts and
+    ``*_delta`` counters -> ``tokens`` / ``count``. GPU telemetry (``gpu_*``,
+    ``energy_*``): ``J``, ``J/token``, ``W``, ``MiB`` and ``%`` (``*_pct``: already 0-100,
+    not a fraction).
+    """
+    base = name.rpartition(".")[2]
+    if base.startswith(_GPU_PREFIXES) and not base.startswith("gpu_prefix_cache"):
+        if base.endswith("_pct"):
+            return "%"
+        return next((u for suffix, u in _GPU_UNITS if base.endswith(suffix)), "")
+    if base.endswith("_ms"):
+        return "ms"
+    if base.endswith("_s") or base == "duration":
+        return "s"
+    if base in ("output_throughput", "total_token_throughput"):
+        return "tok/s"
+    if base in ("request_throughput", "request_goodput"):
+        return "req/s"
+    if "hit_rate" in base or "fraction" in base or base.startswith("kv_cache_usage"):
+        return "%"
+    if "tokens" in base:
+        return "tokens"
+    return ""
+
+
+def metric_group(name: str) -> str:
+    """``client`` (measured by the load generator, ``vllm bench serve`` names),
+    ``server`` (from the engine's ``/metrics``: ``server_*`` histograms, counter
+    deltas, KV cache usage, queue peaks, prefix cache hit rate), ``gpu`` (GPU
+    telemetry: energy, power, memory, utilisation) or ``class``
+    (``<class>.<metric>``)."""
+    if "." in name:
+        return "class"
+    if name.startswith(_SERVER_PREFIXES) or name.endswith("_delta") or name in _SERVER_EXACT:
+        return "server"
+    if name.startswith(_GPU_PREFIXES):
+        return "gpu"
+    return "client"
+
+
+def format_metric(name: str, value: float | None) -> str:
+    """A metric value for the tables: percentages for 0-1 fractions, thousands
+    separators, 3 significant decimals for small numbers; ``–`` when missing."""
+    if value is None:
+        return "–"
+    unit = metric_unit(name)
+    if unit == "%" and name.endswith("_pct"):
+        return f"{value:.1f}"
+    if unit == "%":
+        return f"{value * 100:.1f}"
+    if float(value).is_integer() and abs(value) < 1e15:
+        return f"{int(value):,}"
+    if abs(value) < 10:
+        return f"{value:,.3f}"
+    return f"{value:,.1f}"
+
+
+def group_metrics(metrics: dict[str, float]) -> dict[str, list[tuple[str, str, str]]]:
+    """``{"client"|"server"|"class": [(name, formatted value, unit)]}``, names sorted."""
+    groups: dict[str, list[tuple[str, str, str]]] = {
+        "client": [],
+        "server": [],
+        "gpu": [],
+        "class": [],
+    }
+    for name in sorted(metrics):
+        groups[metric_group(name)].append(
+            (name, format_metric(name, metrics[name]), metric_unit(name))
+        )
+    return groups
+
+
+def per_class(metrics: dict[str, float]) -> dict[str, dict[str, float]]:
+    """``{class: {metric: value}}`` from ``"<class>.<metric>"`` keys (classes sorted);
+    empty when the run has a single request class (no prefixed keys)."""
+    out: dict[str, dict[str, float]] = {}
+    for name, value in metrics.items():
+        cls, dot, metric = name.partition(".")
+        if dot:
+            out.setdefault(cls, {})[metric] = value
+    return dict(sorted(out.items()))
+
+
+@dataclass
+class ParityRow:
+    """One finding of a parity report, ready for the table.
+
+    ``values``: per node name the text shown; ``odd``: the nodes whose value is
+    the odd one out (highlighted); ``problems``: per node (or ``cluster``) why.
+    """
+
+    field: str
+    severity: str
+    rule: str
+    values: dict[str, str]
+    odd: list[str]
+    problems: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def _short(value: Any) -> str:
+    if value is None:
+        return "(not set)"
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def parity_rows(report: dict[str, Any]) -> list[ParityRow]:
+    """The findings of an :func:`orchestrator.cluster.parity.check_parity` report as table rows,
+    blocking ones first (report order within a severity).
+
+    A field finding gives its per-node values; a model-directory finding (one per
+    node) puts ``missing``/``differs``/``extra`` files (or the missing directory)
+    in that node's column.
+    """
+    rows: list[ParityRow] = []
+    for finding in [*report.get("mismatches", []), *report.get("warnings", [])]:
+        odd = [str(n) for n in finding.get("odd_nodes", [])]
+        if finding.get("field") == "model_files" and "node" in finding:
+            node = str(finding["node"])
+            if "missing_model_path" in finding:
+                text = f"model directory missing: {finding['missing_model_path']}"
+            else:
+                parts = [
+                    f"{k}: {', '.join(map(str, finding[k]))}"
+                    for k in ("missing", "differs", "extra")
+                    if finding.get(k)
+                ]
+                text = "; ".join(parts)
+            values = {node: text}
+        else:
+            values = {str(n): _short(v) for n, v in (finding.get("values") or {}).items()}
+        rows.append(
+            ParityRow(
+                field=str(finding.get("field")),
+                severity=str(finding.get("severity", "blocking")),
+                rule=str(finding.get("rule", "")),
+                values=values,
+                odd=odd,
+                problems={str(k): str(v) for k, v in (finding.get("problems") or {}).items()},
+            )
+        )
+    rows.sort(key=lambda r: r.severity != "blocking")
+    return rows
+
+
+def engine_arg_rows(run: Run) -> list[tuple[str, str, bool, bool]]:
+    """``[(name, JSON value, set explicitly, the variable this run changes)]`` sorted
+    by name; explicitly set arguments come first."""
+    explicit = run.explicit_engine_args or {}
+    changed = {p.removeprefix("engine_args.") for p in (run.variable_paths or [])}
+    changed |= {k.removeprefix("engine_args.") for k in (run.changes or {})}
+    names = sorted(set(run.engine_args or {}) | set(explicit))
+    rows = [
+        (
+            n,
+            json.dumps((run.engine_args or {}).get(n, explicit.get(n)), default=str),
+            n in explicit,
+            n in changed,
+        )
+        for n in names
+    ]
+    rows.sort(key=lambda r: (not r[2], r[0]))
+    return rows
+
+
+#: ``engine_info["gpu_telemetry"]["source"]`` / a node's ``telemetry``, explained.
+TELEMETRY_SOURCES = {
+    "nvml": "NVML (nvidia-ml-py)",
+    "nvidia-smi": "nvidia-smi (no energy counter)",
+}
+
+#: ``engine_info["gpu_telemetry"]["energy_source"]``, explained.
+ENERGY_SOURCES = {
+    "nvml_energy_counter": "NVML energy counter (delta between the before and after samples)",
+    "power_integral": "integral of the sampled power (bursts between samples are missed)",
+}
+
+#: GPU summary metrics in the telemetry facts: (metric, label, unit, digits).
+GPU_FACTS: tuple[tuple[str, str, str, int], ...] = (
+    ("gpu_energy_j", "Energy, all GPUs", "J", 1),
+    ("energy_per_output_token_j", "Energy per output token", "J/token", 3),
+    ("gpu_mean_power_w", "Mean power per GPU", "W", 1),
+    ("gpu_peak_memory_used_mib", "Peak memory used (one GPU)", "MiB", 0),
+    ("gpu_mean_utilization_pct", "Mean utilisation", "%", 1),
+)
+
+NOT_MEASURED_ON_CPU = (
+    "GPU utilisation, memory, power and energy are not measured on CPU hosts: "
+    "this run has none of those metrics or charts (they are left out, never shown as zeros)."
+)
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    """One row of the GPU table: a GPU of the run, or a node that holds none.
+
+    ``ordinal``: the GPU's position in the run (nodes in rank order, then the
+    node's list), the ``k`` of the ``gpu{k}_*`` sample keys; None on a node row
+    without GPUs, whose ``note`` says why.
+    """
+
+    ordinal: int | None
+    node_rank: int | None
+    node_id: str
+    cuda_visible_devices: str | None
+    ray_gpu_ids: list[str]
+    index: int | None = None
+    uuid: str | None = None
+    name: str | None = None
+    memory_total_mib: float | None = None
+    local_rank: int | None = None
+    rank: int | None = None
+    note: str = ""
+
+
+@dataclass
+class GpuView:
+    """What the run page shows about the run's GPUs.
+
+    ``recorded``: a GPU assignment is stored (``engine_info["gpu_assignment"]``,
+    or while the run is active the one its placement recorded for rank 0);
+    ``rows``: :class:`GpuRow` in rank order; ``facts``: ``(label, text)`` of the
+    telemetry (source, energy source, measured-phase figures); ``notes``: the
+    nodes' and the telemetry's notes; ``empty_text``: why there is no GPU row;
+    ``labels``: the chart series name per GPU ordinal.
+    """
+
+    recorded: bool
+    rows: list[GpuRow]
+    facts: list[tuple[str, str]]
+    notes: list[str]
+    empty_text: str
+    labels: list[str]
+
+    @property
+    def gpus(self) -> int:
+        return sum(1 for r in self.rows if r.ordinal is not None)
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _float_or_none(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def gpu_view(
+    engine_info: dict[str, Any],
+    placement: dict[str, Any] | None,
+    metrics: dict[str, float],
+    *,
+    active: bool = False,
+) -> GpuView:
+    """The GPU table, telemetry facts and empty-state text of a run.
+
+    ``engine_info``: the run's ``gpu_assignment`` (one entry per node in rank
+    order, see :func:`orchestrator.dispatch.ray.supervisor.held_devices`) and
+    ``gpu_telemetry``; without an assignment, the rank-0 one of the placement
+    (``placement["nodes"][0]["gpu_assignment"]``, stored at launch). GPU figures
+    absent from ``metrics`` are left out, never shown as zero.
+    """
+    assignment = engine_info.get("gpu_assignment")
+    if not isinstance(assignment, list):
+        nodes = (placement or {}).get("nodes") or []
+        held = [n.get("gpu_assignment") for n in nodes if isinstance(n, dict)]
+        assignment = [h for h in held if isinstance(h, dict)] or None
+    telemetry = engine_info.get("gpu_telemetry")
+    telemetry = telemetry if isinstance(telemetry, dict) else {}
+    rows: list[GpuRow] = []
+    notes: list[str] = []
+    ordinal = 0
+    for node in assignment or []:
+        if not isinstance(node, dict):
+            continue
+        cvd = node.get("cuda_visible_devices")
+        note = str(node.get("note") or "")
+        base = GpuRow(
+            ordinal=None,
+            node_rank=_int_or_none(node.get("node_rank")),
+            node_id=str(node.get("node_id") or ""),
+            cuda_visible_devices=None if cvd is None else str(cvd),
+            ray_gpu_ids=[str(i) for i in node.get("ray_gpu_ids") or []],
+            note=note,
+        )
+        if note and note not in notes:
+            notes.append(note)
+        gpus = [g for g in node.get("gpus") or [] if isinstance(g, dict)]
+        if not gpus:
+            rows.append(dataclasses.replace(base, note=note or "no GPU held"))
+        for g in gpus:
+            rows.append(
+                dataclasses.replace(
+                    base,
+                    ordinal=ordinal,
+                    index=_int_or_none(g.get("index")),
+                    uuid=None if g.get("uuid") is None else str(g["uuid"]),
+                    name=None if g.get("name") is None else str(g["name"]),
+                    memory_total_mib=_float_or_none(g.get("memory_total_mib")),
+                    local_rank=_int_or_none(g.get("local_rank")),
+                    rank=_int_or_none(g.get("rank")),
+                    note="",
+                )
+            )
+            ordinal += 1
+    for note in [telemetry.get("note"), *(telemetry.get("notes") or [])]:
+        if note and str(note) not in notes:
+            notes.append(str(note))
+
+    facts: list[tuple[str, str]] = []
+    if telemetry:
+        facts.append(("Telemetry", "recorded" if telemetry.get("available") else "not recorded"))
+    sources = [n.get("telemetry") for n in assignment or [] if isinstance(n, dict)]
+    source = telemetry.get("source") or next((s for s in sources if s), None)
+    if source:
+        facts.append(("Source", TELEMETRY_SOURCES.get(str(source), str(source))))
+    if telemetry.get("energy_source"):
+        energy = str(telemetry["energy_source"])
+        facts.append(("Energy source", ENERGY_SOURCES.get(energy, energy)))
+    for metric, label, unit, digits in GPU_FACTS:
+        if metric in metrics:
+            facts.append((label, f"{metrics[metric]:,.{digits}f} {unit}"))
+
+    gpu_rows = [r for r in rows if r.ordinal is not None]
+    if gpu_rows:
+        empty = ""
+    else:
+        resource = str((placement or {}).get("resource") or "")
+        cpu = resource == "CPU" or any("CPU" in n for n in notes)
+        why = [n.rstrip(".") + "." for n in notes]
+        if not assignment:
+            why.insert(
+                0,
+                "No GPU assignment recorded"
+                + (
+                    ": the run has not been placed yet."
+                    if active
+                    else " (the run ran before GPU assignments were recorded, or was never placed)."
+                ),
+            )
+        if cpu or not resource:
+            why.append(NOT_MEASURED_ON_CPU)
+        else:
+            why.append(
+                "No GPU utilisation, memory, power or energy figures for this run "
+                "(left out, never shown as zeros)."
+            )
+        empty = " ".join(why)
+    labels = [
+        f"gpu{r.ordinal} (node {r.node_rank}"
+        + (f", index {r.index})" if r.index is not None else ")")
+        for r in gpu_rows
+    ]
+    return GpuView(
+        recorded=bool(assignment),
+        rows=rows,
+        facts=facts,
+        notes=notes,
+        empty_text=empty,
+        labels=labels,
+    )
+
+
+def model_facts(run: Run, resolution: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """``[(label, text)]`` about where the model came from: the pinned revision
+    (Hugging Face snapshot commit) and how the node resolved the name (source,
+    offline, weights cached, file count, HF cache); empty when neither is known."""
+    out: list[tuple[str, str]] = []
+    res = resolution if isinstance(resolution, dict) else {}
+    revision = run.model_revision or res.get("revision")
+    if revision:
+        out.append(("model_revision", str(revision)))
+    if res.get("source"):
+        parts = [str(res["source"])]
+        if res.get("offline") is not None:
+            parts.append("offline" if res["offline"] else "online")
+        if res.get("weights_cached") is not None:
+            parts.append("weights cached" if res["weights_cached"] else "weights not cached")
+        files = res.get("files")
+        count = len(files) if isinstance(files, list) else files
+        if isinstance(count, int) and not isinstance(count, bool):
+            parts.append(f"{count:,} file{'' if count == 1 else 's'}")
+        if res.get("hf_cache"):
+            parts.append(f"HF cache {res['hf_cache']}")
+        out.append(("model source", " · ".join(parts)))
+        path = res.get("path") or res.get("node_path")
+        if path and path != run.model_path:
+            out.append(("resolved path (node)", str(path)))
+    return out
+
+
+def progress_text(progress: dict[str, Any] | None) -> str:
+    """``measuring · 12 / 64 requests · <message>`` from a run's progress report."""
+    if not progress:
+        return ""
+    parts = [str(progress["phase"])] if progress.get("phase") else []
+    total = progress.get("requests_total") or 0
+    if total:
+        parts.append(f"{progress.get('requests_done', 0)} / {total} requests")
+    msg = progress.get("message")
+    if msg and msg != progress.get("phase"):
+        parts.append(str(msg))
+    return " · ".join(parts)
+
+
+def _duration(run: Run) -> float | None:
+    if run.started_at and run.finished_at:
+        return (run.finished_at - run.started_at).total_seconds()
+    return None
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, default=str)
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+def run_page(run_id: str, request: Request) -> HTMLResponse:
+    """The run page; the HTML 404 page for an unknown id."""
+    with unit_of_work(request.app.state.session_factory) as session:
+        repo = RunRepository(session)
+        run = repo.get(run_id)
+        if run is None:
+            return not_found(request, f"No run {run_id}.")
+        reference = repo.get(run.reference_run_id) if run.reference_run_id else None
+        metrics = repo.metrics(run_id)
+        has_log = repo.log(run_id) is not None
+        classes = per_class(metrics)
+        engine_info = dict(run.engine_info or {})
+        kv_check = engine_info.pop("kv_cache_check", None)
+        prefix_analysis = engine_info.pop("prefix_analysis", None)
+        findings = [] if run.status in ACTIVE else run_advice(session, run_id)
+        startup_facts = engine_info.pop("startup_facts", None) or {}
+        histogram_notes = engine_info.pop("histogram_notes", None) or []
+        resolution = engine_info.pop("model_resolution", None) or (
+            (run.experiment.spec or {}).get("model_resolution") if run.experiment else None
+        )
+        gpus = gpu_view(engine_info, run.placement, metrics, active=run.status in ACTIVE)
+        engine_info.pop("gpu_assignment", None)
+        engine_info.pop("gpu_telemetry", None)
+        cards = [c for c in CARDS if not c.optional or c.metric in metrics]
+        parity = run.parity
+        context = {
+            "nav": "runs",
+            "run": run,
+            "experiment": run.experiment,
+            "reference": reference,
+            "active": run.status in ACTIVE,
+            "duration_s": _duration(run),
+            "progress_text": progress_text(run.progress) if run.status in ACTIVE else "",
+            "metrics": metrics,
+            "cards": cards,
+            "groups": group_metrics(metrics),
+            "classes": classes,
+            "class_columns": CLASS_COLUMNS,
+            "engine_args": engine_arg_rows(run),
+            "startup_facts": startup_facts,
+            "histogram_notes": histogram_notes,
+            "engine_info_rest": engine_info,
+            "timings": run.timings or {},
+            "timing_labels": TIMING_LABELS,
+            "placement": run.placement,
+            "gpus": gpus,
+            "model_facts": model_facts(run, resolution),
+            "parity": parity,
+            "parity_rows": parity_rows(parity) if parity else [],
+            "parity_nodes": [str(n) for n in (parity or {}).get("nodes", [])],
+            "has_log": has_log,
+            "findings": findings,
+            "kv_check": kv_check,
+            "prefix_analysis": prefix_analysis,
+            "pretty": _pretty,
+            "fmt_metric": format_metric,
+        }
+        return render(request, "run.html", context)
