@@ -1,11 +1,12 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+# `make check` is the developer's fast loop (needs only .venv: no vLLM, no browser).
 PYTHON ?= python3
 VENV := .venv
 ENGINE_VENV := .engine-venv
 BIN := $(VENV)/bin
 export VLAB_ENGINE__PYTHON ?= $(CURDIR)/$(ENGINE_VENV)/bin/python
 
-.PHONY: demo up test lint engine venv browser clean
+.PHONY: demo up test check lint engine venv browser clean
 
 $(VENV)/.ok: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,10 +32,16 @@ demo: venv engine
 up: venv engine
 	$(BIN)/vlab up
 
+## lint: ruff (lint + format check) and mypy
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+## check: the fast loop: lint, type-check and the tests that need neither vLLM nor a browser
+## (only .venv; tests marked engine, browser or slow are left out; see CONTRIBUTING.md)
+check: venv lint
+	$(BIN)/pytest -q -rs --durations=10 -m "not engine and not browser and not slow"
 
 ## test: lint, type-check and the whole test suite (real Postgres, Ray and vLLM CPU build)
 test: venv engine browser lint

@@ -20,6 +20,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastapi import FastAPI
+
+from orchestrator.experiments.spec import ExperimentSpec
+
 PROBLEM_JSON = "application/problem+json"
 
 PROBLEM_SCHEMA: dict[str, Any] = {
@@ -125,3 +129,28 @@ def declare_problems(doc: dict[str, Any]) -> dict[str, Any]:
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
     return doc
+
+
+#: ``ExperimentSpec`` (and its parts, under ``$defs``) as JSON Schema, for the components.
+SPEC_SCHEMA = ExperimentSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+
+
+def install(app: FastAPI) -> None:
+    """The application's OpenAPI document: ``ExperimentSpec`` (and its parts) published in
+    the components (``POST /api/v1/experiments`` refers to it), and the problem answers
+    of every operation (:func:`declare_problems`)."""
+    original = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        doc = original()
+        schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+        spec = dict(SPEC_SCHEMA)
+        for name, sub in spec.pop("$defs", {}).items():
+            schemas.setdefault(name, sub)
+        schemas["ExperimentSpec"] = spec
+        app.openapi_schema = declare_problems(doc)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

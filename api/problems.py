@@ -15,7 +15,9 @@ never carry exception class names, SQL or server paths.
 from __future__ import annotations
 
 import logging
+import re
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -56,6 +58,10 @@ def problem(
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
 
 
+#: ``(request, title, message, status) -> HTML response``: an error as a dashboard page.
+ErrorPage = Callable[[Request, str, str, int], Response]
+
+
 def _is_page(request: Request) -> bool:
     """A dashboard page (answered in HTML), not the JSON API or the health check."""
     path = request.url.path
@@ -74,15 +80,9 @@ def database_unavailable(request: Request, exc: BaseException | None = None) -> 
         "the database cannot be reached; the service answers again as soon as it is back "
         f"(retry in {DATABASE_RETRY_AFTER_S} s)"
     )
-    if _is_page(request):
-        from web.pages import render
-
-        page = render(
-            request,
-            "error.html",
-            {"title": "Database unavailable", "message": f"The service is up but {detail}."},
-            503,
-        )
+    error_page: ErrorPage | None = getattr(request.app.state, "error_page", None)
+    if error_page is not None and _is_page(request):
+        page = error_page(request, "Database unavailable", f"The service is up but {detail}.", 503)
         page.headers["Retry-After"] = str(DATABASE_RETRY_AFTER_S)
         return page
     return problem(
@@ -112,8 +112,6 @@ def _allowed_methods(request: Request) -> list[str]:
     """Every method the API has for the request's path (the ``Allow`` of a 405), from the
     OpenAPI description, where each path lists all its operations; empty when the path
     is not an API path."""
-    import re
-
     path = request.url.path
     for template, item in (request.app.openapi().get("paths") or {}).items():
         parts = re.split(r"\{[^/}]+\}", template)
@@ -128,7 +126,12 @@ def _allowed_methods(request: Request) -> list[str]:
 _METHODS = ("get", "put", "post", "delete", "patch", "options", "head", "trace")
 
 
-def install(app: FastAPI) -> None:
+def install(app: FastAPI, error_page: ErrorPage | None = None) -> None:
+    """Answer every error as problem+json; ``error_page`` renders the HTML page a
+    dashboard page gets instead when the database is down (the dashboard's, given by
+    the application factory)."""
+    app.state.error_page = error_page
+
     @app.exception_handler(VlabError)
     async def _vlab(request: Request, exc: VlabError) -> JSONResponse:
         return problem(request, exc.status, exc.code, exc.title, exc.detail, **exc.extra)

@@ -12,6 +12,8 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, field_validator
 from pydantic_core import PydanticCustomError
 
+from orchestrator.schedules.cron import check_cron, zone
+
 T = TypeVar("T")
 
 
@@ -239,8 +241,6 @@ class ScheduleIn(BaseModel):
     @field_validator("cron")
     @classmethod
     def _cron(cls, v: str) -> str:
-        from orchestrator.schedules.service import check_cron
-
         try:
             return check_cron(v)
         except ValueError as exc:
@@ -249,8 +249,6 @@ class ScheduleIn(BaseModel):
     @field_validator("timezone")
     @classmethod
     def _tz(cls, v: str) -> str:
-        from orchestrator.schedules.service import zone
-
         try:
             zone(v)
         except ValueError as exc:

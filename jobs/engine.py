@@ -22,8 +22,12 @@ cancelled). Each carries ``log_lines``: the engine log's meaningful error lines.
 
 No orphans: every process of the engine carries the owner's pid and start time
 (:data:`OWNER_PID_ENV`) and runs the launcher's lifetime guard, which kills the
-whole group once the owner is gone, however it died; :func:`engine_processes`
-and :func:`kill_processes` let a restarted service find and end what is left.
+whole group once the owner is gone, however it died;
+:func:`jobs.processes.engine_processes` and :func:`jobs.processes.kill_processes`
+let a restarted service find and end what is left.
+
+The engine log's error lines are picked by :func:`jobs.enginelog.error_lines`; the
+``/proc`` facts come from :mod:`jobs.processes`.
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ import contextlib
 import ctypes
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -45,6 +48,17 @@ from typing import Any, Self
 
 import httpx
 
+from jobs.enginelog import error_lines, scan_error_lines
+from jobs.processes import (
+    HELPER_PROCESSES,
+    OWNER_PID_ENV,
+    OWNER_START_ENV,
+    group_members,
+    process_alive,
+    process_start_time,
+    process_title,
+    signal_name,
+)
 from jobs.schemas import EngineLaunch
 
 LAUNCHER_PATH = Path(__file__).resolve().with_name("vllm_launcher.py")
@@ -80,28 +94,6 @@ _DROPPED_ENV = (
 _PR_SET_PDEATHSIG = 1
 #: Seconds :meth:`EngineServer.stop` waits after SIGTERM for an engine that already died.
 DEAD_ENGINE_GRACE_S = 1.0
-_ERROR_MARKERS = re.compile(
-    r"Traceback|Error|ERROR|Exception|CRITICAL|FATAL|Killed|error:|Not enough|not enough"
-)
-#: "(EngineCore pid=12) " worker prefixes vLLM puts before child-process lines.
-_LOG_PREFIX = re.compile(r"^(\(\w+(?: \w+)* pid=\d+\)\s*)+")
-#: The last line of a traceback: "pkg.SomeError: message" (or bare name).
-_EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b")
-
-
-#: A log record's start: "INFO 11-29 ...", "WARNING ...", "[2026-..." or "2026-11-29 ...".
-_LOG_RECORD = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b|^\[|^\d{4}-\d\d-\d\d")
-#: At most this many lines after an exception line are kept as its message.
-_EXC_MESSAGE_LINES = 12
-#: A record logged below ERROR ("WARNING ...", "INFO: ..."): an error line only if it says
-#: a process died or a resource ran out (vLLM's "engine core exited unexpectedly"), never
-#: for the word "error" alone (vLLM's start-up warning "Found ulimit ... failed to
-#: automatically increase with error ..." is no error of the engine).
-_LOW_LEVEL_RECORD = re.compile(r"^(DEBUG|INFO|WARNING)\b")
-_STRONG_WORDS = re.compile(
-    r"died|exited unexpectedly|[Kk]illed|[Ff]atal|FATAL|CRITICAL|out of memory|"
-    r"[Ss]egmentation fault|[Nn]ot enough"
-)
 
 
 class EngineError(Exception):
@@ -264,65 +256,6 @@ def engine_env(launch: EngineLaunch, base: dict[str, str] | None = None) -> dict
 # --------------------------------------------------------------------------- logs
 
 
-def _error_lines(text: str, n: int = 60) -> tuple[list[str], bool]:
-    """The last ``n`` meaningful lines of an engine log, and whether any is an error line.
-
-    Meaningful: every line of a traceback (from ``Traceback`` to its exception
-    line, and the message lines right after it up to the next log record:
-    pydantic prints the field name and its error there) and lines that mention
-    an error, except records logged below ``ERROR`` (``WARNING``, ``INFO``...)
-    that do not say a process died or a resource ran out; if there are none, the last ``n``
-    non-empty lines. Progress bars (carriage-return rewrites) are reduced to
-    their last state.
-    """
-    lines = [ln.rsplit("\r", 1)[-1].rstrip() for ln in text.splitlines()]
-    lines = [ln for ln in lines if ln.strip()]
-    keep: list[str] = []
-    first_error: list[str] = []  # the first exception line of the log and its message
-    collecting_first = False
-    in_tb = False
-    after_exc = 0  # lines after an exception line that still belong to its message
-    for ln in lines:
-        body = _LOG_PREFIX.sub("", ln)
-        if after_exc and not _LOG_RECORD.match(body) and not body.startswith("Traceback"):
-            keep.append(ln)
-            if collecting_first:
-                first_error.append(ln)
-            after_exc -= 1
-            continue
-        after_exc = 0
-        collecting_first = False
-        if body.startswith("Traceback"):
-            in_tb = True
-        if (
-            in_tb
-            or (_ERROR_MARKERS.search(ln) and not _LOW_LEVEL_RECORD.match(body))
-            or _STRONG_WORDS.search(body)
-        ):
-            keep.append(ln)
-        if _EXC_LINE.match(body):
-            in_tb = False
-            after_exc = _EXC_MESSAGE_LINES
-            if not first_error:
-                first_error.append(ln)
-                collecting_first = True
-    tail = (keep or lines)[-n:]
-    if first_error and first_error[0] not in tail:
-        # the root cause (often in the engine-core process) scrolled out of the tail
-        return [
-            "--- first error in the log ---",
-            *first_error,
-            "--- last error lines ---",
-            *tail,
-        ], True
-    return tail, bool(keep)
-
-
-def error_lines(text: str, n: int = 60) -> list[str]:
-    """The last ``n`` meaningful lines of an engine log; see :func:`_error_lines`."""
-    return _error_lines(text, n)[0]
-
-
 def _read_tail(path: Path, max_bytes: int = 4_000_000, since: int = 0) -> str:
     """The last ``max_bytes`` of ``path`` after byte offset ``since``; ``""`` if none."""
     try:
@@ -336,156 +269,6 @@ def _read_tail(path: Path, max_bytes: int = 4_000_000, since: int = 0) -> str:
 
 
 # --------------------------------------------------------------------------- processes
-
-
-#: Environment of every engine process: the pid of the process that started the engine
-#: (its owner: the run's supervisor) and that process's start time (clock ticks since boot,
-#: ``/proc/<pid>/stat`` field 22), so a recycled pid is never taken for the owner. The
-#: launcher (:mod:`jobs.vllm_launcher`) ends the engine's whole process group when the
-#: owner is gone, in every vLLM process (API server, engine core, workers).
-OWNER_PID_ENV = "VLAB_PARENT_PID"
-OWNER_START_ENV = "VLAB_PARENT_START"
-#: Marks every engine process of a run (set by the orchestrator), and of a ``VLAB_HOME``
-#: (its absolute path), so a start-up sweep ends only the engines its own home started.
-RUN_ID_ENV = "VLAB_RUN_ID"
-HOME_ENV = "VLAB_ENGINE_HOME"
-
-#: Helper processes in an engine's group that are not the engine: their coming and
-#: going says nothing about the engine's health (matched against the command line).
-_HELPER_PROCESSES = re.compile(
-    r"multiprocessing\.resource_tracker|multiprocessing\.forkserver|compile_worker"
-)
-
-
-def _proc_stat(pid: int) -> list[str] | None:
-    """Fields of ``/proc/<pid>/stat`` from field 3 (state) on; None if there is no such pid."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return fields if len(fields) >= 20 else None
-
-
-def process_start_time(pid: int) -> int | None:
-    """Start time of ``pid`` (clock ticks after boot, ``/proc/<pid>/stat`` field 22)."""
-    fields = _proc_stat(pid)
-    return int(fields[19]) if fields is not None else None
-
-
-def process_alive(pid: int, start_time: int | None = None) -> bool:
-    """Whether ``pid`` runs (not a zombie) and, with ``start_time``, is still that process."""
-    fields = _proc_stat(pid)
-    if fields is None or fields[0] in ("Z", "X"):
-        return False
-    return start_time is None or int(fields[19]) == start_time
-
-
-def process_title(pid: int) -> str:
-    """What ``ps`` shows for ``pid``: its command line (vLLM retitles its processes
-    ``VLLM::EngineCore``, ``VLLM::Worker``...), else its name; ``""`` when gone."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            cmdline = fh.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
-        if cmdline:
-            return " ".join(cmdline.split())[:300]
-        with open(f"/proc/{pid}/comm", "rb") as fh:
-            return fh.read().decode("utf-8", "replace").strip()
-    except OSError:
-        return ""
-
-
-def process_env(pid: int) -> dict[str, str]:
-    """The environment ``pid`` started with (``/proc/<pid>/environ``); {} if unreadable."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            raw = fh.read()
-    except OSError:
-        return {}
-    env: dict[str, str] = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
-    return env
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) pids whose process group is ``pgid``, read from ``/proc``."""
-    members: list[int] = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        fields = _proc_stat(int(entry.name))
-        # fields: state ppid pgrp ...
-        if fields is not None and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            members.append(int(entry.name))
-    return members
-
-
-def signal_name(code: int) -> str:
-    """``"exited with code 3"`` or ``"was killed by signal SIGKILL"`` for a Popen return code."""
-    if code >= 0:
-        return f"exited with code {code}"
-    try:
-        name = signal.Signals(-code).name
-    except ValueError:
-        name = str(-code)
-    return f"was killed by signal {name} (exit code {code})"
-
-
-def engine_processes(home: str | None = None) -> dict[int, dict[str, str]]:
-    """Engine processes on this machine (those carrying ``VLAB_RUN_ID``), read from ``/proc``.
-
-    ``home``: only those of that ``VLAB_HOME`` (the :data:`HOME_ENV` marker, an absolute
-    path). Returns ``{pid: {"run_id", "home", "owner_pid", "owner_start", "pgid",
-    "title"}}``; processes whose environment cannot be read (other users') are skipped.
-    """
-    found: dict[int, dict[str, str]] = {}
-    me = os.getpid()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
-        pid = int(entry.name)
-        env = process_env(pid)
-        run_id = env.get(RUN_ID_ENV)
-        if not run_id or (home is not None and env.get(HOME_ENV) != home):
-            continue
-        fields = _proc_stat(pid)
-        if fields is None or fields[0] in ("Z", "X"):
-            continue
-        found[pid] = {
-            "run_id": run_id,
-            "home": env.get(HOME_ENV, ""),
-            "owner_pid": env.get(OWNER_PID_ENV, ""),
-            "owner_start": env.get(OWNER_START_ENV, ""),
-            "pgid": fields[2],
-            "title": process_title(pid),
-        }
-    return found
-
-
-def kill_processes(pids: Iterable[int], timeout_s: float = 10.0) -> list[int]:
-    """SIGKILL ``pids`` and their process groups; wait until none is left.
-
-    Returns the pids still alive after ``timeout_s`` seconds (normally none).
-    """
-    targets = {pid: process_start_time(pid) for pid in pids}
-    groups = {int(f[2]) for pid in targets if (f := _proc_stat(pid)) is not None}
-    deadline = time.monotonic() + timeout_s
-    while True:
-        for pgid in groups:
-            if pgid > 1 and pgid != os.getpgid(0):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pgid, signal.SIGKILL)
-        left = [pid for pid, start in targets.items() if process_alive(pid, start)]
-        for pid in left:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        if not left or time.monotonic() >= deadline:
-            return left
-        time.sleep(0.05)
 
 
 def _make_preexec(parent_pid: int) -> Callable[[], None]:
@@ -683,7 +466,7 @@ class EngineServer:
         watched: dict[int, tuple[int | None, str]] = {}
         for pid in group_members(self._pgid):
             title = process_title(pid)
-            if title and not _HELPER_PROCESSES.search(title):
+            if title and not HELPER_PROCESSES.search(title):
                 watched[pid] = (process_start_time(pid), title)
         self.watched = watched
         with contextlib.suppress(OSError):
@@ -731,7 +514,7 @@ class EngineServer:
         """
         if not self.watched:
             return self.error_lines(n)
-        lines, found = _error_lines(_read_tail(self.log_path, since=self._healthy_log_size), n)
+        lines, found = scan_error_lines(_read_tail(self.log_path, since=self._healthy_log_size), n)
         return lines if found else []
 
     def stop(self, timeout_s: float = 30.0) -> int | None:

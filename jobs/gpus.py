@@ -200,6 +200,7 @@ class GpuReader:
         else:
             if nvml is _UNSET:
                 try:
+                    # deferred: pynvml (NVML) is optional and loads the NVIDIA driver library
                     import pynvml  # type: ignore[import-untyped,unused-ignore]
 
                     nvml = pynvml

@@ -1,21 +1,21 @@
 """Node fingerprints for the multi-node parity check, collected on each node.
 
 A *node fingerprint* describes one node's engine environment in the shape
-:func:`orchestrator.cluster.parity.check_parity` consumes. Most of it comes from the
+:func:`orchestrator.cluster.parity.check_parity` consumes. It comes from the
 engine's own interpreter (``vllm_launcher.py fingerprint``, run with the
 engine venv's python: Python/vLLM/torch/CUDA/NCCL versions, GPUs, network
 interfaces, the launch-relevant environment, the model directory's files and
-their SHA-256 digests); :func:`probe_node` adds what only the Ray side knows
-(``ray`` version, the node's ``ip`` and Ray ``node_id``).
+their SHA-256 digests). What only the Ray side knows (``ray`` version, the
+node's ``ip`` and Ray ``node_id``) and the Ray task that runs the probe on
+every node are in :mod:`orchestrator.dispatch.ray.probe`: this module imports
+no Ray.
 
 Use::
 
     fp = probe_node(engine_python, "/models/x", "/var/cache/vlab/digests.json")
-    fps = probe_on_nodes(node_ids, engine_python, "/models/x", digest_cache)  # Ray driver
-    report = check_parity([fps[n] for n in node_ids], launch)
+    report = check_parity([fp, other_node_fp], launch)
 
-Ray is imported lazily (only :func:`probe_on_nodes` needs it; the other
-functions use it when it is there). Errors: :class:`ProbeError`.
+Errors: :class:`ProbeError`.
 """
 
 from __future__ import annotations
@@ -29,20 +29,19 @@ from typing import Any
 from jobs.engine import LAUNCHER_PATH, engine_env
 from jobs.schemas import EngineLaunch
 
-__all__ = ["ProbeError", "node_name", "probe_node", "probe_on_nodes"]
+__all__ = ["ProbeError", "node_name", "primary_ip", "probe_node"]
 
 #: Lines of the launcher's stderr kept in a :class:`ProbeError`.
 STDERR_TAIL_LINES = 30
-#: Extra seconds :func:`probe_on_nodes` waits beyond ``timeout_s`` (worker start-up).
-RAY_SCHEDULING_GRACE_S = 60.0
 
 
 class ProbeError(RuntimeError):
     """A node probe failed: the launcher could not run, failed, timed out or printed no JSON.
 
-    ``node``: the Ray node id of the failed probe (set by :func:`probe_on_nodes`,
-    else ``None``); ``stderr_tail``: the launcher's last stderr lines;
-    ``failures``: ``{node_id: message}`` of every failed node (``probe_on_nodes``).
+    ``node``: the Ray node id of the failed probe (set by
+    :func:`orchestrator.dispatch.ray.probe.probe_on_nodes`, else ``None``);
+    ``stderr_tail``: the launcher's last stderr lines; ``failures``:
+    ``{node_id: message}`` of every failed node (``probe_on_nodes``).
     """
 
     def __init__(
@@ -83,16 +82,7 @@ def _tail(data: bytes | str | None, n: int = STDERR_TAIL_LINES) -> list[str]:
     return [ln for ln in lines if ln.strip()][-n:]
 
 
-def _ray() -> Any:
-    """The ``ray`` module, or ``None`` when it is not importable."""
-    try:
-        import ray
-    except ImportError:
-        return None
-    return ray
-
-
-def _primary_ip() -> str | None:
+def primary_ip() -> str | None:
     """This host's outward-facing IPv4 address (no packet is sent), else its resolved name."""
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
@@ -106,25 +96,6 @@ def _primary_ip() -> str | None:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return None
-
-
-def _ray_facts() -> dict[str, Any]:
-    """``ray`` (version or ``None``), ``ip`` and ``node_id`` of the calling process."""
-    ray = _ray()
-    if ray is None:
-        return {"ray": None, "ip": _primary_ip(), "node_id": None}
-    facts: dict[str, Any] = {"ray": ray.__version__, "ip": None, "node_id": None}
-    if ray.is_initialized():
-        try:
-            facts["ip"] = ray.util.get_node_ip_address()
-        except Exception:  # very old Ray / odd network set-ups: fall back below
-            facts["ip"] = None
-        context = ray.get_runtime_context()
-        if getattr(context.worker, "mode", None) == ray.WORKER_MODE:
-            facts["node_id"] = context.get_node_id()
-    if not facts["ip"]:
-        facts["ip"] = _primary_ip()
-    return facts
 
 
 def probe_node(
@@ -141,10 +112,9 @@ def probe_node(
     Runs ``[engine_python, jobs/vllm_launcher.py, "fingerprint", "--model",
     model_dir, "--digest-cache", digest_cache]`` (options only when not
     ``None``) in the clean environment of :func:`jobs.engine.engine_env`
-    (``env`` is added on top, like ``EngineLaunch.env``), then adds ``ray``
-    (``ray.__version__`` of this process, ``None`` without Ray), ``ip`` (the
-    Ray node IP when Ray is initialized, else this host's primary IPv4) and
-    ``node_id`` (the Ray node id when called in a Ray worker, else ``None``).
+    (``env`` is added on top, like ``EngineLaunch.env``) and returns the JSON
+    object it prints (:func:`orchestrator.dispatch.ray.probe.probe_node` adds
+    ``ray``, ``ip`` and ``node_id``).
 
     The launcher's keys: ``hostname``, ``os``, ``kernel``, ``machine``,
     ``cpu_count``, ``python``, ``python_executable``, ``vllm``,
@@ -205,7 +175,6 @@ def probe_node(
         raise ProbeError(f"node probe printed no JSON ({engine_python})", tail) from exc
     if not isinstance(doc, dict):
         raise ProbeError(f"node probe printed a {type(doc).__name__}, not an object", tail)
-    doc.update(_ray_facts())
     return doc
 
 
@@ -216,104 +185,3 @@ def node_name(fp: Mapping[str, Any]) -> str:
         if value:
             return str(value)
     return "?"
-
-
-def _probe_task(
-    engine_python: str,
-    model_dir: str | None,
-    digest_cache: str | None,
-    timeout_s: float,
-    revision: str | None = None,
-) -> dict[str, Any]:
-    """Body of the Ray task of :func:`probe_on_nodes` (module level: pickled by reference).
-
-    ``{node_id}`` in ``digest_cache`` becomes this node's Ray node id.
-    """
-    if digest_cache is not None and "{node_id}" in digest_cache:
-        node_id = _ray().get_runtime_context().get_node_id()
-        digest_cache = digest_cache.replace("{node_id}", str(node_id))
-    return probe_node(
-        engine_python, model_dir, digest_cache, timeout_s=timeout_s, revision=revision
-    )
-
-
-def probe_on_nodes(
-    node_ids: list[str],
-    engine_python: str,
-    model_dir: str | None,
-    digest_cache: str | None,
-    *,
-    timeout_s: float = 120,
-    revision: str | None = None,
-) -> dict[str, dict[str, Any]]:
-    """Run :func:`probe_node` on every Ray node of ``node_ids``, in parallel.
-
-    Call from a process connected to Ray (``ray.init`` done). One zero-CPU
-    task per node, pinned with ``NodeAffinitySchedulingStrategy(node_id,
-    soft=False)``; ``engine_python``, ``model_dir`` and ``digest_cache`` are
-    paths *on the nodes* (``{node_id}`` in ``digest_cache`` is replaced by
-    each node's id: one cache per node, also where nodes share a file
-    system). The tasks run in the Ray workers' environment (the ``jobs``
-    package must be importable there). Ray 2.60 leaves
-    ``CUDA_VISIBLE_DEVICES`` alone for zero-GPU tasks, so the probe sees the
-    node's GPUs. Duplicate ids are probed once.
-
-    Returns:
-        ``{node_id: fingerprint}`` in the order of ``node_ids`` (see
-        :func:`probe_node`; ``node_id`` and ``ip`` are those of the node).
-
-    Raises:
-        ProbeError: a probe failed, or did not finish within ``timeout_s`` +
-            :data:`RAY_SCHEDULING_GRACE_S` seconds (node gone, no worker...);
-            waits for every node, then names the failed ones (``.node``: the
-            first, ``.failures``: all of them).
-        RuntimeError: Ray is not importable or not initialized.
-    """
-    ray = _ray()
-    if ray is None or not ray.is_initialized():
-        raise RuntimeError("probe_on_nodes needs a connected Ray (call ray.init first)")
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    remote = ray.remote(num_cpus=0, max_retries=0)(_probe_task)
-    refs = {
-        node_id: remote.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-            name=f"vlab-nodeprobe-{node_id[:12]}",
-        ).remote(engine_python, model_dir, digest_cache, timeout_s, revision)
-        for node_id in dict.fromkeys(node_ids)
-    }
-    if not refs:
-        return {}
-    results: dict[str, dict[str, Any]] = {}
-    failures: dict[str, str] = {}
-    tails: dict[str, list[str]] = {}
-    _ready, pending = ray.wait(
-        list(refs.values()), num_returns=len(refs), timeout=timeout_s + RAY_SCHEDULING_GRACE_S
-    )
-    for ref in pending:
-        ray.cancel(ref, force=True)
-    for node_id, ref in refs.items():
-        if ref in pending:
-            failures[node_id] = "probe did not finish in time (node unreachable or busy?)"
-            continue
-        try:
-            results[node_id] = ray.get(ref)
-        except Exception as exc:
-            cause = getattr(exc, "cause", None)  # RayTaskError wraps the task's exception
-            if not isinstance(cause, Exception):
-                cause = exc
-            if isinstance(cause, ProbeError):
-                failures[node_id] = cause.message
-                tails[node_id] = cause.stderr_tail
-            else:
-                failures[node_id] = f"{type(cause).__name__}: {cause}".splitlines()[0]
-    if failures:
-        first = next(iter(failures))
-        detail = "; ".join(f"node {n}: {msg}" for n, msg in failures.items())
-        raise ProbeError(
-            f"node probe failed on {len(failures)} of {len(refs)} node(s): {detail}",
-            tails.get(first),
-            node=first,
-            failures=failures,
-        )
-    return results

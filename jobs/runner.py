@@ -44,7 +44,8 @@ between the ``before`` and ``after`` scrapes (:func:`jobs.metrics.summarize_hist
 client's mean TTFT minus the server's for the same requests). Each result's
 ``engine_info`` also carries the parsed start-up facts (``startup_facts``) and
 the engine's periodic stats lines logged during the segment (``stats_lines``,
-:mod:`jobs.enginelog`; at most :data:`MAX_STATS_LINES`, evenly thinned).
+:mod:`jobs.enginelog`; at most :data:`jobs.segment.MAX_STATS_LINES`, evenly
+thinned). Each run's state and the numbers derived from its records are in :mod:`jobs.segment`.
 
 Time offsets (``start_s`` of records, ``t_s`` of samples) are seconds since
 the segment began; the first segment begins with the call (its offsets
@@ -62,12 +63,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 
@@ -76,7 +76,6 @@ from jobs.engine import EngineCancelledError, EngineDiedError, EngineError, Engi
 from jobs.modelgen import load_tokenizer
 from jobs.schemas import (
     BatchJob,
-    ChatRequest,
     MetricSample,
     Progress,
     RequestRecord,
@@ -84,22 +83,20 @@ from jobs.schemas import (
     RunResult,
     RunSegment,
 )
+from jobs.segment import (
+    Segment,
+    Status,
+    drop_unobserved_gauges,
+    itl_burst_fraction,
+    parse_engine_log,
+    per_class_metrics,
+    thin,
+)
 from jobs.workload import build_requests, request_list_hash
 
 logger = logging.getLogger(__name__)
 
 ProgressCallback = Callable[[Progress], None]
-Status = Literal["succeeded", "failed", "cancelled"]
-
-_VERSION_PATTERNS = (
-    re.compile(r"V1 LLM engine \(v([0-9][\w.+-]*)\)"),
-    re.compile(r"vLLM API server version ([0-9][\w.+-]*)"),
-    re.compile(r"\bversion ([0-9]+\.[0-9]+\.[0-9][\w.+-]*)"),
-)
-_KV_CACHE_RE = re.compile(
-    r"(?P<dev>CPU|GPU|XPU|TPU)? ?KV cache size: (?P<tokens>[\d,]+) tokens"
-    r"(?:, Maximum concurrency for (?P<len>[\d,]+) tokens per request: (?P<conc>[\d.,]+)x)?"
-)
 
 
 class _Cancelled(Exception):
@@ -108,114 +105,6 @@ class _Cancelled(Exception):
 
 class EngineUnresponsiveError(EngineError):
     """The server process is alive but stopped answering (``/metrics`` and requests)."""
-
-
-def parse_engine_log(text: str) -> dict[str, Any]:
-    """Facts read from a vLLM server log (start-up lines).
-
-    Returns a subset of: ``vllm_version`` (str), ``kv_cache_size_tokens``
-    (int), ``kv_cache_max_concurrency`` (float, for ``kv_cache_max_concurrency_len``
-    tokens per request), ``kv_cache_device`` (``"CPU"``/``"GPU"``...). These
-    are informational; measured numbers never come from the log.
-    """
-    info: dict[str, Any] = {}
-    for pattern in _VERSION_PATTERNS:
-        if m := pattern.search(text):
-            info["vllm_version"] = m.group(1)
-            break
-    if m := _KV_CACHE_RE.search(text):
-        info["kv_cache_size_tokens"] = int(m.group("tokens").replace(",", ""))
-        if m.group("dev"):
-            info["kv_cache_device"] = m.group("dev")
-        if m.group("conc"):
-            info["kv_cache_max_concurrency"] = float(m.group("conc").replace(",", ""))
-            info["kv_cache_max_concurrency_len"] = int(m.group("len").replace(",", ""))
-    return info
-
-
-#: Most engine stats lines kept per run (evenly thinned beyond this).
-MAX_STATS_LINES = 2000
-
-
-def _thin(items: list[Any], limit: int = MAX_STATS_LINES) -> list[Any]:
-    """``items`` if short enough, else ``limit`` of them evenly spaced (first and last kept)."""
-    if len(items) <= limit:
-        return items
-    step = (len(items) - 1) / (limit - 1)
-    return [items[round(i * step)] for i in range(limit)]
-
-
-#: Gauge summaries that only mean something if a scrape saw requests in the engine.
-_LOAD_GAUGES = (
-    "kv_cache_usage_peak",
-    "kv_cache_usage_mean",
-    "num_requests_running_peak",
-    "num_requests_waiting_peak",
-)
-
-
-def drop_unobserved_gauges(run_metrics: dict[str, float]) -> str | None:
-    """Remove gauge peaks no scrape could have seen; return why, or None.
-
-    ``/metrics`` is scraped every second; requests that all start and finish
-    between two scrapes leave every sample at 0 running, so a peak of 0 would
-    claim "no KV cache used" for a run that used it. When measured requests
-    completed but no sample ever saw one running, the load gauges
-    (:data:`_LOAD_GAUGES`) are removed from ``run_metrics`` (in place) rather
-    than reported as 0.
-    """
-    if run_metrics.get("completed", 0) > 0 and run_metrics.get("num_requests_running_peak") == 0:
-        for key in _LOAD_GAUGES:
-            run_metrics.pop(key, None)
-        return (
-            "no /metrics scrape saw a request running (requests shorter than the scrape "
-            "interval): KV cache usage and running/waiting peaks are not reported"
-        )
-    return None
-
-
-def per_class_metrics(
-    records: list[RequestRecord],
-    duration_s: float,
-    goodput_slos_ms: dict[str, float] | None = None,
-) -> dict[str, float]:
-    """``"<class>.<metric>"`` for each request class, when a run mixes classes.
-
-    Every :func:`jobs.loadgen.summarize` metric of the class's measured
-    requests (latency statistics, counts, tokens, goodput with the given
-    SLOs) except ``duration``; throughputs are the class's over the whole
-    measured phase (``duration_s``), so the classes' throughputs add up to
-    the run's. Empty when every request has the same class.
-    """
-    classes = sorted({r.request_class or "short" for r in records if not r.warmup})
-    if len(classes) < 2:
-        return {}
-    out: dict[str, float] = {}
-    for cls in classes:
-        mine = [r for r in records if (r.request_class or "short") == cls]
-        summary = loadgen.summarize(mine, duration_s, goodput_slos_ms=goodput_slos_ms)
-        for key, value in summary.items():
-            if key != "duration":
-                out[f"{cls}.{key}"] = value
-    return out
-
-
-#: Inter-token gaps shorter than this arrived in one burst, not token by token.
-BURST_GAP_S = 1e-4
-
-
-def itl_burst_fraction(records: list[RequestRecord]) -> float | None:
-    """Share of inter-token gaps under :data:`BURST_GAP_S` (0-1) over successful measured requests.
-
-    vLLM streams one chunk per decode step; gaps of a few microseconds mean
-    the chunks queued up in the server's API process (starved of CPU, e.g.
-    on a 2-core host) and were flushed together, so ITL and TPOT understate
-    the real decode time. None without any gap.
-    """
-    gaps = [g for r in records if r.success and not r.warmup for g in r.itl_s]
-    if not gaps:
-        return None
-    return sum(1 for g in gaps if g < BURST_GAP_S) / len(gaps)
 
 
 def execute(
@@ -332,80 +221,6 @@ def execute_batch(
     return _Batch(job, progress, cancel or threading.Event(), telemetry, on_record).execute()
 
 
-class _Segment:
-    """State of one run (segment) of a batch."""
-
-    def __init__(self, seg: RunSegment, index: int, total: int) -> None:
-        self.run_id = seg.run_id
-        self.workload = seg.workload
-        self.index = index
-        self.t0 = time.perf_counter()
-        self.t_end: float | None = None
-        self.requests: list[ChatRequest] | None = None
-        self.records: list[RequestRecord] = []
-        self.samples: list[MetricSample] = []
-        self.engine_info: dict[str, Any] = {"segment_index": index, "segments_total": total}
-        self.timings: dict[str, float] = {}
-        self.metrics: dict[str, float] = {}
-        self.measured_total = 0
-        self.measured_done = 0
-        self.status: Status | None = None
-        self.error: str | None = None
-        self.engine_log = ""
-        self.done_reported = False
-        self.slos = dict(seg.goodput_slos_ms)
-        self.stats_before = 0  # engine stats lines logged before this segment began
-        self.histograms: dict[str, dict[str, metrics.Histogram]] = {}
-        self.unresponsive: str | None = None  # why the server was judged unresponsive
-        self.dead: str | None = None  # why the engine was seen dead during this segment
-        self.dead_at: float | None = None  # seconds into the segment it was seen dead
-        self.refused = False  # the server's port refused a connection
-
-    @property
-    def partial(self) -> bool:
-        """Ended early with some measured requests succeeded: what was measured is kept."""
-        return self.status in ("failed", "cancelled") and any(
-            r.success for r in self.records if not r.warmup
-        )
-
-    def now(self) -> float:
-        return time.perf_counter() - self.t0
-
-    @property
-    def warmups(self) -> list[ChatRequest]:
-        return [r for r in self.requests or [] if r.warmup]
-
-    @property
-    def measured(self) -> list[ChatRequest]:
-        return [r for r in self.requests or [] if not r.warmup]
-
-    def judge(self, max_failed_fraction: float = 0.05) -> tuple[Status, str | None]:
-        """Final verdict once the load ran on a live engine.
-
-        Failed if nothing measured succeeded, if fewer measured requests finished
-        than were planned, or if the share of failed measured requests is above
-        ``max_failed_fraction`` (0-1): throughput and latencies over a run that
-        lost that many requests measure the failures, not the engine.
-        """
-        measured = self.measured
-        done = [r for r in self.records if not r.warmup]
-        if measured and not any(r.success for r in done):
-            first = next((r.error for r in done if r.error), "no measured request finished")
-            return "failed", f"all {len(done)} measured requests failed; first error: {first}"
-        if len(done) < len(measured):
-            return "failed", f"only {len(done)} of {len(measured)} measured requests finished"
-        failed = [r for r in done if not r.success]
-        if done and len(failed) / len(done) > max_failed_fraction:
-            first = next((r.error for r in failed if r.error), "?")
-            return "failed", (
-                f"{len(failed)} of {len(done)} measured requests failed "
-                f"({len(failed) / len(done):.1%}, above the {max_failed_fraction:.1%} allowed: "
-                "VLAB_ENGINE__MAX_FAILED_REQUEST_FRACTION); the numbers are not a valid "
-                f"measurement; first error: {first}"
-            )
-        return "succeeded", None
-
-
 #: Consecutive failed ``/metrics`` scrapes, spanning at least :data:`UNRESPONSIVE_AFTER_S`,
 #: after which a live server is judged to have stopped answering and the segment ends.
 UNRESPONSIVE_SCRAPES = 3
@@ -437,7 +252,7 @@ class _Batch:
         self.progress_cb = progress
         self.cancel = cancel
         total = len(job.segments)
-        self.segments = [_Segment(seg, i, total) for i, seg in enumerate(job.segments)]
+        self.segments = [Segment(seg, i, total) for i, seg in enumerate(job.segments)]
         self.server: EngineServer | None = None
         self.server_info: dict[str, Any] = {}
         self.startup_s: float | None = None
@@ -447,7 +262,7 @@ class _Batch:
 
     def report(
         self,
-        seg: _Segment | None,
+        seg: Segment | None,
         phase: Any,
         message: str = "",
         done: int | None = None,
@@ -478,7 +293,7 @@ class _Batch:
         if self.cancel.is_set():
             raise _Cancelled()
 
-    def finish(self, seg: _Segment, status: Status, error: str | None) -> None:
+    def finish(self, seg: Segment, status: Status, error: str | None) -> None:
         """Make ``seg``'s status final (once) and snapshot the log up to now."""
         if seg.status is not None:
             return
@@ -492,9 +307,9 @@ class _Batch:
     def execute(self) -> list[RunResult]:
         self._build_requests()
         pending = [s for s in self.segments if s.status is None]
-        last_ran: _Segment | None = None
+        last_ran: Segment | None = None
         if pending:
-            current: _Segment | None = pending[0]
+            current: Segment | None = pending[0]
             try:
                 self.check_cancel()
                 self._start_server(pending[0])
@@ -540,7 +355,7 @@ class _Batch:
             seg.engine_info["request_list_hash"] = request_list_hash(seg.requests)
             seg.measured_total = len(seg.measured)
 
-    def _start_server(self, first: _Segment) -> None:
+    def _start_server(self, first: Segment) -> None:
         server = self.server = EngineServer(self.job.launch)
         self.server_run_id = first.run_id
         first.engine_info["server_reused"] = False
@@ -553,7 +368,7 @@ class _Batch:
         first.timings["startup_s"] = self.startup_s
         first.engine_info["startup_s"] = self.startup_s
 
-    def _run_segment(self, seg: _Segment, reused: bool) -> None:
+    def _run_segment(self, seg: Segment, reused: bool) -> None:
         """Warm-up, reset, measure one segment; raise only for batch-ending problems.
 
         Cancellation and a dead server propagate (they end the batch); any
@@ -588,7 +403,7 @@ class _Batch:
             raise EngineUnresponsiveError(seg.unresponsive, server.log_tail(20))
         self.finish(seg, status, error)
 
-    def _raise_if_dead(self, server: EngineServer, seg: _Segment) -> None:
+    def _raise_if_dead(self, server: EngineServer, seg: Segment) -> None:
         """Raise :class:`EngineDiedError` when the engine died or its port refused us.
 
         The message says which process went, when in the run it was seen, and what
@@ -627,8 +442,8 @@ class _Batch:
 
     def _end_all(
         self,
-        current: _Segment | None,
-        pending: list[_Segment],
+        current: Segment | None,
+        pending: list[Segment],
         status: Status,
         error: str,
         later_error: str | None,
@@ -649,7 +464,7 @@ class _Batch:
                 seg.status, seg.error = status, msg
                 seg.t_end = time.perf_counter()
 
-    def _stop_server(self, last: _Segment) -> None:
+    def _stop_server(self, last: Segment) -> None:
         server = self.server
         if server is None:
             return
@@ -664,7 +479,7 @@ class _Batch:
         if last.engine_info.get("server_reused") is not None:
             last.engine_log = server.log_text()
 
-    def _result(self, seg: _Segment) -> RunResult:
+    def _result(self, seg: Segment) -> RunResult:
         if self.server is not None and seg.engine_info.get("server_reused") is not None:
             # The segment ran on the server: server facts, isolation, log facts.
             reused = bool(seg.engine_info["server_reused"])
@@ -675,7 +490,7 @@ class _Batch:
             log = seg.engine_log or self.server.log_text()
             info = parse_engine_log(log)
             info["startup_facts"] = enginelog.startup_facts(log)
-            info["stats_lines"] = _thin(enginelog.parse_stats_lines(log)[seg.stats_before :])
+            info["stats_lines"] = thin(enginelog.parse_stats_lines(log)[seg.stats_before :])
             seg.engine_info = {**info, **self.server_info, **seg.engine_info}
         elif self.server is not None and "pgid" in self.server_info:
             seg.engine_info.setdefault("pgid", self.server_info["pgid"])
@@ -703,7 +518,7 @@ class _Batch:
 
     # -- async part ---------------------------------------------------------------------
 
-    async def _drive(self, server: EngineServer, seg: _Segment, reused: bool) -> None:
+    async def _drive(self, server: EngineServer, seg: Segment, reused: bool) -> None:
         # set on cancel, on the engine's death (the watcher), when the port refuses a
         # connection (stop_when) or when the server stops answering (the scraper): the
         # load in progress stops at once with what was measured
@@ -717,7 +532,7 @@ class _Batch:
                 await watcher
 
     async def _drive_load(
-        self, server: EngineServer, seg: _Segment, reused: bool, abandon: threading.Event
+        self, server: EngineServer, seg: Segment, reused: bool, abandon: threading.Event
     ) -> None:
         job = self.job
         base_url = server.base_url
@@ -821,7 +636,7 @@ class _Batch:
             if notes:
                 seg.engine_info["histogram_notes"] = notes
 
-    async def _watch(self, server: EngineServer, seg: _Segment, abandon: threading.Event) -> None:
+    async def _watch(self, server: EngineServer, seg: Segment, abandon: threading.Event) -> None:
         """Set ``abandon`` on the batch's cancel, or when a process of the engine is gone
         (:meth:`EngineServer.death`, every :data:`ENGINE_WATCH_INTERVAL_S` s)."""
         while not abandon.is_set():
@@ -836,7 +651,7 @@ class _Batch:
                 return
             await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
 
-    def _stream(self, seg: _Segment, record: RequestRecord) -> None:
+    def _stream(self, seg: Segment, record: RequestRecord) -> None:
         """Hand a finished request's record to ``on_record`` (never raises)."""
         if self.record_cb is None:
             return
@@ -845,13 +660,13 @@ class _Batch:
         except Exception:
             logger.exception("on_record callback failed")
 
-    def _on_measured_record(self, seg: _Segment, record: RequestRecord) -> None:
+    def _on_measured_record(self, seg: Segment, record: RequestRecord) -> None:
         seg.measured_done += 1
         self._stream(seg, record)
         self.report(seg, "measuring", "", seg.measured_done, seg.measured_total)
 
     async def _sample(
-        self, client: httpx.AsyncClient, base_url: str, seg: _Segment, phase: Any
+        self, client: httpx.AsyncClient, base_url: str, seg: Segment, phase: Any
     ) -> bool:
         """One ``/metrics`` scrape appended to ``seg.samples``; True if it worked.
 
@@ -884,7 +699,7 @@ class _Batch:
         self,
         client: httpx.AsyncClient,
         base_url: str,
-        seg: _Segment,
+        seg: Segment,
         stop: asyncio.Event,
         abandon: threading.Event,
     ) -> None:

@@ -41,17 +41,47 @@ Subcommands::
 The alias is installed at import time (stdlib only, cheap) because vLLM's
 worker processes are started with ``spawn`` and re-import this module as
 ``__mp_main__``; everything else sits under ``if __name__ == "__main__":``.
+
+Ray: the one module of ``jobs`` that may import Ray (an exception of the layer
+table in docs/ARCHITECTURE.md): vLLM's own Ray executor (``layout.executor:
+"ray"``) runs inside the engine process, and :func:`adopt_run_placement_group`
+points it at the run's placement group. Ray, vLLM, torch and ``huggingface_hub``
+are imported inside the functions that need them (``# deferred:``), never at the
+top: the module must import with the standard library alone.
+
+Size: one file on purpose (about 1,500 lines). It runs by file path in the engine
+venv's python, where the ``jobs`` package is not importable; every vLLM worker
+re-imports it as ``__mp_main__``; :mod:`jobs.resolve_server` imports it as the
+top-level module ``vllm_launcher``, tests as ``jobs.vllm_launcher``, and
+tests/simgpu and scripts load it by path. A helper module next to it would have
+to import under every one of these names at once, so the launcher stays
+self-contained.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
+import dataclasses
+import enum
+import fnmatch
+import hashlib
+import importlib
 import importlib.metadata as _md
 import json
 import os
 import platform
+import re
+import shutil
+import signal
+import socket
+import stat
+import subprocess
 import sys
+import tempfile
+import threading
+import time
 from typing import Any
 
 _ALIAS_NAME = "vllm"
@@ -147,8 +177,7 @@ def adopt_run_placement_group() -> bool:
     if not pg_hex:
         return False
     try:
-        import importlib
-
+        # deferred: Ray only where vLLM's Ray executor runs (and the variable is set)
         import ray.util
         from ray._raylet import PlacementGroupID
 
@@ -184,7 +213,7 @@ def _owner_alive(pid: int, start: int | None) -> bool:
     """Whether ``pid`` runs (not a zombie) and, with ``start``, is still that process."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read().decode("ascii", "replace")
+            stat_line = fh.read().decode("ascii", "replace")
     except FileNotFoundError:
         return False
     except OSError:  # no /proc here: ask the kernel
@@ -195,7 +224,7 @@ def _owner_alive(pid: int, start: int | None) -> bool:
         except PermissionError:
             return True
         return True
-    fields = stat[stat.rfind(")") + 2 :].split()
+    fields = stat_line[stat_line.rfind(")") + 2 :].split()
     if not fields or fields[0] in ("Z", "X"):
         return False
     return start is None or len(fields) < 20 or int(fields[19]) == start
@@ -203,8 +232,6 @@ def _owner_alive(pid: int, start: int | None) -> bool:
 
 def _end_engine(owner: int) -> None:
     """SIGKILL this process's whole group (the engine: API server, engine core, workers)."""
-    import signal
-
     with contextlib.suppress(OSError):
         os.write(
             2,
@@ -226,9 +253,6 @@ def _end_engine(owner: int) -> None:
 
 
 def _start_guard_thread() -> None:
-    import threading
-    import time
-
     try:
         owner = int(os.environ.get(OWNER_PID_ENV, "0"))
         start_text = os.environ.get(OWNER_START_ENV, "")
@@ -322,6 +346,7 @@ def describe_serve_args() -> dict[str, Any]:
     saved_argv = sys.argv
     sys.argv = ["vllm", "engine-args", "--help"]
     try:
+        # deferred: vLLM takes seconds to import; must see the sys.argv set just above
         from vllm.entrypoints.cli.serve import ServeSubcommand
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     finally:
@@ -374,6 +399,7 @@ def _torch() -> Any:
     """The ``torch`` module, imported on first use only (it takes seconds); ``None`` if absent."""
     if not _torch_cache:
         try:
+            # deferred: torch takes seconds to import and may be absent
             import torch
         except Exception as exc:  # ImportError, or a broken install (missing .so ...)
             if not isinstance(exc, ModuleNotFoundError):
@@ -434,9 +460,6 @@ def _torch_facts() -> dict[str, Any]:
 
 def _run_nvidia_smi(args: list[str]) -> str | None:
     """Stdout of ``nvidia-smi <args>``, ``None`` if it is absent or fails."""
-    import shutil
-    import subprocess
-
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return None
@@ -501,8 +524,6 @@ def _gpu_facts() -> dict[str, Any]:
 
 
 def _interface_names() -> list[str]:
-    import socket
-
     try:
         return [name for _, name in socket.if_nameindex()]
     except OSError:
@@ -527,8 +548,6 @@ def _filtered_env(environ: Any = None) -> dict[str, str]:
 
 
 def _sha256_file(path: str) -> str:
-    import hashlib
-
     with open(path, "rb") as fh:
         if hasattr(hashlib, "file_digest"):  # Python >= 3.11
             return hashlib.file_digest(fh, "sha256").hexdigest()
@@ -572,8 +591,6 @@ def _save_digest_cache(path: str, entries: dict[str, dict[str, Any]]) -> None:
 
     A failure is reported on stderr only: the fingerprint itself is still valid.
     """
-    import tempfile
-
     directory = os.path.dirname(os.path.abspath(path))
     tmp: str | None = None
     try:
@@ -610,8 +627,6 @@ def _model_facts(
     (every ``sha256`` is ``None``) and the cache is neither read nor written.
     Raises ``OSError`` if a directory or file cannot be read.
     """
-    import stat
-
     root = os.path.abspath(model_dir)
     facts: dict[str, Any] = {"model_path": root, "model_path_exists": os.path.isdir(root)}
     if not facts["model_path_exists"]:
@@ -724,8 +739,6 @@ def fingerprint(
     :func:`_resolved_model_facts`. Raises ``OSError`` if a model file cannot
     be read.
     """
-    import socket
-
     vllm_version, vllm_dist = _vllm_version()
     doc: dict[str, Any] = {
         "hostname": socket.gethostname(),
@@ -836,16 +849,12 @@ def is_hf_repo_id(name: str) -> bool:
     Word characters, ``-`` and ``.``; each part starts and ends with a word
     character and has at most 96 characters; no ``--`` or ``..`` (HF's rules).
     """
-    import re
-
     pattern = rf"(?:{_HF_ID_PART}/)?{_HF_ID_PART}"
     return bool(re.fullmatch(pattern, name)) and "--" not in name and ".." not in name
 
 
 def _valid_revision(revision: str) -> bool:
     """A branch, tag (``refs/`` may nest: ``pr/1``) or commit: no ``..``, no leading ``/``."""
-    import re
-
     return (
         bool(re.fullmatch(r"[A-Za-z0-9_.\-/]+", revision))
         and not revision.startswith("/")
@@ -857,6 +866,7 @@ def _valid_revision(revision: str) -> bool:
 def _hf_hub() -> Any:
     """The ``huggingface_hub`` module, ``None`` when it cannot be imported."""
     try:
+        # deferred: huggingface_hub is optional in the engine environment
         import huggingface_hub
         import huggingface_hub.constants  # noqa: F401
     except Exception as exc:  # ImportError, or a broken install
@@ -909,8 +919,6 @@ def _snapshot_by_hand(cache: str, repo_id: str, revision: str) -> tuple[str, str
     (4+ hex digits) of exactly one snapshot's sha. A snapshot counts only with
     a ``config.json``. Raises :class:`ModelNotResolved` for an ambiguous prefix.
     """
-    import re
-
     repo_dir = os.path.join(cache, "models--" + repo_id.replace("/", "--"))
     snapshots = os.path.join(repo_dir, "snapshots")
     if not os.path.isdir(snapshots):
@@ -1061,9 +1069,6 @@ def _meta_files(
     :data:`META_FILE_LIMIT`, or one that would take the total over
     :data:`META_TOTAL_LIMIT`, is skipped as ``{"path", "size", "reason"}``.
     """
-    import base64
-    import fnmatch
-
     ranked = []
     for entry in files:
         rank = next(
@@ -1276,8 +1281,6 @@ def _scalar(value: Any) -> Any:
     Scalars as is; enums by name; ``torch.dtype`` as ``"bfloat16"``; lists
     and string-keyed dicts of such values item-wise.
     """
-    import enum
-
     if value is None or isinstance(value, bool | int | float | str):
         if isinstance(value, enum.Enum):
             return value.name
@@ -1303,8 +1306,6 @@ def flatten_vllm_config(vllm_config: Any) -> dict[str, Any]:
     :data:`RESOLVED_COMPILATION_FIELDS` of ``compilation_config`` and
     ``speculative_config.enabled`` / ``lora_config.enabled``.
     """
-    import dataclasses
-
     flat: dict[str, Any] = {}
     for section in RESOLVED_SECTIONS:
         sub = getattr(vllm_config, section, None)
@@ -1346,6 +1347,7 @@ def resolve_configs(model: str, configs: list[Any]) -> dict[str, Any]:
     saved_argv = sys.argv
     sys.argv = ["vllm", "serve"]
     try:
+        # deferred: vLLM takes seconds to import; must see the sys.argv set just above
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.entrypoints.cli.serve import ServeSubcommand
         from vllm.usage.usage_lib import UsageContext
@@ -1380,6 +1382,7 @@ def resolve_configs(model: str, configs: list[Any]) -> dict[str, Any]:
             serve.validate(args)
             engine_args = AsyncEngineArgs.from_cli_args(args)
             with contextlib.suppress(ImportError):
+                # deferred: vLLM (heavy); absent from older vLLM versions
                 from vllm.entrypoints.launchers.cli_args import propagate_flash_late_interaction
 
                 propagate_flash_late_interaction(args, engine_args)
@@ -1441,6 +1444,7 @@ def _main(argv: list[str]) -> int:
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command == "serve":
+        # deferred: vLLM takes seconds to import; only "serve" runs it
         from vllm.entrypoints.cli.main import main as vllm_main
 
         sys.argv = ["vllm", "serve", *rest]

@@ -1,13 +1,13 @@
 """Build the deterministic request list of a run from its :class:`~jobs.schemas.WorkloadSpec`.
 
-All text comes from the shipped corpus (:mod:`jobs.corpus`) and a few fixed strings of this
-module, drawn with ``random.Random`` instances seeded from ``spec.seed`` (string seeds such
+All text comes from :mod:`jobs.texts` (the shipped corpus and a few fixed strings),
+drawn with ``random.Random`` instances seeded from ``spec.seed`` (string seeds such
 as ``"template/text/<seed>/<segment>/<request>"``): the same spec and tokenizer give a
 byte-identical list (see :func:`request_list_hash`). Token counts are measured on the
 message contents (without the chat template's few extra tokens) with the model's tokenizer
-when one is given; without one, 4 characters count as one token (:data:`CHARS_PER_TOKEN`).
-A text of target ``t`` tokens is cut to between ``t - 9`` and ``t`` tokens
-(:func:`truncate_to_tokens`).
+when one is given; without one, 4 characters count as one token
+(:data:`jobs.texts.CHARS_PER_TOKEN`). A text of target ``t`` tokens is cut to between
+``t - 9`` and ``t`` tokens (:func:`jobs.texts.truncate_to_tokens`).
 
 Kinds:
 
@@ -32,9 +32,11 @@ length uniform in ``[floor(t * (1 - r)), ceil(t * (1 + r))]`` as ``vllm bench se
 form the system message (omitted when empty); all ``user`` segments form the user message.
 Segment sources (see :func:`build_requests` for the validation rules):
 
-* ``instructions``: :data:`SYSTEM_INSTRUCTIONS`, continued with corpus text for longer targets;
-* ``tools``: :data:`OUTPUT_FORMAT_INSTRUCTIONS`, then ``Tools:`` and the :data:`TOOLS` JSON
-  (``sort_keys``), with more corpus-described tools for longer targets;
+* ``instructions``: :data:`jobs.texts.SYSTEM_INSTRUCTIONS`, continued with corpus text for
+  longer targets;
+* ``tools``: :data:`jobs.texts.OUTPUT_FORMAT_INSTRUCTIONS`, then ``Tools:`` and the
+  :data:`jobs.texts.TOOLS` JSON (``sort_keys``), with more corpus-described tools for longer
+  targets;
 * ``document_header``: the versioned document header, then a corpus document body;
 * ``document``: ``Attached document:`` and a corpus passage;
 * ``passages``: retrieved ``[Passage k]`` chunks of the corpus with their section;
@@ -82,14 +84,12 @@ import hashlib
 import json
 import math
 import random
-import re
 from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
 from tokenizers import Tokenizer
 
-from jobs.corpus import sample_passage, sample_sentences, sample_text
 from jobs.replay import body_problems, body_tokens_estimate
 from jobs.schemas import (
     ChatRequest,
@@ -99,122 +99,7 @@ from jobs.schemas import (
     TemplateSegment,
     WorkloadSpec,
 )
-
-#: Characters per token assumed when no tokenizer is given.
-CHARS_PER_TOKEN = 4
-
-#: Version string in the shared document header.
-DOCUMENT_VERSION = "3.2"
-
-SYSTEM_INSTRUCTIONS = (
-    "You are Atlas, the operations assistant of the platform engineering team. "
-    "Answer questions using only the reference document below. Quote the section you rely "
-    "on, say so plainly when the document does not cover the question, and never invent "
-    "commands, file paths or configuration values. Keep answers short and factual. When an "
-    "action is required, call one of the tools described below instead of describing the "
-    "action in prose."
-)
-
-#: Tool definitions in OpenAI function-calling form, embedded in the shared prefix.
-TOOLS: list[dict[str, object]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "search_handbook",
-            "description": "Full-text search over the operations handbook.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "query": {"type": "string", "description": "search terms"},
-                    "max_results": {"type": "integer", "minimum": 1, "maximum": 20},
-                    "section": {"type": "string", "description": "restrict to one section"},
-                },
-                "required": ["query"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "open_ticket",
-            "description": "Open an incident or change ticket for the on-call engineer.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "title": {"type": "string"},
-                    "severity": {"type": "string", "enum": ["sev1", "sev2", "sev3", "sev4"]},
-                    "service": {"type": "string"},
-                    "details": {"type": "string"},
-                },
-                "required": ["title", "severity"],
-            },
-        },
-    },
-]
-
-
-def _measure(text: str, tokenizer: Tokenizer | None) -> int:
-    """Tokens in ``text``: with ``tokenizer`` (no special tokens), else ``ceil(len / 4)``."""
-    if tokenizer is None:
-        return -(-len(text) // CHARS_PER_TOKEN)
-    return len(tokenizer.encode(text, add_special_tokens=False).ids)
-
-
-def truncate_to_tokens(text: str, max_tokens: int, tokenizer: Tokenizer | None = None) -> str:
-    """Cut ``text`` to at most ``max_tokens`` tokens, preferring a word boundary.
-
-    With a tokenizer the cut is just before the last token among the first ``max_tokens + 1``
-    that starts a word (begins with whitespace), looking back at most 8 tokens, else after
-    token ``max_tokens``; the result is right-stripped, so re-encoding it gives between
-    ``max_tokens - 9`` and ``max_tokens`` tokens. Without one, the cut is at
-    ``max_tokens * 4`` characters, moved back to a space within the last 16 characters.
-    ``max_tokens <= 0`` gives ``""``; a text that already fits is returned unchanged.
-    """
-    if max_tokens <= 0:
-        return ""
-    if tokenizer is None:
-        end = max_tokens * CHARS_PER_TOKEN
-        if end >= len(text):
-            return text
-        space = max(text.rfind(" ", 0, end + 1), text.rfind("\n", 0, end + 1))
-        if space >= max(1, end - 16):
-            end = space
-        return text[:end].rstrip()
-    offsets = tokenizer.encode(text, add_special_tokens=False).offsets
-    if len(offsets) <= max_tokens:
-        return text
-    end = offsets[max_tokens - 1][1]
-    for j in range(max_tokens, max(0, max_tokens - 8), -1):
-        start = offsets[j][0]
-        if start < len(text) and text[start].isspace():
-            end = start
-            break
-    return text[:end].rstrip()
-
-
-def _fill(
-    rng: random.Random,
-    lead: str,
-    target_tokens: int,
-    tokenizer: Tokenizer | None,
-    *,
-    passage: bool,
-) -> str:
-    """``lead`` followed by corpus text, cut to about ``target_tokens`` tokens."""
-    if target_tokens <= 0:
-        return ""
-    # Byte-level BPE on this corpus averages ~3-4 chars/token; draw generously, then cut.
-    need_chars = max(64, target_tokens * 6)
-    body = sample_passage(rng, need_chars) if passage else sample_text(rng, need_chars)
-    return truncate_to_tokens(lead + body, target_tokens, tokenizer)
-
-
-#: Output-format instruction that opens the ``tools`` segment of a ``template`` workload.
-OUTPUT_FORMAT_INSTRUCTIONS = (
-    "Output format: answer in plain text of at most five sentences, then a line 'Sources:' "
-    "listing the document sections you quoted. To call a tool, reply with only a JSON object "
-    '{"name": <tool name>, "arguments": {...}} whose arguments match the tool\'s parameters.'
-)
+from jobs.texts import CHARS_PER_TOKEN, fill_text, shared_prefix_text, source_text
 
 #: Class of every measured ``template`` request when ``classes`` is not given.
 DEFAULT_CLASS = "default"
@@ -246,40 +131,6 @@ _DEFAULT_TOOLS_TOKENS = 512
 
 #: Tokens :func:`longest_request_tokens` allows for each ``"\n\n"`` join of two texts.
 _JOIN_TOKENS = 2
-
-_QUESTION_FORMS = (
-    'What does the handbook mean by "{}"?',
-    'Can you explain this line: "{}"?',
-    'How does "{}" apply to our production services?',
-    'Is this still correct: "{}"?',
-    'Which section says "{}", and when does it apply?',
-    'What should I check first, given that "{}"?',
-)
-
-
-def _document_header(seed: int) -> str:
-    """The versioned document header (``"Document: Operations Handbook v3.2 ..."``)."""
-    doc_id = f"OPS-{1000 + seed % 9000:04d}"
-    return (
-        f"Document: Operations Handbook v{DOCUMENT_VERSION} ({doc_id}), "
-        "Platform Engineering. Status: approved. Supersedes v3.1. "
-        "Audience: on-call engineers and service owners.\n\n"
-    )
-
-
-def shared_prefix_text(seed: int, prefix_tokens: int, tokenizer: Tokenizer | None = None) -> str:
-    """Return the shared system-prompt text of a ``shared_prefix`` workload.
-
-    Layout: instructions, ``Tools:`` + the :data:`TOOLS` JSON (one line, ``sort_keys``),
-    the document header, then a corpus passage drawn with ``random.Random(seed)``; the
-    whole text is cut to about ``prefix_tokens`` tokens (for small targets the cut falls
-    inside the instructions). ``prefix_tokens == 0`` gives ``""``.
-    """
-    tools_json = json.dumps(TOOLS, sort_keys=True, ensure_ascii=True)
-    header = f"{SYSTEM_INSTRUCTIONS}\n\nTools:\n{tools_json}\n\n{_document_header(seed)}"
-    rng = random.Random(f"shared_prefix/prefix/{seed}")
-    return _fill(rng, header, prefix_tokens, tokenizer, passage=True)
-
 
 # -- lengths and classes --------------------------------------------------------------------
 
@@ -422,133 +273,6 @@ def _class_sequence(
     return seq
 
 
-# -- segment texts --------------------------------------------------------------------------
-
-
-def _clip(text: str, max_chars: int) -> str:
-    """``text`` cut to at most ``max_chars`` characters at a sentence end or a space."""
-    if len(text) <= max_chars:
-        return text
-    end = text.rfind(". ", 0, max_chars)
-    if end > max_chars // 2:
-        return text[: end + 1]
-    space = text.rfind(" ", 0, max_chars)
-    return text[: space if space > 0 else max_chars]
-
-
-def _question(rng: random.Random, max_chars: int | None = None) -> str:
-    """A question quoting a corpus sentence ('Is this still correct: "..."?').
-
-    ``max_chars`` clips the quoted sentence (at a space) to at most that many characters.
-    """
-    (sentence,) = sample_sentences(rng, 1)
-    quote = sentence.rstrip(" .!?:;,")
-    if max_chars is not None and len(quote) > max_chars:
-        quote = _clip(quote, max_chars).rstrip(" .!?:;,")
-    return rng.choice(_QUESTION_FORMS).format(quote)
-
-
-def _question_text(rng: random.Random, target: int, tokenizer: Tokenizer | None) -> str:
-    """Corpus sentences, a blank line and a question; about ``target`` tokens in all."""
-    ask, n = "", 0
-    for _ in range(8):
-        ask = _question(rng)
-        n = _measure(ask, tokenizer)
-        if n <= target:
-            break
-    if n >= target:
-        return truncate_to_tokens(ask, target, tokenizer)
-    raw = sample_text(rng, max(64, (target - n) * 6))
-    budget = target - n - 1  # the "\n\n" before the question takes about one token
-    while True:
-        context = truncate_to_tokens(raw, budget, tokenizer)
-        text = f"{context}\n\n{ask}" if context else ask
-        if budget <= 0 or _measure(text, tokenizer) <= target:
-            return text
-        budget -= 1
-
-
-def _extra_tool(rng: random.Random, k: int) -> dict[str, object]:
-    """A further tool definition described by corpus sentences."""
-    what, arg = sample_sentences(rng, 2)
-    words = re.findall(r"[a-z]{4,}", what.lower())[:2] or ["lookup"]
-    return {
-        "type": "function",
-        "function": {
-            "name": "_".join([*words, str(k + 1)]),
-            "description": what,
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "query": {"type": "string", "description": arg},
-                    "limit": {"type": "integer", "minimum": 1, "maximum": 100},
-                },
-                "required": ["query"],
-            },
-        },
-    }
-
-
-def _tools_text(rng: random.Random, target: int) -> str:
-    head = f"{OUTPUT_FORMAT_INSTRUCTIONS}\n\nTools:\n"
-    tools = list(TOOLS)
-    size = len(head) + len(json.dumps(tools, sort_keys=True, ensure_ascii=True))
-    while size < max(64, target * 6):
-        tool = _extra_tool(rng, len(tools) - len(TOOLS))
-        tools.append(tool)
-        size += len(json.dumps(tool, sort_keys=True, ensure_ascii=True)) + 2
-    return head + json.dumps(tools, sort_keys=True, ensure_ascii=True)
-
-
-def _passages_text(rng: random.Random, target: int) -> str:
-    parts = ["Retrieved passages:"]
-    size = len(parts[0])
-    while size < max(64, target * 6):
-        section = f"{rng.randint(1, 12)}.{rng.randint(1, 20)}"
-        chunk = _clip(sample_passage(rng, 300), 1200)
-        part = (
-            f"[Passage {len(parts)}] (Operations Handbook v{DOCUMENT_VERSION}, "
-            f"section {section})\n{chunk}"
-        )
-        parts.append(part)
-        size += len(part) + 2
-    return "\n\n".join(parts)
-
-
-def _conversation_text(rng: random.Random, target: int) -> str:
-    lines = ["Conversation so far:"]
-    size = len(lines[0])
-    while size < max(64, target * 6):
-        user = f"User: {_question(rng, 120)}"
-        answer = f"Assistant: {sample_text(rng, rng.randint(120, 480))}"
-        lines += [user, answer]
-        size += len(user) + len(answer) + 2
-    return "\n".join(lines)
-
-
-def _source_text(
-    source: SegmentSource, rng: random.Random, target: int, tokenizer: Tokenizer | None, seed: int
-) -> str:
-    """Text of ``source`` cut to about ``target`` tokens (``""`` for ``target <= 0``)."""
-    if target <= 0:
-        return ""
-    if source == "instructions":
-        return _fill(rng, f"{SYSTEM_INSTRUCTIONS}\n\n", target, tokenizer, passage=True)
-    if source == "tools":
-        return truncate_to_tokens(_tools_text(rng, target), target, tokenizer)
-    if source == "document_header":
-        return _fill(rng, _document_header(seed), target, tokenizer, passage=True)
-    if source == "document":
-        return _fill(rng, "Attached document:\n", target, tokenizer, passage=True)
-    if source == "passages":
-        return truncate_to_tokens(_passages_text(rng, target), target, tokenizer)
-    if source == "question":
-        return _question_text(rng, target, tokenizer)
-    if source == "conversation_state":
-        return truncate_to_tokens(_conversation_text(rng, target), target, tokenizer)
-    raise ValueError(f"source {source!r} has no generated text; give 'text'")
-
-
 # -- request lists --------------------------------------------------------------------------
 
 
@@ -557,7 +281,7 @@ def _warmups(spec: WorkloadSpec, tokenizer: Tokenizer | None) -> list[ChatReques
     warm_rng = random.Random(f"shared_prefix/warmup/{spec.seed}")
     warm_tokens = _warmup_tokens(spec)
     for i in range(spec.warmup_requests):
-        text = _fill(warm_rng, "Warm-up. ", warm_tokens, tokenizer, passage=False)
+        text = fill_text(warm_rng, "Warm-up. ", warm_tokens, tokenizer, passage=False)
         out.append(
             ChatRequest(
                 index=i - spec.warmup_requests,
@@ -580,11 +304,11 @@ def _shared_prefix_requests(spec: WorkloadSpec, tokenizer: Tokenizer | None) -> 
     )
     for i in range(spec.num_requests):
         # drawn for every request, long or short, so short requests never depend on the mix
-        question = _fill(q_rng, "", spec.question_tokens, tokenizer, passage=False)
+        question = fill_text(q_rng, "", spec.question_tokens, tokenizer, passage=False)
         request_class = "short"
         if i in long_at:
             request_class = "long"
-            document = _fill(
+            document = fill_text(
                 doc_rng, "Attached document:\n", spec.long_input_tokens, tokenizer, passage=True
             )
             question = f"{document}\n\nQuestion: {question}"
@@ -618,7 +342,7 @@ class _Template:
     def _text(self, seg: TemplateSegment, target: int, rng: random.Random) -> str:
         if seg.text is not None:
             return seg.text
-        return _source_text(seg.source, rng, target, self.tokenizer, self.spec.seed)
+        return source_text(seg.source, rng, target, self.tokenizer, self.spec.seed)
 
     def part(self, role: str, cls: RequestClassSpec, key: str) -> str:
         """The ``role`` message text of request ``key`` of class ``cls``."""
@@ -646,7 +370,7 @@ class _Template:
     def answer(self, conversation: int, turn: int) -> str:
         assert self.spec.multi_turn is not None
         rng = random.Random(f"template/answer/{self.spec.seed}/{conversation}/{turn}")
-        return _fill(rng, "", self.spec.multi_turn.answer_tokens, self.tokenizer, passage=True)
+        return fill_text(rng, "", self.spec.multi_turn.answer_tokens, self.tokenizer, passage=True)
 
 
 def _template_requests(spec: WorkloadSpec, tokenizer: Tokenizer | None) -> list[ChatRequest]:

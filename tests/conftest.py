@@ -47,6 +47,18 @@ needs_engine = pytest.mark.skipif(
 )
 
 
+WEB_TESTS = REPO / "tests" / "web"
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test under ``tests/web`` ``browser`` (they drive a real chromium), so
+    ``make check`` can leave them out with ``-m "not browser"``."""
+    for item in items:
+        if WEB_TESTS in item.path.parents:
+            item.add_marker(pytest.mark.browser)
+
+
 @contextmanager
 def fresh_database(server_url: str) -> Iterator[str]:
     """Create ``vlab_test_<random>`` on the server of ``server_url``; drop it afterwards."""

@@ -17,8 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import SessionDep, SettingsDep
 from orchestrator.analysis import kvcache
+from orchestrator.analysis.prefix import analyze_prefix as run_analysis
+from orchestrator.analysis.service import experiment_advice, run_advice
 from orchestrator.core.errors import AnalyzeRequestInvalidError, SpecInvalidError
 from orchestrator.core.settings import Settings
+from orchestrator.experiments.models import resolve_model
 from orchestrator.experiments.pathpolicy import MAX_MODEL_CHARS
 
 router = APIRouter(prefix="/api/v1/analyze", tags=["analyze"])
@@ -108,8 +111,6 @@ def _problem(loc: list[str], msg: str) -> AnalyzeRequestInvalidError:
 def _model(settings: Settings, model: str | dict[str, Any]) -> tuple[dict[str, Any], Path | None]:
     if isinstance(model, dict):
         return model, None
-    from orchestrator.experiments.service import resolve_model
-
     try:
         resolved = resolve_model(settings, model)
     except SpecInvalidError as exc:
@@ -300,8 +301,6 @@ def run_findings(run_id: str, session: SessionDep) -> dict[str, Any]:
     """The advisor's findings for a run, in the order operators roll changes back
     (:mod:`orchestrator.analysis.advisor`): ``{"run_id", "findings": [{code, severity, rank,
     scope, run_id, variant, message, action, evidence}]}``. 404 for an unknown run."""
-    from orchestrator.analysis.service import run_advice
-
     return {"run_id": run_id, "findings": run_advice(session, run_id)}
 
 
@@ -309,8 +308,6 @@ def run_findings(run_id: str, session: SessionDep) -> dict[str, Any]:
 def experiment_findings(experiment_id: str, session: SessionDep) -> dict[str, Any]:
     """The advisor's findings for an experiment: each run's and the comparison's
     (bootstrap CIs), in rollback order. Shape as for runs, ``experiment_id`` instead."""
-    from orchestrator.analysis.service import experiment_advice
-
     return {"experiment_id": experiment_id, "findings": experiment_advice(session, experiment_id)}
 
 
@@ -343,9 +340,6 @@ def analyze_prefix(query: PrefixQuery, settings: SettingsDep) -> dict[str, Any]:
     (:func:`orchestrator.analysis.prefix.analyze_prefix`; shape: ``PrefixAnalysis``).
     422 problem+json: unknown model, a malformed request (named by index), a chat
     template that fails on a request."""
-    from orchestrator.analysis.prefix import analyze_prefix as run_analysis
-    from orchestrator.experiments.service import resolve_model
-
     try:
         resolved = resolve_model(settings, query.model)
     except SpecInvalidError as exc:

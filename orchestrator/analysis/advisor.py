@@ -37,6 +37,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from orchestrator.analysis.prefix import hit_rate_finding
+
 #: Rollback order of every finding code (lower first).
 RANK: dict[str, int] = {
     "token_bursts": 0,
@@ -247,8 +249,6 @@ def _prefix_findings(
     cause = (analysis or {}).get("cause")
     advice = (analysis or {}).get("advice")
     if predicted is not None and measured is not None:
-        from orchestrator.analysis.prefix import hit_rate_finding
-
         found = hit_rate_finding(float(predicted), float(measured), tolerance=FAR)
         if found is not None:
             return [

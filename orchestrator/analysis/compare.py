@@ -46,24 +46,19 @@ Note: pooled request-level percentiles are *not* the mean of the per-run
 ``median_ttft_ms`` etc. stored with each run; they are the percentile of all
 measured requests of a side.
 
-Also here: :func:`findings` (diagnoses drawn from the comparisons) and
-:func:`runs_table` / :func:`to_csv_bytes` / :func:`to_parquet_bytes` (a flat
-table of run rows for export).
+Diagnoses drawn from the comparisons are in :mod:`orchestrator.analysis.findings`; the
+flat table of run rows for export (CSV / Parquet) in :mod:`orchestrator.analysis.export`.
 """
 
 from __future__ import annotations
 
-import io
-import json
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import date, datetime
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
 from pydantic import BaseModel, Field
 
 Direction = Literal["lower_is_better", "higher_is_better", "neutral"]
@@ -234,16 +229,6 @@ class MetricComparison(BaseModel):
     verdict: Verdict
 
 
-class Finding(BaseModel):
-    """A diagnosis drawn from comparisons; ``evidence`` holds the numbers behind it."""
-
-    code: str
-    severity: Literal["info", "warning"]
-    variant: str
-    message: str
-    evidence: dict[str, Any] = Field(default_factory=dict)
-
-
 # --------------------------------------------------------------------------- helpers
 
 
@@ -258,11 +243,12 @@ def finite_float(x: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def _usable(runs: Iterable[RunData]) -> list[RunData]:
+def usable_runs(runs: Iterable[RunData]) -> list[RunData]:
+    """The runs whose data is compared (status in :data:`USABLE_STATUSES`)."""
     return [r for r in runs if r.status in USABLE_STATUSES]
 
 
-def _measured(run: RunData) -> list[dict[str, Any]]:
+def measured_requests(run: RunData) -> list[dict[str, Any]]:
     """Successful, non-warm-up requests with a TTFT and an E2EL (as ``summarize``)."""
     return [
         q
@@ -275,7 +261,7 @@ def _measured(run: RunData) -> list[dict[str, Any]]:
 
 
 @dataclass
-class _Side:
+class Side:
     """The measured requests of one side, concatenated repeat after repeat."""
 
     sizes: list[int]
@@ -286,21 +272,21 @@ class _Side:
         return len(self.sizes)
 
 
-def _side(runs: Sequence[RunData], keep: Mapping[str, str] | None = None) -> _Side:
+def side_of(runs: Sequence[RunData], keep: Mapping[str, str] | None = None) -> Side:
     """Repeats with >= 1 measured request; ``keep``: only requests whose keys match."""
     sizes: list[int] = []
     requests: list[dict[str, Any]] = []
-    for run in _usable(runs):
-        reqs = _measured(run)
+    for run in usable_runs(runs):
+        reqs = measured_requests(run)
         if keep:
             reqs = [q for q in reqs if all(q.get(k) == v for k, v in keep.items())]
         if reqs:
             sizes.append(len(reqs))
             requests.extend(reqs)
-    return _Side(sizes, requests)
+    return Side(sizes, requests)
 
 
-def _field_values(side: _Side, field: str) -> tuple[FloatArray, IntArray]:
+def _field_values(side: Side, field: str) -> tuple[FloatArray, IntArray]:
     """(values in s, index of the owning request), dropping missing/non-finite values."""
     chunks: list[FloatArray] = []
     for q in side.requests:
@@ -322,7 +308,7 @@ def _field_values(side: _Side, field: str) -> tuple[FloatArray, IntArray]:
     return values[keep], owner[keep]
 
 
-def _hierarchical_counts(rng: np.random.Generator, sizes: Sequence[int], n_boot: int) -> FloatArray:
+def hierarchical_counts(rng: np.random.Generator, sizes: Sequence[int], n_boot: int) -> FloatArray:
     """Multiplicity of every request in each of ``n_boot`` hierarchical resamples.
 
     Shape ``(n_boot, sum(sizes))`` (integers stored as float64; only the
@@ -402,7 +388,7 @@ def _weighted_quantiles(
 
 
 def _run_values(runs: Sequence[RunData], name: str) -> FloatArray:
-    vals = [finite_float(r.metrics.get(name)) for r in _usable(runs)]
+    vals = [finite_float(r.metrics.get(name)) for r in usable_runs(runs)]
     return np.asarray([v for v in vals if v is not None], dtype=np.float64)
 
 
@@ -427,8 +413,8 @@ def _interval(draws: FloatArray, confidence: float) -> tuple[float, float] | Non
 
 
 @dataclass
-class _Effect:
-    """Point estimates + CI of variant vs reference (internal)."""
+class Effect:
+    """Point estimates + CI of variant vs reference (compare's and the findings' bootstraps)."""
 
     reference: float
     variant: float
@@ -456,10 +442,10 @@ def _effect(
     ref_draws: FloatArray | None,
     var_draws: FloatArray | None,
     confidence: float,
-) -> _Effect:
+) -> Effect:
     ratio = finite_float(var_point / ref_point) if ref_point > 0 else None
     diff = finite_float(var_point - ref_point)
-    eff = _Effect(ref_point, var_point, ratio, diff if diff is not None else 0.0, None, None)
+    eff = Effect(ref_point, var_point, ratio, diff if diff is not None else 0.0, None, None)
     if ref_draws is None or var_draws is None:
         return eff
     both = np.isfinite(ref_draws) & np.isfinite(var_draws)
@@ -491,7 +477,7 @@ def _verdict(direction: Direction, side: str) -> Verdict:
 
 def _comparison(
     spec: MetricSpec,
-    eff: _Effect,
+    eff: Effect,
     confidence: float,
     n_ref: int,
     n_var: int,
@@ -524,16 +510,16 @@ def _comparison(
     )
 
 
-def _request_effects(
-    ref: _Side,
-    var: _Side,
+def request_effects(
+    ref: Side,
+    var: Side,
     field: str,
     quantiles: Sequence[float],
     ref_counts: FloatArray,
     var_counts: FloatArray,
     confidence: float,
     scale: float = 1000.0,
-) -> tuple[list[_Effect], int, int] | None:
+) -> tuple[list[Effect], int, int] | None:
     """Effects of ``field`` at each quantile (values x ``scale``); None if a side has no data."""
     rv, ro = _field_values(ref, field)
     vv, vo = _field_values(var, field)
@@ -557,7 +543,8 @@ def _request_effects(
     return effects, int(rv.size), int(vv.size)
 
 
-def _check_args(n_boot: int, confidence: float) -> None:
+def check_args(n_boot: int, confidence: float) -> None:
+    """Raise ValueError unless ``n_boot >= 1`` and ``0 < confidence < 1``."""
     if n_boot < 1:
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
     if not 0.0 < confidence < 1.0:
@@ -602,23 +589,21 @@ def compare_variant(
     Raises:
         ValueError: ``n_boot`` < 1 or ``confidence`` outside (0, 1).
     """
-    _check_args(n_boot, confidence)
+    check_args(n_boot, confidence)
     rng = np.random.Generator(np.random.PCG64(seed))
     out: list[MetricComparison] = []
 
-    ref_side, var_side = _side(reference_runs), _side(variant_runs)
+    ref_side, var_side = side_of(reference_runs), side_of(variant_runs)
     if ref_side.requests and var_side.requests:
-        ref_counts = _hierarchical_counts(rng, ref_side.sizes, n_boot)
-        var_counts = _hierarchical_counts(rng, var_side.sizes, n_boot)
+        ref_counts = hierarchical_counts(rng, ref_side.sizes, n_boot)
+        var_counts = hierarchical_counts(rng, var_side.sizes, n_boot)
         fields: dict[str, list[MetricSpec]] = {}
         for spec in METRICS:
             if spec.level == "request" and spec.field is not None:
                 fields.setdefault(spec.field, []).append(spec)
         for field, specs in fields.items():
             qs = [s.quantile if s.quantile is not None else 0.5 for s in specs]
-            res = _request_effects(
-                ref_side, var_side, field, qs, ref_counts, var_counts, confidence
-            )
+            res = request_effects(ref_side, var_side, field, qs, ref_counts, var_counts, confidence)
             if res is None:
                 continue
             effects, n_ref_req, n_var_req = res
@@ -641,7 +626,7 @@ def compare_variant(
         rv, vv = _run_values(reference_runs, spec.name), _run_values(variant_runs, spec.name)
         if rv.size == 0 or vv.size == 0:
             continue
-        eff = _run_effect(rng, rv, vv, n_boot, confidence)
+        eff = run_effect(rng, rv, vv, n_boot, confidence)
         row = _comparison(spec, eff, confidence, int(rv.size), int(vv.size))
         if row is not None:
             out.append(row)
@@ -677,9 +662,9 @@ def level_estimates(
     rng = np.random.Generator(np.random.PCG64(seed))
     out: dict[str, dict[str, float | None]] = {}
     wanted = [m for m in METRICS if only is None or m.name in only]
-    side = _side(runs)
+    side = side_of(runs)
     if side.requests and any(m.level == "request" for m in wanted):
-        counts = _hierarchical_counts(rng, side.sizes, n_boot)
+        counts = hierarchical_counts(rng, side.sizes, n_boot)
         fields: dict[str, list[MetricSpec]] = {}
         for spec in wanted:
             if spec.level == "request" and spec.field is not None:
@@ -725,9 +710,9 @@ def _all_equal(a: FloatArray, b: FloatArray) -> bool:
     return bool(a.size and b.size and np.all(a == a[0]) and np.all(b == a[0]))
 
 
-def _run_effect(
+def run_effect(
     rng: np.random.Generator, rv: FloatArray, vv: FloatArray, n_boot: int, confidence: float
-) -> _Effect:
+) -> Effect:
     """Mean over repeats per side and a bootstrap over repeats (None CI below the minimum)."""
     ref_point, var_point = float(rv.mean()), float(vv.mean())
     if rv.size < MIN_RUN_REPEATS or vv.size < MIN_RUN_REPEATS:
@@ -744,357 +729,3 @@ def _run_effect(
         _mean_draws(rng, vv, n_boot),
         confidence,
     )
-
-
-# --------------------------------------------------------------------------- findings
-
-
-def _by_metric(comparisons: Iterable[MetricComparison]) -> dict[str, MetricComparison]:
-    return {c.metric: c for c in comparisons}
-
-
-def _tp_values(ref: VariantRef | None) -> tuple[float, float] | None:
-    """(reference, variant) tensor_parallel_size when the changed variable includes it."""
-    if ref is None or ref.changed is None:
-        return None
-    ch = ref.changed
-    tp_paths = [p for p in ch.paths if p.split(".")[-1] == "tensor_parallel_size"]
-    if ch.name.split(".")[-1] == "tensor_parallel_size" and not tp_paths:
-        tp_paths = [ch.name]
-    if not tp_paths:
-        return None
-    path = tp_paths[0]
-
-    def pick(value: Any) -> float | None:
-        if isinstance(value, Mapping):
-            for key in (path, path.split(".")[-1]):
-                if key in value:
-                    return finite_float(value[key])
-            return None
-        return finite_float(value)
-
-    r, v = pick(ch.reference_value), pick(ch.variant_value)
-    return None if r is None or v is None else (r, v)
-
-
-def _per_device(runs: Sequence[RunData], name: str) -> FloatArray:
-    vals = [finite_float(r.metrics.get(name)) for r in _usable(runs)]
-    return np.asarray(
-        [v / r.devices for v, r in zip(vals, _usable(runs), strict=True) if v is not None],
-        dtype=np.float64,
-    )
-
-
-def _classes(runs: Sequence[RunData]) -> set[str | None]:
-    return {q.get("request_class") for r in _usable(runs) for q in _measured(r)}
-
-
-def _ci_list(eff: _Effect) -> list[float] | None:
-    return list(eff.ci) if eff.ci else None
-
-
-#: Equivalence margin for "E2EL did not move": the ratio's whole CI inside it.
-FLAT_LOW, FLAT_HIGH = 0.8, 1.25
-
-
-def findings(
-    comparisons_by_variant: Mapping[str, Sequence[MetricComparison]],
-    runs_by_variant: Mapping[str, Sequence[RunData]],
-    refs: Mapping[str, VariantRef],
-    *,
-    n_boot: int = 2000,
-    seed: int = 0,
-    confidence: float = 0.95,
-) -> list[Finding]:
-    """Diagnoses drawn from the comparisons, each with the numbers behind it.
-
-    Args:
-        comparisons_by_variant: variant -> :func:`compare_variant` output vs
-            its reference (``refs[variant].reference``).
-        runs_by_variant: variant -> its repeats (every variant, baseline too).
-        refs: variant -> :class:`VariantRef`.
-        n_boot, seed, confidence: as :func:`compare_variant`, for the
-            bootstraps some findings run themselves.
-
-    Codes:
-        - ``hit_rate_up_e2e_flat`` (info): prefix cache hit rate up by >= 0.2
-          (absolute) but median E2EL flat: its ratio CI lies within
-          [:data:`FLAT_LOW`, :data:`FLAT_HIGH`] (an equivalence margin of ±20 %;
-          a wider interval is inconclusive, not flat), or, without a CI, the
-          point ratio is within [0.9, 1.1].
-        - ``tp_up_throughput_per_device_down`` (warning): the changed variable
-          includes ``tensor_parallel_size``, it increased, and output
-          throughput per reserved device fell (ratio CI entirely below 1, or
-          point ratio < 0.95 when there is no CI; bootstrap over repeats).
-        - ``long_requests_starve_short`` (warning): in a variant whose
-          requests mix ``request_class`` "short" and "long", the short
-          requests' median TTFT is >= 1.2x that of a variant that sent only
-          short requests, with the ratio's CI above 1 (hierarchical bootstrap).
-          The short-only set is the variant's reference when that is
-          short-only, else a variant referencing it that is, else the first
-          short-only variant.
-
-    Returns:
-        Findings in ``comparisons_by_variant`` order (then ``runs_by_variant``
-        order for the request-class check); JSON-safe evidence.
-    """
-    _check_args(n_boot, confidence)
-    out: list[Finding] = []
-
-    for variant, comps in comparisons_by_variant.items():
-        by = _by_metric(comps)
-        hit, e2el = by.get("prefix_cache_hit_rate"), by.get("median_e2el_ms")
-        if hit is not None and e2el is not None and hit.difference >= 0.2:
-            if e2el.ci_of == "ratio" and e2el.ci_low is not None and e2el.ci_high is not None:
-                # "barely moved" needs evidence: the whole interval within +-20 %; a wide
-                # interval means the runs cannot tell, which is no finding
-                flat = e2el.ci_low >= FLAT_LOW and e2el.ci_high <= FLAT_HIGH
-            else:
-                flat = e2el.ratio is not None and 0.9 <= e2el.ratio <= 1.1
-            if flat:
-                out.append(
-                    Finding(
-                        code="hit_rate_up_e2e_flat",
-                        severity="info",
-                        variant=variant,
-                        message=(
-                            f"prefix cache hit rate rose from {hit.reference:.2f} to "
-                            f"{hit.variant:.2f} but median E2EL barely moved: decode or "
-                            "queueing dominates E2E latency; prefill savings don't show "
-                            "end to end"
-                        ),
-                        evidence={
-                            "reference": refs[variant].reference if variant in refs else None,
-                            "prefix_cache_hit_rate_reference": hit.reference,
-                            "prefix_cache_hit_rate_variant": hit.variant,
-                            "prefix_cache_hit_rate_difference": hit.difference,
-                            "median_e2el_ms_reference": e2el.reference,
-                            "median_e2el_ms_variant": e2el.variant,
-                            "median_e2el_ms_ratio": e2el.ratio,
-                            "median_e2el_ms_ci": [e2el.ci_low, e2el.ci_high],
-                            "median_e2el_ms_ci_of": e2el.ci_of,
-                            "median_e2el_ms_verdict": e2el.verdict,
-                        },
-                    )
-                )
-
-    rng = np.random.Generator(np.random.PCG64(seed))
-    for variant in comparisons_by_variant:
-        ref = refs.get(variant)
-        tp = _tp_values(ref)
-        if ref is None or tp is None or not tp[1] > tp[0]:
-            continue
-        rv = _per_device(runs_by_variant.get(ref.reference, []), "output_throughput")
-        vv = _per_device(runs_by_variant.get(variant, []), "output_throughput")
-        if rv.size == 0 or vv.size == 0:
-            continue
-        eff = _run_effect(rng, rv, vv, n_boot, confidence)
-        if eff.ratio is None:
-            continue
-        if eff.ci is None:
-            down = eff.ratio < 0.95
-        else:
-            down = eff.ci[1] < (1.0 if eff.ci_of == "ratio" else 0.0)
-        if down:
-            out.append(
-                Finding(
-                    code="tp_up_throughput_per_device_down",
-                    severity="warning",
-                    variant=variant,
-                    message=(
-                        f"tensor_parallel_size {tp[0]:g} -> {tp[1]:g} lowered output "
-                        f"throughput per reserved device to {eff.ratio:.2f}x: communication "
-                        "cost outweighs the extra devices"
-                    ),
-                    evidence={
-                        "reference": ref.reference,
-                        "tensor_parallel_size_reference": tp[0],
-                        "tensor_parallel_size_variant": tp[1],
-                        "output_throughput_per_device_reference": eff.reference,
-                        "output_throughput_per_device_variant": eff.variant,
-                        "ratio": eff.ratio,
-                        "ci": _ci_list(eff),
-                        "confidence": confidence,
-                        "n_reference_repeats": int(rv.size),
-                        "n_variant_repeats": int(vv.size),
-                    },
-                )
-            )
-
-    short_only = [v for v, runs in runs_by_variant.items() if _classes(runs) == {"short"}]
-    for variant, runs in runs_by_variant.items():
-        if not {"short", "long"} <= _classes(runs) or not short_only:
-            continue
-        ref = refs.get(variant)
-        candidates = [ref.reference] if ref is not None else []
-        candidates += [w for w, r in refs.items() if r.reference == variant]
-        chosen = next((c for c in candidates if c in short_only), short_only[0])
-        mixed = _side(runs, keep={"request_class": "short"})
-        alone = _side(runs_by_variant[chosen])
-        ref_counts = _hierarchical_counts(rng, alone.sizes, n_boot)
-        var_counts = _hierarchical_counts(rng, mixed.sizes, n_boot)
-        res = _request_effects(alone, mixed, "ttft_s", [0.5], ref_counts, var_counts, confidence)
-        if res is None:
-            continue
-        (eff,), n_alone, n_mixed = res
-        starved = (
-            eff.ratio is not None
-            and eff.ratio >= 1.2
-            and eff.ci is not None
-            and eff.ci_of == "ratio"
-            and eff.ci[0] > 1.0
-        )
-        if starved:
-            out.append(
-                Finding(
-                    code="long_requests_starve_short",
-                    severity="warning",
-                    variant=variant,
-                    message=(
-                        f"short requests' median TTFT is {eff.ratio:.2f}x what it is when "
-                        f"only short requests are sent ({chosen!r}): long requests starve "
-                        "short ones; serve them from a separate endpoint or cap long "
-                        "inputs (e.g. a lower max_model_len or max_num_batched_tokens)"
-                    ),
-                    evidence={
-                        "short_only_variant": chosen,
-                        "median_ttft_ms_short_mixed": eff.variant,
-                        "median_ttft_ms_short_only": eff.reference,
-                        "ratio": eff.ratio,
-                        "ci": _ci_list(eff),
-                        "confidence": confidence,
-                        "n_short_requests_mixed": n_mixed,
-                        "n_requests_short_only": n_alone,
-                    },
-                )
-            )
-    return out
-
-
-# --------------------------------------------------------------------------- tables
-
-#: Leading columns of :func:`runs_table`, in order (when present).
-RUN_COLUMNS = (
-    "id",
-    "experiment_id",
-    "variant",
-    "repeat_index",
-    "sequence",
-    "status",
-    "started_at",
-    "finished_at",
-    "model_id",
-    "model_digest",
-    "max_model_len",
-    "request_list_hash",
-    "vllm_version",
-)
-#: Nested groups flattened into ``group.key`` columns, in this order.
-NESTED_GROUPS = ("layout", "workload", "engine_args", "metrics")
-
-
-def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
-    if isinstance(value, Mapping):
-        for k, v in value.items():
-            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
-    elif isinstance(value, list | tuple):
-        out[prefix] = json.dumps(list(value), default=str)
-    else:
-        out[prefix] = value
-
-
-def runs_table(runs: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """One row per run, nested dicts flattened into dotted columns.
-
-    Args:
-        runs: run rows: ``id``, ``experiment_id``, ``variant``,
-            ``repeat_index``, ``sequence``, ``status``, ``started_at``,
-            ``finished_at``, ``model_id``, ``model_digest``, ``max_model_len``,
-            ``request_list_hash``, ``vllm_version`` and the dicts ``layout``,
-            ``workload``, ``engine_args`` (explicit ones), ``metrics``.
-
-    Returns:
-        A DataFrame: :data:`RUN_COLUMNS` first, then other top-level keys,
-        then ``layout.*``, ``workload.*``, ``engine_args.*``, ``metrics.*``
-        (each sorted by name), then any other nested group. Nested dicts
-        become ``a.b.c`` columns; lists become JSON strings; absent values
-        are None/NaN. Values keep their types (see :func:`to_parquet_bytes`).
-    """
-    rows: list[dict[str, Any]] = []
-    for run in runs:
-        flat: dict[str, Any] = {}
-        _flatten("", run, flat)
-        rows.append(flat)
-    seen: dict[str, None] = {}
-    for row in rows:
-        seen.update(dict.fromkeys(row))
-    head = [c for c in RUN_COLUMNS if c in seen]
-    top = [c for c in seen if "." not in c and c not in head]
-    groups: list[str] = []
-    for g in NESTED_GROUPS:
-        groups += sorted(c for c in seen if c.startswith(g + "."))
-    rest = sorted(c for c in seen if "." in c and c not in groups)
-    columns = head + top + groups + rest
-    return pd.DataFrame.from_records(rows, columns=columns)
-
-
-def _kind(v: Any) -> str:
-    if isinstance(v, bool | np.bool_):
-        return "bool"
-    if isinstance(v, int | np.integer | float | np.floating):
-        return "number"
-    if isinstance(v, str):
-        return "str"
-    if isinstance(v, datetime | date | pd.Timestamp):
-        return "datetime"
-    return "other"
-
-
-def _is_missing(v: Any) -> bool:
-    if v is None:
-        return True
-    try:
-        return bool(pd.isna(v))
-    except (TypeError, ValueError):
-        return False
-
-
-def _to_text(v: Any) -> str | None:
-    if _is_missing(v):
-        return None
-    if isinstance(v, str):
-        return v
-    if isinstance(v, np.generic):
-        v = v.item()
-    return json.dumps(v, default=str)
-
-
-def parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
-    """A copy whose object columns pyarrow can store.
-
-    Per object column (missing values stay missing): only numbers -> float;
-    one kind only (bool, str, datetime) -> unchanged; mixed kinds or other
-    objects -> text (strings as is, others as JSON, e.g. ``true``, ``2048``).
-    """
-    out = df.copy()
-    for col in out.columns:
-        if out[col].dtype != object:
-            continue
-        kinds = {_kind(v) for v in out[col] if not _is_missing(v)}
-        if kinds == {"number"}:
-            out[col] = pd.to_numeric(out[col], errors="coerce").astype("float64")
-        elif len(kinds) > 1 or "other" in kinds:
-            out[col] = pd.Series([_to_text(v) for v in out[col]], index=out.index, dtype=object)
-    return out
-
-
-def to_csv_bytes(df: pd.DataFrame) -> bytes:
-    """UTF-8 CSV with a header row and no index."""
-    return df.to_csv(index=False).encode("utf-8")
-
-
-def to_parquet_bytes(df: pd.DataFrame) -> bytes:
-    """Parquet (pyarrow engine, no index) of :func:`parquet_safe` ``(df)``."""
-    buf = io.BytesIO()
-    parquet_safe(df).to_parquet(buf, engine="pyarrow", index=False)
-    return buf.getvalue()

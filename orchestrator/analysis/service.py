@@ -11,22 +11,22 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from orchestrator.analysis.compare import (
-    ChangedVariable,
-    RunData,
-    VariantRef,
-    compare_variant,
-    findings,
-    runs_table,
-    to_csv_bytes,
-    to_parquet_bytes,
+from orchestrator.analysis.advisor import (
+    from_compare,
+    gain_without_hits,
+    more_devices_slower,
+    ordered,
+    run_findings,
 )
-from orchestrator.core.models import Experiment, Run, RunRequest
+from orchestrator.analysis.compare import ChangedVariable, RunData, VariantRef, compare_variant
+from orchestrator.analysis.export import runs_table, to_csv_bytes, to_parquet_bytes
+from orchestrator.analysis.findings import findings
+from orchestrator.cluster.placement import reserved_devices
+from orchestrator.core.models import Experiment, Run
 from orchestrator.core.repositories import RunRepository
-from orchestrator.experiments.service import get_experiment, reserved_devices
+from orchestrator.experiments.service import get_experiment, get_run
 
 
 def _config_value(run: Run, path: str) -> Any:
@@ -41,10 +41,7 @@ def _requests_by_run(session: Session, run_ids: list[str]) -> dict[str, list[dic
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
     if not run_ids:
         return out
-    rows = session.scalars(
-        select(RunRequest).where(RunRequest.run_id.in_(run_ids)).order_by(RunRequest.seq)
-    ).all()
-    for r in rows:
+    for r in RunRepository(session).request_rows_for(run_ids):
         out[r.run_id].append(
             {
                 "ttft_s": r.ttft_s,
@@ -217,9 +214,6 @@ def runs_as_data(session: Session, runs: list[Run]) -> dict[str, list[RunData]]:
 def run_advice(session: Session, run_id: str) -> list[dict[str, Any]]:
     """The advisor's findings for one run (:func:`orchestrator.analysis.advisor.run_findings`),
     JSON-safe, in rollback order. Raises :class:`NotFoundError` for an unknown run."""
-    from orchestrator.analysis.advisor import ordered
-    from orchestrator.experiments.service import get_run
-
     run = get_run(session, run_id)
     return [a.model_dump(mode="json") for a in ordered(_run_advice(session, run))]
 
@@ -227,8 +221,6 @@ def run_advice(session: Session, run_id: str) -> list[dict[str, Any]]:
 def _run_advice(session: Session, run: Run, metrics: dict[str, float] | None = None) -> list[Any]:
     """:func:`orchestrator.analysis.advisor.run_findings` of a stored run; ``metrics``: its summary
     metrics when the caller has read them already."""
-    from orchestrator.analysis.advisor import run_findings
-
     repo = RunRepository(session)
     log_text = None
     if run.status in ("failed", "blocked"):
@@ -252,13 +244,6 @@ def experiment_advice(
 
     ``comparison_doc``: :func:`comparison` of the experiment when the caller has it
     already (it is the expensive part)."""
-    from orchestrator.analysis.advisor import (
-        from_compare,
-        gain_without_hits,
-        more_devices_slower,
-        ordered,
-    )
-
     exp = get_experiment(session, experiment_id)
     runs = sorted(exp.runs, key=lambda r: r.sequence)
     advice = []

@@ -18,6 +18,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,8 +26,20 @@ import httpx
 import typer
 import yaml
 from rich.console import Console
+from rich.table import Table
 
+from jobs.modelgen import generate_model, model_digest
+from jobs.replay import ReplayFileError, load_jsonl
+from orchestrator.cli.report import ReportError, print_results
+from orchestrator.cli.report import watch as watch_exp
+from orchestrator.cli.runtime import Runtime
+from orchestrator.core import auth
+from orchestrator.core.auth import AuthSetupError, client_auth_headers, startup_check, token_usable
+from orchestrator.core.db import unit_of_work
+from orchestrator.core.errors import TokenInvalidError
+from orchestrator.core.repositories import AuditRepository, TokenRepository, utcnow
 from orchestrator.core.settings import Settings, get_settings
+from orchestrator.experiments.engine_catalog import load_catalog
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 models_app = typer.Typer(help="Generated Llama-shaped models (random weights, real compute).")
@@ -185,7 +198,6 @@ def _inline_replay_files(spec: dict[str, Any], base: Path) -> None:
     ``workload.replay_file``. Raises :class:`CliError` naming the file and
     every bad line (:func:`jobs.replay.load_jsonl`); nothing is submitted then.
     """
-    from jobs.replay import ReplayFileError, load_jsonl
 
     def load(name: Any) -> list[dict[str, Any]]:
         if not isinstance(name, str):
@@ -219,8 +231,6 @@ def friendly(func: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> None:
-        from orchestrator.cli.report import ReportError
-
         try:
             func(*args, **kwargs)
         except (CliError, ReportError, TimeoutError) as exc:
@@ -232,8 +242,6 @@ def friendly(func: Callable[..., None]) -> Callable[..., None]:
 
 
 def _http(method: str, url: str, **kw: Any) -> httpx.Response:
-    from orchestrator.core.auth import client_auth_headers
-
     kw["headers"] = {**client_auth_headers(), **(kw.get("headers") or {})}
     try:
         return httpx.request(method, url, **kw)
@@ -276,9 +284,6 @@ def submit(
     watch: Annotated[bool, typer.Option(help="show progress until the runs end")] = True,
 ) -> None:
     """Submit an experiment spec to the API."""
-    from orchestrator.cli.report import print_results
-    from orchestrator.cli.report import watch as watch_exp
-
     base = _api(api)
     created = submit_spec(base, load_spec_file(spec))
     if created is None:
@@ -291,21 +296,16 @@ def submit(
 @friendly
 def watch(experiment_id: str, api: ApiOpt = None) -> None:
     """Show an experiment's progress until its runs end, then its result table."""
-    from orchestrator.cli.report import print_results
-    from orchestrator.cli.report import watch as watch_exp
-
     print_results(watch_exp(_api(api), experiment_id, console=console), console, _api(api))
 
 
-def _runtime(settings: Settings):  # type: ignore[no-untyped-def]
-    from orchestrator.cli.runtime import Runtime
-
+def _runtime(settings: Settings) -> Runtime:
     rt = Runtime(settings)
     rt.start_database()
     return rt
 
 
-def _print_device_kind(rt) -> None:  # type: ignore[no-untyped-def]
+def _print_device_kind(rt: Runtime) -> None:
     """One start-up line: the device kind runs reserve, and whether it was detected."""
     if rt.device_kind is None:
         return
@@ -327,13 +327,11 @@ def _bound(settings: Settings, host: str | None, port: int | None) -> Settings:
     return settings.model_copy(update={"api": settings.api.model_copy(update=changes)})
 
 
-def _auth_preflight(settings: Settings, rt) -> None:  # type: ignore[no-untyped-def]
+def _auth_preflight(settings: Settings, rt: Runtime) -> None:
     """Refuse to serve on a non-loopback address without a token (one line, exit 2), or
     print the loud warning of ``VLAB_API__AUTH=none``; before Ray starts."""
-    from orchestrator.core.auth import AuthSetupError, startup_check
-
     try:
-        warning = startup_check(settings, rt.session_factory)
+        warning = startup_check(settings, rt.sessions)
     except AuthSetupError as exc:
         raise CliError(str(exc)) from None
     if warning:
@@ -393,19 +391,12 @@ def token_create(
     ] = None,
 ) -> None:
     """Create an API token and print it (the only time it is shown)."""
-    from datetime import timedelta
-
-    from orchestrator.core import auth
-    from orchestrator.core.db import unit_of_work
-    from orchestrator.core.errors import TokenInvalidError
-    from orchestrator.core.repositories import AuditRepository, utcnow
-
     if expires_in_days is not None and not 1 / 24 <= expires_in_days <= 3650:
         raise CliError("--expires-in-days must be between 1/24 (an hour) and 3650")
     rt = _runtime(get_settings())
     try:
         actor = _cli_actor()
-        with unit_of_work(rt.session_factory) as session:
+        with unit_of_work(rt.sessions) as session:
             token, secret = auth.create_token(
                 session,
                 name=name,
@@ -434,15 +425,9 @@ def token_list(
     all_: Annotated[bool, typer.Option("--all", help="include revoked tokens")] = False,
 ) -> None:
     """List the API tokens (never their secrets)."""
-    from rich.table import Table
-
-    from orchestrator.core.auth import token_usable
-    from orchestrator.core.db import unit_of_work
-    from orchestrator.core.repositories import TokenRepository, utcnow
-
     rt = _runtime(get_settings())
     try:
-        with unit_of_work(rt.session_factory) as session:
+        with unit_of_work(rt.sessions) as session:
             rows = TokenRepository(session).all(include_revoked=all_)
     finally:
         rt.stop()
@@ -477,15 +462,10 @@ def token_revoke(
     token: Annotated[str, typer.Argument(help="the token's name, key id or id")],
 ) -> None:
     """Revoke a token at once (its dashboard sessions end too)."""
-    from orchestrator.core import auth
-    from orchestrator.core.db import unit_of_work
-    from orchestrator.core.errors import TokenInvalidError
-    from orchestrator.core.repositories import AuditRepository
-
     rt = _runtime(get_settings())
     try:
         actor = _cli_actor()
-        with unit_of_work(rt.session_factory) as session:
+        with unit_of_work(rt.sessions) as session:
             row = auth.revoke_token(session, token, by=actor)
             AuditRepository(session).add(actor=actor, action="token.revoke", target=row.name)
             name = row.name
@@ -527,8 +507,6 @@ def engine_args(
     refresh: Annotated[bool, typer.Option(help="ask the engine again")] = False,
 ) -> None:
     """List (and cache) the engine arguments the installed vLLM accepts."""
-    from orchestrator.experiments.engine_catalog import load_catalog
-
     cat = load_catalog(get_settings(), refresh=refresh)
     console.print(f"vLLM {cat.vllm_version}: {len(cat.args)} engine arguments")
 
@@ -540,8 +518,6 @@ def model_generate(
     overwrite: bool = False,
 ) -> None:
     """Generate a Llama-shaped model folder (config + locally trained tokenizer)."""
-    from jobs.modelgen import generate_model, model_digest
-
     path = generate_model(dest or get_settings().models_dir / name, name, overwrite=overwrite)
     console.print(f"{path} (digest {model_digest(path)[:16]})")
 
@@ -553,10 +529,6 @@ def demo(
     port: Annotated[int, typer.Option(help="API port for the demo")] = 8000,
 ) -> None:
     """Start everything, run the demo experiment (APC off vs on), print the results."""
-    from orchestrator.cli.report import print_results
-    from orchestrator.cli.report import watch as watch_exp
-    from orchestrator.experiments.engine_catalog import load_catalog
-
     _setup_logging()
     logging.getLogger().setLevel(logging.WARNING)
     settings = _bound(get_settings(), "127.0.0.1", port)
@@ -591,18 +563,12 @@ def demo(
         rt.stop()
 
 
-def _demo_token(rt) -> str | None:  # type: ignore[no-untyped-def]
+def _demo_token(rt: Runtime) -> str | None:
     """When tokens exist and ``VLAB_TOKEN`` is unset: a one-day operator token for the
     demo's own API calls (revoked when it ends); returns its id, or None."""
-    from datetime import timedelta
-
-    from orchestrator.core import auth
-    from orchestrator.core.db import unit_of_work
-    from orchestrator.core.repositories import TokenRepository, utcnow
-
     if os.environ.get(auth.TOKEN_ENV):
         return None
-    with unit_of_work(rt.session_factory) as session:
+    with unit_of_work(rt.sessions) as session:
         if not TokenRepository(session).any_active(utcnow()):
             return None
         token, secret = auth.create_token(
@@ -617,12 +583,9 @@ def _demo_token(rt) -> str | None:  # type: ignore[no-untyped-def]
     return token_id
 
 
-def _revoke_demo_token(rt, token_id: str) -> None:  # type: ignore[no-untyped-def]
-    from orchestrator.core import auth
-    from orchestrator.core.db import unit_of_work
-
+def _revoke_demo_token(rt: Runtime, token_id: str) -> None:
     os.environ.pop(auth.TOKEN_ENV, None)
-    with unit_of_work(rt.session_factory) as session:
+    with unit_of_work(rt.sessions) as session:
         auth.revoke_token(session, token_id, by="demo")
 
 

@@ -11,7 +11,8 @@ from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-ACTIVE = {"queued", "preparing", "running"}
+from orchestrator.core.auth import client_auth_headers
+from orchestrator.core.states import ACTIVE
 
 # (header, metric key, scale, format)
 RESULT_COLUMNS: list[tuple[str, str, float, str]] = [
@@ -138,8 +139,6 @@ def watch(
             raise TimeoutError(f"experiment {experiment_id} still running")
         return any(r["status"] in ACTIVE for r in exp["runs"])
 
-    from orchestrator.core.auth import client_auth_headers
-
     with httpx.Client(timeout=30, headers=client_auth_headers()) as client:
         exp = fetch_experiment(client, api, experiment_id)
         if not console.is_terminal:  # logs and CI: one line per change instead of a live view
@@ -231,8 +230,6 @@ def print_results(
     console = console or Console()
     console.print(result_table(exp))
     if api and len(exp.get("variants", [])) > 1:
-        from orchestrator.core.auth import client_auth_headers
-
         resp = httpx.get(
             f"{api}/api/v1/experiments/{exp['id']}/comparison",
             timeout=120,

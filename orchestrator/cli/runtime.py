@@ -12,9 +12,11 @@ import time
 from dataclasses import dataclass, field
 
 import uvicorn
+from fastapi import FastAPI
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.app import create_app
 from orchestrator.core.db import (
     make_engine,
     make_session_factory,
@@ -22,6 +24,8 @@ from orchestrator.core.db import (
     upgrade_to_head,
 )
 from orchestrator.core.settings import Settings
+from orchestrator.dispatch.dispatcher import Dispatcher
+from orchestrator.experiments.models import set_model_locator
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +39,15 @@ class Runtime:
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
     _servers: list[uvicorn.Server] = field(default_factory=list)
-    dispatcher: object | None = None
+    dispatcher: Dispatcher | None = None
     #: (device kind, "detected" | "setting") once the orchestrator is connected to Ray
     device_kind: tuple[str, str] | None = None
+
+    @property
+    def sessions(self) -> sessionmaker[Session]:
+        """The session factory; :meth:`start_database` must have run."""
+        assert self.session_factory is not None, "start_database() first"
+        return self.session_factory
 
     def start_database(self) -> sessionmaker[Session]:
         """Resolve the database (starting the embedded one if needed) and migrate to head."""
@@ -55,19 +65,17 @@ class Runtime:
         runs here, before the thread: when this returns, the runs a dead predecessor
         left are adopted or failed (with what they measured) and no orphaned engine
         process of this ``VLAB_HOME`` is left."""
-        from orchestrator.dispatch.dispatcher import Dispatcher
+        # deferred: these import ray (heavy), which an API-only process (`vlab serve`) never loads
         from orchestrator.dispatch.ray.backend import RayRunBackend, connect
+        from orchestrator.dispatch.ray.models import locate_on_cluster
 
         assert self.session_factory is not None
-        from orchestrator.dispatch.ray.models import locate_on_cluster
-        from orchestrator.experiments import service
-
         resources = connect(self.settings)
         log.info("ray cluster resources: %s", resources)
         backend = RayRunBackend(self.settings)
         self.device_kind = (backend.resource, backend.resource_source)
         # model ids are resolved on a node of the cluster, not on this host
-        service.set_model_locator(locate_on_cluster)
+        set_model_locator(locate_on_cluster)
         dispatcher = Dispatcher(self.settings, self.session_factory, backend)
         self.dispatcher = dispatcher
         # before anything starts: adopt or fail what a dead predecessor left, and kill every
@@ -79,9 +87,7 @@ class Runtime:
         t.start()
         self._threads.append(t)
 
-    def make_app(self):  # type: ignore[no-untyped-def]
-        from api.app import create_app
-
+    def make_app(self) -> FastAPI:
         assert self.session_factory is not None
         return create_app(self.settings, self.session_factory)
 
@@ -111,13 +117,10 @@ class Runtime:
         for t in self._threads:
             t.join(timeout=120)
         if self.dispatcher is not None:
-            import ray
+            # deferred: imports ray (heavy); loaded already when a dispatcher ran
+            from orchestrator.dispatch.ray.backend import disconnect
 
-            from orchestrator.experiments import service
-
-            service.set_model_locator(None)
-
-            if ray.is_initialized():
-                ray.shutdown()
+            set_model_locator(None)
+            disconnect()
         if self.engine is not None:
             self.engine.dispose()

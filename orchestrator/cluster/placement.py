@@ -147,6 +147,91 @@ def nodes_from_ray(
     return inventories
 
 
+def nodes_from_heartbeats(docs: Iterable[Mapping[str, Any]]) -> list[NodeInventory] | None:
+    """The nodes the orchestrator with most devices published (``resources["nodes"]`` of
+    its heartbeat: ``[{"node_id", "ip", "total", "available"}]``).
+
+    ``docs``: the live orchestrators' resources documents. None when none published
+    its nodes.
+    """
+    best: list[NodeInventory] | None = None
+    for r in docs:
+        found = r.get("nodes")
+        if not isinstance(found, list):
+            continue
+        nodes = [
+            NodeInventory(
+                node_id=str(d["node_id"]),
+                ip=str(d.get("ip", "")),
+                total=int(d["total"]),
+                available=min(int(d["total"]), int(d.get("available") or 0)),
+            )
+            for d in found
+            if isinstance(d, dict) and "node_id" in d and "total" in d
+        ]
+        if best is None or sum(n.total for n in nodes) > sum(n.total for n in best):
+            best = nodes
+    return best
+
+
+def devices_from_heartbeats(docs: Iterable[Mapping[str, Any]], resource: str) -> int | None:
+    """The most ``resource`` devices one of the live orchestrators (``docs``) reports; None
+    when none is live.
+
+    ``resource`` ``"auto"``: each orchestrator's own detected device kind
+    (``device_resource`` in its heartbeat; CPU when it published none).
+    """
+    counts = [int(float(r.get(_heartbeat_kind(r, resource), 0) or 0)) for r in docs]
+    return max(counts) if counts else None
+
+
+def kind_from_heartbeats(docs: Iterable[Mapping[str, Any]], resource: str) -> str:
+    """The device kind in force: ``resource`` when set, else the one the live orchestrators
+    (``docs``) detected (``"GPU"`` when any of them detected GPUs), else ``"CPU"``."""
+    if resource != "auto":
+        return resource
+    kinds = {_heartbeat_kind(r, resource) for r in docs}
+    return "GPU" if "GPU" in kinds else "CPU"
+
+
+def _heartbeat_kind(resources: Mapping[str, Any], resource: str) -> str:
+    """``resource``, or for ``"auto"`` the kind an orchestrator published in its heartbeat."""
+    if resource != "auto":
+        return resource
+    kind = resources.get("device_resource")
+    return kind if kind in ("CPU", "GPU") else "CPU"
+
+
+# --------------------------------------------------------------------------- devices
+
+
+def reserved_devices(layout: Mapping[str, Any]) -> int:
+    """Devices a run reserves: ``layout.devices``, else TP x PP (the one rule;
+    ``orchestrator.experiments.spec.Layout.reserved`` asks it too)."""
+    tp = int(layout.get("tensor_parallel_size", 1))
+    pp = int(layout.get("pipeline_parallel_size", 1))
+    return int(layout.get("devices") or tp * pp)
+
+
+def cpu_thread_binding(layout: Mapping[str, Any], first_core: int = 0) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for a run on CPU cores: one core list per rank.
+
+    The run's devices (cores ``first_core ..``) are split evenly over its
+    TP x PP ranks: TP=2 on 2 cores -> ``"0|1"``; TP=1 on 2 cores -> ``"0-1"``.
+    vLLM's CPU backend needs an explicit binding when TP or PP > 1
+    (ENGINE_NOTES.md).
+    """
+    ranks = int(layout.get("tensor_parallel_size", 1)) * int(
+        layout.get("pipeline_parallel_size", 1)
+    )
+    per = max(1, reserved_devices(layout) // ranks)
+    parts = []
+    for rank in range(ranks):
+        a = first_core + rank * per
+        parts.append(f"{a}-{a + per - 1}" if per > 1 else str(a))
+    return "|".join(parts)
+
+
 # --------------------------------------------------------------------------- placement
 
 
@@ -329,6 +414,14 @@ def _plural(count: int, word: str) -> str:
 def _dev(count: int, resource: str | None) -> str:
     kind = f"{resource} device" if resource else "device"
     return _plural(count, kind)
+
+
+#: Why ``layout.executor: "ray"`` is refused on CPU (at submission and at launch).
+RAY_EXECUTOR_ON_CPU = (
+    "layout.executor 'ray' needs GPUs: the device kind of this cluster is CPU, and vLLM's "
+    "CPU build refuses --distributed-executor-backend ray ('current platform cpu does not "
+    "support ray'); use executor 'mp' (one vllm serve per node with --nnodes)"
+)
 
 
 def shape_problem(

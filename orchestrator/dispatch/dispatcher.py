@@ -44,18 +44,24 @@ from typing import IO, Any, Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from jobs import loadgen
+from jobs.processes import HOME_ENV, engine_processes, kill_processes
 from jobs.schemas import BatchJob, RequestRecord, RunResult
 from orchestrator.cluster.placement import NodeInventory
-from orchestrator.core.db import unit_of_work
+from orchestrator.core.db import database_health, is_unavailable, unit_of_work
 from orchestrator.core.models import Run
 from orchestrator.core.repositories import (
     OrchestratorRepository,
     ParityCheckRepository,
     RunRepository,
+    utcnow,
 )
 from orchestrator.core.settings import Settings
 from orchestrator.core.states import RunStatus, is_terminal
-from orchestrator.experiments.service import build_batch_job, record_result
+from orchestrator.runs.launch import build_batch_job
+from orchestrator.runs.logs import engine_log_from_disk
+from orchestrator.runs.service import record_result
+from orchestrator.schedules.service import fire_due_schedules
 
 log = logging.getLogger(__name__)
 
@@ -206,8 +212,6 @@ class Dispatcher:
         heartbeat is fresh). Everything else marked with this home goes (SIGKILL to
         each process group, then to each process), before any new engine starts.
         """
-        from jobs.engine import engine_processes, kill_processes
-
         found = engine_processes(self.home)
         if not found:
             return []
@@ -240,8 +244,6 @@ class Dispatcher:
         computed from them (the measured phase spanning the first start to the last
         end); ``partial`` when any succeeded; its engine log is read from disk.
         """
-        from jobs import loadgen
-
         rows = repo.request_rows(run.id)
         records = [
             RequestRecord(
@@ -365,9 +367,6 @@ class Dispatcher:
             self.reconcile()
         self._answer_parity_check()
         try:
-            from orchestrator.core.repositories import utcnow
-            from orchestrator.schedules.service import fire_due_schedules
-
             fire_due_schedules(self.session_factory, self.settings, now=utcnow())
         except Exception:  # noqa: BLE001 - scheduled sweeps must not stop dispatching
             log.exception("firing scheduled sweeps failed")
@@ -452,8 +451,6 @@ class Dispatcher:
     def _own(self, job: BatchJob) -> BatchJob:
         """``job`` marked as this home's (every engine process carries the home's
         absolute path) and judged with this service's failed-request threshold."""
-        from jobs.engine import HOME_ENV
-
         launch = job.launch.model_copy(update={"env": {**job.launch.env, HOME_ENV: self.home}})
         return job.model_copy(
             update={
@@ -510,8 +507,6 @@ class Dispatcher:
             try:
                 self.tick()
             except Exception as exc:  # noqa: BLE001 - keep the loop alive; the error is logged
-                from orchestrator.core.db import database_health, is_unavailable
-
                 if is_unavailable(exc):  # one log line per outage, not a traceback per tick
                     database_health.failed(exc, "dispatcher")
                 else:
@@ -537,16 +532,3 @@ class Dispatcher:
                 (self._identity_dir() / f"{self.orchestrator_id}.lock").unlink()
             self._identity.close()
             self._identity = None
-
-
-def engine_log_from_disk(run: Run) -> str | None:
-    """The engine log file of ``run`` (``engine_info["log_path"]``, noted at launch), for
-    a run whose log is not in the database (still running, or lost before its end);
-    None when there is none. Only ``*.log`` files are read."""
-    path = (run.engine_info or {}).get("log_path")
-    if not isinstance(path, str) or not path.endswith(".log"):
-        return None
-    try:
-        return Path(path).read_bytes().decode("utf-8", "replace")
-    except OSError:
-        return None

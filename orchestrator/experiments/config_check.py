@@ -17,12 +17,18 @@ a burst of submissions from taking the service down:
   warm process falls back to the one-shot subprocess.
 
 Settings: ``settings.submissions`` (:class:`orchestrator.core.settings.SubmissionSettings`).
+
+:func:`engine_resolver` is the planner's :data:`orchestrator.experiments.planner.Resolver`
+built on these; within :func:`remembered_checks` vLLM's answers (and the models
+:func:`orchestrator.experiments.models.resolve_model` found) are remembered, so a check
+done outside a transaction is not redone inside one.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import contextvars
 import json
 import logging
 import os
@@ -33,11 +39,19 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from orchestrator.core.errors import VlabError
+import jobs.engine
+from jobs.engine import EngineError, engine_env
+from jobs.schemas import EngineLaunch
+from orchestrator.core.errors import EngineUnavailableError, VlabError
 from orchestrator.core.settings import Settings
+from orchestrator.experiments.planner import Resolver
+
+if TYPE_CHECKING:  # models imports this module (for the gate and the memo)
+    from orchestrator.experiments.models import ResolvedModel
 
 log = logging.getLogger(__name__)
 
@@ -168,9 +182,6 @@ class WarmResolver:
 
     # -- process
     def _start(self, timeout_s: float) -> None:
-        from jobs.engine import engine_env
-        from jobs.schemas import EngineLaunch
-
         env = engine_env(
             EngineLaunch(
                 engine_python=self.engine_python, model_dir="", served_model_name="", log_path=""
@@ -347,12 +358,73 @@ def resolve_configs(
     :func:`jobs.engine.resolve_engine_configs`): through the warm process when
     ``settings.submissions.warm_resolver``, else (or when the warm process fails) a
     one-shot subprocess. Raises :class:`jobs.engine.EngineError` as the latter."""
-    from jobs.engine import resolve_engine_configs
-
     python = str(settings.engine.python)
     if settings.submissions.warm_resolver and Path(python).exists():
         try:
             return warm_resolver(settings).resolve(model_dir, configs)
         except WarmResolverError as exc:
             log.warning("warm vLLM resolver failed (%s); checking with a one-shot process", exc)
-    return resolve_engine_configs(python, model_dir, configs)
+    # looked up on the module at call time (tests replace it)
+    return jobs.engine.resolve_engine_configs(python, model_dir, configs)
+
+
+@dataclass
+class Remembered:
+    """What one submission's checks found: vLLM's answers and the resolved models."""
+
+    answers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    models: dict[tuple[str, str | None], ResolvedModel] = field(default_factory=dict)
+
+
+_remembered: contextvars.ContextVar[Remembered | None] = contextvars.ContextVar(
+    "vlab_remembered_checks", default=None
+)
+
+
+@contextlib.contextmanager
+def remembered_checks() -> Iterator[None]:
+    """Within the block, vLLM's answers (per model directory and configuration) and
+    resolved models are remembered and reused: a check done outside a transaction is
+    not redone (holding a database connection) when the same spec is checked again
+    inside one."""
+    token = _remembered.set(Remembered())
+    try:
+        yield
+    finally:
+        _remembered.reset(token)
+
+
+def remembered() -> Remembered | None:
+    """The memo of the enclosing :func:`remembered_checks` block, or None outside one."""
+    return _remembered.get()
+
+
+def engine_resolver(settings: Settings) -> Resolver | None:
+    """vLLM's own configuration resolution, when enabled (``VLAB_ENGINE__RESOLVE_CONFIGS``).
+
+    Each call takes a slot of the process-wide :func:`gate_for` (the API's submissions
+    hold one already; other callers wait for one, 503 ``submissions_busy`` when none
+    frees up in time) and asks the warm vLLM process (:func:`resolve_configs`). Within
+    :func:`remembered_checks`, configurations already answered are not asked again.
+    """
+    if not settings.engine.resolve_configs:
+        return None
+
+    def resolve(model_dir: str, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        memo = _remembered.get()
+        keys = [json.dumps([model_dir, c], sort_keys=True, default=str) for c in configs]
+        if memo is not None and all(k in memo.answers for k in keys):
+            return [memo.answers[k] for k in keys]
+        with gate_for(settings).slot(patient=True):  # re-entered by API submissions
+            try:
+                doc = resolve_configs(settings, model_dir, configs)
+            except EngineError as exc:
+                raise EngineUnavailableError(
+                    f"vLLM could not resolve the configurations: {exc}"
+                ) from exc
+        results: list[dict[str, Any]] = doc["results"]
+        if memo is not None:
+            memo.answers.update(zip(keys, results, strict=True))
+        return results
+
+    return resolve

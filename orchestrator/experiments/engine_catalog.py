@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jobs.engine import EngineError, list_engine_args
 from orchestrator.core.errors import EngineUnavailableError
 from orchestrator.core.settings import Settings
 from orchestrator.experiments.pathpolicy import (
@@ -264,8 +265,6 @@ def _load_catalog(settings: Settings, *, refresh: bool) -> EngineArgCatalog:
                 f"engine environment not found at {python}; run `make engine` "
                 "(or set VLAB_ENGINE__PYTHON)"
             )
-        from jobs.engine import EngineError, list_engine_args
-
         try:
             doc = list_engine_args(python)
         except EngineError as exc:

@@ -31,7 +31,15 @@ from jobs.schemas import WorkloadSpec
 from jobs.workload import build_requests, longest_request_tokens
 from orchestrator.cluster.placement import NodeInventory, shape_problem
 from orchestrator.experiments.engine_catalog import EngineArgCatalog, parse_human_int
-from orchestrator.experiments.spec import ExperimentSpec, PlannedVariant, execution_order, expand
+from orchestrator.experiments.spec import (
+    Expansion,
+    ExperimentSpec,
+    PlannedVariant,
+    RunConfig,
+    execution_order,
+    expand,
+    ladder_variants,
+)
 
 #: Fields of vLLM's resolved configuration that an experiment controls. A
 #: difference in one of them between a variant and its reference is a
@@ -73,6 +81,8 @@ class PlannedRun:
     resolved_engine_args: dict[str, Any]
     server_key: str
     resolved_config: dict[str, Any] | None = None
+    #: the context cap the run really runs with (:func:`context_cap`)
+    max_model_len: int | None = None
 
 
 @dataclass
@@ -98,14 +108,8 @@ def pin_ladder_defaults(
     world size, so raising TP would otherwise change them too (a second
     variable). Arguments the user set are left alone. Returns (spec, pins).
     """
-    from orchestrator.experiments.spec import ladder_variants
-
     base, _ = ladder_variants(spec)
-    args: dict[str, Any] = {"load_format": "dummy"} if generated_model else {}
-    args.update(base.engine_args)
-    args["tensor_parallel_size"] = base.layout.tensor_parallel_size
-    args["pipeline_parallel_size"] = base.layout.pipeline_parallel_size
-    (answer,) = resolver(model_dir, [args])
+    (answer,) = resolver(model_dir, [engine_args_of(base, generated_model)])
     if not answer.get("ok"):
         return spec, {}
     tracked = _tracked(answer.get("config") or {})
@@ -122,15 +126,22 @@ def pin_ladder_defaults(
     return spec.model_copy(update={"baseline": baseline}), pins
 
 
-def explicit_engine_args(variant: PlannedVariant, generated_model: bool) -> dict[str, Any]:
-    """The engine arguments a run passes on vLLM's command line."""
+def engine_args_of(config: RunConfig, generated_model: bool) -> dict[str, Any]:
+    """The engine arguments a run configuration passes on vLLM's command line: the one
+    place they are assembled (stored as ``Run.explicit_engine_args``, asked of vLLM by the
+    configuration check, launched by :mod:`orchestrator.runs.launch`)."""
     args: dict[str, Any] = {}
     if generated_model:
         args["load_format"] = "dummy"  # random weights, real compute (see DESIGN.md)
-    args.update(variant.config.engine_args)
-    args["tensor_parallel_size"] = variant.config.layout.tensor_parallel_size
-    args["pipeline_parallel_size"] = variant.config.layout.pipeline_parallel_size
+    args.update(config.engine_args)
+    args["tensor_parallel_size"] = config.layout.tensor_parallel_size
+    args["pipeline_parallel_size"] = config.layout.pipeline_parallel_size
     return args
+
+
+def explicit_engine_args(variant: PlannedVariant, generated_model: bool) -> dict[str, Any]:
+    """The engine arguments a variant's runs pass on vLLM's command line."""
+    return engine_args_of(variant.config, generated_model)
 
 
 def server_key(model_digest: str, explicit: dict[str, Any], layout: dict[str, Any]) -> str:
@@ -191,10 +202,12 @@ def _workload_problem(workload: WorkloadSpec) -> str | None:
     return None
 
 
-def _context_cap(
+def context_cap(
     v: PlannedVariant, resolved: dict[str, Any] | None, model_max_len: int | None
 ) -> int | None:
-    """The context cap a variant really runs with: vLLM's, else the spec's, else the model's."""
+    """The context cap a variant really runs with: vLLM's resolved value, else an integer
+    in the spec, else the model's own limit (``max_position_embeddings``). The one rule:
+    the request-length check and the stored ``Run.max_model_len`` both use it."""
     if resolved and _int_or_none(resolved.get("model_config.max_model_len")):
         return int(resolved["model_config.max_model_len"])
     return parse_human_int(v.config.engine_args.get("max_model_len")) or model_max_len
@@ -236,6 +249,7 @@ def plan_experiment(
     resolver: Resolver | None = None,
     model_max_len: int | None = None,
     cluster_nodes: list[NodeInventory] | None = None,
+    expanded: Expansion | None = None,
 ) -> Plan:
     """Expand and check ``spec``; the plan's ``errors`` list every problem found.
 
@@ -246,7 +260,9 @@ def plan_experiment(
     ``cluster_nodes``: the live nodes and their devices; when given, each
     variant's TP x PP shape is checked against them
     (:func:`orchestrator.cluster.placement.shape_problem`: a TP group must fit in one
-    node, PP stages split evenly over nodes).
+    node, PP stages split evenly over nodes). ``expanded``: :func:`expand` of ``spec``
+    when the caller made it already (a submission expands its spec once); a ladder whose
+    baseline vLLM pins is a new spec, expanded here.
     """
     plan = Plan()
     # vLLM is asked nothing about arguments the catalogue refuses (unknown, or naming
@@ -257,7 +273,9 @@ def plan_experiment(
         and not catalog.check(spec.baseline.engine_args, [])
     ):
         spec, plan.pinned = pin_ladder_defaults(spec, resolver, model_dir, generated_model)
-    variants, errors = expand(spec)
+    if expanded is None or plan.pinned:
+        expanded = expand(spec)
+    variants, errors = expanded[0], list(expanded[1])
     plan.variants = variants
     errors += catalog.check(spec.baseline.engine_args, ["body", "baseline", "engine_args"])
     for v in variants[1:]:
@@ -377,6 +395,7 @@ def plan_experiment(
             )
         seen.setdefault(identity, v.name)
     workload_problems: dict[str, str | None] = {}
+    caps: dict[str, int | None] = {}
     for v in variants:
         w = v.config.workload
         key = w.model_dump_json()
@@ -391,7 +410,7 @@ def plan_experiment(
                 }
             )
             continue
-        cap = _context_cap(v, resolved_by_vllm.get(v.name), model_max_len)
+        cap = caps[v.name] = context_cap(v, resolved_by_vllm.get(v.name), model_max_len)
         longest = longest_request_tokens(w) + PROMPT_OVERHEAD_TOKENS
         if cap is not None and longest > cap:
             errors.append(
@@ -425,6 +444,7 @@ def plan_experiment(
                 },
                 server_key=keys[name],
                 resolved_config=resolved_by_vllm.get(name),
+                max_model_len=caps[name],
             )
         )
     return plan

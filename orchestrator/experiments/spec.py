@@ -34,6 +34,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from jobs.schemas import WorkloadSpec
+from orchestrator.cluster.placement import reserved_devices
 from orchestrator.experiments.pathpolicy import MAX_MODEL_CHARS
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.=:,\- ]{0,99}$"
@@ -86,7 +87,14 @@ class Layout(BaseModel):
 
     @property
     def reserved(self) -> int:
-        return self.devices or self.world_size
+        """Devices the run reserves (:func:`orchestrator.cluster.placement.reserved_devices`)."""
+        return reserved_devices(
+            {
+                "tensor_parallel_size": self.tensor_parallel_size,
+                "pipeline_parallel_size": self.pipeline_parallel_size,
+                "devices": self.devices,
+            }
+        )
 
     @model_validator(mode="after")
     def _enough_devices(self) -> Layout:
@@ -470,7 +478,11 @@ def ladder_variants(spec: ExperimentSpec) -> tuple[RunConfig, list[Variant]]:
     return base, steps
 
 
-def expand(spec: ExperimentSpec) -> tuple[list[PlannedVariant], list[dict[str, Any]]]:
+#: What :func:`expand` returns: the variants and every problem of the spec's own rules.
+Expansion = tuple[list[PlannedVariant], list[dict[str, Any]]]
+
+
+def expand(spec: ExperimentSpec) -> Expansion:
     """Expand a spec into its variants (baseline first); return (variants, errors).
 
     ``errors`` entries are ``{"loc": [...], "msg": str, "type": str}``: a

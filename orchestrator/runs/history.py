@@ -1,28 +1,24 @@
 """Run history: the filtered, sorted, server-paginated run list behind the dashboard's
 first page and ``GET /api/v1/history``.
 
-One query per page: runs joined to their experiment (for its name) and, when
-the sort key is a metric, to that one ``run_metrics`` row; the page's summary
-metrics are then read for its runs only. Indexes that keep it fast with tens of
-thousands of runs (migration 0007): ``runs(created_at)``, ``run_metrics(name,
-value)``, and a GIN index on ``runs.engine_args`` for the ``@>`` containment
-filter. Figures: ``docs/BENCHMARKS.md`` ("Run history").
+The query (one per page: runs joined to their experiment and, when the sort key is a
+metric, to that one ``run_metrics`` row) is
+:class:`orchestrator.core.repositories.HistoryRepository`'s; the page's summary
+metrics are then read for its runs only. Figures: ``docs/BENCHMARKS.md`` ("Run
+history").
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, select, text, type_coerce
-from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy.orm import Session
 
-from orchestrator.core.models import Experiment, Run, RunMetric
-from orchestrator.core.repositories import RunRepository
+from orchestrator.core.models import Run
+from orchestrator.core.repositories import HistoryRepository, RunRepository
 
 #: Columns of the history table that come from ``run_metrics`` (vLLM bench serve names).
 METRIC_COLUMNS: dict[str, str] = {
@@ -46,9 +42,6 @@ SORT_KEYS: tuple[str, ...] = (
     "variable",
     *METRIC_COLUMNS,
 )
-
-
-_NOT_NULL = frozenset({"submitted", "sequence", "model", "status", "experiment"})
 
 
 class HistoryQueryError(ValueError):
@@ -98,32 +91,6 @@ class HistoryFilter:
     since: datetime | None = None
     until: datetime | None = None
 
-    def conditions(self) -> list[ColumnElement[bool]]:
-        conds: list[ColumnElement[bool]] = []
-        if self.experiment_id:
-            conds.append(Run.experiment_id == self.experiment_id)
-        if self.model:
-            conds.append(Run.model_id == self.model)
-        if self.status:
-            conds.append(Run.status == self.status)
-        if self.experiment:
-            needle = self.experiment.replace("\\", "\\\\").replace("%", r"\%").replace("_", r"\_")
-            # a subquery over the (much smaller) experiments table, then the runs by
-            # ix_runs_experiment_position, instead of filtering every joined run
-            matching = select(Experiment.id).where(
-                (Experiment.id == self.experiment)
-                | Experiment.name.ilike(f"%{needle}%", escape="\\")
-            )
-            conds.append(Run.experiment_id.in_(matching))
-        if self.engine_arg:
-            name, value = self.engine_arg
-            conds.append(type_coerce(Run.engine_args, JSONB).contains({name: value}))
-        if self.since:
-            conds.append(Run.created_at >= self.since)
-        if self.until:
-            conds.append(Run.created_at < self.until)
-        return conds
-
 
 @dataclass
 class HistoryRow:
@@ -164,36 +131,6 @@ class HistoryPage:
     offset: int
 
 
-def _order(stmt: Any, sort: str, descending: bool) -> Any:
-    if sort not in SORT_KEYS:
-        raise HistoryQueryError("sort", f"sort must be one of {', '.join(SORT_KEYS)}; got {sort!r}")
-    key: Any
-    if sort in METRIC_COLUMNS:
-        metric = aliased(RunMetric)
-        stmt = stmt.outerjoin(
-            metric, (metric.run_id == Run.id) & (metric.name == METRIC_COLUMNS[sort])
-        )
-        key = metric.value
-    else:
-        key = {
-            "submitted": Run.created_at,
-            "sequence": Run.sequence,
-            "started": Run.started_at,
-            "duration": Run.finished_at - Run.started_at,
-            "experiment": Experiment.name,
-            "model": Run.model_id,
-            "status": Run.status,
-            "variable": Run.variable,
-        }[sort]
-    if sort in _NOT_NULL:
-        # plain ASC/DESC so the b-tree index (e.g. ix_runs_created) gives the order
-        ordered = key.desc() if descending else key.asc()
-    else:
-        ordered = key.desc().nulls_last() if descending else key.asc().nulls_last()
-    tie = Run.id.desc() if descending else Run.id.asc()
-    return stmt.order_by(ordered, tie)
-
-
 def history_page(
     session: Session,
     flt: HistoryFilter,
@@ -209,11 +146,16 @@ def history_page(
     Raises:
         HistoryQueryError: unknown sort key.
     """
-    conds = flt.conditions()
-    base = select(Run, Experiment.name).join(Experiment, Experiment.id == Run.experiment_id)
-    total = session.scalar(select(func.count()).select_from(Run).where(*conds)) or 0
-    stmt = _order(base.where(*conds), sort, descending).limit(limit).offset(offset)
-    found: Sequence[Any] = session.execute(stmt).all()
+    if sort not in SORT_KEYS:
+        raise HistoryQueryError("sort", f"sort must be one of {', '.join(SORT_KEYS)}; got {sort!r}")
+    found, total = HistoryRepository(session).page(
+        {f.name: getattr(flt, f.name) for f in fields(flt)},
+        sort=sort,
+        metric=METRIC_COLUMNS.get(sort),
+        descending=descending,
+        limit=limit,
+        offset=offset,
+    )
     metrics = RunRepository(session).metrics_for([r.id for r, _ in found])
     rows = []
     for run, name in found:
@@ -227,19 +169,4 @@ def distinct_models(session: Session, limit: int = 200) -> list[str]:
     A recursive skip scan over ``ix_runs_model_created``: one index probe per
     distinct model instead of reading every run.
     """
-    rows = session.execute(
-        text(
-            """
-            WITH RECURSIVE m(model_id) AS (
-                (SELECT model_id FROM runs ORDER BY model_id LIMIT 1)
-                UNION ALL
-                SELECT (SELECT r.model_id FROM runs r WHERE r.model_id > m.model_id
-                        ORDER BY r.model_id LIMIT 1)
-                FROM m WHERE m.model_id IS NOT NULL
-            )
-            SELECT model_id FROM m WHERE model_id IS NOT NULL LIMIT :limit
-            """
-        ),
-        {"limit": limit},
-    )
-    return [r[0] for r in rows]
+    return HistoryRepository(session).distinct_models(limit)

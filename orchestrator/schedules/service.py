@@ -1,10 +1,7 @@
 """Scheduled sweeps: cron schedules that submit an experiment template, and their fires.
 
-A schedule's ``cron`` (5 fields, :mod:`croniter`) is evaluated in its
-``timezone`` (IANA, :mod:`zoneinfo`), so fire times follow the wall clock
-across DST changes. In a fall-back repeated hour, an expression with a fixed
-hour fires once (the first occurrence); with a wildcard hour it fires in both
-hours (each is a real hour).
+Fire times come from :mod:`orchestrator.schedules.cron` (the schedule's ``cron`` in
+its ``timezone``).
 
 Firing (:func:`fire_due_schedules`, called from the dispatcher tick) is exactly
 once per ``(schedule, fire_time)``: the ``schedule_fires`` row is inserted first
@@ -22,15 +19,15 @@ still has unfinished runs; ``queue`` fires anyway.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import CroniterBadDateError, croniter
 from sqlalchemy.orm import Session, sessionmaker
 
+from orchestrator.analysis.compare import compare_variant
+from orchestrator.analysis.service import runs_as_data
 from orchestrator.core.db import unit_of_work
 from orchestrator.core.errors import (
     ConflictError,
@@ -43,9 +40,11 @@ from orchestrator.core.models import Schedule, ScheduleFire
 from orchestrator.core.repositories import ExperimentRepository, ScheduleRepository
 from orchestrator.core.settings import Settings
 from orchestrator.core.states import is_terminal
-from orchestrator.experiments import service
+from orchestrator.experiments.config_check import engine_resolver
 from orchestrator.experiments.engine_catalog import EngineArgCatalog, load_catalog
-from orchestrator.experiments.spec import ExperimentSpec, expand
+from orchestrator.experiments.service import create_experiment, parse_spec, validate_spec
+from orchestrator.experiments.spec import ExperimentSpec
+from orchestrator.schedules.cron import fire_times, next_fire_at, zone
 
 log = logging.getLogger(__name__)
 
@@ -53,78 +52,6 @@ log = logging.getLogger(__name__)
 MISFIRE_GRACE_S = 60.0
 #: older missed fire times recorded one row each, at most
 MAX_SKIPPED_RECORDED = 100
-#: next fire times shown with a schedule
-NEXT_FIRES = 5
-
-
-def check_cron(expr: str) -> str:
-    """``expr`` stripped, if it is a valid 5-field cron expression that fires at least
-    once; else ValueError."""
-    expr = " ".join(expr.split())
-    if len(expr.split(" ")) != 5 or not croniter.is_valid(expr):
-        raise ValueError(f"invalid cron expression {expr!r}: expected 5 valid fields")
-    try:  # valid fields can still name a date that never exists ("0 0 31 2 *")
-        croniter(expr, datetime(2026, 1, 1)).get_next(datetime)
-    except CroniterBadDateError:
-        raise ValueError(f"cron expression {expr!r} never fires (no such date)") from None
-    return expr
-
-
-def zone(name: str) -> ZoneInfo:
-    """The IANA time zone ``name``; ValueError when unknown."""
-    try:
-        return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
-        raise ValueError(f"unknown time zone {name!r}: use an IANA name") from exc
-
-
-def _fixed_hour(expr: str) -> bool:
-    return "*" not in expr.split(" ")[1]
-
-
-def _repeat(t: datetime) -> bool:
-    """Whether local ``t`` is the second occurrence of an ambiguous (fall-back) wall time."""
-    naive = t.replace(tzinfo=None)
-    first = naive.replace(tzinfo=t.tzinfo, fold=0)
-    return first.utcoffset() != t.utcoffset()
-
-
-def _iter(expr: str, tz: ZoneInfo, start: datetime, *, forward: bool) -> Iterator[datetime]:
-    """Fire times strictly after (or before) ``start``, tz-aware in ``tz``."""
-    it = croniter(expr, start.astimezone(tz))
-    skip_repeats = _fixed_hour(expr)
-    while True:
-        t: datetime = it.get_next(datetime) if forward else it.get_prev(datetime)
-        if skip_repeats and _repeat(t):
-            continue
-        yield t
-
-
-def next_fire_times(
-    expr: str,
-    tz_name: str,
-    after: datetime,
-    count: int = NEXT_FIRES,
-    end_at: datetime | None = None,
-) -> list[datetime]:
-    """The next ``count`` fire times strictly after ``after``, in the zone (offset-aware).
-
-    Times after ``end_at`` are left out (so the list may be shorter).
-    """
-    out: list[datetime] = []
-    for t in _iter(expr, zone(tz_name), after, forward=True):
-        if end_at is not None and t > end_at or len(out) >= count:
-            break
-        out.append(t)
-    return out
-
-
-def next_fire_at(
-    expr: str, tz_name: str, after: datetime, end_at: datetime | None
-) -> datetime | None:
-    """The first fire time after ``after`` (UTC), or None past ``end_at``."""
-    times = next_fire_times(expr, tz_name, after, 1, end_at)
-    return times[0].astimezone(UTC) if times else None
 
 
 def validate_template(
@@ -132,22 +59,15 @@ def validate_template(
 ) -> ExperimentSpec:
     """Check ``template`` as ``POST /api/v1/experiments`` would, storing nothing.
 
-    Runs :func:`service.parse_spec`, the design expansion, model resolution and
-    the planning checks against the live cluster. Raises
+    Runs :func:`orchestrator.experiments.service.parse_spec` and
+    :func:`orchestrator.experiments.service.validate_spec` (the design expansion, model
+    resolution and the planning checks against the live cluster). Raises
     :class:`ScheduleInvalidError` with every problem (locations under
     ``["body", "template", ...]``).
     """
     try:
-        spec = service.parse_spec(template, settings, catalog)
-        pre_errors = expand(spec)[1]
-        if pre_errors:
-            raise SpecInvalidError(pre_errors)
-        model = service.resolve_model(settings, spec.model, spec.revision)
-        plan = service._plan(
-            session, settings, spec, catalog, model, service.engine_resolver(settings)
-        )
-        if plan.errors:
-            raise SpecInvalidError(plan.errors)
+        spec = parse_spec(template, settings, catalog)
+        validate_spec(session, settings, spec, catalog, resolver=engine_resolver(settings))
     except SpecInvalidError as exc:
         errors = []
         for e in exc.errors:
@@ -207,8 +127,7 @@ def save_schedule(
         sched.next_fire_at = next_fire_at(sched.cron, sched.timezone, after, sched.end_at)
     if existing is None:
         repo.add(sched)
-    session.flush()
-    session.refresh(sched)
+    repo.reload(sched)
     return sched
 
 
@@ -277,7 +196,7 @@ def _fire_one(
     upto = min(now, sched.end_at) if sched.end_at is not None else now
     times: list[datetime] = []
     truncated = False
-    for t in _iter(sched.cron, tz, upto + timedelta(seconds=1), forward=False):
+    for t in fire_times(sched.cron, tz, upto + timedelta(seconds=1), forward=False):
         if t > upto:
             continue
         if t < start:
@@ -331,9 +250,9 @@ def _fire(
     try:
         with session.begin_nested():
             catalog = get_catalog()
-            spec = service.parse_spec(sched.template, settings, catalog)
-            exp = service.create_experiment(
-                session, settings, spec, catalog, resolver=service.engine_resolver(settings)
+            spec = parse_spec(sched.template, settings, catalog)
+            exp = create_experiment(
+                session, settings, spec, catalog, resolver=engine_resolver(settings)
             )
             exp.submitted_by = f"schedule:{sched.name}"[:200]
             for run in exp.runs:
@@ -364,9 +283,6 @@ def sweep_regressions(
     :func:`orchestrator.analysis.compare.compare_variant` (hierarchical bootstrap, 95 %);
     a metric whose verdict is ``worse`` is a regression. Computed on read.
     """
-    from orchestrator.analysis.compare import compare_variant
-    from orchestrator.analysis.service import runs_as_data
-
     empty: dict[str, Any] = {"compared_with": None, "regressions": []}
     if fire.status != "fired" or fire.experiment_id is None:
         return {"comparison": "not_fired", **empty}

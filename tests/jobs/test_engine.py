@@ -29,11 +29,11 @@ from jobs.engine import (
     EngineStartError,
     build_serve_command,
     engine_env,
-    error_lines,
-    group_members,
     list_engine_args,
     render_engine_args,
 )
+from jobs.enginelog import error_lines
+from jobs.processes import group_members
 from jobs.schemas import EngineLaunch
 from tests.conftest import ENGINE_PYTHON, needs_engine
 

@@ -1,4 +1,5 @@
-"""Node fingerprints: ``vllm_launcher.py fingerprint`` and :mod:`jobs.nodeprobe`.
+"""Node fingerprints: ``vllm_launcher.py fingerprint``, :mod:`jobs.nodeprobe` and its Ray
+half :mod:`orchestrator.dispatch.ray.probe`.
 
 Most tests run the launcher with this (orchestrator) venv's python, which has
 neither vLLM nor torch: the fingerprint must still come out, with those facts
@@ -21,9 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import ray
 
-from jobs.nodeprobe import ProbeError, node_name, probe_node, probe_on_nodes
+from jobs.nodeprobe import ProbeError, node_name, probe_node
 from orchestrator.cluster.parity import check_parity
+from orchestrator.dispatch.ray import probe as ray_probe
+from orchestrator.dispatch.ray.probe import probe_on_nodes
 from tests.conftest import ENGINE_PYTHON, needs_engine
 
 PY = sys.executable
@@ -98,7 +102,7 @@ def digests(fp: dict[str, Any]) -> dict[str, str]:
 
 
 def test_fingerprint_without_vllm_or_torch() -> None:
-    fp = probe_node(PY, None, None)
+    fp = ray_probe.probe_node(PY, None, None)  # the launcher's facts and the Ray side's
 
     assert not LAUNCHER_KEYS - fp.keys()
     assert "model_files" not in fp and "model_path_exists" not in fp
@@ -109,8 +113,6 @@ def test_fingerprint_without_vllm_or_torch() -> None:
     assert isinstance(fp["interfaces"], list) and "lo" in fp["interfaces"]
     assert fp["cpu_count"] == os.cpu_count()
     # Ray-side facts
-    import ray
-
     assert fp["ray"] == ray.__version__
     assert fp["ip"]
     assert fp["node_id"] is None  # not in a Ray worker

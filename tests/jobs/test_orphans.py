@@ -21,7 +21,8 @@ import time
 import uuid
 from pathlib import Path
 
-from jobs.engine import LAUNCHER_PATH, group_members
+from jobs.engine import LAUNCHER_PATH
+from jobs.processes import group_members
 
 REPO = Path(__file__).resolve().parents[2]
 

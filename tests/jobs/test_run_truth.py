@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.engine import EngineServer, group_members
+from jobs.engine import EngineServer
+from jobs.processes import group_members
 from jobs.runner import execute_batch
 from jobs.schemas import (
     BatchJob,

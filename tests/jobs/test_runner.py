@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs.engine import group_members
-from jobs.runner import execute, parse_engine_log
-from jobs.schemas import EngineLaunch, Progress, RunJob, RunResult, WorkloadSpec
+from jobs.processes import group_members
+from jobs.runner import execute
+from jobs.schemas import EngineLaunch, Progress, RequestRecord, RunJob, RunResult, WorkloadSpec
+from jobs.segment import drop_unobserved_gauges, itl_burst_fraction, parse_engine_log
 from tests.conftest import ENGINE_PYTHON, needs_engine
 
 FAKE_ENGINE_PYTHON = """\
@@ -177,9 +178,6 @@ def test_execute_real_apc_off(tmp_path: Path, tiny_model_dir: Path) -> None:
 
 
 def test_itl_burst_fraction_counts_gaps_that_arrived_together() -> None:
-    from jobs.runner import itl_burst_fraction
-    from jobs.schemas import RequestRecord
-
     def rec(gaps: list[float], **kw: object) -> RequestRecord:
         return RequestRecord(index=0, success=True, start_s=0.0, itl_s=gaps, **kw)  # type: ignore[arg-type]
 
@@ -189,8 +187,6 @@ def test_itl_burst_fraction_counts_gaps_that_arrived_together() -> None:
 
 
 def test_gauge_peaks_no_scrape_saw_are_dropped_not_zero() -> None:
-    from jobs.runner import drop_unobserved_gauges
-
     unseen = {
         "completed": 4.0,
         "num_requests_running_peak": 0.0,

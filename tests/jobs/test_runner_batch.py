@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.engine import group_members
+from jobs.processes import group_members
 from jobs.runner import execute, execute_batch
 from jobs.schemas import (
     BatchJob,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.engine import group_members
+from jobs.processes import group_members
 from jobs.runner import execute_batch
 from jobs.schemas import BatchJob, EngineLaunch, RunSegment, WorkloadSpec
 from tests.conftest import ENGINE_PYTHON, needs_engine

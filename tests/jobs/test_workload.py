@@ -21,17 +21,14 @@ from jobs.schemas import (
     TemplateSegment,
     WorkloadSpec,
 )
+from jobs.texts import OUTPUT_FORMAT_INSTRUCTIONS, SYSTEM_INSTRUCTIONS, TOOLS, truncate_to_tokens
 from jobs.workload import (
-    OUTPUT_FORMAT_INSTRUCTIONS,
-    SYSTEM_INSTRUCTIONS,
-    TOOLS,
     arrival_offsets,
     build_requests,
     length_bounds,
     longest_request_tokens,
     request_list_hash,
     template_segments,
-    truncate_to_tokens,
 )
 
 BLOCK_SIZE = 16  # vLLM's default KV-cache block size; prefix caching works in whole blocks
@@ -667,8 +664,6 @@ def test_longest_request_tokens_replay() -> None:
 
 
 def test_replay_warmups_are_no_longer_than_the_replayed_prompts() -> None:
-    from jobs.workload import longest_request_tokens
-
     spec = WorkloadSpec(
         kind="replay",
         replay=[{"messages": [{"role": "user", "content": "Name three prime numbers."}]}],

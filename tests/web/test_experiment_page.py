@@ -17,8 +17,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from orchestrator.analysis.service import comparison
 from orchestrator.core.models import Experiment, Run, RunMetric, RunRequest
 from tests.web.conftest import allow_console_error, screenshot
-from web.pages import fmt_num, fmt_pct
 from web.pages.experiment import KEY_METRICS
+from web.render import fmt_num, fmt_pct
 
 
 def _comparison(web_db: sessionmaker[Session], experiment_id: str) -> dict[str, Any]:

@@ -47,7 +47,6 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 from markupsafe import Markup, escape
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestrator.analysis.compare import (
@@ -59,8 +58,10 @@ from orchestrator.analysis.compare import (
 )
 from orchestrator.analysis.service import runs_as_data
 from orchestrator.core.db import unit_of_work
-from orchestrator.core.models import Experiment, Run
-from web.pages import PageCache, render
+from orchestrator.core.models import Run
+from orchestrator.core.repositories import RunRepository
+from orchestrator.core.states import ACTIVE
+from web.render import PageCache, render
 
 router = APIRouter()
 
@@ -84,7 +85,6 @@ DEFAULT_METRIC = "median_ttft_ms"
 N_BOOT_STEPS: tuple[tuple[int, int], ...] = ((10, 2000), (50, 1000), (100, 500), (MAX_RUNS, 200))
 FULL_N_BOOT = N_BOOT_STEPS[0][1]
 SEED = 0
-ACTIVE = frozenset({"queued", "preparing", "running"})
 #: Top-level configuration fields compared, in column order (then the nested groups).
 TOP_FIELDS = (
     "model_id",
@@ -407,18 +407,9 @@ def _selection(pairs: Sequence[tuple[str, str]]) -> _Selection:
 
 
 def _load(session: Session, ids: list[str]) -> list[tuple[Run, str, int]]:
-    """(run, experiment name, experiment repeats) of ``ids``, in ``ids`` order (unknown left out).
-
-    One query (runs joined with their experiments); ``orchestrator.core.repositories`` has no
-    many-ids lookup yet.
-    """
-    rows = session.execute(
-        select(Run, Experiment.name, Experiment.repeats)
-        .join(Experiment, Run.experiment_id == Experiment.id)
-        .where(Run.id.in_(ids))
-    ).all()
-    by_id = {run.id: (run, name, repeats) for run, name, repeats in rows}
-    return [by_id[i] for i in ids if i in by_id]
+    """(run, experiment name, experiment repeats) of ``ids``, in ``ids`` order (unknown
+    left out)."""
+    return RunRepository(session).with_experiments(ids)
 
 
 def _cached_compare(

@@ -22,7 +22,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 
-from api.app import experiment_status, server_reuse
 from orchestrator.analysis.compare import (
     METRICS,
     METRICS_BY_NAME,
@@ -33,7 +32,9 @@ from orchestrator.analysis.service import comparison, experiment_advice, runs_as
 from orchestrator.core.db import unit_of_work
 from orchestrator.core.models import Experiment
 from orchestrator.core.repositories import ExperimentRepository
-from web.pages import PageCache, not_found, render
+from orchestrator.core.states import ACTIVE
+from orchestrator.experiments.status import experiment_status, server_reuse
+from web.render import PageCache, not_found, render
 
 router = APIRouter()
 
@@ -61,7 +62,6 @@ _RUN_LABELS = {
     "server_mean_decode_ms": "Server decode time, mean",
 }
 
-ACTIVE = frozenset({"queued", "preparing", "running"})
 DEFAULT_METRIC = "median_ttft_ms"
 _CACHE_SIZE = 32
 _cache = PageCache(_CACHE_SIZE)

@@ -27,7 +27,7 @@ from orchestrator.runs.history import (
     history_page,
     parse_engine_arg,
 )
-from web.pages import render
+from web.render import render
 
 router = APIRouter()
 

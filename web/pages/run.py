@@ -23,11 +23,10 @@ from orchestrator.analysis.service import run_advice
 from orchestrator.core.db import unit_of_work
 from orchestrator.core.models import Run
 from orchestrator.core.repositories import RunRepository
-from web.pages import not_found, render
+from orchestrator.core.states import ACTIVE
+from web.render import not_found, render
 
 router = APIRouter()
-
-ACTIVE = ("queued", "preparing", "running")
 
 
 @dataclass(frozen=True)

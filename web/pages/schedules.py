@@ -26,17 +26,22 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from api.app import experiment_status
 from orchestrator.analysis.compare import METRICS_BY_NAME
 from orchestrator.core.db import unit_of_work
-from orchestrator.core.models import Run, Schedule, ScheduleFire
-from orchestrator.core.repositories import ExperimentRepository, ScheduleRepository, utcnow
-from orchestrator.schedules.service import next_fire_times, sweep_regressions, zone
-from web.pages import PageCache, not_found, render
+from orchestrator.core.models import Schedule, ScheduleFire
+from orchestrator.core.repositories import (
+    ExperimentRepository,
+    RunRepository,
+    ScheduleRepository,
+    utcnow,
+)
+from orchestrator.experiments.status import experiment_status
+from orchestrator.schedules.cron import next_fire_times, zone
+from orchestrator.schedules.service import sweep_regressions
 from web.pages.experiment import metric_label
+from web.render import PageCache, not_found, render
 
 router = APIRouter()
 
@@ -132,12 +137,8 @@ def _regressions_key(session: Session, fire: ScheduleFire) -> tuple[Any, ...]:
         return (fire.id, fire.status, fire.experiment_id)
     earlier = ScheduleRepository(session).fired_before(fire.schedule_id, fire.fire_time)
     exp_ids = [fire.experiment_id, *(f.experiment_id for f in earlier if f.experiment_id)]
-    runs = session.execute(
-        select(Run.experiment_id, Run.id, Run.status)
-        .where(Run.experiment_id.in_(exp_ids))
-        .order_by(Run.experiment_id, Run.id)
-    ).all()
-    return (fire.id, fire.status, tuple(exp_ids), tuple(tuple(r) for r in runs))
+    runs = RunRepository(session).statuses_of_experiments(exp_ids)
+    return (fire.id, fire.status, tuple(exp_ids), tuple(runs))
 
 
 def regressions(session: Session, fire: ScheduleFire) -> dict[str, Any]:

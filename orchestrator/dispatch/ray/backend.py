@@ -23,13 +23,17 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from jobs.engine import render_engine_args
 from jobs.schemas import BatchJob, NodePart, RunResult
 from orchestrator.cluster.parity import check_parity
 from orchestrator.cluster.placement import (
+    RAY_EXECUTOR_ON_CPU,
     NodeInventory,
     Placement,
+    cpu_thread_binding,
     nodes_from_ray,
     plan_placement,
+    reserved_devices,
     shape_problem,
 )
 from orchestrator.core.settings import Settings, detect_device_resource
@@ -40,16 +44,12 @@ from orchestrator.dispatch.dispatcher import (
     NoCapacity,
     Poll,
 )
+from orchestrator.dispatch.ray.probe import probe_on_nodes
 from orchestrator.dispatch.ray.supervisor import (
     NAMESPACE,
     RunSupervisorActor,
     actor_name,
     ray_executor_launch,
-)
-from orchestrator.experiments.service import (
-    RAY_EXECUTOR_ON_CPU,
-    cpu_thread_binding,
-    reserved_devices,
 )
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,12 @@ def connect(settings: Settings) -> dict[str, Any]:
             configure_logging=False,
         )
     return dict(ray.cluster_resources())
+
+
+def disconnect() -> None:
+    """Leave the Ray cluster (stopping a local Ray this process started), if connected."""
+    if ray.is_initialized():
+        ray.shutdown()
 
 
 @dataclass
@@ -293,9 +299,6 @@ class RayRunBackend:
         arguments it would launch with. Raises :class:`jobs.nodeprobe.ProbeError` when
         a node's probe fails, ``ValueError`` for an unknown node id.
         """
-        from jobs.engine import render_engine_args
-        from jobs.nodeprobe import probe_on_nodes
-
         live = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
         ids = list(node_ids) if node_ids else sorted(live)
         unknown = [i for i in ids if i not in live]

@@ -15,7 +15,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
-from jobs.engine import EngineError
+from jobs.engine import EngineError, resolve_model
 from orchestrator.core.settings import Settings, detect_device_resource
 
 
@@ -23,8 +23,6 @@ def _resolve_task(
     engine_python: str, model: str, revision: str | None, roots: list[str], timeout_s: float
 ) -> dict[str, Any]:
     """Body of the Ray task (module level: pickled by reference)."""
-    from jobs.engine import resolve_model
-
     doc = resolve_model(engine_python, model, revision, model_roots=roots, timeout_s=timeout_s)
     context = ray.get_runtime_context()
     doc["node"] = {"node_id": context.get_node_id(), "ip": ray.util.get_node_ip_address()}

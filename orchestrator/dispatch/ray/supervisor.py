@@ -35,7 +35,18 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.exceptions import RayError
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from jobs.engine import EngineError, EngineServer, EngineStartError, find_free_port, resolve_model
+from jobs.gpus import (
+    GpuReader,
+    gpu_sample_values,
+    resolve_visible,
+    summarize_gpu_samples,
+    visible_devices,
+)
+from jobs.runner import execute_batch
 from jobs.schemas import BatchJob, EngineLaunch, NodePart, Progress, RequestRecord, RunResult
 
 log = logging.getLogger(__name__)
@@ -107,8 +118,6 @@ def held_devices(rank: int = 0, ranks_per_node: int | None = None) -> dict[str, 
     global rank, None for a held GPU vLLM does not use)}], "telemetry" (``"nvml"``,
     ``"nvidia-smi"`` or None), "note"}``. On a CPU node ``gpus`` is empty with a note.
     """
-    from jobs.gpus import GpuReader, resolve_visible, visible_devices
-
     context = ray.get_runtime_context()
     ray_ids = [str(i) for i in (context.get_accelerator_ids() or {}).get("GPU", [])]
     entries = visible_devices()
@@ -157,8 +166,6 @@ class GpuTelemetry:
     nodes: idle reserved GPUs are not the run's energy)."""
 
     def __init__(self, used: int | None = None) -> None:
-        from jobs.gpus import GpuReader, visible_devices
-
         self.reader = GpuReader()
         entries = visible_devices() or []
         self.entries = entries[:used] if used is not None else entries
@@ -166,8 +173,6 @@ class GpuTelemetry:
 
     def read(self) -> list[Any]:
         """This node's held GPUs, in ``CUDA_VISIBLE_DEVICES`` order (``GpuReading``)."""
-        from jobs.gpus import resolve_visible
-
         if not self.available:
             return []
         return resolve_visible(self.reader.devices(), self.entries)
@@ -191,8 +196,6 @@ class EnginePart:
     def start(self) -> dict[str, Any]:
         """Resolve the model on this node, start the process; returns its command, process
         group, the GPUs it holds and how the model resolved here."""
-        from jobs.engine import EngineServer
-
         launch, resolution = resolve_launch_model(self.launch)
         self.server = EngineServer(launch)
         held = held_devices(self.rank, self.ranks_per_node)
@@ -247,8 +250,6 @@ def resolve_launch_model(launch: EngineLaunch) -> tuple[EngineLaunch, dict[str, 
     :class:`jobs.engine.EngineError` with the node's answer when the model cannot be
     resolved here.
     """
-    from jobs.engine import resolve_model
-
     if not launch.resolve_model_on_node:
         return launch, None
     doc = resolve_model(
@@ -260,8 +261,6 @@ def resolve_launch_model(launch: EngineLaunch) -> tuple[EngineLaunch, dict[str, 
     }
     resolution["files"] = doc.get("files") or []
     if doc.get("revision") and launch.model_revision and doc["revision"] != launch.model_revision:
-        from jobs.engine import EngineStartError
-
         raise EngineStartError(
             f"model {launch.model_dir} resolved to revision {doc['revision']} on this node, "
             f"but the experiment was planned with {launch.model_revision}"
@@ -331,8 +330,6 @@ class RunSupervisor:
     def _gpu_values(self) -> dict[str, float]:
         """One telemetry reading of every GPU of the run: this node's, then each
         follower's, in rank order (keys of :func:`jobs.gpus.gpu_sample_values`)."""
-        from jobs.gpus import gpu_sample_values
-
         readings = list(self._telemetry.read()) if self._telemetry is not None else []
         for _, actor in self._parts:
             readings.extend(ray.get(actor.gpu_readings.remote(), timeout=10))
@@ -340,8 +337,6 @@ class RunSupervisor:
 
     def _finish_gpu_facts(self, results: list[RunResult]) -> list[RunResult]:
         """Add the GPU assignment per node and rank and the GPU telemetry summary."""
-        from jobs.gpus import summarize_gpu_samples
-
         assignment = [self._held or {}] + [p.get("gpu_assignment") or {} for p in self._parts_info]
         # the GPUs vLLM computes on (held GPUs without a vLLM rank are idle reservations)
         gpus = sum(1 for a in assignment for g in a.get("gpus") or [] if g.get("rank") is not None)
@@ -378,9 +373,6 @@ class RunSupervisor:
             self._records.setdefault(run_id, []).append(record.model_dump())
 
     def _work(self) -> None:
-        from jobs.engine import EngineError
-        from jobs.runner import execute_batch
-
         resolution: dict[str, Any] | None = None
         try:
             try:
@@ -432,10 +424,6 @@ class RunSupervisor:
     def _start_parts(self, job: BatchJob) -> BatchJob:
         """Start every follower's headless part (holding its node's GPUs, resolving the
         model in its own HF cache); return the job for rank 0's server."""
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        from jobs.engine import find_free_port
-
         nodes = sorted(job.nodes, key=lambda p: p.rank)
         addr = nodes[0].ip
         port = find_free_port("0.0.0.0")
@@ -459,8 +447,6 @@ class RunSupervisor:
         )
 
     def _watch_parts(self) -> None:
-        from ray.exceptions import RayError
-
         while not self._done.wait(PART_CHECK_INTERVAL_S):
             for part, actor in self._parts:
                 where = f"node rank {part.rank} ({part.ip}, Ray node {part.node_id[:12]})"
@@ -486,8 +472,6 @@ class RunSupervisor:
         self._cancel.set()
 
     def _stop_parts(self) -> None:
-        from ray.exceptions import RayError
-
         for _, actor in self._parts:
             with contextlib.suppress(RayError):
                 ray.get(actor.stop.remote(), timeout=60)

@@ -14,6 +14,7 @@ from orchestrator.cluster.placement import (
     NodeAssignment,
     NodeInventory,
     Placement,
+    cpu_thread_binding,
     nodes_from_ray,
     plan_placement,
     shape_problem,
@@ -477,3 +478,13 @@ def test_device_kind_is_detected_unless_set() -> None:
     assert detect_device_resource("auto", {"CPU": 2.0}) == ("CPU", "detected")
     assert detect_device_resource("CPU", {"GPU": 8.0}) == ("CPU", "setting")
     assert detect_device_resource("GPU", {}) == ("GPU", "setting")
+
+
+def test_cpu_thread_binding_splits_devices_over_ranks() -> None:
+    assert cpu_thread_binding({"tensor_parallel_size": 2, "pipeline_parallel_size": 1}) == "0|1"
+    assert cpu_thread_binding({"tensor_parallel_size": 1, "devices": 2}) == "0-1"
+    assert cpu_thread_binding({"tensor_parallel_size": 1}) == "0"
+    assert (
+        cpu_thread_binding({"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "devices": 8})
+        == "0-1|2-3|4-5|6-7"
+    )

@@ -23,13 +23,14 @@ import pytest
 from sqlalchemy import create_engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.engine import HOME_ENV, RUN_ID_ENV
+from jobs.processes import HOME_ENV, RUN_ID_ENV
 from orchestrator.core.db import normalize_url, upgrade_to_head
 from orchestrator.core.models import Run, RunLog, RunMetric, RunRequest
 from orchestrator.core.repositories import OrchestratorRepository, RunRepository
 from orchestrator.core.settings import Settings
 from orchestrator.core.states import RunStatus
-from orchestrator.dispatch.dispatcher import Dispatcher, engine_log_from_disk
+from orchestrator.dispatch.dispatcher import Dispatcher
+from orchestrator.runs.logs import engine_log_from_disk
 from tests.conftest import fresh_database
 from tests.factories import make_experiment
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.experiments.planner import plan_experiment, server_key
-from orchestrator.experiments.service import cpu_thread_binding
 from orchestrator.experiments.spec import ExperimentSpec
 from tests.factories import real_catalog
 
@@ -125,16 +124,6 @@ def test_a_default_vllm_derives_from_the_change_counts_as_a_second_variable() ->
         "scheduler_config.max_num_batched_tokens": 2048,
         "cache_config.enable_prefix_caching": True,
     }
-
-
-def test_cpu_thread_binding_splits_devices_over_ranks() -> None:
-    assert cpu_thread_binding({"tensor_parallel_size": 2, "pipeline_parallel_size": 1}) == "0|1"
-    assert cpu_thread_binding({"tensor_parallel_size": 1, "devices": 2}) == "0-1"
-    assert cpu_thread_binding({"tensor_parallel_size": 1}) == "0"
-    assert (
-        cpu_thread_binding({"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "devices": 8})
-        == "0-1|2-3|4-5|6-7"
-    )
 
 
 def test_ladder_pins_scheduler_limits_vllm_scales_with_world_size() -> None:

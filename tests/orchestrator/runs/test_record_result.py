@@ -6,7 +6,7 @@ from sqlalchemy.orm import Session
 
 from jobs.schemas import RequestRecord, RunResult
 from orchestrator.core.states import RunStatus
-from orchestrator.experiments.service import record_result
+from orchestrator.runs.service import record_result
 from tests.factories import make_experiment
 
 

@@ -24,7 +24,8 @@ from orchestrator.core.db import normalize_url, upgrade_to_head
 from orchestrator.core.models import Experiment, Run, Schedule, ScheduleFire
 from orchestrator.core.settings import Settings
 from orchestrator.experiments.engine_catalog import load_catalog
-from orchestrator.schedules.service import fire_due_schedules, next_fire_times
+from orchestrator.schedules.cron import next_fire_times
+from orchestrator.schedules.service import fire_due_schedules
 from tests.api.conftest import settings as settings  # noqa: F401 - fixture
 from tests.api.test_api import _finish, demo_spec
 from tests.conftest import fresh_database

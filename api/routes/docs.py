@@ -1,0 +1,26 @@
+"""``/docs``: Swagger UI for ``/openapi.json``, from the vendored copy in
+``web/static/vendor/swagger-ui`` (swagger-ui-dist 5.35.0), so the API docs work offline
+too. Signed-in like a dashboard page."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import Response
+
+from api import auth
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/docs", dependencies=auth.PAGE_AUTH)
+def swagger_ui() -> Response:
+    """Swagger UI for ``/openapi.json`` from ``web/static/vendor/swagger-ui``
+    (swagger-ui-dist 5.35.0), so the API docs work offline too."""
+    return get_swagger_ui_html(
+        openapi_url="/openapi.json",
+        title="vlab API",
+        swagger_js_url="/static/vendor/swagger-ui/swagger-ui-bundle.js",
+        swagger_css_url="/static/vendor/swagger-ui/swagger-ui.css",
+        swagger_favicon_url="/static/vendor/swagger-ui/favicon-32x32.png",
+    )

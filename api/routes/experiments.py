@@ -1,0 +1,138 @@
+"""``/api/v1/experiments``: submit an experiment, list and read them, compare and
+export their runs."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Body, Query, Request
+from fastapi.responses import Response
+from sqlalchemy.orm import Session
+
+from api.deps import SessionDep, SettingsDep
+from api.routes.common import Limit, Offset, run_brief, run_out
+from api.schemas import ExperimentCreated, ExperimentListItem, ExperimentOut, Page
+from orchestrator.analysis.service import comparison, export
+from orchestrator.core.models import Experiment
+from orchestrator.core.repositories import ExperimentRepository, RunRepository
+from orchestrator.experiments import service
+from orchestrator.experiments.intake import accept_experiment
+from orchestrator.experiments.status import experiment_status, server_reuse
+
+router = APIRouter(prefix="/api/v1", tags=["experiments"])
+
+#: The request body is an ``ExperimentSpec``, published in the components by
+#: :func:`api.openapi.publish_spec_schema` (the handler reads it as JSON so that
+#: every problem is reported at once, as ``spec_invalid``).
+SPEC_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/ExperimentSpec"}}
+        },
+    }
+}
+
+
+def _experiment_out(request: Request, session: Session, exp: Experiment) -> ExperimentOut:
+    metrics = RunRepository(session).metrics_for([r.id for r in exp.runs])
+    return ExperimentOut(
+        id=exp.id,
+        url=str(request.url_for("get_experiment", experiment_id=exp.id)),
+        name=exp.name,
+        description=exp.description,
+        model_id=exp.model_id,
+        model_digest=exp.model_digest,
+        model_revision=exp.model_revision,
+        request_list_hash=exp.request_list_hash,
+        created_at=exp.created_at,
+        submitted_by=exp.submitted_by,
+        status=experiment_status(list(exp.runs)),
+        repeats=exp.repeats,
+        variants=exp.variants,
+        server_reuse=server_reuse(list(exp.runs)),
+        spec=exp.spec,
+        runs=[
+            run_out(request, r, metrics.get(r.id))
+            for r in sorted(exp.runs, key=lambda r: r.sequence)
+        ],
+    )
+
+
+@router.post(
+    "/experiments", status_code=201, response_model=ExperimentCreated, openapi_extra=SPEC_BODY
+)
+def create_experiment(
+    body: Annotated[Any, Body()],
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+) -> ExperimentCreated:
+    """Validate and store an experiment (an ``ExperimentSpec``); its runs are queued.
+
+    422 problem+json (code ``spec_invalid``) names every bad field at once:
+    schema problems, unknown engine arguments, an unknown model, variants that
+    change more or less than one variable, configurations vLLM refuses;
+    nothing is stored then. 503 ``engine_unavailable`` when the engine
+    environment cannot list its arguments; 503 ``submissions_busy`` (with
+    ``Retry-After``) when too many submissions are being checked already
+    (``VLAB_SUBMISSIONS__*``). No database connection is held while vLLM checks
+    the configurations.
+    """
+    exp = accept_experiment(session, settings, body)
+    return ExperimentCreated(
+        id=exp.id,
+        url=str(request.url_for("get_experiment", experiment_id=exp.id)),
+        runs=[run_brief(request, r) for r in sorted(exp.runs, key=lambda r: r.sequence)],
+    )
+
+
+@router.get("/experiments", response_model=Page[ExperimentListItem])
+def list_experiments(
+    request: Request, session: SessionDep, limit: Limit = 50, offset: Offset = 0
+) -> Page[ExperimentListItem]:
+    rows, total = ExperimentRepository(session).page(limit=limit, offset=offset)
+    items = [
+        ExperimentListItem(
+            id=e.id,
+            url=str(request.url_for("get_experiment", experiment_id=e.id)),
+            name=e.name,
+            model_id=e.model_id,
+            created_at=e.created_at,
+            status=experiment_status(list(e.runs)),
+            run_count=len(e.runs),
+        )
+        for e in rows
+    ]
+    return Page(items=items, total=total, limit=limit, offset=offset)
+
+
+@router.get("/experiments/{experiment_id}", response_model=ExperimentOut)
+def get_experiment(experiment_id: str, request: Request, session: SessionDep) -> ExperimentOut:
+    return _experiment_out(request, session, service.get_experiment(session, experiment_id))
+
+
+@router.get("/experiments/{experiment_id}/comparison")
+def get_comparison(experiment_id: str, session: SessionDep) -> dict[str, Any]:
+    """Each variant vs its reference: per metric both values, the ratio, a 95 % bootstrap
+    CI over repeats and requests, and a verdict (better / worse / no clear difference);
+    plus findings (e.g. hit rate up but E2E latency flat). See ``orchestrator.analysis.compare``."""
+    return comparison(session, experiment_id)
+
+
+@router.get("/experiments/{experiment_id}/export")
+def export_runs(
+    experiment_id: str,
+    session: SessionDep,
+    format: Annotated[Literal["csv", "parquet"], Query()] = "csv",
+) -> Response:
+    """The experiment's runs as CSV or Parquet: one row per run, configuration and metrics
+    flattened into dotted columns (``engine_args.enable_prefix_caching``,
+    ``metrics.median_ttft_ms``)."""
+    body = export(session, experiment_id, format)
+    media = "text/csv" if format == "csv" else "application/vnd.apache.parquet"
+    return Response(
+        body,
+        media_type=media,
+        headers={"content-disposition": f'attachment; filename="{experiment_id}.{format}"'},
+    )

@@ -1,0 +1,213 @@
+"""One segment of a batch (one run on a possibly shared server): its state, its verdict, and
+the numbers that come out of its records.
+
+:class:`Segment` is what :mod:`jobs.runner` keeps per run while it drives the load
+(request list, records, ``/metrics`` samples, timings, why it ended) and
+:meth:`Segment.judge` is the run's verdict once the load ran. The functions derive
+the result's facts from what was measured: :func:`parse_engine_log` (start-up facts
+of the server log), :func:`per_class_metrics`, :func:`itl_burst_fraction`,
+:func:`drop_unobserved_gauges` and :func:`thin` (the stats lines kept). No I/O.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, Literal
+
+from jobs import loadgen, metrics
+from jobs.schemas import ChatRequest, MetricSample, RequestRecord, RunSegment
+
+Status = Literal["succeeded", "failed", "cancelled"]
+
+_VERSION_PATTERNS = (
+    re.compile(r"V1 LLM engine \(v([0-9][\w.+-]*)\)"),
+    re.compile(r"vLLM API server version ([0-9][\w.+-]*)"),
+    re.compile(r"\bversion ([0-9]+\.[0-9]+\.[0-9][\w.+-]*)"),
+)
+_KV_CACHE_RE = re.compile(
+    r"(?P<dev>CPU|GPU|XPU|TPU)? ?KV cache size: (?P<tokens>[\d,]+) tokens"
+    r"(?:, Maximum concurrency for (?P<len>[\d,]+) tokens per request: (?P<conc>[\d.,]+)x)?"
+)
+
+
+def parse_engine_log(text: str) -> dict[str, Any]:
+    """Facts read from a vLLM server log (start-up lines).
+
+    Returns a subset of: ``vllm_version`` (str), ``kv_cache_size_tokens``
+    (int), ``kv_cache_max_concurrency`` (float, for ``kv_cache_max_concurrency_len``
+    tokens per request), ``kv_cache_device`` (``"CPU"``/``"GPU"``...). These
+    are informational; measured numbers never come from the log.
+    """
+    info: dict[str, Any] = {}
+    for pattern in _VERSION_PATTERNS:
+        if m := pattern.search(text):
+            info["vllm_version"] = m.group(1)
+            break
+    if m := _KV_CACHE_RE.search(text):
+        info["kv_cache_size_tokens"] = int(m.group("tokens").replace(",", ""))
+        if m.group("dev"):
+            info["kv_cache_device"] = m.group("dev")
+        if m.group("conc"):
+            info["kv_cache_max_concurrency"] = float(m.group("conc").replace(",", ""))
+            info["kv_cache_max_concurrency_len"] = int(m.group("len").replace(",", ""))
+    return info
+
+
+#: Most engine stats lines kept per run (evenly thinned beyond this).
+MAX_STATS_LINES = 2000
+
+
+def thin(items: list[Any], limit: int = MAX_STATS_LINES) -> list[Any]:
+    """``items`` if short enough, else ``limit`` of them evenly spaced (first and last kept)."""
+    if len(items) <= limit:
+        return items
+    step = (len(items) - 1) / (limit - 1)
+    return [items[round(i * step)] for i in range(limit)]
+
+
+#: Gauge summaries that only mean something if a scrape saw requests in the engine.
+_LOAD_GAUGES = (
+    "kv_cache_usage_peak",
+    "kv_cache_usage_mean",
+    "num_requests_running_peak",
+    "num_requests_waiting_peak",
+)
+
+
+def drop_unobserved_gauges(run_metrics: dict[str, float]) -> str | None:
+    """Remove gauge peaks no scrape could have seen; return why, or None.
+
+    ``/metrics`` is scraped every second; requests that all start and finish
+    between two scrapes leave every sample at 0 running, so a peak of 0 would
+    claim "no KV cache used" for a run that used it. When measured requests
+    completed but no sample ever saw one running, the load gauges
+    (:data:`_LOAD_GAUGES`) are removed from ``run_metrics`` (in place) rather
+    than reported as 0.
+    """
+    if run_metrics.get("completed", 0) > 0 and run_metrics.get("num_requests_running_peak") == 0:
+        for key in _LOAD_GAUGES:
+            run_metrics.pop(key, None)
+        return (
+            "no /metrics scrape saw a request running (requests shorter than the scrape "
+            "interval): KV cache usage and running/waiting peaks are not reported"
+        )
+    return None
+
+
+def per_class_metrics(
+    records: list[RequestRecord],
+    duration_s: float,
+    goodput_slos_ms: dict[str, float] | None = None,
+) -> dict[str, float]:
+    """``"<class>.<metric>"`` for each request class, when a run mixes classes.
+
+    Every :func:`jobs.loadgen.summarize` metric of the class's measured
+    requests (latency statistics, counts, tokens, goodput with the given
+    SLOs) except ``duration``; throughputs are the class's over the whole
+    measured phase (``duration_s``), so the classes' throughputs add up to
+    the run's. Empty when every request has the same class.
+    """
+    classes = sorted({r.request_class or "short" for r in records if not r.warmup})
+    if len(classes) < 2:
+        return {}
+    out: dict[str, float] = {}
+    for cls in classes:
+        mine = [r for r in records if (r.request_class or "short") == cls]
+        summary = loadgen.summarize(mine, duration_s, goodput_slos_ms=goodput_slos_ms)
+        for key, value in summary.items():
+            if key != "duration":
+                out[f"{cls}.{key}"] = value
+    return out
+
+
+#: Inter-token gaps shorter than this arrived in one burst, not token by token.
+BURST_GAP_S = 1e-4
+
+
+def itl_burst_fraction(records: list[RequestRecord]) -> float | None:
+    """Share of inter-token gaps under :data:`BURST_GAP_S` (0-1) over successful measured requests.
+
+    vLLM streams one chunk per decode step; gaps of a few microseconds mean
+    the chunks queued up in the server's API process (starved of CPU, e.g.
+    on a 2-core host) and were flushed together, so ITL and TPOT understate
+    the real decode time. None without any gap.
+    """
+    gaps = [g for r in records if r.success and not r.warmup for g in r.itl_s]
+    if not gaps:
+        return None
+    return sum(1 for g in gaps if g < BURST_GAP_S) / len(gaps)
+
+
+class Segment:
+    """State of one run (segment) of a batch."""
+
+    def __init__(self, seg: RunSegment, index: int, total: int) -> None:
+        self.run_id = seg.run_id
+        self.workload = seg.workload
+        self.index = index
+        self.t0 = time.perf_counter()
+        self.t_end: float | None = None
+        self.requests: list[ChatRequest] | None = None
+        self.records: list[RequestRecord] = []
+        self.samples: list[MetricSample] = []
+        self.engine_info: dict[str, Any] = {"segment_index": index, "segments_total": total}
+        self.timings: dict[str, float] = {}
+        self.metrics: dict[str, float] = {}
+        self.measured_total = 0
+        self.measured_done = 0
+        self.status: Status | None = None
+        self.error: str | None = None
+        self.engine_log = ""
+        self.done_reported = False
+        self.slos = dict(seg.goodput_slos_ms)
+        self.stats_before = 0  # engine stats lines logged before this segment began
+        self.histograms: dict[str, dict[str, metrics.Histogram]] = {}
+        self.unresponsive: str | None = None  # why the server was judged unresponsive
+        self.dead: str | None = None  # why the engine was seen dead during this segment
+        self.dead_at: float | None = None  # seconds into the segment it was seen dead
+        self.refused = False  # the server's port refused a connection
+
+    @property
+    def partial(self) -> bool:
+        """Ended early with some measured requests succeeded: what was measured is kept."""
+        return self.status in ("failed", "cancelled") and any(
+            r.success for r in self.records if not r.warmup
+        )
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    @property
+    def warmups(self) -> list[ChatRequest]:
+        return [r for r in self.requests or [] if r.warmup]
+
+    @property
+    def measured(self) -> list[ChatRequest]:
+        return [r for r in self.requests or [] if not r.warmup]
+
+    def judge(self, max_failed_fraction: float = 0.05) -> tuple[Status, str | None]:
+        """Final verdict once the load ran on a live engine.
+
+        Failed if nothing measured succeeded, if fewer measured requests finished
+        than were planned, or if the share of failed measured requests is above
+        ``max_failed_fraction`` (0-1): throughput and latencies over a run that
+        lost that many requests measure the failures, not the engine.
+        """
+        measured = self.measured
+        done = [r for r in self.records if not r.warmup]
+        if measured and not any(r.success for r in done):
+            first = next((r.error for r in done if r.error), "no measured request finished")
+            return "failed", f"all {len(done)} measured requests failed; first error: {first}"
+        if len(done) < len(measured):
+            return "failed", f"only {len(done)} of {len(measured)} measured requests finished"
+        failed = [r for r in done if not r.success]
+        if done and len(failed) / len(done) > max_failed_fraction:
+            first = next((r.error for r in failed if r.error), "?")
+            return "failed", (
+                f"{len(failed)} of {len(done)} measured requests failed "
+                f"({len(failed) / len(done):.1%}, above the {max_failed_fraction:.1%} allowed: "
+                "VLAB_ENGINE__MAX_FAILED_REQUEST_FRACTION); the numbers are not a valid "
+                f"measurement; first error: {first}"
+            )
+        return "succeeded", None

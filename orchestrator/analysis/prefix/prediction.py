@@ -1,0 +1,91 @@
+"""Prediction: the prefix cache hit rate vLLM's V1 engine reaches on prompts sent in
+order (whole blocks, at most ``n - 1`` tokens looked up; see
+:mod:`orchestrator.analysis.prefix` for the vLLM sources it reproduces).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from orchestrator.analysis.prefix.schemas import (
+    DEFAULT_BLOCK_SIZE,
+    HitRatePrediction,
+    RequestPrediction,
+)
+
+
+def shared_prefix_length(token_lists: Sequence[Sequence[int]]) -> int:
+    """Length (tokens) of the longest token prefix common to every list (0 for none)."""
+    if not token_lists:
+        return 0
+    first = token_lists[0]
+    n = min(len(t) for t in token_lists)
+    for i in range(n):
+        tok = first[i]
+        if any(t[i] != tok for t in token_lists):
+            return i
+    return n
+
+
+def predict_hit_rate(
+    token_lists: Sequence[Sequence[int]], block_size: int = DEFAULT_BLOCK_SIZE
+) -> HitRatePrediction:
+    """Predict vLLM APC hits for prompts sent in order to a fresh engine.
+
+    Reproduces ``KVCacheManager.get_computed_blocks`` (vLLM V1): request ``j`` of ``n_j``
+    prompt tokens hits the longest chain of whole blocks, at most ``(n_j - 1) //
+    block_size`` of them, already cached by an earlier request; then its ``n_j //
+    block_size`` full prompt blocks are cached. ``queries`` adds ``n_j``, ``hits`` the hit
+    tokens (``PrefixCacheStats.record``). The cache is unbounded (no eviction). Blocks are
+    keyed by (parent block, exact token ids), so no hash collisions.
+
+    Args:
+        token_lists: prompt token ids per request, in the order sent.
+        block_size: tokens per KV cache block (vLLM ``--block-size``, default 16).
+
+    Returns:
+        :class:`HitRatePrediction` (tokens; ``hit_rate`` = hits / queries, 0 when empty).
+
+    Raises:
+        ValueError: ``block_size < 1``.
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    nodes: dict[tuple[int, tuple[int, ...]], int] = {}
+    owner: list[int] = []
+    per: list[RequestPrediction] = []
+    for j, toks in enumerate(token_lists):
+        n = len(toks)
+        parent = -1
+        hit_blocks = 0
+        reused: int | None = None
+        for b in range(max(0, (n - 1)) // block_size):
+            node = nodes.get((parent, tuple(toks[b * block_size : (b + 1) * block_size])))
+            if node is None:
+                break
+            parent = node
+            hit_blocks += 1
+            reused = owner[node]
+        parent = -1
+        for b in range(n // block_size):
+            key = (parent, tuple(toks[b * block_size : (b + 1) * block_size]))
+            node = nodes.get(key)
+            if node is None:
+                node = len(owner)
+                nodes[key] = node
+                owner.append(j)
+            parent = node
+        per.append(
+            RequestPrediction(
+                index=j, prompt_tokens=n, cached_tokens=hit_blocks * block_size, reused_from=reused
+            )
+        )
+    queries = sum(p.prompt_tokens for p in per)
+    hits = sum(p.cached_tokens for p in per)
+    return HitRatePrediction(
+        block_size=block_size,
+        queries_tokens=queries,
+        hits_tokens=hits,
+        hit_rate=hits / queries if queries else 0.0,
+        per_request=per,
+    )

@@ -1,0 +1,248 @@
+"""The prefix analyser's data: requests in, rendered prompts, divergences, predictions,
+advice and the analysis out (pydantic models, JSON-safe), with vLLM's default block size
+and the kinds of cause a divergence is classified as.
+
+Units as in :mod:`orchestrator.analysis.prefix`: positions and lengths are tokens unless
+named ``*_chars`` (characters) or ``*_blocks`` (KV cache blocks); hit rates are fractions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+#: vLLM's default KV cache block size (tokens per block) on GPU and CPU.
+DEFAULT_BLOCK_SIZE = 16
+
+CauseKind = Literal[
+    "timestamp",
+    "uuid",
+    "request_id",
+    "random_id",
+    "user_name",
+    "json_key_order",
+    "whitespace",
+    "reordered_messages",
+    "reordered_tools",
+    "end_of_prompt",
+    "other",
+]
+
+
+class PrefixRequest(BaseModel):
+    """One request of the workload: a chat (``messages`` + optional ``tools``) or a ``prompt``.
+
+    ``messages`` is an OpenAI chat-completions list (``role``, ``content`` as a string or a
+    list of ``{"type": "text", "text": ...}`` parts, optional ``name`` and ``tool_calls``);
+    ``tools`` the OpenAI ``tools`` list. Exactly one of ``messages`` and ``prompt`` is set.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    messages: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> PrefixRequest:
+        if self.messages is None and self.prompt is None:
+            raise ValueError('needs "messages" (chat) or "prompt" (completions)')
+        if self.messages is not None and self.prompt is not None:
+            raise ValueError('has both "messages" (chat) and "prompt" (completions): send one')
+        if self.prompt is not None and self.tools:
+            raise ValueError('"tools" needs "messages" (a chat request), not "prompt"')
+        return self
+
+
+class SourceSpan(BaseModel):
+    """A range of the rendered text that comes from one place of the request.
+
+    ``rendered_start``/``rendered_end``: character range in the rendered prompt text.
+    ``source``: where it comes from, e.g. ``messages[0].content``, ``messages[2].name``,
+    ``messages[1].tool_calls[0].function.arguments``, ``tools[0].function.parameters``,
+    ``prompt``. ``source_start``: character offset of ``rendered_start`` in the source
+    string (for tool schemas: in the schema's JSON serialisation as rendered).
+    """
+
+    rendered_start: int
+    rendered_end: int
+    source: str
+    source_start: int
+    message_index: int | None = None
+    role: str | None = None
+    tool_index: int | None = None
+
+
+class RenderedPrompt(BaseModel):
+    """A request rendered and tokenized as the engine sees it.
+
+    ``token_ids[i]`` covers ``text[offsets[i][0]:offsets[i][1]]`` (characters; special
+    tokens added by the tokenizer have an empty range). ``spans`` map rendered characters
+    to the request (characters in no span were written by the chat template).
+    """
+
+    index: int
+    text: str
+    token_ids: list[int]
+    offsets: list[tuple[int, int]]
+    spans: list[SourceSpan]
+
+
+class SourceLocation(BaseModel):
+    """Where a token position falls, in the rendered text and in the request.
+
+    ``token_position``: index of the token (tokens). ``rendered_chars``: the character
+    range of the first *differing characters* in the rendered text (start inclusive, end
+    exclusive). ``source``: ``messages[i].<field>``, ``tools[i].<json path>``, ``prompt``
+    or ``template`` (text the chat template wrote). ``source_chars``: the same characters
+    as a range of the source string (for tools: of the tool's rendered JSON); None for
+    ``template``. ``value_chars``: source-string range of the whole volatile value the
+    divergence falls in (the timestamp, id or name), when the cause is one.
+    ``excerpt``: rendered text around the divergence (about 40 characters
+    either side), for humans.
+    """
+
+    request: int
+    token_position: int
+    rendered_chars: tuple[int, int]
+    source: str
+    message_index: int | None = None
+    role: str | None = None
+    field: str | None = None
+    tool_index: int | None = None
+    source_chars: tuple[int, int] | None = None
+    value_chars: tuple[int, int] | None = None
+    excerpt: str = ""
+
+
+class Divergence(BaseModel):
+    """The first token where two groups of requests differ, and why.
+
+    ``token_position`` (tokens) equals the length of their shared token prefix;
+    ``shared_prefix_blocks`` is that in whole KV blocks (``token_position // block_size``).
+    ``requests``: the two representatives compared (one of each group);
+    ``locations``: the divergence in each of them. ``cause`` is the kind of content that
+    differs and ``values`` the differing values (e.g. ``["9:41 AM", "9:42 AM"]``).
+    ``json_path``: for ``json_key_order``, the object whose keys are ordered differently.
+    ``actionable`` is False when the divergence is where prompts are expected to differ
+    (inside the last message, i.e. the new turn) or where one prompt simply ends.
+    """
+
+    token_position: int
+    shared_prefix_blocks: int
+    requests: tuple[int, int]
+    locations: tuple[SourceLocation, SourceLocation]
+    cause: CauseKind
+    detail: str
+    values: tuple[str, str]
+    json_path: str | None = None
+    actionable: bool
+
+
+class PrefixCluster(BaseModel):
+    """Requests that share a longer token prefix than the whole set.
+
+    ``shared_prefix_tokens`` (tokens) / ``shared_prefix_blocks`` (whole KV blocks) is the
+    prefix common to every member; ``divergence`` is where the members split further
+    (None for a single request or identical prompts).
+    """
+
+    requests: list[int]
+    shared_prefix_tokens: int
+    shared_prefix_blocks: int
+    divergence: Divergence | None = None
+
+
+class RequestPrediction(BaseModel):
+    """Predicted prefix cache use of one request: ``prompt_tokens`` queried, ``cached_tokens``
+    hit (whole blocks, tokens), ``reused_from``: the earlier request whose blocks it reuses."""
+
+    index: int
+    prompt_tokens: int
+    cached_tokens: int
+    reused_from: int | None = None
+
+
+class HitRatePrediction(BaseModel):
+    """Predicted ``vllm:prefix_cache_hits`` / ``vllm:prefix_cache_queries`` (tokens) of a
+    workload sent in order to a fresh engine with an unbounded cache; ``hit_rate`` in [0, 1]."""
+
+    block_size: int
+    queries_tokens: int
+    hits_tokens: int
+    hit_rate: float
+    per_request: list[RequestPrediction]
+
+
+class Advice(BaseModel):
+    """A change for one ``cause`` found at ``source`` (the ``step``-th cause of
+    :attr:`PrefixAnalysis.causes`, prompt order).
+
+    ``predicted_hit_rate_after`` (fraction) / ``predicted_hits_tokens_after`` (tokens):
+    the prediction re-run on the requests rewritten as this change *and every earlier
+    cause's change* (steps ``0..step``) say, i.e. cumulative (None when the change cannot
+    be simulated, e.g. text the chat template inserts). ``raises_hit_rate``: the change
+    is part of the plan that raises the predicted hit rate: the simulated steps up to the
+    one with the best cumulative hit rate, when that beats the workload as it is. A step
+    that gains nothing alone but is needed for a later one (a clock before an id) is
+    part of it; a change that cannot raise it (a clock already at the end of the shared
+    text) or cannot be simulated is not.
+    """
+
+    cause: CauseKind
+    source: str
+    change: str
+    step: int = 0
+    predicted_hit_rate_after: float | None = None
+    predicted_hits_tokens_after: int | None = None
+    raises_hit_rate: bool = False
+
+
+class PrefixAnalysis(BaseModel):
+    """Result of :func:`analyze_prefix`.
+
+    ``prompt_tokens``: per request (tokens). ``shared_prefix_tokens``: token prefix common
+    to all requests; ``shared_prefix_blocks``: in whole KV blocks;
+    ``reusable_prefix_tokens``: what APC can reuse of it, ``block_size *
+    (min(shared, shortest - 1) // block_size)`` tokens. ``divergence``: the first divergence
+    of the whole set (None for one request or identical prompts). ``clusters``: the groups
+    the set splits into at that divergence. ``causes``: every actionable divergence found
+    along the prompts, in prompt order: the first one, then (after simulating its change
+    on the requests, re-rendering and comparing again) the next one, and so on, at most
+    ``MAX_CAUSE_ROUNDS`` rounds (divergences of clusters are included when the set's own
+    divergence cannot be changed). ``prediction``: the best hit rate for the workload as
+    it is; ``advice``: one change per cause, with the cumulative hit rate predicted after
+    it, in prompt order; ``raises_hit_rate`` marks the plan (the steps to make together).
+    ``predicted_hit_rate_after_advice``: with every simulated change applied.
+    ``notes``: facts about the rendering worth knowing (tools the chat template does not
+    render, a date the chat template writes itself).
+    """
+
+    model_dir: str
+    block_size: int
+    num_requests: int
+    prompt_tokens: list[int]
+    shared_prefix_tokens: int
+    shared_prefix_blocks: int
+    reusable_prefix_tokens: int
+    divergence: Divergence | None
+    clusters: list[PrefixCluster]
+    causes: list[Divergence]
+    prediction: HitRatePrediction
+    advice: list[Advice]
+    predicted_hit_rate_after_advice: float | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+class PrefixFinding(BaseModel):
+    """A finding on a run: measured prefix cache hit rate far from the predicted one.
+
+    ``evidence`` holds ``predicted_hit_rate``, ``measured_hit_rate`` (fractions) and
+    ``difference`` (measured - predicted).
+    """
+
+    code: Literal["hit_rate_below_prediction", "hit_rate_above_prediction"]
+    severity: Literal["info", "warning"]
+    message: str
+    evidence: dict[str, Any] = Field(default_factory=dict)

