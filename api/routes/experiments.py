@@ -22,7 +22,7 @@ from orchestrator.experiments.status import experiment_status, server_reuse
 router = APIRouter(prefix="/api/v1", tags=["experiments"])
 
 #: The request body is an ``ExperimentSpec``, published in the components by
-#: :func:`api.openapi.publish_spec_schema` (the handler reads it as JSON so that
+#: :func:`api.openapi.install` (the handler reads it as JSON so that
 #: every problem is reported at once, as ``spec_invalid``).
 SPEC_BODY = {
     "requestBody": {

@@ -25,7 +25,7 @@ ones, do not measure the engine; use the server-side histograms).
 6. ``hit_rate_up_e2e_flat``: the hit rate went up but end-to-end latency did not
    move: decode or queueing dominates.
 
-Experiment findings 4-6 come from :func:`orchestrator.analysis.compare.findings` (bootstrap
+Experiment findings 4-6 come from :func:`orchestrator.analysis.findings.findings` (bootstrap
 CIs) plus :func:`more_devices_slower`; run findings from :func:`run_findings`.
 """
 
@@ -418,7 +418,7 @@ def gain_without_hits(variants: Sequence[Mapping[str, Any]]) -> list[Advice]:
 
 
 def from_compare(found: Sequence[Mapping[str, Any]]) -> list[Advice]:
-    """:class:`orchestrator.analysis.compare.Finding` dicts as advice (their message already
+    """:class:`orchestrator.analysis.findings.Finding` dicts as advice (their message already
     carries the suggested change)."""
     out = []
     for f in found:

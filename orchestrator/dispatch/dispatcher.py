@@ -352,7 +352,9 @@ class Dispatcher:
                 (self._identity_dir() / f"{oid}.lock").unlink()
         try:
             self.sweep_engines()
-        except Exception:  # noqa: BLE001 - a failed sweep must not stop dispatching
+        except Exception as exc:  # noqa: BLE001 - a failed sweep must not stop dispatching
+            if is_unavailable(exc):  # an outage is logged once, by run_forever
+                raise
             log.exception("sweeping orphaned engine processes failed")
         self._last_reconcile = time.monotonic()
         return failed
@@ -368,7 +370,9 @@ class Dispatcher:
         self._answer_parity_check()
         try:
             fire_due_schedules(self.session_factory, self.settings, now=utcnow())
-        except Exception:  # noqa: BLE001 - scheduled sweeps must not stop dispatching
+        except Exception as exc:  # noqa: BLE001 - scheduled sweeps must not stop dispatching
+            if is_unavailable(exc):  # an outage is logged once, by run_forever
+                raise
             log.exception("firing scheduled sweeps failed")
         if len(self.active) < self.settings.orchestrator.max_concurrent_runs:
             self._claim_one()

@@ -11,7 +11,7 @@ sweep with its regressions (metric, variant, previous and new value, ratio and
 95 % interval).
 
 Everything is computed with the functions the JSON API uses
-(:func:`orchestrator.schedules.service.next_fire_times` from the same ``after`` as
+(:func:`orchestrator.schedules.cron.next_fire_times` from the same ``after`` as
 ``GET /api/v1/schedules``, :func:`orchestrator.schedules.service.sweep_regressions` as
 ``GET /api/v1/schedules/{id}/fires``). The enable/disable button (``schedules.js``)
 sends ``PATCH /api/v1/schedules/{id}`` and swaps in the re-rendered parts.

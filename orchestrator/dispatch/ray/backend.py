@@ -124,7 +124,7 @@ class RayRunBackend:
            Ray workers take one GPU bundle each); then read back where Ray put each
            bundle: the recorded layout is what the run got;
         3. on two or more nodes, probe every node in the engine environment
-           (:func:`jobs.nodeprobe.probe_on_nodes`) and compare
+           (:func:`orchestrator.dispatch.ray.probe.probe_on_nodes`) and compare
            (:func:`orchestrator.cluster.parity.check_parity`): a blocking mismatch removes
            the group and raises :class:`LaunchBlocked` with the report;
         4. start the supervisor on the rank-0 node, holding that node's GPUs (what
