@@ -147,6 +147,9 @@ class Run(Base):
     vllm_version: Mapped[str | None] = mapped_column(String(100))
     engine_info: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
     timings: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    capacity: Mapped[dict[str, Any] | None] = mapped_column(
+        JSONType, doc="the capacity search (jobs.capacity.CapacityResult), when the run had one"
+    )
     error: Mapped[str | None] = mapped_column(Text)
     partial: Mapped[bool] = mapped_column(
         Boolean, default=False, server_default="false", doc="ended early; measurements kept"
