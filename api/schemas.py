@@ -12,6 +12,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, field_validator
 from pydantic_core import PydanticCustomError
 
+from jobs.capacity import CapacityResult
 from orchestrator.schedules.cron import check_cron, zone
 
 T = TypeVar("T")
@@ -101,6 +102,12 @@ class RunOut(BaseModel):
     partial: bool
     placement: dict[str, Any] | None = Field(
         None, description="the layout the run got: nodes, ranks, devices, exclusive policy"
+    )
+    capacity: CapacityResult | None = Field(
+        None,
+        description="the run's capacity search under SLOs (every step, the boundary and its "
+        "interval, the binding SLO); null when the experiment has no capacity search or the "
+        "run has not finished",
     )
     metrics: dict[str, float] | None = None
 

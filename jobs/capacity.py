@@ -3,7 +3,7 @@
 The search drives load steps on one running server (the runner owns the server and
 the load; this module only decides). For each step the runner replays the same
 request list (same order, prefix cache reset before the step's measured requests)
-at one load level, and hands the step's per-request values and server signals to
+at one load level, and hands the step's measured records and server signals to
 :meth:`CapacitySearch.record`. The search:
 
 - decides each step **pass / fail / uncertain** from the step's own percentile and
@@ -24,19 +24,122 @@ The result (:class:`CapacityResult`) is the highest passing load with the bracke
 ``[highest pass, lowest fail]`` as its interval, the SLO that binds first (the one
 that failed at the lowest load), and every step.
 
+Decision details (the rules :class:`CapacitySearch` applies):
+
+- **Per-request values** (:func:`step_values`): TTFT, TPOT, ITL and E2EL in ms as
+  ``vllm bench serve`` defines them (``jobs.loadgen``): percentiles over the
+  successful requests (ITL pools every gap of every successful request; TPOT covers
+  requests with more than one output token). Failed requests count in the step's
+  ``failed``, in the saturation rule and in goodput (a failed request is never good).
+- **Percentile interval**: ``numpy.percentile`` (linear) of the step's values, and a
+  percentile bootstrap (:data:`BOOTSTRAP_RESAMPLES` resamples of the values with
+  replacement, seeded by ``(seed, step index, check index)``) whose central
+  ``confidence`` quantiles are ``ci_low`` / ``ci_high``. An objective whose metric
+  has no value at a step with successful requests (TPOT when every request has one
+  output token) passes, as vLLM's goodput counts such a TPOT as 0; with no
+  successful request at all it fails.
+- **Goodput**: the fraction of the step's requests (failed ones included) whose
+  TTFT, TPOT and E2EL are each at or under that metric's strictest objective (ITL
+  is not a per-request value; vLLM's ``--goodput`` ignores it too); bootstrap
+  interval of the mean of the 0/1 indicators; passes when ``ci_low >= goodput``,
+  fails when ``ci_high < goodput``.
+- **Re-measurement**: a step that is ``uncertain`` is measured again at the same load
+  (up to ``remeasure`` times); each re-measurement is a step of its own whose checks
+  pool the records of every measurement at that load (``measurements`` says how
+  many), so the interval narrows instead of the search picking the luckiest of
+  several independent tries.
+- **Saturation** (the step fails with ``saturated`` set, whatever its checks say):
+  failed requests over :data:`SATURATION_FAILED_FRACTION` (5 %) of the step; for
+  ``request_rate`` only, the server's waiting queue grew through the step
+  (``waiting_last - waiting_first`` over ``max(1, 5 % of the step's requests)`` and
+  ``waiting_max > 0``: below capacity the queue at two instants differs by O(1)
+  requests, above it it grows by ``(1 - mu/lambda) * N`` over ``N`` arrivals, so
+  5 % of ``N`` flags an arrival rate ~5 % over the service rate; in a closed loop
+  the queue is bounded by the concurrency, so it is no sign of overload there); for
+  ``request_rate`` only, the client's dispatch lag (``start_s - scheduled_s``)
+  p99 over ``max(50 ms, two mean inter-arrival gaps)``: the client could not offer
+  the nominal rate.
+- **Search**: loads for ``concurrency`` are integers (``ceil(min)``, ``floor(max)``,
+  integer midpoints; done when ``hi - lo <= 1``); for ``request_rate`` the midpoint
+  is geometric and it is done when ``(hi - lo) / lo <= tolerance``.
+- **Status**: ``found`` (``capacity`` = highest passing load, interval ``(lo, hi)``);
+  ``below_min`` (``min`` failed; interval ``(None, min)``); ``at_least_max``
+  (``max`` passed; interval ``(max, None)``); ``uncertain`` (a step stayed
+  uncertain; interval = the bracket so far); ``steps_exhausted`` (``max_steps``
+  spent before the bracket narrowed to the tolerance; interval = the bracket).
+  Only ``found`` has a ``capacity``: anything else is unknown, never a guess.
+- **binding_slo**: at the lowest failing load, the failing objective with the
+  largest excess over its objective (value / objective; goodput: objective / value),
+  named ``"<metric>:<percentile>"`` (``"ttft_ms:p99"``) or ``"goodput"``; a step
+  that failed only on saturation names ``"saturated"``.
+
 Pure: no I/O, no clock, no randomness except the seeded bootstrap.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, Field
+import numpy as np
+from pydantic import BaseModel, Field, model_validator
+
+if TYPE_CHECKING:  # jobs.schemas imports this module
+    from jobs.schemas import RequestRecord
+
+__all__ = [
+    "BOOTSTRAP_RESAMPLES",
+    "CapacityResult",
+    "CapacitySearch",
+    "CapacitySpec",
+    "CapacityStep",
+    "SLOCheck",
+    "StepSignals",
+    "StepValues",
+    "percentile_of",
+    "run_search",
+    "step_values",
+]
 
 CapacityVariable = Literal["request_rate", "concurrency"]
 SLOMetric = Literal["ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"]
 Verdict = Literal["pass", "fail", "uncertain"]
 SearchStatus = Literal["found", "below_min", "at_least_max", "uncertain", "steps_exhausted"]
+
+BOOTSTRAP_RESAMPLES = 1000
+"""Bootstrap resamples per objective and step."""
+
+SATURATION_FAILED_FRACTION = 0.05
+"""A step with more failed requests than this fraction is saturated."""
+
+SATURATION_WAITING_FRACTION = 0.05
+"""Waiting-queue growth through a step, as a fraction of its requests, that means overload."""
+
+DISPATCH_LAG_FLOOR_MS = 50.0
+"""Dispatch lag p99 under this is never saturation (client timer jitter)."""
+
+REPORTED_PERCENTILES = ("p50", "p90", "p99")
+"""Percentiles every step reports per metric (besides those the objectives name)."""
+
+_PERCENTILE_NAME = re.compile(r"^p(\d+(?:\.\d+)?)$")
+_METRICS: tuple[SLOMetric, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
+_BOOTSTRAP_CELLS = 2_000_000  # resample matrix cells per chunk (memory bound)
+
+
+def percentile_of(name: str) -> float:
+    """The percentile a name means: ``"p99"`` -> 99.0, ``"p99.9"`` -> 99.9.
+
+    Raises:
+        ValueError: not ``p<number>`` with the number in (0, 100].
+    """
+    match = _PERCENTILE_NAME.match(name)
+    value = float(match.group(1)) if match else -1.0
+    if not 0.0 < value <= 100.0:
+        raise ValueError(f"percentile name must be like p50, p99 or p99.9, got {name!r}")
+    return value
 
 
 class CapacitySpec(BaseModel):
@@ -47,6 +150,11 @@ class CapacitySpec(BaseModel):
     ``{"ttft_ms": {"p99": 500}, "tpot_ms": {"p99": 50}}``. ``goodput``: optionally the
     least fraction of a step's requests that meet every per-request objective (the
     objectives' values, as ``vllm bench serve --goodput`` counts them).
+
+    Raises (validation):
+        ValueError: no objective at all, a percentile name that is not ``p<number>``,
+            a non-positive objective, ``min > max``, or (concurrency) no integer in
+            ``[min, max]``.
     """
 
     slos: dict[SLOMetric, dict[str, float]] = Field(default_factory=dict)
@@ -60,9 +168,30 @@ class CapacitySpec(BaseModel):
     confidence: float = Field(0.95, gt=0.5, lt=1.0)
     remeasure: int = Field(1, ge=0, le=3, description="extra measurements of a straddling step")
 
+    @model_validator(mode="after")
+    def _check(self) -> CapacitySpec:
+        if not any(self.slos.values()) and self.goodput is None:
+            raise ValueError("capacity needs at least one objective (slos or goodput)")
+        for metric, objectives in self.slos.items():
+            for name, objective in objectives.items():
+                percentile_of(name)
+                if not (math.isfinite(objective) and objective > 0):
+                    raise ValueError(f"objective {metric} {name} must be > 0 ms, got {objective}")
+        if self.min > self.max:
+            raise ValueError(f"capacity min {self.min} is over max {self.max}")
+        if self.variable == "concurrency" and math.ceil(self.min) > math.floor(self.max):
+            raise ValueError(f"no integer concurrency within [{self.min}, {self.max}]")
+        return self
+
 
 class StepSignals(BaseModel):
-    """Server and client signals of one step (``None``: not observed)."""
+    """Server and client signals of one step (``None``: not observed).
+
+    ``waiting_first`` / ``waiting_last``: ``vllm:num_requests_waiting`` when the step's
+    first request was sent and when its last one was sent (end of dispatch);
+    ``waiting_max`` the most seen in between. ``dispatch_lag_p99_ms``: open loop, the
+    p99 of ``start_s - scheduled_s`` (computed from the records when not given).
+    """
 
     waiting_first: float | None = None
     waiting_last: float | None = None
@@ -101,6 +230,9 @@ class CapacityStep(BaseModel):
     checks: list[SLOCheck] = Field(default_factory=list)
     saturated: str | None = None
     verdict: Verdict
+    measurements: int = Field(
+        1, description="measurements at this load whose records the checks pooled"
+    )
 
 
 class CapacityResult(BaseModel):
@@ -113,3 +245,439 @@ class CapacityResult(BaseModel):
     binding_slo: str | None = None
     steps: list[CapacityStep] = Field(default_factory=list)
     note: str | None = None
+
+
+@dataclass
+class StepValues:
+    """Per-request values of one step's measured requests (ms; warm-ups excluded).
+
+    ``ttft_ms``, ``tpot_ms``, ``e2el_ms``: one per successful request that has it;
+    ``itl_ms``: every gap of every successful request; ``per_request``: for each
+    measured request (failed ones too) its ``(ttft, tpot, e2el)`` in ms (``None``
+    for a failed request; TPOT ``0`` with at most one output token, as vLLM's
+    goodput); ``dispatch_lag_ms``: ``start_s - scheduled_s`` of open-loop requests.
+    """
+
+    requests: int = 0
+    failed: int = 0
+    output_tokens: int = 0
+    ttft_ms: list[float] = field(default_factory=list)
+    tpot_ms: list[float] = field(default_factory=list)
+    itl_ms: list[float] = field(default_factory=list)
+    e2el_ms: list[float] = field(default_factory=list)
+    per_request: list[tuple[float, float, float] | None] = field(default_factory=list)
+    dispatch_lag_ms: list[float] = field(default_factory=list)
+    tokens_per_s_per_user: list[float] = field(default_factory=list)
+
+    def extend(self, other: StepValues) -> None:
+        """Pool ``other`` into this one (re-measurements at one load)."""
+        self.requests += other.requests
+        self.failed += other.failed
+        self.output_tokens += other.output_tokens
+        for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "per_request"):
+            getattr(self, name).extend(getattr(other, name))
+        self.dispatch_lag_ms.extend(other.dispatch_lag_ms)
+        self.tokens_per_s_per_user.extend(other.tokens_per_s_per_user)
+
+    def metric(self, name: str) -> list[float]:
+        """The values of ``ttft_ms`` / ``tpot_ms`` / ``itl_ms`` / ``e2el_ms``."""
+        values: list[float] = getattr(self, name)
+        return values
+
+
+def step_values(records: Sequence[RequestRecord]) -> StepValues:
+    """Per-request values (ms) of a step's records, ``vllm bench serve`` definitions.
+
+    Warm-up records are ignored. A request is successful when ``success`` is set and it
+    has a TTFT and an E2EL (as :func:`jobs.loadgen.summarize`); any other is failed.
+    TPOT = ``(E2EL - TTFT) / (output_tokens - 1)`` as recorded in ``tpot_s``; ITL the
+    recorded gaps. Source: vLLM ``vllm/benchmarks/serve.py`` ``calculate_metrics``.
+    """
+    out = StepValues()
+    for r in records:
+        if r.warmup:
+            continue
+        out.requests += 1
+        if r.scheduled_s is not None:
+            out.dispatch_lag_ms.append((r.start_s - r.scheduled_s) * 1000.0)
+        if not (r.success and r.ttft_s is not None and r.e2el_s is not None):
+            out.failed += 1
+            out.per_request.append(None)
+            continue
+        ttft, e2el = r.ttft_s * 1000.0, r.e2el_s * 1000.0
+        out.ttft_ms.append(ttft)
+        out.e2el_ms.append(e2el)
+        if r.tpot_s is not None:
+            out.tpot_ms.append(r.tpot_s * 1000.0)
+        out.itl_ms.extend(gap * 1000.0 for gap in r.itl_s)
+        out.per_request.append((ttft, (r.tpot_s or 0.0) * 1000.0, e2el))
+        tokens = r.output_tokens or 0
+        out.output_tokens += tokens
+        if tokens and e2el > ttft:
+            out.tokens_per_s_per_user.append(tokens / ((e2el - ttft) / 1000.0))
+    return out
+
+
+def _bootstrap(
+    values: np.ndarray, stat: Callable[[np.ndarray], np.ndarray], rng: np.random.Generator
+) -> np.ndarray:
+    """``stat`` (row-wise) of :data:`BOOTSTRAP_RESAMPLES` resamples of ``values``."""
+    n = len(values)
+    rows = max(1, _BOOTSTRAP_CELLS // n)
+    out: list[np.ndarray] = []
+    left = BOOTSTRAP_RESAMPLES
+    while left > 0:
+        take = min(rows, left)
+        out.append(stat(values[rng.integers(0, n, size=(take, n))]))
+        left -= take
+    return np.concatenate(out)
+
+
+def _interval(boot: np.ndarray, confidence: float) -> tuple[float, float]:
+    alpha = (1.0 - confidence) / 2.0
+    low, high = np.quantile(boot, [alpha, 1.0 - alpha])
+    return float(low), float(high)
+
+
+def _check_percentile(
+    metric: SLOMetric,
+    name: str,
+    objective: float,
+    values: StepValues,
+    confidence: float,
+    rng: np.random.Generator,
+) -> SLOCheck:
+    data = np.asarray(values.metric(metric), dtype=float)
+    check = SLOCheck(metric=metric, percentile=name, objective=objective, verdict="fail")
+    if data.size == 0:  # no value: pass when requests succeeded (a TPOT with one token)
+        check.verdict = "pass" if values.requests > values.failed else "fail"
+        return check
+    q = percentile_of(name)
+    check.value = float(np.percentile(data, q))
+    boot = _bootstrap(data, lambda m: np.percentile(m, q, axis=1), rng)
+    check.ci_low, check.ci_high = _interval(boot, confidence)
+    check.verdict = (
+        "pass"
+        if check.ci_high <= objective
+        else "fail"
+        if check.ci_low > objective
+        else "uncertain"
+    )
+    return check
+
+
+def _good(values: StepValues, slos: dict[SLOMetric, dict[str, float]]) -> np.ndarray:
+    """0/1 per measured request: every per-request objective met (failed: 0)."""
+    limits = {m: min(objs.values()) for m, objs in slos.items() if objs and m != "itl_ms"}
+    position = {"ttft_ms": 0, "tpot_ms": 1, "e2el_ms": 2}
+    good = [
+        1.0
+        if row is not None and all(row[position[m]] <= limit for m, limit in limits.items())
+        else 0.0
+        for row in values.per_request
+    ]
+    return np.asarray(good, dtype=float)
+
+
+def _check_goodput(
+    objective: float,
+    good: np.ndarray,
+    confidence: float,
+    rng: np.random.Generator,
+) -> SLOCheck:
+    check = SLOCheck(metric="goodput", objective=objective, verdict="fail")
+    if good.size == 0:
+        return check
+    check.value = float(good.mean())
+    boot = _bootstrap(good, lambda m: m.mean(axis=1), rng)
+    check.ci_low, check.ci_high = _interval(boot, confidence)
+    check.verdict = (
+        "pass"
+        if check.ci_low >= objective
+        else "fail"
+        if check.ci_high < objective
+        else "uncertain"
+    )
+    return check
+
+
+def _excess(check: SLOCheck) -> float:
+    if check.value is None:
+        return math.inf
+    if check.metric == "goodput":
+        return check.objective / check.value if check.value > 0 else math.inf
+    return check.value / check.objective
+
+
+def _name(check: SLOCheck) -> str:
+    return "goodput" if check.metric == "goodput" else f"{check.metric}:{check.percentile}"
+
+
+class CapacitySearch:
+    """The capacity search, one step at a time (see the module docstring for the rules).
+
+    Drive it with ``while (load := search.next_load()) is not None: ...
+    search.record(load, records, signals, duration_s)``, then :meth:`result`; or use
+    :func:`run_search`. Deterministic given ``seed`` and the records.
+    """
+
+    def __init__(self, spec: CapacitySpec, *, seed: int = 0) -> None:
+        self.spec = spec
+        self.seed = seed
+        self._steps: list[CapacityStep] = []
+        self._lo: float | None = None  # highest passing load
+        self._hi: float | None = None  # lowest failing load
+        self._binding: str | None = None  # at the lowest failing load
+        self._pending: float | None = None  # a load to measure again
+        self._pooled: dict[float, tuple[int, StepValues]] = {}
+        self._status: SearchStatus | None = None
+        self._note: str | None = None
+        self._tried_max = False
+        if spec.variable == "concurrency":
+            self._min, self._max = float(math.ceil(spec.min)), float(math.floor(spec.max))
+        else:
+            self._min, self._max = spec.min, spec.max
+
+    # -- driving ------------------------------------------------------------------------
+
+    def next_load(self) -> float | None:
+        """The next load to measure (requests/s, or an integer concurrency); None: done."""
+        if self._status is not None:
+            return None
+        if len(self._steps) >= self.spec.max_steps:
+            self._finish("steps_exhausted", f"max_steps ({self.spec.max_steps}) spent")
+            return None
+        if self._pending is not None:
+            return self._pending
+        if not self._steps:
+            return self._min
+        if not self._tried_max:
+            if self._max == self._min:  # one load only: the min step decided it all
+                self._finish("at_least_max", None)
+                return None
+            return self._max
+        lo, hi = self._lo, self._hi
+        assert lo is not None and hi is not None  # min passed and max failed
+        if self._converged(lo, hi):
+            self._finish("found", None)
+            return None
+        if self.spec.variable == "concurrency":
+            return float((int(lo) + int(hi)) // 2)
+        return math.sqrt(lo * hi)
+
+    def _converged(self, lo: float, hi: float) -> bool:
+        if self.spec.variable == "concurrency":
+            return hi - lo <= 1
+        return (hi - lo) / lo <= self.spec.tolerance
+
+    def record(
+        self,
+        load: float,
+        records: Sequence[RequestRecord],
+        signals: StepSignals,
+        duration_s: float | None = None,
+    ) -> CapacityStep:
+        """Decide one measured step at ``load`` and move the search on.
+
+        Args:
+            load: the load measured (the value :meth:`next_load` gave).
+            records: the step's measured :class:`~jobs.schemas.RequestRecord` (warm-ups
+                are ignored).
+            signals: the server's and client's signals during the step.
+            duration_s: the step's measured wall time (for the throughputs).
+
+        Returns:
+            The step as stored (also in :meth:`result`'s ``steps``).
+
+        Raises:
+            RuntimeError: the search is over.
+        """
+        if self._status is not None:
+            raise RuntimeError("the capacity search is over")
+        own = step_values(records)
+        count, pooled = self._pooled.get(load, (0, StepValues()))
+        pooled.extend(own)
+        count += 1
+        self._pooled[load] = (count, pooled)
+        step = self._step(load, own, pooled, count, signals, duration_s)
+        self._steps.append(step)
+        self._advance(load, step, count)
+        return step
+
+    def result(self) -> CapacityResult:
+        """The outcome so far (final once :meth:`next_load` answered None)."""
+        status = self._status
+        if status is None:
+            status = "steps_exhausted" if len(self._steps) >= self.spec.max_steps else "uncertain"
+        capacity = self._lo if status == "found" else None
+        if status == "below_min":
+            interval: tuple[float | None, float | None] = (None, self._min)
+        elif status == "at_least_max":
+            interval = (self._max, None)
+        else:
+            interval = (self._lo, self._hi)
+        note = self._note if self._status is not None else "the search has not finished"
+        return CapacityResult(
+            variable=self.spec.variable,
+            status=status,
+            capacity=capacity,
+            interval=interval,
+            binding_slo=self._binding,
+            steps=list(self._steps),
+            note=note,
+        )
+
+    # -- deciding -----------------------------------------------------------------------
+
+    def _step(
+        self,
+        load: float,
+        own: StepValues,
+        pooled: StepValues,
+        count: int,
+        signals: StepSignals,
+        duration_s: float | None,
+    ) -> CapacityStep:
+        index = len(self._steps)
+        if signals.dispatch_lag_p99_ms is None and own.dispatch_lag_ms:
+            lag = float(np.percentile(own.dispatch_lag_ms, 99))
+            signals = signals.model_copy(update={"dispatch_lag_p99_ms": lag})
+        checks: list[SLOCheck] = []
+        for metric in _METRICS:
+            for name, objective in self.spec.slos.get(metric, {}).items():
+                rng = np.random.default_rng([self.seed, index, len(checks)])
+                checks.append(
+                    _check_percentile(metric, name, objective, pooled, self.spec.confidence, rng)
+                )
+        good = _good(pooled, self.spec.slos)
+        if self.spec.goodput is not None:
+            rng = np.random.default_rng([self.seed, index, len(checks)])
+            checks.append(_check_goodput(self.spec.goodput, good, self.spec.confidence, rng))
+        saturated = self._saturation(load, own, signals)
+        verdicts = {c.verdict for c in checks}
+        verdict: Verdict = (
+            "fail"
+            if saturated or "fail" in verdicts
+            else "uncertain"
+            if "uncertain" in verdicts
+            else "pass"
+        )
+        own_good = _good(own, self.spec.slos)
+        return CapacityStep(
+            index=index,
+            load=load,
+            requests=own.requests,
+            failed=own.failed,
+            duration_s=duration_s,
+            percentiles=self._percentiles(own),
+            goodput=float(own_good.mean()) if own_good.size else None,
+            output_tokens_per_s=own.output_tokens / duration_s if duration_s else None,
+            output_tokens_per_s_per_user=(
+                float(np.mean(own.tokens_per_s_per_user)) if own.tokens_per_s_per_user else None
+            ),
+            signals=signals,
+            checks=checks,
+            saturated=saturated,
+            verdict=verdict,
+            measurements=count,
+        )
+
+    def _percentiles(self, values: StepValues) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for metric in _METRICS:
+            data = values.metric(metric)
+            if not data:
+                continue
+            names = sorted(
+                {*REPORTED_PERCENTILES, *self.spec.slos.get(metric, {})}, key=percentile_of
+            )
+            out[metric] = {n: float(np.percentile(data, percentile_of(n))) for n in names}
+        return out
+
+    def _saturation(self, load: float, values: StepValues, signals: StepSignals) -> str | None:
+        """Why the step counts as saturated (None: it does not); rules in the module doc."""
+        if values.requests and values.failed > SATURATION_FAILED_FRACTION * values.requests:
+            return f"{values.failed} of {values.requests} requests failed"
+        if self.spec.variable != "request_rate":
+            return None
+        first, last, most = signals.waiting_first, signals.waiting_last, signals.waiting_max
+        if first is not None and last is not None and most is not None and most > 0:
+            threshold = max(1.0, SATURATION_WAITING_FRACTION * values.requests)
+            if last - first > threshold:
+                return (
+                    f"waiting requests grew from {first:g} to {last:g} through the step "
+                    f"(threshold {threshold:g})"
+                )
+        lag = signals.dispatch_lag_p99_ms
+        if lag is not None:
+            threshold = max(DISPATCH_LAG_FLOOR_MS, 2 * 1000.0 / load)
+            if lag > threshold:
+                return f"client dispatch lag p99 {lag:.1f} ms over {threshold:.1f} ms"
+        return None
+
+    def _advance(self, load: float, step: CapacityStep, count: int) -> None:
+        if step.verdict == "uncertain":
+            if count <= self.spec.remeasure:
+                self._pending = load
+                return
+            straddling = [c for c in step.checks if c.verdict == "uncertain"]
+            what = "; ".join(
+                f"{_name(c)} interval [{c.ci_low:.4g}, {c.ci_high:.4g}] straddles {c.objective:g}"
+                for c in straddling
+            )
+            self._finish("uncertain", f"at load {load:g} after {count} measurement(s): {what}")
+            return
+        self._pending = None
+        if step.verdict == "pass":
+            self._lo = load if self._lo is None else max(self._lo, load)
+        else:
+            if self._hi is None or load < self._hi:
+                self._hi = load
+                self._binding = self._binding_of(step)
+        if load == self._min and not self._tried_max:
+            if step.verdict == "fail":
+                self._finish("below_min", f"the objectives fail at min load {load:g}")
+            return
+        if load == self._max:
+            self._tried_max = True
+            if step.verdict == "pass":
+                self._finish("at_least_max", f"every objective holds at max load {load:g}")
+
+    def _binding_of(self, step: CapacityStep) -> str:
+        failed = [c for c in step.checks if c.verdict == "fail"]
+        if not failed:
+            return "saturated"
+        return _name(max(failed, key=_excess))
+
+    def _finish(self, status: SearchStatus, note: str | None) -> None:
+        self._status = status
+        if note is not None:
+            self._note = note
+        elif status == "found":
+            self._note = None
+        self._pending = None
+
+
+def run_search(
+    spec: CapacitySpec,
+    step: Callable[[float], tuple[Sequence[RequestRecord], StepSignals, float | None]],
+    *,
+    seed: int = 0,
+) -> CapacityResult:
+    """Run a whole capacity search: ``step(load)`` measures one step.
+
+    Args:
+        spec: what to search.
+        step: measures one step at ``load`` (requests/s, or an integer concurrency as a
+            float) and returns ``(records, signals, duration_s)``: the step's measured
+            records, its signals, and its wall time in seconds (or None).
+        seed: the bootstrap seed.
+
+    Returns:
+        The :class:`CapacityResult` (``len(result.steps)`` steps were measured).
+    """
+    search = CapacitySearch(spec, seed=seed)
+    while (load := search.next_load()) is not None:
+        records, signals, duration_s = step(load)
+        search.record(load, records, signals, duration_s)
+    return search.result()

@@ -31,6 +31,12 @@ carries the ``run_id`` it is about):
       lines the engine logged since it became healthy. A segment whose share
       of failed measured requests is above ``job.max_failed_fraction`` fails
       too (``partial``): its numbers are no valid measurement;
+   c. a segment with ``capacity`` runs a capacity search instead of b.: load
+      steps on the same server, each after a prefix cache reset, replaying the
+      same request list at the step's load with ``/metrics`` scraped as in b.,
+      progress ``"capacity step 3: 4.2 req/s"`` (:mod:`jobs.capacity_runner`,
+      which says which step's records the run keeps); the engine is watched as
+      in b., and the run fails only when no request of any step succeeded;
 
 4. stop the server, always [``stopping``], and finish the last results [``done``].
 
@@ -71,11 +77,13 @@ from typing import Any
 
 import httpx
 
-from jobs import enginelog, loadgen, metrics
+from jobs import capacity_runner, enginelog, loadgen, metrics
+from jobs.capacity_runner import StepMeasurement
 from jobs.engine import EngineCancelledError, EngineDiedError, EngineError, EngineServer
 from jobs.modelgen import load_tokenizer
 from jobs.schemas import (
     BatchJob,
+    ChatRequest,
     MetricSample,
     Progress,
     RequestRecord,
@@ -86,10 +94,7 @@ from jobs.schemas import (
 from jobs.segment import (
     Segment,
     Status,
-    drop_unobserved_gauges,
-    itl_burst_fraction,
     parse_engine_log,
-    per_class_metrics,
     thin,
 )
 from jobs.workload import build_requests, request_list_hash
@@ -346,7 +351,10 @@ class _Batch:
                 if tokenizer is None:
                     launch = self.job.launch
                     tokenizer = load_tokenizer(launch.tokenizer_dir or launch.model_dir)
-                seg.requests = build_requests(seg.workload, tokenizer)
+                workload = seg.workload
+                if seg.capacity is not None:
+                    workload = capacity_runner.capacity_workload(workload, seg.capacity)
+                seg.requests = build_requests(workload, tokenizer)
             except Exception as exc:
                 logger.exception("cannot build the request list of run %s", seg.run_id)
                 seg.status, seg.error = "failed", f"cannot build the request list: {exc!r}"
@@ -514,6 +522,7 @@ class _Batch:
             engine_log=seg.engine_log,
             engine_info=seg.engine_info,
             timings=seg.timings,
+            capacity=seg.capacity_result,
         )
 
     # -- async part ---------------------------------------------------------------------
@@ -565,20 +574,55 @@ class _Batch:
         self.check_cancel()
         self._raise_if_dead(server, seg)
 
-        # A warm cache (this segment's warm-up, or an earlier segment's on a
-        # reused server) must never leak into the measured numbers.
+        if seg.capacity is not None:
+            await self._drive_capacity(server, seg, reused, abandon, stop_when)
+            return
+        what = "an earlier run's" if reused else "the warm-up's"
+        await self._reset_cache(server, seg, bool(warmups or reused), what)
+        step = await self._measure(
+            server, seg, measured, seg.workload.concurrency, abandon, stop_when, "measured requests"
+        )
+        seg.records.extend(step.records)
+        seg.timings["measure_s"] = step.duration_s
+        seg.summarize(step)
+
+    async def _reset_cache(
+        self, server: EngineServer, seg: Segment, something_cached: bool, what: str
+    ) -> None:
+        """``POST /reset_prefix_cache`` before measured requests: a warm cache (the
+        warm-up's, an earlier run's on a reused server, an earlier capacity step's) must
+        never leak into the measured numbers. ``engine_info["prefix_cache_reset_ok"]``:
+        every reset of the run worked. A failed reset raises :class:`EngineError` when
+        there was ``something_cached`` and prefix caching may be on."""
         reset_ok = await asyncio.to_thread(server.reset_prefix_cache)
-        seg.engine_info["prefix_cache_reset_ok"] = reset_ok
-        apc_maybe_on = job.launch.engine_args.get("enable_prefix_caching") is not False
-        if not reset_ok and (warmups or reused) and apc_maybe_on:
+        seg.engine_info["prefix_cache_reset_ok"] = (
+            seg.engine_info.get("prefix_cache_reset_ok", True) and reset_ok
+        )
+        apc_maybe_on = self.job.launch.engine_args.get("enable_prefix_caching") is not False
+        if not reset_ok and something_cached and apc_maybe_on:
             server.check_alive()
-            what = "an earlier run's" if reused else "the warm-up's"
             raise EngineError(
                 "POST /reset_prefix_cache failed before the measured requests; the measured "
                 f"numbers would include {what} prefix cache (is VLLM_SERVER_DEV_MODE=1 set?)"
             )
 
-        seg.measured_done = 0
+    async def _measure(
+        self,
+        server: EngineServer,
+        seg: Segment,
+        requests: list[ChatRequest],
+        concurrency: int,
+        abandon: threading.Event,
+        stop_when: Callable[[RequestRecord], bool],
+        message: str,
+    ) -> StepMeasurement:
+        """One measured phase: scrape ``before``, drive ``requests`` while a background
+        task scrapes every interval (``during``), scrape ``after``. The scrapes are
+        appended to ``seg.samples`` too."""
+        seg.measured_done, seg.measured_total = 0, len(requests)
+        first_sample = len(seg.samples)
+        seg.histograms = {}
+        base_url = server.base_url
         timeout = httpx.Timeout(_SCRAPE_TIMEOUT_S)
         async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
             await self._sample(client, base_url, seg, "before")
@@ -586,15 +630,15 @@ class _Batch:
             scraper = asyncio.create_task(
                 self._scrape_loop(client, base_url, seg, stop_scraping, abandon)
             )
-            self.report(seg, "measuring", "measured requests", 0, len(measured))
+            self.report(seg, "measuring", message, 0, len(requests))
             t_measure = time.perf_counter()
             try:
-                measured_records = await loadgen.run_load(
+                records = await loadgen.run_load(
                     base_url,
-                    model,
-                    measured,
-                    concurrency=seg.workload.concurrency,
-                    timeout_s=job.request_timeout_s,
+                    self.job.launch.served_model_name,
+                    requests,
+                    concurrency=concurrency,
+                    timeout_s=self.job.request_timeout_s,
                     on_record=lambda record: self._on_measured_record(seg, record),
                     cancel=abandon,
                     clock_origin=seg.t0,
@@ -603,38 +647,48 @@ class _Batch:
                 )
             finally:
                 measure_s = time.perf_counter() - t_measure
-                seg.timings["measure_s"] = measure_s
                 stop_scraping.set()
                 with contextlib.suppress(asyncio.CancelledError):
                     await scraper
             if seg.unresponsive is None and seg.dead is None and not seg.refused:
                 await self._sample(client, base_url, seg, "after")
-        seg.records.extend(measured_records)
-        if measured_records and measure_s > 0:
-            seg.metrics.update(
-                loadgen.summarize(measured_records, measure_s, goodput_slos_ms=seg.slos)
-            )
-            seg.metrics.update(per_class_metrics(measured_records, measure_s, seg.slos))
-            burst = itl_burst_fraction(measured_records)
-            if burst is not None:
-                seg.metrics["itl_burst_fraction"] = burst
-        seg.metrics.update(metrics.summarize_samples(seg.samples))
-        note = drop_unobserved_gauges(seg.metrics)
-        if note:
-            seg.engine_info["gauges_not_observed"] = note
-        before, after = seg.histograms.get("before"), seg.histograms.get("after")
-        if before is not None and after is not None:
-            server_view, notes = metrics.summarize_histograms(before, after)
-            seg.metrics.update(server_view)
-            # Cross-check of the same requests seen from both ends: vLLM's TTFT histogram
-            # starts when the engine got the request (after HTTP parsing, chat template and
-            # tokenization in the API process); the client's also covers those and SSE.
-            if "server_mean_ttft_ms" in server_view and "mean_ttft_ms" in seg.metrics:
-                seg.metrics["mean_ttft_client_minus_server_ms"] = (
-                    seg.metrics["mean_ttft_ms"] - server_view["server_mean_ttft_ms"]
-                )
-            if notes:
-                seg.engine_info["histogram_notes"] = notes
+        return StepMeasurement(records, measure_s, seg.samples[first_sample:], dict(seg.histograms))
+
+    async def _drive_capacity(
+        self,
+        server: EngineServer,
+        seg: Segment,
+        reused: bool,
+        abandon: threading.Event,
+        stop_when: Callable[[RequestRecord], bool],
+    ) -> None:
+        """The capacity search's steps (:func:`jobs.capacity_runner.drive`); the run keeps
+        the records of :func:`jobs.capacity_runner.kept_step` as its measured requests."""
+        assert seg.capacity is not None
+
+        async def reset(number: int) -> None:
+            if number == 1:
+                what = "an earlier run's" if reused else "the warm-up's"
+                await self._reset_cache(server, seg, bool(seg.warmups or reused), what)
+            else:
+                await self._reset_cache(server, seg, True, "the previous capacity step's")
+
+        async def measure(
+            requests: list[ChatRequest], in_flight: int, label: str
+        ) -> StepMeasurement:
+            seg.step_label = label  # every report of the step says which step it is
+            return await self._measure(server, seg, requests, in_flight, abandon, stop_when, label)
+
+        outcome = await capacity_runner.drive(
+            seg.capacity,
+            seg.workload,
+            seg.measured,
+            measure=measure,
+            reset=reset,
+            report=lambda message: self.report(seg, "measuring", message),
+            stopped=abandon.is_set,
+        )
+        seg.keep_capacity(outcome)
 
     async def _watch(self, server: EngineServer, seg: Segment, abandon: threading.Event) -> None:
         """Set ``abandon`` on the batch's cancel, or when a process of the engine is gone
@@ -663,7 +717,7 @@ class _Batch:
     def _on_measured_record(self, seg: Segment, record: RequestRecord) -> None:
         seg.measured_done += 1
         self._stream(seg, record)
-        self.report(seg, "measuring", "", seg.measured_done, seg.measured_total)
+        self.report(seg, "measuring", seg.step_label or "", seg.measured_done, seg.measured_total)
 
     async def _sample(
         self, client: httpx.AsyncClient, base_url: str, seg: Segment, phase: Any

@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from jobs.capacity import CapacityResult, CapacitySpec
+
 _STRICT = ConfigDict(extra="forbid", strict=True)
 #: Largest value of a 32-bit signed column (Postgres ``integer``): ``runs.seed`` stores
 #: the workload's seed.
@@ -280,11 +282,16 @@ class RunJob(BaseModel):
 
 
 class RunSegment(BaseModel):
-    """One run inside a :class:`BatchJob`: its id and its (client-side) workload."""
+    """One run inside a :class:`BatchJob`: its id and its (client-side) workload.
+
+    ``capacity``: the run is a capacity search under SLOs (:mod:`jobs.capacity_runner`):
+    load steps over the workload's request list instead of one measurement.
+    """
 
     run_id: str
     workload: WorkloadSpec
     goodput_slos_ms: dict[str, float] = Field(default_factory=dict)
+    capacity: CapacitySpec | None = None
 
 
 class NodePart(BaseModel):
@@ -382,6 +389,9 @@ class RunResult(BaseModel):
     engine_log: str = ""
     engine_info: dict[str, Any] = Field(default_factory=dict)
     timings: dict[str, float] = Field(default_factory=dict)
+    capacity: CapacityResult | None = Field(
+        None, description="the capacity search's result and every step (a capacity run only)"
+    )
 
 
 class Progress(BaseModel):

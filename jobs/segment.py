@@ -15,7 +15,9 @@ import re
 import time
 from typing import Any, Literal
 
-from jobs import loadgen, metrics
+from jobs import capacity_runner, loadgen, metrics
+from jobs.capacity import CapacityResult
+from jobs.capacity_runner import SearchOutcome, StepMeasurement
 from jobs.schemas import ChatRequest, MetricSample, RequestRecord, RunSegment
 
 Status = Literal["succeeded", "failed", "cancelled"]
@@ -167,6 +169,11 @@ class Segment:
         self.dead: str | None = None  # why the engine was seen dead during this segment
         self.dead_at: float | None = None  # seconds into the segment it was seen dead
         self.refused = False  # the server's port refused a connection
+        self.capacity = seg.capacity  # a capacity search instead of one measurement
+        self.capacity_result: CapacityResult | None = None
+        self.capacity_succeeded = 0  # successful requests over every capacity step
+        self.capacity_first_error: str | None = None
+        self.step_label: str | None = None  # the capacity step being measured, for reports
 
     @property
     def partial(self) -> bool:
@@ -193,7 +200,18 @@ class Segment:
         than were planned, or if the share of failed measured requests is above
         ``max_failed_fraction`` (0-1): throughput and latencies over a run that
         lost that many requests measure the failures, not the engine.
+
+        A capacity search fails only if no request of any step succeeded: failed
+        requests at a load above the capacity are what the search measures (its steps
+        count them and stop at saturation), not a broken run.
         """
+        if self.capacity is not None:
+            if self.capacity_result is None or not self.capacity_result.steps:
+                return "failed", "the capacity search measured no step"
+            if self.capacity_succeeded == 0:
+                first = self.capacity_first_error or "no measured request finished"
+                return "failed", f"no request of any capacity step succeeded; first error: {first}"
+            return "succeeded", None
         measured = self.measured
         done = [r for r in self.records if not r.warmup]
         if measured and not any(r.success for r in done):
@@ -211,3 +229,58 @@ class Segment:
                 f"measurement; first error: {first}"
             )
         return "succeeded", None
+
+    def summarize(self, step: StepMeasurement) -> None:
+        """The run's metrics from one measured phase: client-side (``vllm bench serve``'s
+        definitions, per class, ITL bursts), ``/metrics`` deltas and gauges over the
+        phase's scrapes, and the latency-histogram deltas between its ``before`` and
+        ``after`` scrapes."""
+        records, measure_s = step.records, step.duration_s
+        if records and measure_s > 0:
+            self.metrics.update(loadgen.summarize(records, measure_s, goodput_slos_ms=self.slos))
+            self.metrics.update(per_class_metrics(records, measure_s, self.slos))
+            burst = itl_burst_fraction(records)
+            if burst is not None:
+                self.metrics["itl_burst_fraction"] = burst
+        self.metrics.update(metrics.summarize_samples(step.samples))
+        note = drop_unobserved_gauges(self.metrics)
+        if note:
+            self.engine_info["gauges_not_observed"] = note
+        before, after = step.histograms.get("before"), step.histograms.get("after")
+        if before is not None and after is not None:
+            server_view, notes = metrics.summarize_histograms(before, after)
+            self.metrics.update(server_view)
+            # Cross-check of the same requests seen from both ends: vLLM's TTFT histogram
+            # starts when the engine got the request (after HTTP parsing, chat template and
+            # tokenization in the API process); the client's also covers those and SSE.
+            if "server_mean_ttft_ms" in server_view and "mean_ttft_ms" in self.metrics:
+                self.metrics["mean_ttft_client_minus_server_ms"] = (
+                    self.metrics["mean_ttft_ms"] - server_view["server_mean_ttft_ms"]
+                )
+            if notes:
+                self.engine_info["histogram_notes"] = notes
+
+    def keep_capacity(self, outcome: SearchOutcome) -> None:
+        """Take a capacity search's outcome as the run's result: the search's result,
+        the kept step's records as the measured requests and its numbers as the run's
+        metrics (:func:`jobs.capacity_runner.kept_step`), plus ``capacity``,
+        ``capacity_low``, ``capacity_high`` when the search found the boundary and was
+        not cut short; ``measure_s`` is the whole search's; the samples cover it all
+        (:func:`jobs.capacity_runner.merge_samples`). ``engine_info``:
+        ``capacity_steps`` (steps measured), ``capacity_kept_step`` (0-based)."""
+        self.capacity_result = outcome.result
+        done = [r for m in outcome.steps for r in m.records if not r.warmup]
+        self.capacity_succeeded = sum(1 for r in done if r.success)
+        self.capacity_first_error = next((r.error for r in done if r.error), None)
+        self.timings["measure_s"] = sum(m.duration_s for m in outcome.steps)
+        self.engine_info["capacity_steps"] = len(outcome.steps)
+        self.samples = capacity_runner.merge_samples(self.samples)
+        if outcome.kept is None:
+            return
+        kept = outcome.steps[outcome.kept]
+        self.engine_info["capacity_kept_step"] = outcome.kept
+        self.records.extend(kept.records)
+        self.measured_total = len(kept.records)
+        self.summarize(kept)
+        if not outcome.cut_short:
+            self.metrics.update(capacity_runner.capacity_metrics(outcome.result))

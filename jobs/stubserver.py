@@ -34,8 +34,9 @@ Endpoints:
     200, empty body.
 ``GET /metrics``
     Prometheus text with vLLM's names: ``vllm:num_requests_running``,
-    ``vllm:num_requests_waiting`` (always 0), ``vllm:prompt_tokens_total``,
-    ``vllm:generation_tokens_total``, ``vllm:request_success_total``.
+    ``vllm:num_requests_waiting`` (always 0, except in capacity mode),
+    ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``,
+    ``vllm:request_success_total``.
 ``POST /reset_prefix_cache``
     200 (nothing to reset).
 ``GET /stub/stats``
@@ -43,10 +44,27 @@ Endpoints:
 ``POST /stub/reset``
     start a new window for the windowed stats (:meth:`StubServer.reset_stats`).
 
+**Capacity mode** (``slots`` set): a server with a known service capacity. At most
+``slots`` requests are served at once; the others wait in arrival order (FIFO). A
+request's service starts when it gets a slot and lasts a fixed ``ttft_s + (n - 1) *
+itl_s`` (its timetable above, counted from the service start instead of the
+arrival); its slot is freed when the service time is over. The client's TTFT is
+counted from the arrival, so queueing shows in it. ``vllm:num_requests_running``
+is then the busy slots and ``vllm:num_requests_waiting`` the queue. With requests of
+``n`` tokens the service capacity is ``slots / (ttft_s + (n - 1) * itl_s)``
+requests/s, or ``slots`` concurrent requests.
+
+**Noise** (``noise_s`` > 0, any mode): each request's stream is delayed by a seeded
+random extra latency, lognormal with median ``noise_s`` and shape ``noise_sigma``
+(draws in arrival order from ``random.Random(seed)``). The delay is outside the
+service slot (it models the network, not the server), so the capacity stays the
+same while TTFT (and E2EL) become noisy.
+
 Run it with :class:`StubServer` (a context manager; in a background thread, or in
 a subprocess so that it has its own interpreter and GIL), or in the foreground::
 
     python -m jobs.stubserver --ttft-ms 50 --itl-ms 10 --port 8001
+    python -m jobs.stubserver --ttft-ms 20 --itl-ms 4 --slots 4 --noise-ms 5 --seed 1
 
 It is an ASGI app served by uvicorn (a project dependency); per-token work is
 one pre-encoded chunk write.
@@ -58,6 +76,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import select
 import signal
 import socket
@@ -67,6 +86,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from types import TracebackType
@@ -119,14 +139,65 @@ def _max_tokens(body: dict[str, Any]) -> int:
     return DEFAULT_MAX_TOKENS
 
 
+class _Slots:
+    """``n`` service slots handed out in arrival order (FIFO); event-loop thread only."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.free = n
+        self.queue: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def busy(self) -> int:
+        return self.n - self.free
+
+    async def acquire(self) -> None:
+        if self.free > 0 and not self.queue:
+            self.free -= 1
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.queue.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()  # handed a slot just as it was cancelled: pass it on
+            else:
+                self.queue.remove(fut)
+            raise
+
+    def release(self) -> None:
+        while self.queue:
+            fut = self.queue.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+        self.free += 1
+
+
 class _StubApp:
     """The ASGI application; counters are only touched from the server's event loop."""
 
-    def __init__(self, ttft_s: float, itl_s: float, model: str, cached_tokens: int) -> None:
+    def __init__(
+        self,
+        ttft_s: float,
+        itl_s: float,
+        model: str,
+        cached_tokens: int,
+        *,
+        slots: int | None = None,
+        noise_s: float = 0.0,
+        noise_sigma: float = 0.5,
+        seed: int = 0,
+    ) -> None:
         self.ttft_s = ttft_s
         self.itl_s = itl_s
         self.model = model
         self.cached_tokens = cached_tokens
+        self.slots = _Slots(slots) if slots is not None else None
+        self.noise_s = noise_s
+        self.noise_sigma = noise_sigma
+        self._rng = random.Random(seed)
         self.requests = 0
         self.running = 0
         self.max_running = 0
@@ -150,6 +221,9 @@ class _StubApp:
         return {
             "ttft_s": self.ttft_s,
             "itl_s": self.itl_s,
+            "slots": self.slots.n if self.slots is not None else None,
+            "waiting": len(self.slots.queue) if self.slots is not None else 0,
+            "noise_s": self.noise_s,
             "requests": self.requests,
             "running": self.running,
             "max_running": self.max_running,
@@ -203,9 +277,12 @@ class _StubApp:
     def _metrics_text(self) -> str:
         label = f'{{engine="0",model_name="{self.model}"}}'
         lines = []
+        running, waiting = self.running, 0
+        if self.slots is not None:
+            running, waiting = self.slots.busy, len(self.slots.queue)
         for name, kind, value in (
-            ("vllm:num_requests_running", "gauge", self.running),
-            ("vllm:num_requests_waiting", "gauge", 0),
+            ("vllm:num_requests_running", "gauge", running),
+            ("vllm:num_requests_waiting", "gauge", waiting),
             ("vllm:prompt_tokens", "counter", self.prompt_tokens),
             ("vllm:generation_tokens", "counter", self.generation_tokens),
             ("vllm:request_success", "counter", self.success),
@@ -240,6 +317,7 @@ class _StubApp:
         self.max_running = max(self.max_running, self.running)
         self.prompt_tokens += prompt_tokens
         try:
+            t0 = await self._admit(loop, t0, n)
             if body.get("stream"):
                 usage = (body.get("stream_options") or {}).get("include_usage", False)
                 await self._stream(
@@ -249,6 +327,21 @@ class _StubApp:
                 await self._whole(completions, body, n, prompt_tokens, cached, t0, send)
         finally:
             self.running -= 1
+
+    async def _admit(self, loop: asyncio.AbstractEventLoop, t0: float, n: int) -> float:
+        """Capacity mode and noise: when the request's timetable starts (``t0`` if neither).
+
+        In capacity mode it waits for a slot and holds it for the fixed service time
+        ``ttft_s + (n - 1) * itl_s`` from the moment it got it; the noise delay is added
+        after that, outside the slot.
+        """
+        if self.slots is not None:
+            await self.slots.acquire()
+            t0 = loop.time()
+            loop.call_later(self.ttft_s + max(0, n - 1) * self.itl_s, self.slots.release)
+        if self.noise_s > 0:
+            t0 += self.noise_s * self._rng.lognormvariate(0.0, self.noise_sigma)
+        return t0
 
     def _usage(self, n: int, prompt_tokens: int, cached: int) -> dict[str, Any]:
         return {
@@ -386,12 +479,20 @@ class StubServer:
             thread of this process: it then has its own GIL, so a client in this
             process does not share a core with it (benchmarks); a thread starts
             faster (tests).
+        slots: capacity mode: at most this many requests served at once, the others
+            wait FIFO (see the module docstring); None: every request is served at
+            once (no queue).
+        noise_s: median of a seeded lognormal extra delay of each stream (seconds;
+            0: none), outside the service slot.
+        noise_sigma: the lognormal's shape (sigma of its log).
+        seed: seed of the noise draws.
 
     Use as a context manager (``with StubServer(0.05, 0.01) as stub: stub.base_url``)
     or call :meth:`start` and :meth:`stop`.
 
     Raises:
-        ValueError: a negative delay or ``cached_tokens``.
+        ValueError: a negative delay, ``cached_tokens``, ``noise_s`` or ``noise_sigma``,
+            or ``slots`` < 1.
     """
 
     def __init__(
@@ -404,12 +505,22 @@ class StubServer:
         model: str = "stub",
         cached_tokens: int = 0,
         process: bool = False,
+        slots: int | None = None,
+        noise_s: float = 0.0,
+        noise_sigma: float = 0.5,
+        seed: int = 0,
     ) -> None:
-        if ttft_s < 0 or itl_s < 0 or cached_tokens < 0:
+        if ttft_s < 0 or itl_s < 0 or cached_tokens < 0 or noise_s < 0 or noise_sigma < 0:
             raise ValueError(
-                f"ttft_s, itl_s and cached_tokens must be >= 0, got {ttft_s}, {itl_s}, "
-                f"{cached_tokens}"
+                f"ttft_s, itl_s, cached_tokens, noise_s and noise_sigma must be >= 0, got "
+                f"{ttft_s}, {itl_s}, {cached_tokens}, {noise_s}, {noise_sigma}"
             )
+        if slots is not None and slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
+        self.slots = slots
+        self.noise_s = noise_s
+        self.noise_sigma = noise_sigma
+        self.seed = seed
         self.ttft_s = ttft_s
         self.itl_s = itl_s
         self.host = host
@@ -456,7 +567,16 @@ class StubServer:
         return self
 
     def _start_thread(self, timeout_s: float) -> None:
-        self._app = _StubApp(self.ttft_s, self.itl_s, self.model, self.cached_tokens)
+        self._app = _StubApp(
+            self.ttft_s,
+            self.itl_s,
+            self.model,
+            self.cached_tokens,
+            slots=self.slots,
+            noise_s=self.noise_s,
+            noise_sigma=self.noise_sigma,
+            seed=self.seed,
+        )
         self._sock = _listen(self.host, self.port)
         self._server = uvicorn.Server(_uvicorn_config(self._app))
         self._thread = threading.Thread(
@@ -479,6 +599,10 @@ class StubServer:
         cmd += ["--ttft-ms", repr(self.ttft_s * 1000), "--itl-ms", repr(self.itl_s * 1000)]
         cmd += ["--host", self.host, "--port", str(self.port), "--model", self.model]
         cmd += ["--cached-tokens", str(self.cached_tokens)]
+        if self.slots is not None:
+            cmd += ["--slots", str(self.slots)]
+        cmd += ["--noise-ms", repr(self.noise_s * 1000), "--noise-sigma", repr(self.noise_sigma)]
+        cmd += ["--seed", str(self.seed)]
         root = str(Path(__file__).resolve().parents[1])
         env = {
             **os.environ,
@@ -614,10 +738,27 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--model", default="stub", help="model name listed by /v1/models")
     ap.add_argument("--cached-tokens", type=int, default=0, help="reported cached prompt tokens")
+    ap.add_argument(
+        "--slots", type=int, default=None, help="capacity mode: requests served at once (FIFO)"
+    )
+    ap.add_argument("--noise-ms", type=float, default=0.0, help="median extra delay, ms")
+    ap.add_argument("--noise-sigma", type=float, default=0.5, help="lognormal shape of the noise")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the noise")
     args = ap.parse_args(argv)
-    if args.ttft_ms < 0 or args.itl_ms < 0 or args.cached_tokens < 0:
-        ap.error("--ttft-ms, --itl-ms and --cached-tokens must be >= 0")
-    app = _StubApp(args.ttft_ms / 1000, args.itl_ms / 1000, args.model, args.cached_tokens)
+    if min(args.ttft_ms, args.itl_ms, args.cached_tokens, args.noise_ms, args.noise_sigma) < 0:
+        ap.error("--ttft-ms, --itl-ms, --cached-tokens, --noise-ms, --noise-sigma must be >= 0")
+    if args.slots is not None and args.slots < 1:
+        ap.error("--slots must be >= 1")
+    app = _StubApp(
+        args.ttft_ms / 1000,
+        args.itl_ms / 1000,
+        args.model,
+        args.cached_tokens,
+        slots=args.slots,
+        noise_s=args.noise_ms / 1000,
+        noise_sigma=args.noise_sigma,
+        seed=args.seed,
+    )
     sock = _listen(args.host, args.port)
     print(_READY_PREFIX + _url(args.host, sock.getsockname()[1]), flush=True)
     server = uvicorn.Server(_uvicorn_config(app))

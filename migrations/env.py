@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from orchestrator.core.db import normalize_url
+from orchestrator.core.db import normalize_url, resolve_database_url
 from orchestrator.core.models import Base
 from orchestrator.core.settings import get_settings
 
@@ -17,8 +17,6 @@ def _url() -> str:
     url = config.get_main_option("sqlalchemy.url")
     if url:
         return url
-    from orchestrator.core.db import resolve_database_url
-
     return resolve_database_url(get_settings())
 
 

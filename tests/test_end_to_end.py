@@ -7,7 +7,6 @@ without it.
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from collections.abc import Iterator
@@ -24,16 +23,13 @@ from orchestrator.cli.runtime import Runtime
 from orchestrator.core.db import unit_of_work
 from orchestrator.core.models import Run, RunLog, RunMetric, RunRequest, RunSample
 from orchestrator.core.settings import EngineSettings, OrchestratorSettings, Settings
-from tests.conftest import ENGINE_PYTHON, fresh_database
+from tests.conftest import ENGINE_PYTHON, fresh_database, needs_engine
 from tests.factories import make_experiment
 
-pytestmark = pytest.mark.engine
+#: needs_engine skips without the engine environment, except under CI (it fails there).
+pytestmark = [pytest.mark.engine, needs_engine]
 
-ENGINE = ENGINE_PYTHON
-if ENGINE is None:
-    if os.environ.get("CI"):
-        raise RuntimeError("CI needs the engine environment: run `make engine`")
-    pytest.skip("no engine environment (.engine-venv); run `make engine`", allow_module_level=True)
+ENGINE = ENGINE_PYTHON or "<no engine environment: run `make engine`>"
 
 
 def free_port() -> int:

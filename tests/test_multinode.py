@@ -11,7 +11,6 @@ with the reason, and its devices are freed.
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from collections.abc import Iterator
@@ -25,14 +24,10 @@ from ray.cluster_utils import Cluster
 
 from orchestrator.cli.runtime import Runtime
 from orchestrator.core.settings import EngineSettings, OrchestratorSettings, Settings
-from tests.conftest import ENGINE_PYTHON, fresh_database
+from tests.conftest import ENGINE_PYTHON, fresh_database, needs_engine
 
-pytestmark = pytest.mark.engine
-
-if ENGINE_PYTHON is None:
-    if os.environ.get("CI"):
-        raise RuntimeError("CI needs the engine environment: run `make engine`")
-    pytest.skip("no engine environment (.engine-venv); run `make engine`", allow_module_level=True)
+#: needs_engine skips without the engine environment, except under CI (it fails there).
+pytestmark = [pytest.mark.engine, needs_engine]
 
 
 def _free_port() -> int:

@@ -20,6 +20,7 @@ from orchestrator.analysis.advisor import (
     ordered,
     run_findings,
 )
+from orchestrator.analysis.capacity import CapacityRepeat, compare_capacity
 from orchestrator.analysis.compare import ChangedVariable, RunData, VariantRef, compare_variant
 from orchestrator.analysis.export import runs_table, to_csv_bytes, to_parquet_bytes
 from orchestrator.analysis.findings import findings
@@ -64,13 +65,19 @@ def comparison(session: Session, experiment_id: str, *, n_boot: int = 2000) -> d
     Shape: ``{"experiment_id", "repeats", "chain": [{variant, reference,
     variable, paths, reference_value, variant_value, runs, succeeded}],
     "variants": [{"variant", "reference", "variable", "metrics":
-    [MetricComparison...]}], "findings": [Finding...]}``. Only succeeded
-    repeats count; a variant with none on either side has an empty metric list.
-    Methods and sources: :mod:`orchestrator.analysis.compare`.
+    [MetricComparison...], "capacity": CapacityComparison | None}], "findings":
+    [Finding...]}``. Only succeeded repeats count; a variant with none on either
+    side has an empty metric list. ``capacity`` is null unless the experiment
+    measures capacity under SLOs (:func:`has_capacity`); then it is
+    :func:`orchestrator.analysis.capacity.compare_capacity` of the variant's and the
+    reference's capacity searches (verdict ``unknown`` with a ``reason`` until both
+    sides have a found capacity). Methods and sources:
+    :mod:`orchestrator.analysis.compare`, :mod:`orchestrator.analysis.capacity`.
     """
     exp: Experiment = get_experiment(session, experiment_id)
     runs = list(exp.runs)
     data = runs_as_data(session, runs)
+    capacities = capacity_repeats(runs) if has_capacity(exp) else None
     example: dict[str, Run] = {}
     for r in runs:
         example.setdefault(r.name, r)
@@ -124,6 +131,10 @@ def comparison(session: Session, experiment_id: str, *, n_boot: int = 2000) -> d
                 "one repeat on a side: request-level intervals reflect request-to-request "
                 "noise only, not run-to-run drift; run-level metrics have no interval"
             )
+        capacity_doc = None
+        if capacities is not None:
+            cap = compare_capacity(capacities.get(name, []), capacities.get(ref, []))
+            capacity_doc = cap.model_dump(mode="json")
         out_variants.append(
             {
                 "variant": name,
@@ -132,6 +143,7 @@ def comparison(session: Session, experiment_id: str, *, n_boot: int = 2000) -> d
                 "succeeded": {"reference": ok_ref, "variant": ok_mine},
                 "notes": notes,
                 "metrics": [c.model_dump(mode="json") for c in comps],
+                "capacity": capacity_doc,
             }
         )
     found = findings(by_variant, data, refs, n_boot=n_boot, seed=0)
@@ -142,6 +154,28 @@ def comparison(session: Session, experiment_id: str, *, n_boot: int = 2000) -> d
         "variants": out_variants,
         "findings": [f.model_dump(mode="json") for f in found],
     }
+
+
+def has_capacity(exp: Experiment) -> bool:
+    """Whether the experiment measures capacity under SLOs: its spec has ``capacity``
+    (every run searches, the ladder's levels included), or a run stored a capacity search."""
+    return bool((exp.spec or {}).get("capacity")) or any(r.capacity is not None for r in exp.runs)
+
+
+def capacity_repeats(runs: list[Run]) -> dict[str, list[CapacityRepeat]]:
+    """Stored runs as :class:`CapacityRepeat` (status, ``runs.capacity``, devices reserved),
+    by variant name in the order of ``runs``; the comparison uses succeeded ones only."""
+    out: dict[str, list[CapacityRepeat]] = defaultdict(list)
+    for r in runs:
+        out[r.name].append(
+            CapacityRepeat(
+                run_id=r.id,
+                status=r.status,
+                capacity=r.capacity,
+                devices=reserved_devices(r.layout),
+            )
+        )
+    return out
 
 
 def export(session: Session, experiment_id: str, fmt: str) -> bytes:

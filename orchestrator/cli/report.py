@@ -183,7 +183,14 @@ KEY_COMPARISONS = (
 
 
 def comparison_table(comp: dict[str, Any]) -> Table:
-    """Each variant vs its reference: ratio with its 95 % interval and the verdict."""
+    """Each variant vs its reference: ratio with its 95 % interval and the verdict.
+
+    Where a variant carries ``capacity`` (capacity under SLOs), a ``capacity`` row
+    follows its metrics (and a ``capacity per device`` row when the sides reserve
+    different device counts): mean capacities, the ratio, the interval from the
+    searches' brackets (not a bootstrap; the caption says so) and the verdict
+    (``higher`` / ``lower`` / ``no change`` / ``unknown`` with the reason).
+    """
     table = Table(title="comparison (variant / reference, 95 % bootstrap interval)")
     for col in (
         "variant",
@@ -221,7 +228,67 @@ def comparison_table(comp: dict[str, Any]) -> Table:
                 m["verdict"],
             )
             changed = ""
+        for row in capacity_rows(v.get("capacity")):
+            table.add_row(v["variant"], v["reference"], changed, *row)
+            changed = ""
+            table.caption = (
+                "capacity: highest load meeting every SLO (mean over repeats with a found "
+                "capacity); its interval comes from the searches' brackets"
+            )
     return table
+
+
+def _num(x: Any, fmt: str = "{:.3g}") -> str:
+    return fmt.format(x) if isinstance(x, int | float) and not isinstance(x, bool) else "-"
+
+
+def capacity_rows(cap: dict[str, Any] | None) -> list[tuple[str, ...]]:
+    """The comparison table's capacity rows for a variant's ``capacity`` member:
+    ``(metric, reference, variant value, ratio, interval, verdict)`` each; none for None.
+
+    Always a ``capacity (<unit>)`` row; a ``capacity per device`` row too when the
+    sides reserve different device counts (the per-device ratio then differs)."""
+    if not cap:
+        return []
+    unit = cap.get("unit") or cap.get("variable") or "load"
+
+    def verdict_text(key: str) -> str:
+        text = str(cap.get(key) or "unknown").replace("_", " ")
+        return f"unknown ({cap['reason']})" if text == "unknown" and cap.get("reason") else text
+
+    binding = cap.get("binding_slo") or {}
+    metric = f"capacity ({unit})"
+    if binding.get("reference") or binding.get("variant"):
+        metric += f", binds: {binding.get('reference') or '-'} / {binding.get('variant') or '-'}"
+
+    def interval(lo: Any, hi: Any) -> str:
+        if not isinstance(lo, int | float) or not isinstance(hi, int | float):
+            return "-"
+        return f"[{lo:.2f}, {hi:.2f}]"
+
+    rows: list[tuple[str, ...]] = [
+        (
+            metric,
+            _num(cap.get("reference_capacity")),
+            _num(cap.get("capacity")),
+            _num(cap.get("ratio"), "{:.2f}"),
+            interval(cap.get("ci_low"), cap.get("ci_high")),
+            verdict_text("verdict"),
+        )
+    ]
+    devices = cap.get("devices") or {}
+    if devices.get("reference") != devices.get("variant") and cap.get("per_device_ratio"):
+        rows.append(
+            (
+                f"capacity per device ({devices.get('reference')} -> {devices.get('variant')})",
+                _num(cap.get("reference_capacity_per_device")),
+                _num(cap.get("capacity_per_device")),
+                _num(cap.get("per_device_ratio"), "{:.2f}"),
+                interval(cap.get("per_device_ci_low"), cap.get("per_device_ci_high")),
+                verdict_text("per_device_verdict"),
+            )
+        )
+    return rows
 
 
 def print_results(

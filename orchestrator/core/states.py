@@ -30,6 +30,9 @@ TERMINAL: frozenset[RunStatus] = frozenset(
 # running. The one definition; everything else imports it.
 ACTIVE: frozenset[str] = frozenset({RunStatus.QUEUED, RunStatus.PREPARING, RunStatus.RUNNING})
 
+# The statuses of a run an orchestrator has claimed (its devices are held).
+CLAIMED: frozenset[str] = ACTIVE - {RunStatus.QUEUED}
+
 ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
     RunStatus.QUEUED: frozenset({RunStatus.PREPARING, RunStatus.CANCELLED, RunStatus.FAILED}),
     RunStatus.PREPARING: frozenset(

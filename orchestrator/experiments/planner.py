@@ -132,7 +132,9 @@ def engine_args_of(config: RunConfig, generated_model: bool) -> dict[str, Any]:
     configuration check, launched by :mod:`orchestrator.runs.launch`)."""
     args: dict[str, Any] = {}
     if generated_model:
-        args["load_format"] = "dummy"  # random weights, real compute (see DESIGN.md)
+        args["load_format"] = (
+            "dummy"  # random weights, real compute (docs/ARCHITECTURE.md: models without downloads)
+        )
     args.update(config.engine_args)
     args["tensor_parallel_size"] = config.layout.tensor_parallel_size
     args["pipeline_parallel_size"] = config.layout.pipeline_parallel_size

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from jobs.capacity import CapacitySpec
 from jobs.schemas import BatchJob, EngineLaunch, RunSegment, WorkloadSpec
 from orchestrator.cluster.placement import cpu_thread_binding
 from orchestrator.core.models import Run
@@ -28,11 +29,18 @@ def _slos(run: Run) -> dict[str, float]:
     return GoodputSLOs.model_validate(doc).as_loadgen() if doc else {}
 
 
+def _capacity(run: Run) -> CapacitySpec | None:
+    """The run's experiment's capacity search (the same for every run), or None."""
+    doc = (run.experiment.spec or {}).get("capacity") if run.experiment is not None else None
+    return CapacitySpec.model_validate(doc) if doc else None
+
+
 def build_batch_job(settings: Settings, runs: list[Run], resource: str = "CPU") -> BatchJob:
     """The :class:`BatchJob` for ``runs`` (same server configuration), in order.
 
     The server is launched with the first run's configuration; each run is
-    one segment with its own workload. ``resource`` is the device kind in force
+    one segment with its own workload (and its experiment's goodput SLOs and capacity
+    search, when set). ``resource`` is the device kind in force
     (``"CPU"``: the run's vLLM threads are bound to its cores).
     """
     first = runs[0]
@@ -67,6 +75,7 @@ def build_batch_job(settings: Settings, runs: list[Run], resource: str = "CPU") 
                 run_id=r.id,
                 workload=WorkloadSpec.model_validate(r.workload),
                 goodput_slos_ms=_slos(r),
+                capacity=_capacity(r),
             )
             for r in runs
         ],

@@ -17,6 +17,7 @@ from jobs.schemas import RunResult, WorkloadSpec
 from jobs.workload import build_requests
 from orchestrator.analysis.kvcache import check_against_engine
 from orchestrator.analysis.prefix import analyze_prefix, summarize
+from orchestrator.cluster.placement import reserved_devices
 from orchestrator.core.errors import ConflictError
 from orchestrator.core.models import Run
 from orchestrator.core.repositories import RunRepository
@@ -75,12 +76,32 @@ def _prefix_analysis(run: Run, result: RunResult) -> dict[str, Any]:
     return {"prefix_analysis": summarize(analysis)}
 
 
+def capacity_metrics(run: Run, result: RunResult) -> dict[str, float]:
+    """The run's metrics with its capacity per device: ``capacity_per_device`` =
+    ``capacity`` / the devices the run reserved (:func:`reserved_devices` of its layout),
+    next to the runner's ``capacity``, ``capacity_low``, ``capacity_high``, which a run
+    has only when its search found the boundary. A run that did not succeed keeps no
+    capacity metric (its search was cut short: unknown, never a guess)."""
+    metrics = dict(result.metrics)
+    if result.status != "succeeded":
+        for key in ("capacity", "capacity_low", "capacity_high"):
+            metrics.pop(key, None)
+    elif "capacity" in metrics:
+        metrics["capacity_per_device"] = metrics["capacity"] / reserved_devices(run.layout or {})
+    return metrics
+
+
 def record_result(session: Session, run: Run, result: RunResult) -> None:
-    """Store a finished run's result and end it, in the caller's transaction."""
+    """Store a finished run's result and end it, in the caller's transaction.
+
+    A capacity run also stores its search (``runs.capacity``: the
+    :class:`jobs.capacity.CapacityResult` as JSON, every step included) and
+    :func:`capacity_metrics`.
+    """
     repo = RunRepository(session)
     repo.save_measurements(
         run.id,
-        metrics=result.metrics,
+        metrics=capacity_metrics(run, result),
         samples=[s.model_dump() for s in result.samples],
         requests=[r.model_dump() for r in result.requests],
         engine_log=result.engine_log,
@@ -91,6 +112,7 @@ def record_result(session: Session, run: Run, result: RunResult) -> None:
         **_prefix_analysis(run, result),
     }
     run.timings = result.timings
+    run.capacity = None if result.capacity is None else result.capacity.model_dump(mode="json")
     # the final counters are what was measured, not the last heartbeat's (which may
     # predate the last requests or belong to the previous phase)
     measured = sum(1 for r in result.requests if not r.warmup)

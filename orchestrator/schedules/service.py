@@ -26,8 +26,14 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from orchestrator.analysis.capacity import (
+    UNITS,
+    CapacityRepeat,
+    capacity_regression,
+    compare_capacity,
+)
 from orchestrator.analysis.compare import compare_variant
-from orchestrator.analysis.service import runs_as_data
+from orchestrator.analysis.service import capacity_repeats, runs_as_data
 from orchestrator.core.db import unit_of_work
 from orchestrator.core.errors import (
     ConflictError,
@@ -281,7 +287,13 @@ def sweep_regressions(
     For each variant name in both sweeps, the new runs (variant side) are
     compared with the previous sweep's runs of that name (reference side) by
     :func:`orchestrator.analysis.compare.compare_variant` (hierarchical bootstrap, 95 %);
-    a metric whose verdict is ``worse`` is a regression. Computed on read.
+    a metric whose verdict is ``worse`` is a regression. Capacity under SLOs too:
+    where both sweeps' runs of a variant stored capacity searches, the new
+    capacity is compared with the previous one by
+    :func:`orchestrator.analysis.capacity.compare_capacity` and a ``lower`` verdict
+    (the whole bracket interval of the ratio below 1) is a regression with
+    ``metric`` ``"capacity"``, ``unit`` the search variable's (``requests/s`` or
+    ``concurrent requests``) and ``ci_of`` ``"ratio"``. Computed on read.
     """
     empty: dict[str, Any] = {"compared_with": None, "regressions": []}
     if fire.status != "fired" or fire.experiment_id is None:
@@ -299,6 +311,7 @@ def sweep_regressions(
     if prev_exp is None or prev_fire is None:
         return {"comparison": "no_previous", **empty}
     new, old = runs_as_data(session, list(exp.runs)), runs_as_data(session, list(prev_exp.runs))
+    new_caps, old_caps = capacity_repeats(list(exp.runs)), capacity_repeats(list(prev_exp.runs))
     regressions = []
     for variant in [v["name"] for v in exp.variants if v["name"] in old]:
         for c in compare_variant(new.get(variant, []), old[variant], n_boot=n_boot, seed=0):
@@ -316,8 +329,30 @@ def sweep_regressions(
                         "ci_of": c.ci_of,
                     }
                 )
+        if not (_searched(new_caps.get(variant, [])) and _searched(old_caps.get(variant, []))):
+            continue
+        cap = compare_capacity(new_caps[variant], old_caps[variant])
+        if capacity_regression(cap):
+            regressions.append(
+                {
+                    "variant": variant,
+                    "metric": "capacity",
+                    "unit": UNITS.get(cap.variable or "", "load"),
+                    "reference_value": cap.reference_capacity,
+                    "value": cap.capacity,
+                    "ratio": cap.ratio,
+                    "ci_low": cap.ci_low,
+                    "ci_high": cap.ci_high,
+                    "ci_of": "ratio",
+                }
+            )
     return {
         "comparison": "compared",
         "compared_with": {"fire_time": prev_fire.fire_time, "experiment_id": prev_exp.id},
         "regressions": regressions,
     }
+
+
+def _searched(repeats: list[CapacityRepeat]) -> bool:
+    """Whether a succeeded repeat stored a capacity search."""
+    return any(r.status == "succeeded" and r.capacity is not None for r in repeats)

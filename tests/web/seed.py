@@ -410,3 +410,223 @@ def gpu_runs(session: Session, *, name: str = "gpu telemetry") -> dict[str, Any]
         "metrics": metrics,
         "samples": sample_rows,
     }
+
+
+#: The capacity objectives of :func:`capacity_runs` (``CapacitySpec.slos``).
+CAPACITY_SLOS = {"ttft_ms": {"p99": 500.0}, "tpot_ms": {"p99": 50.0}}
+
+
+def _capacity_step(
+    index: int,
+    load: float,
+    ttft: tuple[float, float, float],
+    tpot: tuple[float, float, float],
+    *,
+    tokens: tuple[float, float],
+    waiting: tuple[float, float, float] = (0.0, 0.0, 1.0),
+    kv: float = 0.3,
+    saturated: str | None = None,
+) -> dict[str, Any]:
+    """One ``CapacityStep`` dump: ``ttft``/``tpot`` are the p99 ``(value, ci_low,
+    ci_high)`` checked against :data:`CAPACITY_SLOS`; each check's and the step's verdict
+    follow the search's rule (interval under: pass, over: fail, straddling: uncertain)."""
+
+    def check(metric: str, objective: float, vals: tuple[float, float, float]) -> dict[str, Any]:
+        value, lo, hi = vals
+        verdict = "pass" if hi <= objective else "fail" if lo > objective else "uncertain"
+        return {
+            "metric": metric, "percentile": "p99", "objective": objective,
+            "value": value, "ci_low": lo, "ci_high": hi, "verdict": verdict,
+        }  # fmt: skip
+
+    checks = [check("ttft_ms", 500.0, ttft), check("tpot_ms", 50.0, tpot)]
+    verdicts = {c["verdict"] for c in checks}
+    verdict = (
+        "fail"
+        if "fail" in verdicts or saturated
+        else "uncertain"
+        if "uncertain" in verdicts
+        else "pass"
+    )
+    output, per_user = tokens
+    return {
+        "index": index,
+        "load": load,
+        "requests": 64,
+        "failed": 0,
+        "duration_s": round(64 / load, 2),
+        "percentiles": {
+            "ttft_ms": {
+                "p50": round(ttft[0] * 0.45, 1),
+                "p90": round(ttft[0] * 0.8, 1),
+                "p99": ttft[0],
+            },
+            "tpot_ms": {"p50": round(tpot[0] * 0.7, 1), "p99": tpot[0]},
+        },
+        "goodput": 1.0 if verdict == "pass" else 0.8 if verdict == "uncertain" else 0.4,
+        "output_tokens_per_s": output,
+        "output_tokens_per_s_per_user": per_user,
+        "signals": {
+            "waiting_first": waiting[0],
+            "waiting_last": waiting[1],
+            "waiting_max": waiting[2],
+            "kv_cache_usage_max": kv,
+            "dispatch_lag_p99_ms": 1.5,
+        },
+        "checks": checks,
+        "saturated": saturated,
+        "verdict": verdict,
+    }  # fmt: skip
+
+
+def capacity_documents() -> dict[str, dict[str, Any]]:
+    """Hand-written ``CapacityResult`` dumps (``runs.capacity``) of :func:`capacity_runs`.
+
+    ``baseline``: found, 2.1 req/s, bracket [2.1, 2.2], bound by TTFT p99; ``apc-on``:
+    found, 4.2 req/s, bracket [4.2, 4.4]; ``tp2``: uncertain at 4.5 req/s (TTFT p99's
+    interval straddles 500 ms twice), no capacity.
+    """
+    sat = "waiting requests grew through the step (0 -> 41)"
+    baseline = [
+        _capacity_step(0, 1.0, (180.0, 160.0, 205.0), (22.0, 20.0, 24.0), tokens=(100.0, 48.0)),
+        _capacity_step(1, 8.0, (2400.0, 2100.0, 2800.0), (70.0, 65.0, 78.0), tokens=(260.0, 14.0),
+                       waiting=(0.0, 41.0, 41.0), kv=0.97, saturated=sat),
+        _capacity_step(2, 2.8, (720.0, 640.0, 810.0), (41.0, 38.0, 45.0), tokens=(240.0, 30.0)),
+        _capacity_step(3, 2.1, (430.0, 390.0, 470.0), (33.0, 30.0, 36.0), tokens=(210.0, 40.0)),
+        _capacity_step(4, 2.2, (560.0, 510.0, 620.0), (35.0, 32.0, 38.0), tokens=(215.0, 38.0)),
+    ]  # fmt: skip
+    apc = [
+        _capacity_step(0, 1.0, (90.0, 80.0, 101.0), (21.0, 19.0, 23.0), tokens=(100.0, 50.0)),
+        _capacity_step(1, 8.0, (1900.0, 1700.0, 2200.0), (66.0, 60.0, 72.0), tokens=(520.0, 16.0),
+                       waiting=(0.0, 30.0, 30.0), kv=0.95, saturated=sat),
+        _capacity_step(2, 4.0, (380.0, 350.0, 420.0), (30.0, 28.0, 33.0), tokens=(390.0, 37.0)),
+        _capacity_step(3, 4.6, (650.0, 590.0, 720.0), (36.0, 33.0, 39.0), tokens=(430.0, 33.0)),
+        _capacity_step(4, 4.2, (450.0, 410.0, 490.0), (31.0, 29.0, 34.0), tokens=(400.0, 36.0)),
+        _capacity_step(5, 4.4, (540.0, 505.0, 590.0), (32.0, 30.0, 35.0), tokens=(410.0, 35.0)),
+    ]  # fmt: skip
+    tp2 = [
+        _capacity_step(0, 1.0, (150.0, 130.0, 170.0), (25.0, 23.0, 27.0), tokens=(100.0, 42.0)),
+        _capacity_step(1, 8.0, (2100.0, 1900.0, 2400.0), (68.0, 62.0, 75.0), tokens=(400.0, 15.0),
+                       waiting=(0.0, 35.0, 35.0), kv=0.96, saturated=sat),
+        _capacity_step(2, 4.5, (495.0, 450.0, 540.0), (38.0, 35.0, 41.0), tokens=(380.0, 26.0)),
+        _capacity_step(3, 4.5, (505.0, 460.0, 552.0), (38.0, 35.0, 42.0), tokens=(378.0, 26.0)),
+    ]  # fmt: skip
+    return {
+        "baseline": {
+            "variable": "request_rate", "status": "found", "capacity": 2.1,
+            "interval": [2.1, 2.2], "binding_slo": "ttft_ms:p99", "steps": baseline, "note": None,
+        },
+        "apc-on": {
+            "variable": "request_rate", "status": "found", "capacity": 4.2,
+            "interval": [4.2, 4.4], "binding_slo": "ttft_ms:p99", "steps": apc, "note": None,
+        },
+        "tp2": {
+            "variable": "request_rate", "status": "uncertain", "capacity": None,
+            "interval": [1.0, 8.0], "binding_slo": None, "steps": tp2,
+            "note": "TTFT p99 straddled 500 ms at 4.5 req/s after 1 re-measurement",
+        },
+    }  # fmt: skip
+
+
+#: Summary metrics of :func:`capacity_runs`' runs: (output_throughput, mean_tpot_ms).
+CAPACITY_RUN_METRICS = {"baseline": (205.0, 26.0), "apc-on": (395.0, 28.0), "tp2": (380.0, 40.0)}
+
+
+def capacity_runs(session: Session, *, name: str = "capacity") -> dict[str, Any]:
+    """Insert an experiment whose three succeeded runs carry capacity searches
+    (:func:`capacity_documents`): baseline (APC off, TP 1), ``apc-on`` (APC on) and
+    ``tp2`` (TP 2), each reserving 2 devices, one repeat each, ``capacity*`` summary
+    metrics for the found ones (as the runner stores them). Pareto (tokens/s per user,
+    tokens/s per device): baseline (40, 105) and apc-on (36, 200) from their capacity
+    steps are non-dominated; tp2 (1000/40 = 25, 380/2 = 190) from its metrics is
+    dominated by apc-on. Returns ``{"experiment_id", "runs": {variant: id}, "documents"}``.
+    """
+    docs = capacity_documents()
+    exp_id = str(uuid.uuid4())
+    variants = [
+        {"name": "baseline", "position": 0, "reference": None, "variable": None,
+         "variable_paths": [], "changes": {}},
+        {"name": "apc-on", "position": 1, "reference": "baseline",
+         "variable": "engine_args.enable_prefix_caching",
+         "variable_paths": ["engine_args.enable_prefix_caching"],
+         "changes": {"engine_args.enable_prefix_caching": True}},
+        {"name": "tp2", "position": 2, "reference": "baseline",
+         "variable": "layout.tensor_parallel_size",
+         "variable_paths": ["layout.tensor_parallel_size"],
+         "changes": {"layout.tensor_parallel_size": 2}},
+    ]  # fmt: skip
+    capacity_spec = {
+        "slos": CAPACITY_SLOS, "goodput": None, "variable": "request_rate", "min": 1.0,
+        "max": 8.0, "tolerance": 0.05, "max_steps": 12, "requests_per_step": 64,
+        "confidence": 0.95, "remeasure": 1,
+    }  # fmt: skip
+    session.add(
+        Experiment(
+            id=exp_id,
+            name=name,
+            spec={"name": name, "capacity": capacity_spec},
+            model_id="small",
+            model_digest="0" * 64,
+            request_list_hash="1" * 64,
+            repeats=1,
+            variants=variants,
+        )
+    )
+    session.flush()
+    start = datetime(2026, 3, 4, 9, 0, tzinfo=UTC)
+    ids = {v["name"]: str(uuid.uuid4()) for v in variants}
+    rows = []
+    for i, v in enumerate(variants):
+        vname = str(v["name"])
+        apc = vname == "apc-on"
+        tp = 2 if vname == "tp2" else 1
+        rows.append(
+            {
+                "id": ids[vname],
+                "experiment_id": exp_id,
+                "reference_run_id": ids["baseline"] if v["reference"] else None,
+                "name": vname,
+                "position": i,
+                "sequence": i,
+                "is_baseline": i == 0,
+                "reference_variant": v["reference"],
+                "variable": v["variable"],
+                "variable_paths": v["variable_paths"],
+                "changes": v["changes"],
+                "status": "succeeded",
+                "progress": {},
+                "created_at": start,
+                "started_at": start + timedelta(minutes=3 * i, seconds=1),
+                "finished_at": start + timedelta(minutes=3 * i + 2),
+                "engine_args": {"enable_prefix_caching": apc, "max_num_seqs": 64},
+                "explicit_engine_args": {"enable_prefix_caching": apc},
+                "layout": {"devices": 2, "tensor_parallel_size": tp, "pipeline_parallel_size": 1},
+                "workload": {"arrival": "poisson", "num_requests": 64},
+                "model_id": "small",
+                "model_path": "/models/small",
+                "model_digest": "0" * 64,
+                "max_model_len": 2048,
+                "seed": 0,
+                "request_list_hash": "1" * 64,
+                "engine_info": {},
+                "timings": {},
+                "capacity": docs[vname],
+            }
+        )
+    session.execute(insert(Run), rows)
+    metric_rows = []
+    for vname, (tput, tpot) in CAPACITY_RUN_METRICS.items():
+        values = {"output_throughput": tput, "mean_tpot_ms": tpot, "median_tpot_ms": tpot}
+        doc = docs[vname]
+        if doc["status"] == "found":
+            low, high = doc["interval"]
+            values.update(
+                capacity=doc["capacity"],
+                capacity_per_device=doc["capacity"] / 2,
+                capacity_low=low,
+                capacity_high=high,
+            )
+        metric_rows += [{"run_id": ids[vname], "name": k, "value": x} for k, x in values.items()]
+    session.execute(insert(RunMetric), metric_rows)
+    session.flush()
+    return {"experiment_id": exp_id, "runs": ids, "documents": docs}

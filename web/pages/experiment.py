@@ -10,6 +10,12 @@ Live: while a run is active the page's script polls ``GET /api/v1/experiments/{i
 (every 3 s) and updates the run statuses in place; when a run finishes it fetches
 this page again and swaps in the new ladder, findings and chart data.
 
+Capacity under SLOs (issue #15), when the experiment's runs searched for it: a ladder
+column per variant from the comparison document's ``capacity`` member (ratio with its
+interval and verdict; nothing is computed here), the runs' latency-vs-load curves with
+the SLO lines, and the Pareto chart of output tokens/s per device against tokens/s per
+user across the succeeded runs with the non-dominated runs marked (:mod:`web.capacity`).
+
 Results are cached per experiment while the set of run ids and statuses does not
 change (a terminal run never changes again; only succeeded runs are compared).
 """
@@ -34,6 +40,7 @@ from orchestrator.core.models import Experiment
 from orchestrator.core.repositories import ExperimentRepository
 from orchestrator.core.states import ACTIVE
 from orchestrator.experiments.status import experiment_status, server_reuse
+from web import capacity as capacity_view
 from web.render import PageCache, not_found, render
 
 router = APIRouter()
@@ -238,7 +245,76 @@ def _build(session: Session, exp: Experiment) -> dict[str, Any]:
         ],
     }
     findings = experiment_advice(session, exp.id, cmp)
-    return {"comparison": cmp, "ladder": ladder, "chart": chart, "findings": findings}
+    return {
+        "comparison": cmp,
+        "ladder": ladder,
+        "chart": chart,
+        "findings": findings,
+        **_capacity(exp, ladder, compared, data),
+    }
+
+
+def _capacity(
+    exp: Experiment,
+    ladder: list[dict[str, Any]],
+    compared: dict[str, dict[str, Any]],
+    data: dict[str, list[Any]],
+) -> dict[str, Any]:
+    """The capacity parts of the page: each ladder entry's ``capacity`` cell (the
+    comparison member; a reference level shows the reference capacity its variants were
+    compared against) and ``capacity_notes``, ``capacity_shown``, ``capacity_unit``, the
+    ``capacity_curves`` overlay and the ``pareto`` document (succeeded runs; devices:
+    what each run reserved)."""
+    runs = sorted(exp.runs, key=lambda r: (r.position, r.repeat_index))
+    searches = [r for r in runs if isinstance(r.capacity, dict)]
+    reference_capacity: dict[str, dict[str, Any]] = {}
+    for entry in ladder:
+        cell = capacity_view.capacity_cell(compared.get(entry["name"], {}).get("capacity"))
+        entry["capacity"] = cell
+        entry["capacity_notes"] = (
+            ([f"capacity unknown: {cell['reason']}"] if cell["reason"] else [])
+            + [f"capacity: {n}" for n in cell["notes"]]
+            if cell
+            else []
+        )
+        if cell and entry["reference"] and cell["reference_capacity"] is not None:
+            reference_capacity.setdefault(entry["reference"], cell)
+    for entry in ladder:
+        ref_cell = reference_capacity.get(entry["name"])
+        entry["own_capacity"] = None
+        if ref_cell:
+            entry["own_capacity"] = {
+                "value": ref_cell["reference_capacity"],
+                "unit": ref_cell["unit"],
+            }
+    metrics = {d.run_id: d for ds in data.values() for d in ds}
+    pareto = capacity_view.pareto(
+        {
+            "run_id": r.id,
+            "variant": r.name,
+            "repeat_index": r.repeat_index,
+            "devices": metrics[r.id].devices if r.id in metrics else 1,
+            "metrics": metrics[r.id].metrics if r.id in metrics else {},
+            "capacity": r.capacity if isinstance(r.capacity, dict) else None,
+        }
+        for r in runs
+        if r.status == "succeeded"
+    )
+    curves = capacity_view.experiment_curves(
+        (r.id, f"{r.name} #{r.repeat_index + 1}", r.capacity or {}) for r in searches
+    )
+    shown = (
+        bool(searches)
+        or any(e["capacity"] for e in ladder)
+        or bool((exp.spec or {}).get("capacity"))
+    )
+    units = [e["capacity"]["unit"] for e in ladder if e["capacity"] and e["capacity"]["unit"]]
+    return {
+        "capacity_shown": shown,
+        "capacity_unit": units[0] if units else curves["unit"],
+        "capacity_curves": curves,
+        "pareto": pareto,
+    }
 
 
 def _text(value: Any) -> str:
@@ -249,9 +325,10 @@ def _text(value: Any) -> str:
 
 
 def analysis(session: Session, exp: Experiment) -> dict[str, Any]:
-    """``{"comparison", "ladder", "chart", "findings"}`` of ``exp`` (findings: the
-    advisor's, in rollback order), cached while its runs' ids and statuses are
-    unchanged (at most ``_CACHE_SIZE`` experiments)."""
+    """``{"comparison", "ladder", "chart", "findings", "capacity_shown",
+    "capacity_unit", "capacity_curves", "pareto"}`` of ``exp`` (findings: the advisor's, in rollback
+    order), cached while its runs' ids and statuses are unchanged (at most
+    ``_CACHE_SIZE`` experiments)."""
     key = (exp.id, tuple(sorted((r.id, r.status) for r in exp.runs)))
     hit: dict[str, Any] | None = _cache.get(key)
     if hit is not None:
@@ -283,6 +360,11 @@ def _context(session: Session, exp: Experiment) -> dict[str, Any]:
             if m["name"] == DEFAULT_METRIC or any(p["value"] is not None for p in m["points"])
         ],
         "default_metric": DEFAULT_METRIC,
+        "capacity_shown": result["capacity_shown"],
+        "capacity_curves": result["capacity_curves"],
+        "capacity_unit": result["capacity_unit"],
+        "pareto": result["pareto"],
+        "variant_names": [v["name"] for v in result["ladder"]],
     }
 
 

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
 from orchestrator.core.db import unit_of_work
-from orchestrator.core.states import RunStatus
+from orchestrator.core.states import ACTIVE, RunStatus
 from orchestrator.runs.history import (
     SORT_KEYS,
     HistoryFilter,
@@ -153,7 +153,7 @@ def history(request: Request) -> HTMLResponse:
             "models": models,
             "link": link,
             "past_end": past_end,
-            "active": any(r.run.status in ("queued", "preparing", "running") for r in result.rows),
+            "active": any(r.run.status in ACTIVE for r in result.rows),
         }
         template = "history_rows.html" if params.get("fragment") == "rows" else "history.html"
         return render(request, template, context, 422 if error else 200)

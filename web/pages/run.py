@@ -1,12 +1,15 @@
 """Dashboard page ``/runs/{run_id}``: one run in full.
 
 Server-rendered: the header (status, times, what changed vs the reference run,
-progress), summary cards, the full metrics table (client-side, server-side and
-per request class), the per-class table, the configuration and versions, the
-node layout (placement) and the node parity report. In the browser
-(``web/static/js/run.js``, from the ``/api/v1`` JSON): the ``/metrics`` time
-series charts, the TTFT / E2EL distributions of the measured requests, the
-filtered engine log, and the live refresh while the run is active.
+progress), summary cards, the capacity under SLOs (when the run searched for it: the
+result in words and the steps table, :mod:`web.capacity`), the full metrics table
+(client-side, server-side and per request class), the per-class table, the
+configuration and versions, the node layout (placement) and the node parity report.
+In the browser (``web/static/js/run.js``, from the ``/api/v1`` JSON): the
+latency-vs-load charts of a capacity search (``web/static/js/capacity.js``, from the
+page's embedded JSON), the ``/metrics`` time series charts, the TTFT / E2EL
+distributions of the measured requests, the filtered engine log, and the live refresh
+while the run is active.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from orchestrator.core.db import unit_of_work
 from orchestrator.core.models import Run
 from orchestrator.core.repositories import RunRepository
 from orchestrator.core.states import ACTIVE
+from web import capacity as capacity_view
 from web.render import not_found, render
 
 router = APIRouter()
@@ -543,6 +547,7 @@ def run_page(run_id: str, request: Request) -> HTMLResponse:
         engine_info.pop("gpu_telemetry", None)
         cards = [c for c in CARDS if not c.optional or c.metric in metrics]
         parity = run.parity
+        search = run.capacity if isinstance(run.capacity, dict) else None
         context = {
             "nav": "runs",
             "run": run,
@@ -574,5 +579,12 @@ def run_page(run_id: str, request: Request) -> HTMLResponse:
             "prefix_analysis": prefix_analysis,
             "pretty": _pretty,
             "fmt_metric": format_metric,
+            "capacity": capacity_view.summary(search) if search else None,
+            "capacity_steps": capacity_view.step_rows(search) if search else [],
+            "capacity_columns": capacity_view.percentile_columns(search) if search else [],
+            "capacity_curves": capacity_view.curves(search) if search else None,
+            "capacity_objectives": capacity_view.objectives(search) if search else [],
+            "fmt_load": capacity_view.fmt_load,
+            "metric_labels": capacity_view.METRIC_LABELS,
         }
         return render(request, "run.html", context)

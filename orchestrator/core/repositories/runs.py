@@ -20,7 +20,7 @@ from orchestrator.core.models import (
     RunSample,
 )
 from orchestrator.core.repositories.base import utcnow
-from orchestrator.core.states import TERMINAL, RunStatus, check_transition
+from orchestrator.core.states import CLAIMED, TERMINAL, RunStatus, check_transition
 
 
 class RunRepository:
@@ -139,7 +139,7 @@ class RunRepository:
         return self.session.scalars(
             select(Run)
             .where(
-                Run.status.in_([RunStatus.PREPARING.value, RunStatus.RUNNING.value]),
+                Run.status.in_(sorted(CLAIMED)),
                 or_(Run.heartbeat_at.is_(None), Run.heartbeat_at < cutoff),
             )
             .with_for_update(skip_locked=True)
@@ -149,7 +149,7 @@ class RunRepository:
         return self.session.scalars(
             select(Run).where(
                 Run.claimed_by == orchestrator_id,
-                Run.status.in_([RunStatus.PREPARING.value, RunStatus.RUNNING.value]),
+                Run.status.in_(sorted(CLAIMED)),
             )
         ).all()
 
@@ -316,7 +316,7 @@ class RunRepository:
             select(Run)
             .where(
                 Run.claimed_by.in_(orchestrator_ids),
-                Run.status.in_([RunStatus.PREPARING.value, RunStatus.RUNNING.value]),
+                Run.status.in_(sorted(CLAIMED)),
             )
             .with_for_update(skip_locked=True)
         ).all()

@@ -314,3 +314,95 @@ def test_every_multi_variable_change_is_refused(c: dict[str, Any]) -> None:
         assert [e["type"] for e in errors] == ["no_change"]
     else:
         assert errors == []
+
+
+# --------------------------------------------------------------------------- capacity
+
+CAPACITY = {"slos": {"ttft_ms": {"p99": 500}}, "min": 0.5, "max": 8}
+OPEN_LOOP = {"arrival": "poisson", "request_rate": 1.0, "concurrency": 64}
+
+
+def capacity_spec(capacity: dict[str, Any] | None = None, **kw: Any) -> ExperimentSpec:
+    doc: dict[str, Any] = {
+        "baseline": {"engine_args": {"enable_prefix_caching": False}, "workload": OPEN_LOOP},
+        "capacity": capacity or CAPACITY,
+    }
+    doc.update(kw)
+    return spec(**doc)
+
+
+def test_capacity_is_a_setting_of_every_run_not_a_variable() -> None:
+    s = capacity_spec()
+    assert s.capacity is not None and s.capacity.variable == "request_rate"
+    variants, errors = expand(s)
+    assert errors == []
+    assert [v.name for v in variants] == ["baseline", "apc"]
+    with pytest.raises(ValidationError, match="measurement setting of the whole experiment"):
+        capacity_spec(variants=[{"name": "x", "changes": {"capacity.max": 16}}])
+    with pytest.raises(ValidationError, match="measurement setting of the whole experiment"):
+        capacity_spec(factors=[{"name": "f", "paths": ["capacity.min"], "levels": [1, 2]}])
+
+
+def test_capacity_rules_are_field_errors() -> None:
+    for bad, needle in [
+        ({**CAPACITY, "min": 8, "max": 8}, "capacity.min (8) must be below capacity.max (8)"),
+        ({**CAPACITY, "variable": "concurrency", "min": 1, "max": 8.5}, "whole number"),
+        ({**CAPACITY, "max": 200_000}, "at most 100000 requests/s"),
+        ({**CAPACITY, "slos": {"ttft_ms": {}}, "goodput": 0.9}, "give at least one percentile"),
+    ]:
+        with pytest.raises(ValidationError) as info:
+            capacity_spec(bad)
+        (err,) = info.value.errors()
+        assert err["loc"] == ("capacity",) and needle in err["msg"], err
+
+
+def test_capacity_variable_needs_a_matching_arrival() -> None:
+    closed = {"engine_args": {"enable_prefix_caching": False}}
+    _, errors = expand(capacity_spec(baseline=closed))
+    assert [(e["loc"], e["type"]) for e in errors] == [
+        (["body", "baseline", "workload", "arrival"], "capacity_arrival")
+    ]
+    assert "needs workload arrival 'constant' or 'poisson', not 'closed'" in errors[0]["msg"]
+    by_concurrency = {**CAPACITY, "variable": "concurrency", "min": 1, "max": 16}
+    assert expand(capacity_spec(by_concurrency, baseline=closed))[1] == []
+    # a variant that moves the workload off the search's arrival is named where it does
+    s = capacity_spec(
+        by_concurrency,
+        baseline=closed,
+        variants=[{"name": "open", "changes": {"workload.arrival": "constant"}}],
+    )
+    _, errors = expand(s)
+    assert all(e["loc"][:3] == ["body", "variants", 0] for e in errors), errors
+
+
+def test_a_variant_may_not_change_what_the_search_drives() -> None:
+    s = capacity_spec(variants=[{"name": "rate", "changes": {"workload.request_rate": 4.0}}])
+    _, errors = expand(s)
+    assert [e["type"] for e in errors] == ["capacity_driven"]
+    assert errors[0]["loc"] == ["body", "variants", 0, "changes", "workload.request_rate"]
+    per_step = {**CAPACITY, "requests_per_step": 20}
+    s = capacity_spec(
+        per_step, factors=[{"name": "n", "paths": ["workload.num_requests"], "levels": [32]}]
+    )
+    _, errors = expand(s)
+    assert [e["type"] for e in errors] == ["capacity_driven"]
+    assert "requests_per_step (20) sets each step's request count" in errors[0]["msg"]
+    # other workload changes (concurrency cap of an open loop) are fine
+    s = capacity_spec(variants=[{"name": "cap", "changes": {"workload.concurrency": 8}}])
+    assert expand(s)[1] == []
+
+
+def test_ladder_measures_capacity_at_every_level() -> None:
+    s = ExperimentSpec.model_validate(
+        {
+            "name": "ladder",
+            "model": "tiny",
+            "preset": "ladder",
+            "baseline": {"workload": OPEN_LOOP},
+            "capacity": CAPACITY,
+        }
+    )
+    variants, errors = expand(s)
+    assert errors == []
+    assert len(variants) == 5
+    assert all(v.config.workload.arrival == "poisson" for v in variants)

@@ -326,3 +326,54 @@ def test_regression_flagged_when_second_sweep_is_worse(
     assert {r["variant"] for r in ttft} == {"baseline", "apc-on"}
     assert all(r["ratio"] > 3 and 1 < r["ci_low"] <= r["ci_high"] for r in ttft)
     assert all(r["value"] > r["reference_value"] for r in ttft)
+
+
+def _capacity_doc(capacity: float, lo: float, hi: float) -> dict[str, Any]:
+    """A found capacity search (``CapacityResult.model_dump(mode="json")``), in requests/s."""
+    return {
+        "variable": "request_rate",
+        "status": "found",
+        "capacity": capacity,
+        "interval": [lo, hi],
+        "binding_slo": "ttft_ms p99",
+        "steps": [],
+        "note": None,
+    }
+
+
+def test_capacity_drop_is_a_regression(
+    client: TestClient,
+    factory: sessionmaker[Session],
+    settings: Settings,  # noqa: F811
+) -> None:
+    sched = make_schedule(factory, template=demo_spec(repeats=2))
+    fire(factory, settings, T0 + timedelta(hours=1, seconds=1))
+    fire(factory, settings, T0 + timedelta(hours=2, seconds=1))
+    first, second = fires(factory, sched.id)
+    # same latency in both sweeps; the apc-on capacity halves in the second, the
+    # baseline's stays within its bracket
+    caps = {
+        (first.experiment_id, "baseline"): (4.0, 4.0, 4.2),
+        (first.experiment_id, "apc-on"): (8.0, 8.0, 8.4),
+        (second.experiment_id, "baseline"): (4.1, 4.1, 4.3),
+        (second.experiment_id, "apc-on"): (4.0, 4.0, 4.2),
+    }
+    for f in (first, second):
+        with factory() as s:
+            ids = s.scalars(select(Run.id).where(Run.experiment_id == f.experiment_id)).all()
+        for rid in ids:
+            _finish(factory, rid, 0.05)
+            with factory() as s:
+                run = s.get(Run, rid)
+                assert run is not None
+                run.capacity = _capacity_doc(*caps[(f.experiment_id, run.name)])
+                s.commit()
+    resp = client.get(f"/api/v1/schedules/{sched.id}/fires")
+    assert resp.status_code == 200, resp.text
+    newest, _ = resp.json()["items"]
+    assert newest["comparison"] == "compared"
+    (cap,) = [r for r in newest["regressions"] if r["metric"] == "capacity"]
+    assert cap["variant"] == "apc-on" and cap["unit"] == "requests/s"
+    assert cap["reference_value"] == 8.0 and cap["value"] == 4.0
+    assert cap["ratio"] == 0.5 and cap["ci_of"] == "ratio"
+    assert cap["ci_low"] <= cap["ratio"] <= cap["ci_high"] < 1

@@ -1,4 +1,5 @@
-// Experiment page: the metric-per-level chart (with 95 % CI error bars) and live run statuses.
+// Experiment page: the metric-per-level chart (with 95 % CI error bars), the capacity
+// curves and the Pareto chart (capacity.js), and live run statuses.
 "use strict";
 (() => {
   Chart.register(ChartErrorBars.LineWithErrorBarsController, ChartErrorBars.PointWithErrorBar);
@@ -115,17 +116,39 @@
   select.addEventListener("change", draw);
   draw();
 
+  // Capacity under SLOs: the runs' latency-vs-load curves per objective (a colour per
+  // level, as in the Pareto chart) and the Pareto chart.
+  function drawCapacity() {
+    const el = document.getElementById("capacity-data");
+    if (!el) return;
+    const cap = JSON.parse(el.textContent);
+    const colorIndex = Object.fromEntries(cap.pareto.variants.map((v, i) => [v, i]));
+    const colorOf = (r) => {
+      const level = r.label.replace(/ #\d+$/, "");
+      if (!(level in colorIndex)) colorIndex[level] = Object.keys(colorIndex).length;
+      return vlab.color(colorIndex[level]);
+    };
+    cap.curves.objectives.forEach((o, i) => {
+      const canvas = document.getElementById(`chart-curve-${i}`);
+      if (canvas) vlabCapacity.overlayChart(canvas, cap.curves, o, colorOf);
+    });
+    const pareto = document.getElementById("chart-pareto");
+    if (pareto) vlabCapacity.paretoChart(pareto, cap.pareto);
+  }
+  drawCapacity();
+
   // Swap in the server-rendered ladder, findings and chart data (after a run finished).
   async function refreshAnalysis() {
     const r = await fetch(location.pathname, { headers: { accept: "text/html" } });
     if (!r.ok) throw new Error(`${location.pathname}: HTTP ${r.status}`);
     const fresh = new DOMParser().parseFromString(await r.text(), "text/html");
-    for (const id of ["summary", "ladder-section", "findings-section"]) {
+    for (const id of ["summary", "ladder-section", "capacity-section", "findings-section"]) {
       const src = fresh.getElementById(id);
       if (src) document.getElementById(id).innerHTML = src.innerHTML;
     }
     doc = readChartData(document);
     draw();
+    drawCapacity();
   }
 
   function setStatus(el, status, suffix = "") {

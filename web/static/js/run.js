@@ -1,4 +1,4 @@
-// Run page: /metrics time-series charts (and the GPU power, utilisation and memory
+// Run page: the latency-vs-load charts of a capacity search (capacity.js), /metrics time-series charts (and the GPU power, utilisation and memory
 // charts when the samples carry GPU telemetry), TTFT/E2EL distributions, the filtered
 // engine log, and the live refresh (status, progress, cards, charts) while the run is active.
 // Everything is read from the /api/v1 JSON; the tables are rendered on the server.
@@ -421,6 +421,18 @@
     render();
   }
 
+  // ---------------------------------------------------------------- capacity under SLOs
+  // One latency-vs-load chart per objective metric, from the page's embedded document.
+  function drawCapacity() {
+    const el = document.getElementById("capacity-data");
+    if (!el) return;
+    const doc = JSON.parse(el.textContent);
+    for (const chart of doc.charts) {
+      const canvas = document.getElementById(`chart-capacity-${chart.metric}`);
+      if (canvas) vlabCapacity.curveChart(canvas, doc, chart);
+    }
+  }
+
   // ---------------------------------------------------------------- start and live
   async function loadMetrics() {
     const m = await vlab.json(`${API}/metrics?max_points=600`);
@@ -434,7 +446,7 @@
     const r = await fetch(location.pathname, { headers: { accept: "text/html" } });
     if (r.ok) {
       const doc = new DOMParser().parseFromString(await r.text(), "text/html");
-      for (const id of ["run-head", "cards", "sections", "log-section"]) {
+      for (const id of ["run-head", "cards", "capacity-section", "sections", "log-section"]) {
         const fresh = doc.getElementById(id);
         if (fresh) document.getElementById(id).innerHTML = fresh.innerHTML;
       }
@@ -447,11 +459,13 @@
         drawGpu(lastGpu.samples, lastGpu.band);
       }
     }
+    drawCapacity();
     await loadDistributions(metrics);
     if (root.dataset.hasLog === "true") await loadLog();
   }
 
   async function start() {
+    drawCapacity();
     const m = await loadMetrics();
     if (root.dataset.active === "true") {
       await loadDistributions(m.metrics);

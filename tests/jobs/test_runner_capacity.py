@@ -1,0 +1,211 @@
+"""A capacity segment end to end through :func:`jobs.runner.execute_batch`, without vLLM.
+
+The engine python is a test double that serves the project's stub server
+(:mod:`jobs.stubserver`) in its capacity mode: ``slots`` requests served at once
+(FIFO), each for a fixed ``ttft + (n - 1) * itl``. With 4 output tokens, TTFT 40 ms
+and ITL 40 ms a request holds a slot 160 ms; in a closed loop at concurrency ``c`` no
+request waits for a slot while ``c <= slots``, and from ``slots + 1`` on some wait a
+whole service time (TTFT about 200 ms), so a p99 TTFT objective of 110 ms holds
+exactly up to ``slots`` (with room for a busy machine's overhead).
+The search's own accuracy is tested in ``tests/jobs/test_capacity.py``; here: the
+runner's steps (reset, same request list, progress, signals), the result and the run's
+kept records, and a dead engine failing the run.
+"""
+
+from __future__ import annotations
+
+import stat
+import sys
+from pathlib import Path
+
+from jobs.capacity import CapacitySpec
+from jobs.runner import execute_batch
+from jobs.schemas import BatchJob, EngineLaunch, Progress, RunSegment, WorkloadSpec
+from tests.jobs.test_runner_batch import _assert_no_engine_left, _fake_engine
+
+REPO = Path(__file__).resolve().parents[2]
+
+STUB_ENGINE = """\
+#!{python}
+# Test double for the engine venv's python: the project's stub server, capacity mode.
+import sys
+sys.path.insert(0, {repo!r})
+argv = sys.argv
+
+def opt(name, default):
+    return argv[argv.index(name) + 1] if name in argv else default
+
+print("INFO stub engine starting", flush=True)
+from jobs.stubserver import main
+main([
+    "--host", opt("--host", "127.0.0.1"), "--port", opt("--port", "0"),
+    "--model", opt("--served-model-name", "stub"),
+    "--ttft-ms", opt("--stub-ttft-ms", "40"), "--itl-ms", opt("--stub-itl-ms", "40"),
+    "--slots", opt("--stub-slots", "2"),
+])
+"""
+
+
+def _stub_engine(tmp_path: Path) -> str:
+    path = tmp_path / "stub_engine"
+    path.write_text(STUB_ENGINE.format(python=sys.executable, repo=str(REPO)))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def _job(
+    tmp_path: Path,
+    model_dir: Path,
+    engine_python: str,
+    segments: list[RunSegment],
+    engine_args: dict[str, object] | None = None,
+) -> BatchJob:
+    return BatchJob(
+        launch=EngineLaunch(
+            engine_python=engine_python,
+            model_dir=str(model_dir),
+            served_model_name="tiny",
+            engine_args=engine_args or {"stub_slots": 2},
+            startup_timeout_s=120,
+            log_path=str(tmp_path / "server.log"),
+        ),
+        segments=segments,
+        scrape_interval_s=0.2,
+        request_timeout_s=60,
+    )
+
+
+def _closed(**kw: object) -> WorkloadSpec:
+    doc: dict[str, object] = {
+        "num_requests": 24,
+        "prefix_tokens": 64,
+        "question_tokens": 8,
+        "output_tokens": 4,
+        "warmup_requests": 1,
+        "seed": 5,
+    }
+    doc.update(kw)
+    return WorkloadSpec.model_validate(doc)
+
+
+CONCURRENCY = CapacitySpec(
+    slos={"ttft_ms": {"p99": 110}}, variable="concurrency", min=1, max=8, remeasure=0
+)
+
+
+def test_capacity_segment_finds_the_slots_of_the_stub(tmp_path: Path, tiny_model_dir: Path) -> None:
+    progress: list[Progress] = []
+    job = _job(
+        tmp_path,
+        tiny_model_dir,
+        _stub_engine(tmp_path),
+        [
+            RunSegment(run_id="cap", workload=_closed(), capacity=CONCURRENCY),
+            RunSegment(run_id="plain", workload=_closed(concurrency=2)),
+        ],
+    )
+    cap, plain = execute_batch(job, progress=progress.append)
+    assert cap.status == "succeeded", cap.error
+    result = cap.capacity
+    assert result is not None and result.variable == "concurrency"
+    assert result.status == "found", result
+    assert result.capacity == 2.0 and result.interval == (2.0, 3.0)
+    assert result.binding_slo is not None and result.binding_slo.startswith("ttft_ms")
+    loads = [s.load for s in result.steps]
+    assert loads[:2] == [1.0, 8.0] and set(loads) >= {2.0, 3.0}
+    assert all(s.requests == 24 for s in result.steps)  # the same list every step
+    assert {s.load: s.verdict for s in result.steps}[2.0] == "pass"
+    assert {s.load: s.verdict for s in result.steps}[3.0] == "fail"
+    # the stub's /metrics: busy slots and the FIFO queue, seen during the steps
+    at_8 = next(s for s in result.steps if s.load == 8.0)
+    assert at_8.signals.waiting_max is not None and at_8.signals.waiting_max > 0
+
+    # the run keeps the step at the capacity as its measured requests and summary
+    measured = [r for r in cap.requests if not r.warmup]
+    assert [r.index for r in measured] == list(range(24))
+    assert cap.engine_info["capacity_steps"] == len(result.steps)
+    kept = result.steps[cap.engine_info["capacity_kept_step"]]
+    assert kept.load == 2.0 and kept.verdict == "pass"
+    assert cap.metrics["completed"] == 24
+    assert cap.metrics["p99_ttft_ms"] < 110
+    assert cap.metrics["capacity"] == 2.0
+    assert (cap.metrics["capacity_low"], cap.metrics["capacity_high"]) == (2.0, 3.0)
+    assert "capacity_per_device" not in cap.metrics  # the orchestrator knows the devices
+    assert cap.engine_info["prefix_cache_reset_ok"] is True
+    assert cap.timings["measure_s"] > 0
+    phases = [s.phase for s in cap.samples]
+    assert phases[0] == "before" and phases[-1] == "after"
+    assert set(phases[1:-1]) == {"during"}  # one run's series over the whole search
+
+    # progress names each step and its verdict
+    messages = [p.message for p in progress if p.run_id == "cap" and p.phase == "measuring"]
+    assert "capacity step 1: concurrency 1" in messages
+    assert "capacity step 2: concurrency 8: fail" in messages
+    assert sum(m.endswith((": pass", ": fail")) for m in messages) == len(result.steps)
+
+    # an ordinary run after it on the same server is untouched
+    assert plain.status == "succeeded" and plain.capacity is None
+    assert plain.metrics["completed"] == 24 and "capacity" not in plain.metrics
+    assert plain.engine_info["server_reused"] is True
+    _assert_no_engine_left([cap, plain])
+
+
+def test_capacity_over_request_rate_drives_open_loop_steps(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    spec = CapacitySpec(
+        slos={"ttft_ms": {"p99": 300}},
+        min=4,
+        max=64,
+        tolerance=0.5,
+        max_steps=6,
+        requests_per_step=12,
+        remeasure=0,
+    )
+    workload = _closed(arrival="constant", request_rate=1.0, concurrency=64, num_requests=40)
+    job = _job(
+        tmp_path,
+        tiny_model_dir,
+        _stub_engine(tmp_path),
+        [RunSegment(run_id="rate", workload=workload, capacity=spec)],
+    )
+    (run,) = execute_batch(job)
+    assert run.status == "succeeded", run.error
+    result = run.capacity
+    assert result is not None and result.variable == "request_rate"
+    assert result.steps and result.steps[0].load == 4.0
+    assert all(s.requests == 12 for s in result.steps)  # requests_per_step
+    assert all(4.0 <= s.load <= 64.0 for s in result.steps)
+    measured = [r for r in run.requests if not r.warmup]
+    assert len(measured) == 12
+    # open loop: every request had a due time, from the step's own rate
+    assert all(r.scheduled_s is not None for r in measured)
+    assert run.engine_info["request_list_hash"]
+    if result.status == "found":
+        assert run.metrics["capacity"] == result.capacity
+    else:
+        assert "capacity" not in run.metrics
+    _assert_no_engine_left([run])
+
+
+def test_engine_dying_mid_search_fails_the_run_and_keeps_what_was_measured(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    # the fake engine answers 1 warm-up + 30 requests, then dies (in the search's 2nd step)
+    job = _job(
+        tmp_path,
+        tiny_model_dir,
+        _fake_engine(tmp_path, die_after=31),
+        [RunSegment(run_id="dies", workload=_closed(num_requests=20), capacity=CONCURRENCY)],
+        engine_args={},
+    )
+    (run,) = execute_batch(job)
+    assert run.status == "failed" and run.partial
+    assert "died" in (run.error or "")
+    result = run.capacity
+    assert result is not None
+    assert result.note is not None and "cut short" in result.note
+    assert len(result.steps) == 1  # the cut step is no measurement
+    assert run.engine_info["capacity_steps"] == 2
+    assert not {"capacity", "capacity_low", "capacity_high"} & set(run.metrics)
+    _assert_no_engine_left([run])

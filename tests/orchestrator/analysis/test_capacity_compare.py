@@ -1,0 +1,209 @@
+"""Capacity under SLOs compared (orchestrator.analysis.capacity): ratio, bracket interval,
+verdict, per-device ratio, and unknown whenever a side has no found capacity."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from orchestrator.analysis.capacity import (
+    CapacityRepeat,
+    capacity_regression,
+    compare_capacity,
+    side_capacity,
+)
+
+
+def doc(
+    capacity: float | None,
+    lo: float | None = None,
+    hi: float | None = None,
+    *,
+    status: str = "found",
+    variable: str = "request_rate",
+    binding: str | None = "ttft_ms p99",
+) -> dict[str, Any]:
+    """A ``runs.capacity`` document as ``CapacityResult.model_dump(mode="json")`` gives it."""
+    return {
+        "variable": variable,
+        "status": status,
+        "capacity": capacity,
+        "interval": [lo, hi],
+        "binding_slo": binding,
+        "steps": [],
+        "note": None,
+    }
+
+
+def rep(
+    d: dict[str, Any] | None, *, devices: int = 1, status: str = "succeeded", i: int = 0
+) -> CapacityRepeat:
+    return CapacityRepeat(run_id=f"r{i}-{id(d)}", status=status, capacity=d, devices=devices)
+
+
+def test_higher_when_the_whole_bracket_interval_is_above_one() -> None:
+    ref = [rep(doc(4.0, 4.0, 4.2))]
+    var = [rep(doc(8.0, 8.0, 8.4))]
+    c = compare_capacity(var, ref)
+    assert c.verdict == "higher" and c.reason is None
+    assert c.ratio == pytest.approx(2.0)
+    assert c.ci_low == pytest.approx(8.0 / 4.2) and c.ci_high == pytest.approx(8.4 / 4.0)
+    assert c.ci_low is not None and c.ci_high is not None
+    assert c.ci_low <= c.ratio <= c.ci_high
+    assert c.capacity == 8.0 and c.reference_capacity == 4.0
+    assert c.variable == "request_rate" and c.unit == "requests/s"
+    assert c.interval == {"reference": [4.0, 4.2], "variant": [8.0, 8.4]}
+    assert c.found == {"reference": 1, "variant": 1}
+    assert c.per_device_ratio == pytest.approx(2.0) and c.per_device_verdict == "higher"
+    assert any("one found repeat" in n for n in c.notes)
+    assert not capacity_regression(c)
+
+
+def test_lower_is_a_regression_and_overlap_is_no_change() -> None:
+    ref = [rep(doc(10.0, 10.0, 10.5))]
+    low = compare_capacity([rep(doc(6.0, 6.0, 6.3))], ref)
+    assert low.verdict == "lower" and capacity_regression(low)
+    assert low.ci_high == pytest.approx(6.3 / 10.0)
+    same = compare_capacity([rep(doc(10.2, 10.2, 10.7))], ref)
+    assert same.verdict == "no_change" and not capacity_regression(same)
+    assert same.ci_low is not None and same.ci_high is not None
+    assert same.ci_low < 1.0 < same.ci_high
+
+
+def test_means_over_found_repeats_and_their_bracket_ends() -> None:
+    ref = [rep(doc(4.0, 4.0, 5.0), i=0), rep(doc(6.0, 6.0, 7.0), i=1)]
+    var = [
+        rep(doc(9.0, 9.0, 10.0), i=0),
+        rep(doc(11.0, 11.0, 12.0), i=1),
+        rep(doc(None, None, None, status="uncertain"), i=2),
+    ]
+    c = compare_capacity(var, ref)
+    # means: reference 5 [5, 6], variant 10 [10, 11]
+    assert c.reference_capacity == pytest.approx(5.0) and c.capacity == pytest.approx(10.0)
+    assert c.ratio == pytest.approx(2.0)
+    assert c.ci_low == pytest.approx(10.0 / 6.0) and c.ci_high == pytest.approx(11.0 / 5.0)
+    assert c.verdict == "higher"
+    assert c.found == {"reference": 2, "variant": 2}
+    assert any("uncertain x1" in n and "left out" in n for n in c.notes)
+    # the repeats spread (4..6) wider than the mean bracket (5..6): said, not hidden
+    assert any("reference: repeats' capacities spread" in n for n in c.notes)
+
+
+@pytest.mark.parametrize(
+    ("ref_doc", "reason"),
+    [
+        (doc(None, None, None, status="uncertain"), "reference: uncertain"),
+        (doc(None, None, None, status="steps_exhausted"), "reference: steps_exhausted"),
+        (
+            doc(None, 4.0, 8.0, status="uncertain"),
+            "reference: uncertain (between 4 and 8)",
+        ),
+        (doc(None, None, 0.5, status="below_min"), "reference: below_min (below 0.5)"),
+        (doc(None, 16.0, None, status="at_least_max"), "reference: at_least_max (at least 16)"),
+    ],
+)
+def test_unknown_when_the_reference_has_no_found_capacity(
+    ref_doc: dict[str, Any], reason: str
+) -> None:
+    c = compare_capacity([rep(doc(8.0, 8.0, 8.4))], [rep(ref_doc)])
+    assert c.verdict == "unknown" and c.reason == reason
+    assert c.ratio is None and c.ci_low is None and c.ci_high is None
+    assert c.per_device_ratio is None and c.per_device_verdict == "unknown"
+    assert c.reference_capacity is None and c.capacity == 8.0
+    assert not capacity_regression(c)
+
+
+def test_unknown_reasons_for_both_sides_and_missing_searches() -> None:
+    none_yet = compare_capacity([], [])
+    assert none_yet.verdict == "unknown"
+    assert none_yet.reason == (
+        "reference: no succeeded run with a capacity search; "
+        "variant: no succeeded run with a capacity search"
+    )
+    # a failed run's document does not count; a succeeded run without one neither
+    failed = compare_capacity(
+        [rep(doc(8.0, 8.0, 8.4), status="failed"), rep(None)], [rep(doc(4.0, 4.0, 4.2))]
+    )
+    assert failed.verdict == "unknown"
+    assert failed.reason == "variant: no succeeded run with a capacity search"
+    mixed = compare_capacity(
+        [
+            rep(doc(None, status="uncertain"), i=0),
+            rep(doc(None, status="uncertain"), i=1),
+            rep(doc(None, None, 1.0, status="below_min"), i=2),
+        ],
+        [rep(doc(4.0, 4.0, 4.2))],
+    )
+    assert mixed.reason == "variant: uncertain x2, below_min (below 1) x1"
+
+
+def test_unknown_when_the_sides_searched_different_variables() -> None:
+    c = compare_capacity(
+        [rep(doc(8.0, 8.0, 9.0, variable="concurrency"))], [rep(doc(4.0, 4.0, 4.2))]
+    )
+    assert c.verdict == "unknown" and c.ratio is None
+    assert c.reason is not None and "different variables" in c.reason
+
+
+def test_per_device_ratio_compares_tp2_fairly() -> None:
+    # TP=2 on the same two devices as the reference: per device = the plain ratio
+    same = compare_capacity(
+        [rep(doc(12.0, 12.0, 12.6), devices=2)], [rep(doc(10.0, 10.0, 10.5), devices=2)]
+    )
+    assert same.per_device_ratio == pytest.approx(same.ratio or 0)
+    assert same.devices == {"reference": 2, "variant": 2}
+    assert same.capacity_per_device == pytest.approx(6.0)
+    # twice the devices for 1.5x the capacity: higher, but lower per device
+    more = compare_capacity(
+        [rep(doc(15.0, 15.0, 15.5), devices=2)], [rep(doc(10.0, 10.0, 10.5), devices=1)]
+    )
+    assert more.verdict == "higher"
+    assert more.per_device_ratio == pytest.approx(0.75)
+    assert more.per_device_verdict == "lower"
+    assert more.per_device_ci_low == pytest.approx(15.0 / 10.5 / 2)
+    assert more.per_device_ci_high == pytest.approx(15.5 / 10.0 / 2)
+    assert more.reference_capacity_per_device == 10.0
+    assert more.capacity_per_device == 7.5
+
+
+def test_missing_bracket_end_uses_the_capacity_and_says_so() -> None:
+    c = compare_capacity([rep(doc(8.0, 8.0, None))], [rep(doc(4.0, None, 4.4))])
+    assert c.interval == {"reference": [4.0, 4.4], "variant": [8.0, 8.0]}
+    assert c.ci_low == pytest.approx(8.0 / 4.4) and c.ci_high == pytest.approx(2.0)
+    assert sum("bracket end(s) unknown" in n for n in c.notes) == 2
+
+
+def test_binding_slo_of_each_side() -> None:
+    ref = [rep(doc(4.0, 4.0, 4.2, binding="ttft_ms p99"))]
+    var = [
+        rep(doc(8.0, 8.0, 8.4, binding="tpot_ms p99"), i=0),
+        rep(doc(8.2, 8.2, 8.6, binding="tpot_ms p99"), i=1),
+        rep(doc(8.1, 8.1, 8.5, binding="ttft_ms p99"), i=2),
+    ]
+    c = compare_capacity(var, ref)
+    assert c.binding_slo == {"reference": "ttft_ms p99", "variant": "tpot_ms p99"}
+    assert any("binding SLO differs" in n for n in c.notes)
+    # a side with no found capacity still names the SLO that failed first
+    below = side_capacity([rep(doc(None, None, 1.0, status="below_min", binding="e2el_ms p90"))])
+    assert below.binding_slo == "e2el_ms p90" and below.capacity is None
+
+
+def test_dump_is_json_safe_and_has_the_documented_members() -> None:
+    c = compare_capacity([rep(doc(8.0, 8.0, 8.4))], [rep(doc(float("nan"), 4.0, 4.2))])
+    dumped = c.model_dump(mode="json")
+    json.dumps(dumped, allow_nan=False)
+    for key in (
+        "ratio",
+        "ci_low",
+        "ci_high",
+        "verdict",
+        "per_device_ratio",
+        "variable",
+        "reference_capacity",
+        "capacity",
+    ):
+        assert key in dumped
+    # a NaN capacity is no found capacity
+    assert dumped["verdict"] == "unknown"
