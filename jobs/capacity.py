@@ -444,6 +444,15 @@ class CapacitySearch:
         """The next load to measure (requests/s, or an integer concurrency); None: done."""
         if self._status is not None:
             return None
+        if (
+            self._pending is None
+            and self._tried_max
+            and self._lo is not None
+            and self._hi is not None
+            and self._converged(self._lo, self._hi)
+        ):  # narrowed enough, even on the last allowed step
+            self._finish("found", None)
+            return None
         if len(self._steps) >= self.spec.max_steps:
             self._finish("steps_exhausted", f"max_steps ({self.spec.max_steps}) spent")
             return None

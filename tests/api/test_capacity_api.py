@@ -223,7 +223,7 @@ def test_real_vllm_capacity_apc_on_vs_off(
     """APC off vs on on the tiny model over a shared prefix: each run's search on its own
     server (the launch job the dispatcher would hand on, run by :func:`execute_batch`),
     recorded by the runs' use case; the comparison serves the capacity verdict and its
-    interval. Loads are few and small (concurrency 1 to 6, 12 requests a step, at most 5
+    interval. Loads are few and small (concurrency 1 to 8, 12 requests a step, at most 6
     steps, no re-measurement) so the test's time is bounded by design."""
     assert ENGINE_PYTHON is not None
     doc = {
@@ -243,11 +243,11 @@ def test_real_vllm_capacity_apc_on_vs_off(
         "variants": [{"name": "apc-on", "changes": {"engine_args.enable_prefix_caching": True}}],
         "repeats": 1,
         "capacity": {
-            "slos": {"ttft_ms": {"p90": 400}},
+            "slos": {"ttft_ms": {"p50": 250}},
             "variable": "concurrency",
             "min": 1,
-            "max": 6,
-            "max_steps": 5,
+            "max": 8,
+            "max_steps": 6,
             "remeasure": 0,
         },
     }
@@ -276,7 +276,7 @@ def test_real_vllm_capacity_apc_on_vs_off(
             "uncertain",
             "steps_exhausted",
         )
-        assert 1 <= len(cap["steps"]) <= 5
+        assert 1 <= len(cap["steps"]) <= 6
         assert all(s["verdict"] in ("pass", "fail", "uncertain") for s in cap["steps"])
         if cap["status"] == "found":
             assert run["metrics"]["capacity"] == cap["capacity"]

@@ -331,19 +331,20 @@ def stub_step(base_url: str, variable: str, requests: int, max_tokens: int) -> S
 
 @pytest.fixture(scope="module")
 def rate_stub() -> Iterator[StubServer]:
-    """16 slots, S = 100 ms + 15 * 20 ms = 400 ms for 16 tokens: capacity 40 requests/s.
+    """8 slots, S = 100 ms + 3 * 100 ms = 400 ms for 4 tokens: capacity 20 requests/s.
 
     Long enough that the timer jitter of a loaded 2-core machine (tens of ms) stays
-    well inside the objectives' margins.
+    well inside the objectives' margins; few tokens a request keep the stub's and the
+    client's own CPU use small (80 chunks/s at the capacity).
     """
-    with StubServer(0.1, 0.02, slots=16, process=True) as server:
+    with StubServer(0.1, 0.1, slots=8, process=True) as server:
         yield server
 
 
 def test_stub_capacity_mode_queues_fifo_and_reports_waiting(rate_stub: StubServer) -> None:
     reqs = [
-        ChatRequest(index=i, messages=[{"role": "user", "content": "q"}], max_tokens=16)
-        for i in range(32)
+        ChatRequest(index=i, messages=[{"role": "user", "content": "q"}], max_tokens=4)
+        for i in range(16)
     ]
     seen: list[float] = []
     stop = threading.Event()
@@ -355,24 +356,24 @@ def test_stub_capacity_mode_queues_fifo_and_reports_waiting(rate_stub: StubServe
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    records = asyncio.run(run_load(rate_stub.base_url, "m", reqs, concurrency=32))
+    records = asyncio.run(run_load(rate_stub.base_url, "m", reqs, concurrency=16))
     stop.set()
     watcher.join()
     ttfts = sorted(r.ttft_s or 0.0 for r in records)
-    # 16 served at once (TTFT ~100 ms), the next 16 wait one service time (400 ms) first
-    assert all(0.1 <= t < 0.3 for t in ttfts[:16]) and all(0.5 <= t < 0.7 for t in ttfts[16:])
-    assert max(seen) >= 1 and rate_stub.stats()["slots"] == 16
+    # 8 served at once (TTFT ~100 ms), the next 8 wait one service time (400 ms) first
+    assert all(0.1 <= t < 0.3 for t in ttfts[:8]) and all(0.5 <= t < 0.7 for t in ttfts[8:])
+    assert max(seen) >= 1 and rate_stub.stats()["slots"] == 8
 
 
 def test_capacity_search_finds_the_rate_capacity_of_the_stub(rate_stub: StubServer) -> None:
-    truth = 16 / 0.4  # slots / S
+    truth = 8 / 0.4  # slots / S
     # objective: base TTFT + 0.4 S at p90; above the capacity the queue passes it within
-    # the step's 60 arrivals once the rate is ~13 % over (0.9 * 60 * (S/16 - 1/rate) > 0.4 S);
+    # the step's 60 arrivals once the rate is ~13 % over (0.9 * 60 * (S/8 - 1/rate) > 0.4 S);
     # the waiting-queue rule fails it earlier
     spec = CapacitySpec.model_validate(
-        {"slos": {"ttft_ms": {"p90": 100 + 160}}, "min": 25, "max": 120, "tolerance": 0.1}
+        {"slos": {"ttft_ms": {"p90": 100 + 160}}, "min": 12, "max": 60, "tolerance": 0.1}
     )
-    result = run_search(spec, stub_step(rate_stub.base_url, "request_rate", 60, 16))
+    result = run_search(spec, stub_step(rate_stub.base_url, "request_rate", 60, 4))
     trace = [(s.load, s.verdict, s.checks[0].ci_low, s.checks[0].ci_high) for s in result.steps]
     assert result.status == "found", trace
     assert result.capacity is not None
@@ -382,12 +383,14 @@ def test_capacity_search_finds_the_rate_capacity_of_the_stub(rate_stub: StubServ
 
 
 def test_capacity_search_finds_the_concurrency_capacity_of_the_stub() -> None:
-    # 3 slots, S = 50 ms + 15 * 10 ms = 200 ms; concurrency 4 waits ~S/3 = 67 ms a request
+    # 3 slots, S = 100 ms + 3 * 100 ms = 400 ms for 4 tokens. Up to 3 users nobody waits
+    # (TTFT 100 ms); with 4, every round of service one request waits a whole S, so a
+    # quarter of the TTFTs are ~500 ms and the p90 is far over the 250 ms objective
     spec = CapacitySpec.model_validate(
-        {"slos": {"ttft_ms": {"p90": 50 + 50}}, "variable": "concurrency"} | {"min": 2, "max": 12}
+        {"slos": {"ttft_ms": {"p90": 100 + 150}}, "variable": "concurrency"} | {"min": 2, "max": 12}
     )
-    with StubServer(0.05, 0.01, slots=3, process=True) as stub:
-        result = run_search(spec, stub_step(stub.base_url, "concurrency", 30, 16))
+    with StubServer(0.1, 0.1, slots=3, process=True) as stub:
+        result = run_search(spec, stub_step(stub.base_url, "concurrency", 30, 4))
     trace = [(s.load, s.verdict, s.checks[0].ci_low, s.checks[0].ci_high) for s in result.steps]
     assert result.status == "found" and result.capacity == 3 and result.interval == (3, 4), trace
     assert len(result.steps) <= 10
@@ -398,15 +401,30 @@ def test_noisy_stub_reports_uncertain_not_a_wrong_capacity() -> None:
     # objective, and its sample p90 over 40 requests is far too spread to decide
     noise_p90_ms = 20 * math.exp(1.2816 * 1.0)
     spec = CapacitySpec.model_validate(
-        {"slos": {"ttft_ms": {"p90": 100 + noise_p90_ms}}, "min": 25, "max": 120}
+        {"slos": {"ttft_ms": {"p90": 100 + noise_p90_ms}}, "min": 12, "max": 60}
         | {"tolerance": 0.1}
     )
-    with StubServer(0.1, 0.02, slots=16, noise_s=0.02, noise_sigma=1.0, process=True) as stub:
-        result = run_search(spec, stub_step(stub.base_url, "request_rate", 40, 16))
+    with StubServer(0.1, 0.1, slots=8, noise_s=0.02, noise_sigma=1.0, process=True) as stub:
+        result = run_search(spec, stub_step(stub.base_url, "request_rate", 40, 4))
     trace = [(s.load, s.verdict, s.checks[0].ci_low, s.checks[0].ci_high) for s in result.steps]
-    # never a wrong number: uncertain, or a bracket that holds the truth (40 requests/s)
-    assert result.capacity is None or abs(result.capacity / 40 - 1) <= 0.1, trace
+    # never a wrong number: uncertain, or a bracket that holds the truth (20 requests/s)
+    assert result.capacity is None or abs(result.capacity / 20 - 1) <= 0.1, trace
     if result.status == "uncertain":
         assert result.capacity is None and result.note and "ttft_ms:p90" in result.note
     else:
         assert result.status == "found", trace
+
+
+def test_a_bracket_narrowed_on_the_last_allowed_step_is_found() -> None:
+    # concurrency 2..5 with capacity 3: min 2 passes, max 5 fails, 3 passes, 4 fails:
+    # the bracket (3, 4) is reached on step 4 = max_steps, and that is a boundary found
+    spec = CapacitySpec.model_validate(
+        {"slos": {"ttft_ms": {"p90": 250}}, "variable": "concurrency", "min": 2, "max": 5}
+        | {"max_steps": 4}
+    )
+    search = CapacitySearch(spec)
+    while (load := search.next_load()) is not None:
+        search.record(load, _records([100.0] * 40 if load <= 3 else [600.0] * 40), StepSignals())
+    result = search.result()
+    assert len(result.steps) == 4
+    assert result.status == "found" and result.capacity == 3 and result.interval == (3, 4)
