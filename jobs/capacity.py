@@ -7,7 +7,7 @@ at one load level, and hands the step's measured records and server signals to
 :meth:`CapacitySearch.record`. The search:
 
 - decides each step **pass / fail / uncertain** from the step's own percentile and
-  its bootstrap interval: an objective passes when the interval's upper end is at or
+  its distribution-free interval: an objective passes when the interval's upper end is at or
   under it, fails when the lower end is over it; a straddling interval is measured
   again (once, by default) and stays ``uncertain`` if it still straddles: the
   search then stops and reports ``uncertain`` rather than guess;
@@ -32,16 +32,20 @@ Decision details (the rules :class:`CapacitySearch` applies):
   requests with more than one output token). Failed requests count in the step's
   ``failed``, in the saturation rule and in goodput (a failed request is never good).
 - **Percentile interval**: ``numpy.percentile`` (linear) of the step's values, and a
-  percentile bootstrap (:data:`BOOTSTRAP_RESAMPLES` resamples of the values with
-  replacement, seeded by ``(seed, step index, check index)``) whose central
-  ``confidence`` quantiles are ``ci_low`` / ``ci_high``. An objective whose metric
-  has no value at a step with successful requests (TPOT when every request has one
-  output token) passes, as vLLM's goodput counts such a TPOT as 0; with no
-  successful request at all it fails.
+  distribution-free interval from order statistics (:func:`percentile_interval`: the
+  count of values under the true percentile is binomial), ``ci_low`` / ``ci_high`` at
+  ``confidence``. Where no order statistic reaches that confidence the end is
+  ``None``: a p99 objective over fewer than 368 requests (95 %, two-sided) has no upper end, so
+  such a step can fail but never pass (a bootstrap would pass it whenever the few
+  values happen to sit under the objective). An objective whose metric has no value
+  at a step with successful requests (TPOT when every request has one output token)
+  passes, as vLLM's goodput counts such a TPOT as 0; with no successful request at
+  all it fails. Latencies that are missing, negative or not finite make the request
+  failed (never a number). A step with no measured request is ``uncertain``.
 - **Goodput**: the fraction of the step's requests (failed ones included) whose
   TTFT, TPOT and E2EL are each at or under that metric's strictest objective (ITL
-  is not a per-request value; vLLM's ``--goodput`` ignores it too); bootstrap
-  interval of the mean of the 0/1 indicators; passes when ``ci_low >= goodput``,
+  is not a per-request value; vLLM's ``--goodput`` ignores it too); the Wilson score
+  interval of that fraction (:func:`proportion_interval`); passes when ``ci_low >= goodput``,
   fails when ``ci_high < goodput``.
 - **Re-measurement**: a step that is ``uncertain`` is measured again at the same load
   (up to ``remeasure`` times); each re-measurement is a step of its own whose checks
@@ -73,7 +77,7 @@ Decision details (the rules :class:`CapacitySearch` applies):
   named ``"<metric>:<percentile>"`` (``"ttft_ms:p99"``) or ``"goodput"``; a step
   that failed only on saturation names ``"saturated"``.
 
-Pure: no I/O, no clock, no randomness except the seeded bootstrap.
+Pure: no I/O, no clock, no randomness.
 """
 
 from __future__ import annotations
@@ -82,16 +86,16 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
 
 if TYPE_CHECKING:  # jobs.schemas imports this module
     from jobs.schemas import RequestRecord
 
 __all__ = [
-    "BOOTSTRAP_RESAMPLES",
     "CapacityResult",
     "CapacitySearch",
     "CapacitySpec",
@@ -99,7 +103,10 @@ __all__ = [
     "SLOCheck",
     "StepSignals",
     "StepValues",
+    "min_requests_to_pass",
+    "percentile_interval",
     "percentile_of",
+    "proportion_interval",
     "run_search",
     "step_values",
 ]
@@ -108,9 +115,6 @@ CapacityVariable = Literal["request_rate", "concurrency"]
 SLOMetric = Literal["ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"]
 Verdict = Literal["pass", "fail", "uncertain"]
 SearchStatus = Literal["found", "below_min", "at_least_max", "uncertain", "steps_exhausted"]
-
-BOOTSTRAP_RESAMPLES = 1000
-"""Bootstrap resamples per objective and step."""
 
 SATURATION_FAILED_FRACTION = 0.05
 """A step with more failed requests than this fraction is saturated."""
@@ -126,18 +130,18 @@ REPORTED_PERCENTILES = ("p50", "p90", "p99")
 
 _PERCENTILE_NAME = re.compile(r"^p(\d+(?:\.\d+)?)$")
 _METRICS: tuple[SLOMetric, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
-_BOOTSTRAP_CELLS = 2_000_000  # resample matrix cells per chunk (memory bound)
 
 
 def percentile_of(name: str) -> float:
     """The percentile a name means: ``"p99"`` -> 99.0, ``"p99.9"`` -> 99.9.
 
     Raises:
-        ValueError: not ``p<number>`` with the number in (0, 100].
+        ValueError: not ``p<number>`` with the number in (0, 100) (p100 is the maximum:
+            no interval can bound it).
     """
     match = _PERCENTILE_NAME.match(name)
     value = float(match.group(1)) if match else -1.0
-    if not 0.0 < value <= 100.0:
+    if not 0.0 < value < 100.0:
         raise ValueError(f"percentile name must be like p50, p99 or p99.9, got {name!r}")
     return value
 
@@ -157,13 +161,15 @@ class CapacitySpec(BaseModel):
             ``[min, max]``.
     """
 
-    slos: dict[SLOMetric, dict[str, float]] = Field(default_factory=dict)
-    goodput: float | None = Field(None, gt=0.0, le=1.0)
+    model_config = ConfigDict(extra="forbid")
+
+    slos: dict[SLOMetric, dict[str, StrictFloat]] = Field(default_factory=dict)
+    goodput: StrictFloat | None = Field(None, gt=0.0, le=1.0)
     variable: CapacityVariable = "request_rate"
-    min: float = Field(gt=0.0)
-    max: float = Field(gt=0.0)
-    tolerance: float = Field(0.05, gt=0.0, le=1.0, description="relative bracket width")
-    max_steps: int = Field(12, ge=2, le=64)
+    min: StrictFloat = Field(gt=0.0)
+    max: StrictFloat = Field(gt=0.0)
+    tolerance: StrictFloat = Field(0.05, gt=0.0, le=1.0, description="relative bracket width")
+    max_steps: StrictInt = Field(12, ge=2, le=64)
     requests_per_step: int | None = Field(None, ge=10, le=100_000)
     confidence: float = Field(0.95, gt=0.5, lt=1.0)
     remeasure: int = Field(1, ge=0, le=3, description="extra measurements of a straddling step")
@@ -172,6 +178,13 @@ class CapacitySpec(BaseModel):
     def _check(self) -> CapacitySpec:
         if not any(self.slos.values()) and self.goodput is None:
             raise ValueError("capacity needs at least one objective (slos or goodput)")
+        if self.goodput is not None and not any(
+            self.slos.get(m) for m in ("ttft_ms", "tpot_ms", "e2el_ms")
+        ):
+            raise ValueError(
+                "goodput counts the requests that meet the TTFT, TPOT and E2EL objectives: "
+                "set at least one of them in slos"
+            )
         for metric, objectives in self.slos.items():
             for name, objective in objectives.items():
                 percentile_of(name)
@@ -304,13 +317,18 @@ def step_values(records: Sequence[RequestRecord]) -> StepValues:
             out.failed += 1
             out.per_request.append(None)
             continue
-        ttft, e2el = r.ttft_s * 1000.0, r.e2el_s * 1000.0
+        ttft, e2el = _finite_ms(r.ttft_s), _finite_ms(r.e2el_s)
+        if ttft is None or e2el is None:  # a value that cannot be a latency: not measured
+            out.failed += 1
+            out.per_request.append(None)
+            continue
         out.ttft_ms.append(ttft)
         out.e2el_ms.append(e2el)
-        if r.tpot_s is not None:
-            out.tpot_ms.append(r.tpot_s * 1000.0)
-        out.itl_ms.extend(gap * 1000.0 for gap in r.itl_s)
-        out.per_request.append((ttft, (r.tpot_s or 0.0) * 1000.0, e2el))
+        tpot = _finite_ms(r.tpot_s)
+        if tpot is not None:
+            out.tpot_ms.append(tpot)
+        out.itl_ms.extend(g for g in (_finite_ms(gap) for gap in r.itl_s) if g is not None)
+        out.per_request.append((ttft, tpot or 0.0, e2el))
         tokens = r.output_tokens or 0
         out.output_tokens += tokens
         if tokens and e2el > ttft:
@@ -318,25 +336,63 @@ def step_values(records: Sequence[RequestRecord]) -> StepValues:
     return out
 
 
-def _bootstrap(
-    values: np.ndarray, stat: Callable[[np.ndarray], np.ndarray], rng: np.random.Generator
-) -> np.ndarray:
-    """``stat`` (row-wise) of :data:`BOOTSTRAP_RESAMPLES` resamples of ``values``."""
-    n = len(values)
-    rows = max(1, _BOOTSTRAP_CELLS // n)
-    out: list[np.ndarray] = []
-    left = BOOTSTRAP_RESAMPLES
-    while left > 0:
-        take = min(rows, left)
-        out.append(stat(values[rng.integers(0, n, size=(take, n))]))
-        left -= take
-    return np.concatenate(out)
+def _finite_ms(value_s: float | None) -> float | None:
+    """Seconds to ms; ``None`` for a missing, negative or non-finite value."""
+    if value_s is None or not math.isfinite(value_s) or value_s < 0:
+        return None
+    return value_s * 1000.0
 
 
-def _interval(boot: np.ndarray, confidence: float) -> tuple[float, float]:
+def percentile_interval(
+    sorted_values: np.ndarray, q: float, confidence: float
+) -> tuple[float | None, float | None]:
+    """Distribution-free interval of the ``q``-th percentile from order statistics.
+
+    The number of values under the true percentile is Binomial(n, q/100), so the
+    ``l``-th smallest value is at or under it with probability P(B >= l) and the
+    ``u``-th at or over it with probability P(B <= u - 1). The interval is the widest
+    ``l`` and narrowest ``u`` that keep each tail within ``(1 - confidence) / 2``.
+    ``None`` where no order statistic reaches that confidence: a p99 over 20 values
+    has no upper bound (it can only fail, never pass); 368 values are needed at
+    95 %. No resampling: a bootstrap of a high percentile of few values never goes
+    above their maximum and passes far too often.
+    """
+    n = len(sorted_values)
+    if n == 0:
+        return None, None
+    p = q / 100.0
     alpha = (1.0 - confidence) / 2.0
-    low, high = np.quantile(boot, [alpha, 1.0 - alpha])
-    return float(low), float(high)
+    k = np.arange(n + 1, dtype=float)
+    log_pmf = (
+        math.lgamma(n + 1)
+        - np.array([math.lgamma(x + 1) + math.lgamma(n - x + 1) for x in k])
+        + k * math.log(p)
+        + (n - k) * math.log1p(-p)
+    )
+    cdf = np.cumsum(np.exp(log_pmf))
+    below = int(np.count_nonzero(cdf[:n] <= alpha))  # l = below: P(B <= l - 1) <= alpha
+    low = float(sorted_values[below - 1]) if below >= 1 else None
+    reach = np.flatnonzero(cdf[:n] >= 1.0 - alpha)  # u - 1 = first j with P(B <= j) >= 1-a
+    high = float(sorted_values[int(reach[0])]) if reach.size else None
+    return low, high
+
+
+def min_requests_to_pass(q: float, confidence: float) -> int:
+    """The fewest values whose :func:`percentile_interval` of the ``q``-th percentile has
+    an upper end: ``1 - (q/100)**n >= 1 - (1 - confidence) / 2``. With fewer, a step can
+    fail that objective but never pass it (p99 at 95 %: 368; p90: 36; p50: 6)."""
+    alpha = (1.0 - confidence) / 2.0
+    return max(1, math.ceil(math.log(alpha) / math.log(q / 100.0) - 1e-9))
+
+
+def proportion_interval(good: int, n: int, confidence: float) -> tuple[float, float]:
+    """Wilson score interval of a proportion (good of n), two-sided at ``confidence``."""
+    z = NormalDist().inv_cdf(1.0 - (1.0 - confidence) / 2.0)
+    phat = good / n
+    denom = 1.0 + z * z / n
+    centre = (phat + z * z / (2 * n)) / denom
+    half = z * math.sqrt(phat * (1 - phat) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def _check_percentile(
@@ -345,24 +401,21 @@ def _check_percentile(
     objective: float,
     values: StepValues,
     confidence: float,
-    rng: np.random.Generator,
 ) -> SLOCheck:
-    data = np.asarray(values.metric(metric), dtype=float)
-    check = SLOCheck(metric=metric, percentile=name, objective=objective, verdict="fail")
+    data = np.sort(np.asarray(values.metric(metric), dtype=float))
+    check = SLOCheck(metric=metric, percentile=name, objective=objective, verdict="uncertain")
     if data.size == 0:  # no value: pass when requests succeeded (a TPOT with one token)
+        if values.requests == 0:
+            return check  # nothing measured: no verdict
         check.verdict = "pass" if values.requests > values.failed else "fail"
         return check
     q = percentile_of(name)
     check.value = float(np.percentile(data, q))
-    boot = _bootstrap(data, lambda m: np.percentile(m, q, axis=1), rng)
-    check.ci_low, check.ci_high = _interval(boot, confidence)
-    check.verdict = (
-        "pass"
-        if check.ci_high <= objective
-        else "fail"
-        if check.ci_low > objective
-        else "uncertain"
-    )
+    check.ci_low, check.ci_high = percentile_interval(data, q, confidence)
+    if check.ci_high is not None and check.ci_high <= objective:
+        check.verdict = "pass"
+    elif check.ci_low is not None and check.ci_low > objective:
+        check.verdict = "fail"
     return check
 
 
@@ -379,18 +432,12 @@ def _good(values: StepValues, slos: dict[SLOMetric, dict[str, float]]) -> np.nda
     return np.asarray(good, dtype=float)
 
 
-def _check_goodput(
-    objective: float,
-    good: np.ndarray,
-    confidence: float,
-    rng: np.random.Generator,
-) -> SLOCheck:
-    check = SLOCheck(metric="goodput", objective=objective, verdict="fail")
+def _check_goodput(objective: float, good: np.ndarray, confidence: float) -> SLOCheck:
+    check = SLOCheck(metric="goodput", objective=objective, verdict="uncertain")
     if good.size == 0:
-        return check
+        return check  # nothing measured: no verdict
     check.value = float(good.mean())
-    boot = _bootstrap(good, lambda m: m.mean(axis=1), rng)
-    check.ci_low, check.ci_high = _interval(boot, confidence)
+    check.ci_low, check.ci_high = proportion_interval(int(good.sum()), good.size, confidence)
     check.verdict = (
         "pass"
         if check.ci_low >= objective
@@ -407,6 +454,11 @@ def _excess(check: SLOCheck) -> float:
     if check.metric == "goodput":
         return check.objective / check.value if check.value > 0 else math.inf
     return check.value / check.objective
+
+
+def _end(value: float | None) -> str:
+    """An interval end for a note: ``None`` is unbounded (too few requests to bound it)."""
+    return "unbounded" if value is None else f"{value:.4g}"
 
 
 def _name(check: SLOCheck) -> str:
@@ -554,18 +606,18 @@ class CapacitySearch:
         checks: list[SLOCheck] = []
         for metric in _METRICS:
             for name, objective in self.spec.slos.get(metric, {}).items():
-                rng = np.random.default_rng([self.seed, index, len(checks)])
                 checks.append(
-                    _check_percentile(metric, name, objective, pooled, self.spec.confidence, rng)
+                    _check_percentile(metric, name, objective, pooled, self.spec.confidence)
                 )
         good = _good(pooled, self.spec.slos)
         if self.spec.goodput is not None:
-            rng = np.random.default_rng([self.seed, index, len(checks)])
-            checks.append(_check_goodput(self.spec.goodput, good, self.spec.confidence, rng))
+            checks.append(_check_goodput(self.spec.goodput, good, self.spec.confidence))
         saturated = self._saturation(load, own, signals)
         verdicts = {c.verdict for c in checks}
         verdict: Verdict = (
-            "fail"
+            "uncertain"
+            if pooled.requests == 0  # nothing measured (no request, or warm-up only)
+            else "fail"
             if saturated or "fail" in verdicts
             else "uncertain"
             if "uncertain" in verdicts
@@ -631,7 +683,8 @@ class CapacitySearch:
                 return
             straddling = [c for c in step.checks if c.verdict == "uncertain"]
             what = "; ".join(
-                f"{_name(c)} interval [{c.ci_low:.4g}, {c.ci_high:.4g}] straddles {c.objective:g}"
+                f"{_name(c)} interval [{_end(c.ci_low)}, {_end(c.ci_high)}] "
+                f"straddles {c.objective:g}"
                 for c in straddling
             )
             self._finish("uncertain", f"at load {load:g} after {count} measurement(s): {what}")
@@ -680,7 +733,7 @@ def run_search(
         step: measures one step at ``load`` (requests/s, or an integer concurrency as a
             float) and returns ``(records, signals, duration_s)``: the step's measured
             records, its signals, and its wall time in seconds (or None).
-        seed: the bootstrap seed.
+        seed: kept for callers; the decisions use no randomness.
 
     Returns:
         The :class:`CapacityResult` (``len(result.steps)`` steps were measured).

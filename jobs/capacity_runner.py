@@ -122,24 +122,38 @@ def step_requests(
 def step_signals(samples: list[MetricSample], records: list[RequestRecord]) -> StepSignals:
     """The server and client signals of one step.
 
-    ``waiting_first`` / ``waiting_last`` / ``waiting_max``: ``num_requests_waiting`` in
-    the step's ``during`` scrapes (:data:`jobs.metrics.SAMPLE_KEYS`); ``kv_cache_usage_max``
+    ``waiting_first`` / ``waiting_last``: ``num_requests_waiting`` at the step's ``during``
+    scrapes nearest its first and its last dispatch (scrapes' ``t_s`` and records'
+    ``start_s`` are offsets on the same run clock): the queue when the last request was
+    sent, not after it drained (the last scrape of a step comes after the queue has
+    emptied, so it would never show growth); ``waiting_max`` the most seen in the step's
+    scrapes (:data:`jobs.metrics.SAMPLE_KEYS`); ``kv_cache_usage_max``
     (0-1) likewise; ``dispatch_lag_p99_ms``: p99 (linear interpolation) of ``start_s -
     scheduled_s`` over the open-loop records, in ms. ``None`` where nothing was observed.
     """
     during = [s for s in samples if s.phase == "during"]
-    waiting = [
-        s.values["num_requests_waiting"] for s in during if "num_requests_waiting" in s.values
+    queue = [
+        (s.t_s, s.values["num_requests_waiting"])
+        for s in during
+        if "num_requests_waiting" in s.values
     ]
+    waiting = [w for _, w in queue]
     kv = [s.values["kv_cache_usage"] for s in during if "kv_cache_usage" in s.values]
-    lags = [
-        (r.start_s - r.scheduled_s) * 1000.0
-        for r in records
-        if r.scheduled_s is not None and not r.warmup
-    ]
+    measured = [r for r in records if not r.warmup]
+    lags = [(r.start_s - r.scheduled_s) * 1000.0 for r in measured if r.scheduled_s is not None]
+    first_t = min((r.start_s for r in measured), default=None)
+    last_t = max((r.start_s for r in measured), default=None)
+
+    def nearest(t: float | None, fallback: float | None) -> float | None:
+        if not queue:
+            return None
+        if t is None:
+            return fallback
+        return min(queue, key=lambda sample: abs(sample[0] - t))[1]
+
     return StepSignals(
-        waiting_first=waiting[0] if waiting else None,
-        waiting_last=waiting[-1] if waiting else None,
+        waiting_first=nearest(first_t, waiting[0] if waiting else None),
+        waiting_last=nearest(last_t, waiting[-1] if waiting else None),
         waiting_max=max(waiting) if waiting else None,
         kv_cache_usage_max=max(kv) if kv else None,
         dispatch_lag_p99_ms=float(np.percentile(lags, 99)) if lags else None,

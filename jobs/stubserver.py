@@ -278,8 +278,9 @@ class _StubApp:
         label = f'{{engine="0",model_name="{self.model}"}}'
         lines = []
         running, waiting = self.running, 0
-        if self.slots is not None:
-            running, waiting = self.slots.busy, len(self.slots.queue)
+        if self.slots is not None:  # in flight and not queued for a slot (noise included)
+            waiting = len(self.slots.queue)
+            running = max(0, self.running - waiting)
         for name, kind, value in (
             ("vllm:num_requests_running", "gauge", running),
             ("vllm:num_requests_waiting", "gauge", waiting),

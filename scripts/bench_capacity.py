@@ -4,8 +4,9 @@ Against the stub in capacity mode (:mod:`jobs.stubserver`, a subprocess with a k
 service capacity), in one script run:
 
 1. our search (:func:`jobs.capacity.run_search`, steps driven by :func:`jobs.loadgen.run_load`)
-   for ``request_rate`` (16 slots, S = 400 ms: 40 requests/s) and for ``concurrency``
-   (3 slots, S = 200 ms: 3 concurrent requests), as in ``tests/jobs/test_capacity.py``;
+   for ``request_rate`` (8 slots, S = 100 ms + 3 x 100 ms = 400 ms for 4-token requests:
+   20 requests/s) and for ``concurrency`` (3 slots, the same S: 3 concurrent requests),
+   as in ``tests/jobs/test_capacity.py``;
 2. ``vllm bench sweep serve_workload`` (the engine environment's vLLM) against the same
    request-rate stub: it starts the server command itself (``--serve-cmd``: here the stub's
    own command line), runs ``vllm bench serve`` once per workload level (a subprocess each)
@@ -56,17 +57,17 @@ main()
 
 def ours(variable: str) -> dict[str, object]:
     if variable == "request_rate":
-        stub_args = {"ttft_s": 0.1, "itl_s": 0.02, "slots": 16}
-        spec = {"slos": {"ttft_ms": {"p90": 260}}, "min": 25, "max": 120, "tolerance": 0.1}
-        truth, requests = 40.0, 60
+        stub_args = {"ttft_s": 0.1, "itl_s": 0.1, "slots": 8}
+        spec = {"slos": {"ttft_ms": {"p90": 260}}, "min": 12, "max": 60, "tolerance": 0.1}
+        truth, requests = 20.0, 120
     else:
-        stub_args = {"ttft_s": 0.05, "itl_s": 0.01, "slots": 3}
-        spec = {"slos": {"ttft_ms": {"p90": 100}}, "variable": "concurrency", "min": 2, "max": 12}
+        stub_args = {"ttft_s": 0.1, "itl_s": 0.1, "slots": 3}
+        spec = {"slos": {"ttft_ms": {"p90": 250}}, "variable": "concurrency", "min": 2, "max": 12}
         truth, requests = 3.0, 30
     t0 = time.perf_counter()
     with StubServer(process=True, **stub_args) as stub:  # type: ignore[arg-type]
         result = run_search(
-            CapacitySpec.model_validate(spec), stub_step(stub.base_url, variable, requests, 16)
+            CapacitySpec.model_validate(spec), stub_step(stub.base_url, variable, requests, 4)
         )
     wall = time.perf_counter() - t0
     return {
@@ -96,12 +97,12 @@ def vllm_sweep(workload_iters: int, num_prompts: int) -> dict[str, object]:
     shim = work / "vllm_shim.py"
     shim.write_text(SHIM)
     port = _free_port()
-    serve = [sys.executable, "-m", "jobs.stubserver", "--ttft-ms", "100", "--itl-ms", "20"]
-    serve += ["--slots", "16", "--host", "127.0.0.1", "--port", str(port)]
+    serve = [sys.executable, "-m", "jobs.stubserver", "--ttft-ms", "100", "--itl-ms", "100"]
+    serve += ["--slots", "8", "--host", "127.0.0.1", "--port", str(port)]
     bench = [str(ENGINE_PY), str(shim), "bench", "serve", "--backend", "openai-chat"]
     bench += ["--endpoint", "/v1/chat/completions", "--base-url", f"http://127.0.0.1:{port}"]
     bench += ["--model", "stub", "--tokenizer", str(model), "--dataset-name", "random"]
-    bench += ["--random-input-len", "8", "--random-output-len", "16", "--ignore-eos"]
+    bench += ["--random-input-len", "8", "--random-output-len", "4", "--ignore-eos"]
     bench += ["--num-prompts", str(num_prompts)]
     cmd = [str(ENGINE_PY), str(shim), "bench", "sweep", "serve_workload"]
     cmd += ["--serve-cmd", shlex.join(serve), "--bench-cmd", shlex.join(bench)]
@@ -121,7 +122,7 @@ def vllm_sweep(workload_iters: int, num_prompts: int) -> dict[str, object]:
     return {
         "tool": "vllm bench sweep serve_workload",
         "variable": "request_rate",
-        "truth": 40.0,
+        "truth": 20.0,
         "exit": proc.returncode,
         "steps": len(runs),
         "levels": levels,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -183,15 +184,19 @@ KEY_COMPARISONS = (
 
 
 def comparison_table(comp: dict[str, Any]) -> Table:
-    """Each variant vs its reference: ratio with its 95 % interval and the verdict.
+    """Each variant vs its reference: ratio with its interval and the verdict.
 
-    Where a variant carries ``capacity`` (capacity under SLOs), a ``capacity`` row
-    follows its metrics (and a ``capacity per device`` row when the sides reserve
-    different device counts): mean capacities, the ratio, the interval from the
-    searches' brackets (not a bootstrap; the caption says so) and the verdict
-    (``higher`` / ``lower`` / ``no change`` / ``unknown`` with the reason).
+    A metric row's interval is the 95 % bootstrap interval of the ratio. Where a
+    variant carries ``capacity`` (capacity under SLOs), a ``capacity`` row follows
+    its metrics (and a ``capacity per device`` row when the sides reserve
+    different device counts): mean capacities, the ratio, its interval labelled
+    ``bracket`` (the envelope of the searches' brackets, not a bootstrap; the
+    caption says so) and the verdict (``higher`` / ``lower`` / ``no change`` /
+    ``unknown`` with the reason).
     """
-    table = Table(title="comparison (variant / reference, 95 % bootstrap interval)")
+    table = Table(
+        title="comparison (variant / reference; metric interval: 95 % bootstrap CI of the ratio)"
+    )
     for col in (
         "variant",
         "vs",
@@ -200,7 +205,7 @@ def comparison_table(comp: dict[str, Any]) -> Table:
         "reference",
         "variant value",
         "ratio",
-        "95 % CI",
+        "interval",
         "verdict",
     ):
         table.add_column(
@@ -232,14 +237,23 @@ def comparison_table(comp: dict[str, Any]) -> Table:
             table.add_row(v["variant"], v["reference"], changed, *row)
             changed = ""
             table.caption = (
-                "capacity: highest load meeting every SLO (mean over repeats with a found "
-                "capacity); its interval comes from the searches' brackets"
+                "capacity: highest load meeting every SLO (mean over repeats; unknown unless "
+                "every repeat found one); its interval is a bracket, the envelope of the "
+                "searches' brackets (highest pass .. lowest fail), not a 95 % CI"
             )
     return table
 
 
+def _finite(x: Any) -> float | None:
+    """A finite number (not a bool), else None."""
+    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
+        return None
+    return float(x)
+
+
 def _num(x: Any, fmt: str = "{:.3g}") -> str:
-    return fmt.format(x) if isinstance(x, int | float) and not isinstance(x, bool) else "-"
+    f = _finite(x)
+    return fmt.format(f) if f is not None else "–"
 
 
 def capacity_rows(cap: dict[str, Any] | None) -> list[tuple[str, ...]]:
@@ -250,10 +264,13 @@ def capacity_rows(cap: dict[str, Any] | None) -> list[tuple[str, ...]]:
     sides reserve different device counts (the per-device ratio then differs)."""
     if not cap:
         return []
-    unit = cap.get("unit") or cap.get("variable") or "load"
+    unit = cap.get("unit") or "unknown unit"
 
-    def verdict_text(key: str) -> str:
+    def verdict_text(key: str, ratio_key: str, lo_key: str, hi_key: str) -> str:
         text = str(cap.get(key) or "unknown").replace("_", " ")
+        measured = all(_finite(cap.get(k)) is not None for k in (ratio_key, lo_key, hi_key))
+        if text != "unknown" and not measured:
+            return "unknown (no ratio)"  # never a verdict without the number behind it
         return f"unknown ({cap['reason']})" if text == "unknown" and cap.get("reason") else text
 
     binding = cap.get("binding_slo") or {}
@@ -262,9 +279,10 @@ def capacity_rows(cap: dict[str, Any] | None) -> list[tuple[str, ...]]:
         metric += f", binds: {binding.get('reference') or '-'} / {binding.get('variant') or '-'}"
 
     def interval(lo: Any, hi: Any) -> str:
-        if not isinstance(lo, int | float) or not isinstance(hi, int | float):
-            return "-"
-        return f"[{lo:.2f}, {hi:.2f}]"
+        flo, fhi = _finite(lo), _finite(hi)
+        if flo is None or fhi is None:
+            return "–"
+        return f"bracket [{flo:.2f}, {fhi:.2f}]"
 
     rows: list[tuple[str, ...]] = [
         (
@@ -273,7 +291,7 @@ def capacity_rows(cap: dict[str, Any] | None) -> list[tuple[str, ...]]:
             _num(cap.get("capacity")),
             _num(cap.get("ratio"), "{:.2f}"),
             interval(cap.get("ci_low"), cap.get("ci_high")),
-            verdict_text("verdict"),
+            verdict_text("verdict", "ratio", "ci_low", "ci_high"),
         )
     ]
     devices = cap.get("devices") or {}
@@ -285,7 +303,12 @@ def capacity_rows(cap: dict[str, Any] | None) -> list[tuple[str, ...]]:
                 _num(cap.get("capacity_per_device")),
                 _num(cap.get("per_device_ratio"), "{:.2f}"),
                 interval(cap.get("per_device_ci_low"), cap.get("per_device_ci_high")),
-                verdict_text("per_device_verdict"),
+                verdict_text(
+                    "per_device_verdict",
+                    "per_device_ratio",
+                    "per_device_ci_low",
+                    "per_device_ci_high",
+                ),
             )
         )
     return rows

@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from jobs.capacity import CapacitySpec
+from jobs.capacity import CapacitySpec, min_requests_to_pass, percentile_of
 from jobs.schemas import WorkloadSpec
 from orchestrator.cluster.placement import reserved_devices
 from orchestrator.experiments.pathpolicy import MAX_MODEL_CHARS
@@ -730,6 +730,27 @@ def capacity_errors(
     nothing different.
     """
     errors: list[dict[str, Any]] = []
+    too_few: dict[tuple[str, str], str] = {}
+    for v in variants:
+        n = capacity.requests_per_step or v.config.workload.num_requests
+        for metric, objectives in capacity.slos.items():
+            for name in objectives:
+                need = min_requests_to_pass(percentile_of(name), capacity.confidence)
+                if n < need and (metric, name) not in too_few:
+                    too_few[(metric, name)] = (
+                        f"a {name} objective at {capacity.confidence:.0%} confidence needs at "
+                        f"least {need} measured requests a step to ever pass; {v.name}'s steps "
+                        f"have {n} (raise capacity.requests_per_step or workload.num_requests, "
+                        "or use a lower percentile)"
+                    )
+    for (slo_metric, slo_name), msg in too_few.items():
+        errors.append(
+            {
+                "loc": ["body", "capacity", "slos", slo_metric, slo_name],
+                "msg": msg,
+                "type": "capacity_too_few_requests",
+            }
+        )
     problems = {v.name: capacity_workload_problem(capacity, v.config.workload) for v in variants}
     for v in variants:
         loc = locs.get(v.name, ["body"])

@@ -47,7 +47,7 @@ def capacity_spec(**capacity: Any) -> dict[str, Any]:
         },
         "variants": [{"name": "apc-on", "changes": {"engine_args.enable_prefix_caching": True}}],
         "repeats": 1,
-        "capacity": {"slos": {"ttft_ms": {"p99": 500}}, "min": 0.5, "max": 16, **capacity},
+        "capacity": {"slos": {"ttft_ms": {"p50": 500}}, "min": 0.5, "max": 16, **capacity},
     }
 
 
@@ -166,16 +166,24 @@ def test_bad_capacity_specs_are_422_naming_the_field(client: TestClient) -> None
         (capacity_spec(min=4, max=4), "capacity.min (4) must be below capacity.max (4)"),
         (capacity_spec(slos={}), "at least one objective"),
         (capacity_spec(slos={"ttft_ms": {"q99": 5}}), "'q99'"),
-        (capacity_spec(slos={"ttft_ms": {}}, goodput=0.9), "capacity.slos.ttft_ms: give at"),
+        (
+            capacity_spec(slos={"ttft_ms": {}, "e2el_ms": {"p50": 900}}, goodput=0.9),
+            "capacity.slos.ttft_ms: give at",
+        ),
         (capacity_spec(variable="concurrency", min=1, max=8), "needs workload arrival 'closed'"),
         (capacity_spec(variable="concurrency", min=1.5, max=8), "whole number"),
+        (capacity_spec(tolerence=0.01), "tolerence"),  # a misspelt key is not ignored
+        (capacity_spec(slos={"ttft_ms": {"p100": 500}}), "'p100'"),
+        (capacity_spec(slos={"ttft_ms": {"p50": "500"}}), "p50"),
+        (capacity_spec(goodput=0.9, slos={"itl_ms": {"p50": 5}}), "goodput counts"),
+        (capacity_spec(slos={"ttft_ms": {"p99": 500}}), "needs at least 368"),
     ]
     for doc, needle in cases:
         resp = client.post("/api/v1/experiments", json=doc)
         assert resp.status_code == 422, (needle, resp.text)
         assert resp.headers["content-type"].startswith(PROBLEM)
         errors = resp.json()["errors"]
-        assert any(needle in e["msg"] for e in errors), (needle, errors)
+        assert any(needle in e["msg"] or needle in e["loc"] for e in errors), (needle, errors)
         assert all(e["loc"][:2] in (["body", "capacity"], ["body", "baseline"]) for e in errors)
 
 

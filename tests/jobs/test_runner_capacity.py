@@ -19,8 +19,17 @@ import sys
 from pathlib import Path
 
 from jobs.capacity import CapacitySpec
+from jobs.capacity_runner import step_signals
 from jobs.runner import execute_batch
-from jobs.schemas import BatchJob, EngineLaunch, Progress, RunSegment, WorkloadSpec
+from jobs.schemas import (
+    BatchJob,
+    EngineLaunch,
+    MetricSample,
+    Progress,
+    RequestRecord,
+    RunSegment,
+    WorkloadSpec,
+)
 from tests.jobs.test_runner_batch import _assert_no_engine_left, _fake_engine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,7 +86,7 @@ def _job(
 
 def _closed(**kw: object) -> WorkloadSpec:
     doc: dict[str, object] = {
-        "num_requests": 24,
+        "num_requests": 40,
         "prefix_tokens": 64,
         "question_tokens": 8,
         "output_tokens": 4,
@@ -88,8 +97,14 @@ def _closed(**kw: object) -> WorkloadSpec:
     return WorkloadSpec.model_validate(doc)
 
 
+#: p90 over 40 requests a step: the order-statistic interval bounds it both ways
+#: (a p99 would need ~300 requests to ever pass)
 CONCURRENCY = CapacitySpec(
-    slos={"ttft_ms": {"p99": 110}}, variable="concurrency", min=1, max=8, remeasure=0
+    slos={"ttft_ms": {"p90": 110}}, variable="concurrency", min=1, max=8, remeasure=0
+)
+#: p50: decided on 20 requests a step
+CONCURRENCY_P50 = CapacitySpec(
+    slos={"ttft_ms": {"p50": 110}}, variable="concurrency", min=1, max=8, remeasure=0
 )
 
 
@@ -113,7 +128,7 @@ def test_capacity_segment_finds_the_slots_of_the_stub(tmp_path: Path, tiny_model
     assert result.binding_slo is not None and result.binding_slo.startswith("ttft_ms")
     loads = [s.load for s in result.steps]
     assert loads[:2] == [1.0, 8.0] and set(loads) >= {2.0, 3.0}
-    assert all(s.requests == 24 for s in result.steps)  # the same list every step
+    assert all(s.requests == 40 for s in result.steps)  # the same list every step
     assert {s.load: s.verdict for s in result.steps}[2.0] == "pass"
     assert {s.load: s.verdict for s in result.steps}[3.0] == "fail"
     # the stub's /metrics: busy slots and the FIFO queue, seen during the steps
@@ -122,11 +137,11 @@ def test_capacity_segment_finds_the_slots_of_the_stub(tmp_path: Path, tiny_model
 
     # the run keeps the step at the capacity as its measured requests and summary
     measured = [r for r in cap.requests if not r.warmup]
-    assert [r.index for r in measured] == list(range(24))
+    assert [r.index for r in measured] == list(range(40))
     assert cap.engine_info["capacity_steps"] == len(result.steps)
     kept = result.steps[cap.engine_info["capacity_kept_step"]]
     assert kept.load == 2.0 and kept.verdict == "pass"
-    assert cap.metrics["completed"] == 24
+    assert cap.metrics["completed"] == 40
     assert cap.metrics["p99_ttft_ms"] < 110
     assert cap.metrics["capacity"] == 2.0
     assert (cap.metrics["capacity_low"], cap.metrics["capacity_high"]) == (2.0, 3.0)
@@ -145,7 +160,7 @@ def test_capacity_segment_finds_the_slots_of_the_stub(tmp_path: Path, tiny_model
 
     # an ordinary run after it on the same server is untouched
     assert plain.status == "succeeded" and plain.capacity is None
-    assert plain.metrics["completed"] == 24 and "capacity" not in plain.metrics
+    assert plain.metrics["completed"] == 40 and "capacity" not in plain.metrics
     assert plain.engine_info["server_reused"] is True
     _assert_no_engine_left([cap, plain])
 
@@ -154,7 +169,7 @@ def test_capacity_over_request_rate_drives_open_loop_steps(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
     spec = CapacitySpec(
-        slos={"ttft_ms": {"p99": 300}},
+        slos={"ttft_ms": {"p50": 300}},
         min=4,
         max=64,
         tolerance=0.5,
@@ -196,7 +211,7 @@ def test_engine_dying_mid_search_fails_the_run_and_keeps_what_was_measured(
         tmp_path,
         tiny_model_dir,
         _fake_engine(tmp_path, die_after=31),
-        [RunSegment(run_id="dies", workload=_closed(num_requests=20), capacity=CONCURRENCY)],
+        [RunSegment(run_id="dies", workload=_closed(num_requests=20), capacity=CONCURRENCY_P50)],
         engine_args={},
     )
     (run,) = execute_batch(job)
@@ -209,3 +224,18 @@ def test_engine_dying_mid_search_fails_the_run_and_keeps_what_was_measured(
     assert run.engine_info["capacity_steps"] == 2
     assert not {"capacity", "capacity_low", "capacity_high"} & set(run.metrics)
     _assert_no_engine_left([run])
+
+
+def test_step_signals_read_the_queue_at_the_last_dispatch_not_after_it_drained() -> None:
+    # an overloaded step: the queue grows 0 -> 20 while requests are sent (0-2 s), then
+    # drains to 0 before the step's last scrape (4 s)
+    samples = [
+        MetricSample(t_s=t, phase="during", values={"num_requests_waiting": w})
+        for t, w in [(0.0, 0.0), (1.0, 10.0), (2.0, 20.0), (3.0, 8.0), (4.0, 0.0)]
+    ]
+    records = [
+        RequestRecord(index=i, success=True, start_s=i * 0.1, ttft_s=0.1, e2el_s=0.2)
+        for i in range(21)
+    ]
+    signals = step_signals(samples, records)
+    assert (signals.waiting_first, signals.waiting_last, signals.waiting_max) == (0.0, 20.0, 20.0)

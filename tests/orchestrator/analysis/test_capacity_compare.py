@@ -72,23 +72,98 @@ def test_lower_is_a_regression_and_overlap_is_no_change() -> None:
     assert same.ci_low < 1.0 < same.ci_high
 
 
-def test_means_over_found_repeats_and_their_bracket_ends() -> None:
+def test_mean_capacity_and_the_envelope_of_the_repeats_brackets() -> None:
     ref = [rep(doc(4.0, 4.0, 5.0), i=0), rep(doc(6.0, 6.0, 7.0), i=1)]
-    var = [
-        rep(doc(9.0, 9.0, 10.0), i=0),
-        rep(doc(11.0, 11.0, 12.0), i=1),
-        rep(doc(None, None, None, status="uncertain"), i=2),
-    ]
+    var = [rep(doc(9.0, 9.0, 10.0), i=0), rep(doc(11.0, 11.0, 12.0), i=1)]
     c = compare_capacity(var, ref)
-    # means: reference 5 [5, 6], variant 10 [10, 11]
+    # means: reference 5, variant 10; envelopes: reference [4, 7], variant [9, 12]
     assert c.reference_capacity == pytest.approx(5.0) and c.capacity == pytest.approx(10.0)
     assert c.ratio == pytest.approx(2.0)
-    assert c.ci_low == pytest.approx(10.0 / 6.0) and c.ci_high == pytest.approx(11.0 / 5.0)
+    assert c.interval == {"reference": [4.0, 7.0], "variant": [9.0, 12.0]}
+    assert c.ci_low == pytest.approx(9.0 / 7.0) and c.ci_high == pytest.approx(12.0 / 4.0)
     assert c.verdict == "higher"
     assert c.found == {"reference": 2, "variant": 2}
-    assert any("uncertain x1" in n and "left out" in n for n in c.notes)
-    # the repeats spread (4..6) wider than the mean bracket (5..6): said, not hidden
-    assert any("reference: repeats' capacities spread" in n for n in c.notes)
+    assert any("reference: repeats' capacities spread 4..6" in n for n in c.notes)
+
+
+def test_a_repeat_without_a_found_capacity_makes_the_verdict_unknown() -> None:
+    # found 8 and uncertain between 2 and 16 against 4: not "higher" from the found one
+    var = [rep(doc(8.0, 8.0, 8.4), i=0), rep(doc(None, 2.0, 16.0, status="uncertain"), i=1)]
+    c = compare_capacity(var, [rep(doc(4.0, 4.0, 4.2))])
+    assert c.verdict == "unknown" and not capacity_regression(c)
+    assert c.reason == "variant: 1 of 2 repeats found no capacity: uncertain (between 2 and 16)"
+    assert c.ratio is None and c.ci_low is None and c.ci_high is None
+    assert c.capacity is None and c.reference_capacity == 4.0
+    assert c.per_device_verdict == "unknown" and c.per_device_ratio is None
+    assert c.found == {"reference": 1, "variant": 1}
+    assert any("1 of 2 repeats found a capacity (8)" in n for n in c.notes)
+    assert any(var[1].run_id in n for n in c.notes)  # the repeat is named
+    for status, bracket, text in (
+        ("below_min", (None, 0.5), "below_min (below 0.5)"),
+        ("at_least_max", (32.0, None), "at_least_max (at least 32)"),
+        ("steps_exhausted", (6.0, 9.0), "steps_exhausted (between 6 and 9)"),
+    ):
+        ref = [rep(doc(4.0, 4.0, 4.2), i=0), rep(doc(None, *bracket, status=status), i=1)]
+        other = compare_capacity([rep(doc(8.0, 8.0, 8.4))], ref)
+        assert other.verdict == "unknown"
+        assert other.reason == f"reference: 1 of 2 repeats found no capacity: {text}"
+    # a succeeded run without a document beside ones that searched: unknown too
+    nodoc = compare_capacity([rep(doc(8.0, 8.0, 8.4), i=0), rep(None, i=1)], ref[:1])
+    assert nodoc.verdict == "unknown"
+    assert nodoc.reason == "variant: 1 of 2 repeats found no capacity: no capacity document"
+
+
+def test_repeats_that_disagree_widen_the_interval_to_their_envelope() -> None:
+    # found 2 and found 16 against 4: the mean (9) alone would say "higher"
+    var = [rep(doc(2.0, 2.0, 2.2), i=0), rep(doc(16.0, 16.0, 16.8), i=1)]
+    ref = [rep(doc(4.0, 4.0, 4.2))]
+    c = compare_capacity(var, ref)
+    assert c.ratio == pytest.approx(9.0 / 4.0)  # the point estimate: ratio of means
+    assert c.ci_low == pytest.approx(2.0 / 4.2) and c.ci_high == pytest.approx(16.8 / 4.0)
+    assert c.verdict == "no_change"
+    assert c.interval["variant"] == [2.0, 16.8]
+    # per device the same way: each repeat's bracket over its own devices
+    pd = compare_capacity(
+        [rep(doc(2.0, 2.0, 2.2), devices=1, i=0), rep(doc(16.0, 16.0, 16.8), devices=2, i=1)],
+        [rep(doc(4.0, 4.0, 4.2), devices=1)],
+    )
+    assert pd.per_device_ratio == pytest.approx(((2.0 + 8.0) / 2) / 4.0)
+    assert pd.per_device_ci_low == pytest.approx(2.0 / 4.2)
+    assert pd.per_device_ci_high == pytest.approx(8.4 / 4.0)
+    assert pd.per_device_verdict == "no_change"
+    assert pd.devices == {"reference": 1, "variant": None}
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, -3.0, float("nan"), float("inf"), True, "8", None])
+def test_a_found_document_without_a_positive_capacity_is_not_found(bad: Any) -> None:
+    c = compare_capacity([rep(doc(8.0, 8.0, 8.4))], [rep(doc(bad, 4.0, 4.2))])
+    assert c.verdict == "unknown" and c.ratio is None
+    assert c.reason == "reference: capacity is not a positive number"
+    json.dumps(c.model_dump(mode="json"), allow_nan=False)
+
+
+def test_an_empty_document_and_a_missing_variable() -> None:
+    empty = compare_capacity([rep(doc(8.0, 8.0, 8.4))], [rep({})])
+    assert empty.verdict == "unknown"
+    assert empty.reason == "reference: no capacity document"
+    assert empty.unit == "requests/s"
+    nameless = {k: v for k, v in doc(8.0, 8.0, 8.4).items() if k != "variable"}
+    c = compare_capacity([rep(nameless)], [rep({**nameless, "capacity": 4.0})])
+    assert c.variable is None and c.unit == "unknown unit"
+    assert "None" not in json.dumps(c.model_dump(mode="json"))
+    # one side names its variable, the other does not: they do not compare
+    half = compare_capacity([rep(nameless)], [rep(doc(4.0, 4.0, 4.2))])
+    assert half.verdict == "unknown"
+    assert half.reason is not None and "request_rate vs unknown" in half.reason
+
+
+def test_no_bracket_is_unknown_not_false_precision() -> None:
+    c = compare_capacity([rep(doc(8.0, None, None))], [rep(doc(4.0, None, None))])
+    assert c.verdict == "unknown" and c.per_device_verdict == "unknown"
+    assert c.reason is not None and c.reason.startswith("no bracket")
+    assert c.ci_low is None and c.ci_high is None  # never [2.00, 2.00]
+    assert c.ratio == pytest.approx(2.0)  # measured, but no verdict without an interval
+    assert not capacity_regression(c)
 
 
 @pytest.mark.parametrize(

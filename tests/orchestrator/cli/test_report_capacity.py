@@ -129,3 +129,43 @@ def test_no_capacity_no_row() -> None:
     assert capacity_rows(None) == []
     text = _render(_comparison(None))
     assert "capacity" not in text and "median_ttft_ms" in text
+
+
+def test_the_capacity_interval_is_labelled_a_bracket_not_a_ci() -> None:
+    text = _render(_comparison(_capacity()))
+    header = next(ln for ln in text.splitlines() if "variant value" in ln)
+    assert "interval" in header and "95 %" not in header and "CI" not in header
+    assert "95 % bootstrap interval" not in text
+    line = next(ln for ln in text.splitlines() if "capacity (requests/s)" in ln)
+    assert "bracket [1.90, 2.10]" in line
+    metric = next(ln for ln in text.splitlines() if "median_ttft_ms" in ln)
+    assert "[0.20, 0.30]" in metric and "bracket" not in metric
+    flat = " ".join(text.split())
+    assert "(highest pass .. lowest fail), not a 95 % CI" in flat  # the caption
+
+
+def test_nan_prints_a_dash_and_no_verdict_without_a_ratio() -> None:
+    nan = float("nan")
+    (row,) = capacity_rows(_capacity(capacity=nan, ratio=nan, ci_low=nan, ci_high=2.1))
+    assert row[2] == "\u2013" and row[3] == "\u2013" and row[4] == "\u2013"
+    assert row[-1] == "unknown (no ratio)"
+    (row,) = capacity_rows(_capacity(ratio=None, ci_low=None, ci_high=None))
+    assert row[-1] == "unknown (no ratio)" and "nan" not in " ".join(row).lower()
+    (row,) = capacity_rows(_capacity(ratio=True))  # a bool is not a number
+    assert row[3] == "\u2013" and row[-1] == "unknown (no ratio)"
+    # the per-device row the same way
+    rows = capacity_rows(
+        _capacity(
+            devices={"reference": 1, "variant": 2},
+            per_device_ratio=0.75,
+            per_device_ci_low=None,
+            per_device_ci_high=None,
+            per_device_verdict="lower",
+        )
+    )
+    assert rows[1][4] == "\u2013" and rows[1][-1] == "unknown (no ratio)"
+
+
+def test_unit_never_prints_none() -> None:
+    (row,) = capacity_rows(_capacity(unit=None, variable=None))
+    assert row[0].startswith("capacity (unknown unit)") and "None" not in row[0]

@@ -318,7 +318,7 @@ def test_every_multi_variable_change_is_refused(c: dict[str, Any]) -> None:
 
 # --------------------------------------------------------------------------- capacity
 
-CAPACITY = {"slos": {"ttft_ms": {"p99": 500}}, "min": 0.5, "max": 8}
+CAPACITY = {"slos": {"ttft_ms": {"p50": 500}}, "min": 0.5, "max": 8}
 OPEN_LOOP = {"arrival": "poisson", "request_rate": 1.0, "concurrency": 64}
 
 
@@ -348,7 +348,10 @@ def test_capacity_rules_are_field_errors() -> None:
         ({**CAPACITY, "min": 8, "max": 8}, "capacity.min (8) must be below capacity.max (8)"),
         ({**CAPACITY, "variable": "concurrency", "min": 1, "max": 8.5}, "whole number"),
         ({**CAPACITY, "max": 200_000}, "at most 100000 requests/s"),
-        ({**CAPACITY, "slos": {"ttft_ms": {}}, "goodput": 0.9}, "give at least one percentile"),
+        (
+            {**CAPACITY, "slos": {"ttft_ms": {}, "tpot_ms": {"p50": 50}}, "goodput": 0.9},
+            "give at least one percentile",
+        ),
     ]:
         with pytest.raises(ValidationError) as info:
             capacity_spec(bad)
@@ -406,3 +409,15 @@ def test_ladder_measures_capacity_at_every_level() -> None:
     assert errors == []
     assert len(variants) == 5
     assert all(v.config.workload.arrival == "poisson" for v in variants)
+
+
+def test_steps_too_small_for_an_objective_are_refused() -> None:
+    # a p99 at 95 % needs 368 requests a step to ever pass: the default 16 would only fail
+    p99 = {"slos": {"ttft_ms": {"p99": 500}}, "min": 0.5, "max": 8}
+    _, errors = expand(capacity_spec(p99))
+    assert [(e["loc"], e["type"]) for e in errors] == [
+        (["body", "capacity", "slos", "ttft_ms", "p99"], "capacity_too_few_requests")
+    ]
+    assert "at least 368" in errors[0]["msg"]
+    _, errors = expand(capacity_spec({**p99, "requests_per_step": 400}))
+    assert errors == []
