@@ -5,7 +5,7 @@ service capacity), in one script run:
 
 1. our search (:func:`jobs.capacity.run_search`, steps driven by :func:`jobs.loadgen.run_load`)
    for ``request_rate`` (8 slots, S = 100 ms + 3 x 100 ms = 400 ms for 4-token requests:
-   20 requests/s) and for ``concurrency`` (3 slots, the same S: 3 concurrent requests),
+   20 requests/s) and for ``concurrency`` (3 slots, S = 200 ms: 3 concurrent requests),
    as in ``tests/jobs/test_capacity.py``;
 2. ``vllm bench sweep serve_workload`` (the engine environment's vLLM) against the same
    request-rate stub: it starts the server command itself (``--serve-cmd``: here the stub's
@@ -61,9 +61,9 @@ def ours(variable: str) -> dict[str, object]:
         spec = {"slos": {"ttft_ms": {"p90": 260}}, "min": 12, "max": 60, "tolerance": 0.1}
         truth, requests = 20.0, 120
     else:
-        stub_args = {"ttft_s": 0.1, "itl_s": 0.1, "slots": 3}
-        spec = {"slos": {"ttft_ms": {"p90": 250}}, "variable": "concurrency", "min": 2, "max": 12}
-        truth, requests = 3.0, 30
+        stub_args = {"ttft_s": 0.05, "itl_s": 0.05, "slots": 3}
+        spec = {"slos": {"ttft_ms": {"p90": 150}}, "variable": "concurrency", "min": 2, "max": 12}
+        truth, requests = 3.0, 60
     t0 = time.perf_counter()
     with StubServer(process=True, **stub_args) as stub:  # type: ignore[arg-type]
         result = run_search(
