@@ -470,12 +470,11 @@ class CapacitySearch:
 
     Drive it with ``while (load := search.next_load()) is not None: ...
     search.record(load, records, signals, duration_s)``, then :meth:`result`; or use
-    :func:`run_search`. Deterministic given ``seed`` and the records.
+    :func:`run_search`. Deterministic given the records (no randomness).
     """
 
-    def __init__(self, spec: CapacitySpec, *, seed: int = 0) -> None:
+    def __init__(self, spec: CapacitySpec) -> None:
         self.spec = spec
-        self.seed = seed
         self._steps: list[CapacityStep] = []
         self._lo: float | None = None  # highest passing load
         self._hi: float | None = None  # lowest failing load
@@ -723,8 +722,6 @@ class CapacitySearch:
 def run_search(
     spec: CapacitySpec,
     step: Callable[[float], tuple[Sequence[RequestRecord], StepSignals, float | None]],
-    *,
-    seed: int = 0,
 ) -> CapacityResult:
     """Run a whole capacity search: ``step(load)`` measures one step.
 
@@ -733,12 +730,11 @@ def run_search(
         step: measures one step at ``load`` (requests/s, or an integer concurrency as a
             float) and returns ``(records, signals, duration_s)``: the step's measured
             records, its signals, and its wall time in seconds (or None).
-        seed: kept for callers; the decisions use no randomness.
 
     Returns:
         The :class:`CapacityResult` (``len(result.steps)`` steps were measured).
     """
-    search = CapacitySearch(spec, seed=seed)
+    search = CapacitySearch(spec)
     while (load := search.next_load()) is not None:
         records, signals, duration_s = step(load)
         search.record(load, records, signals, duration_s)

@@ -221,7 +221,7 @@ async def drive(
     :func:`capacity_workload`); ``stopped()``: True once the runner abandoned the load
     (cancel, dead or silent engine). Exceptions of ``measure`` and ``reset`` propagate.
     """
-    search = CapacitySearch(capacity, seed=workload.seed)
+    search = CapacitySearch(capacity)
     steps: list[StepMeasurement] = []
     cut_short = False
     while not stopped():
