@@ -3,10 +3,11 @@
 PYTHON ?= python3
 VENV := .venv
 ENGINE_VENV := .engine-venv
+RAY_ONLY_VENV := .ray-only-venv
 BIN := $(VENV)/bin
 export VLAB_ENGINE__PYTHON ?= $(CURDIR)/$(ENGINE_VENV)/bin/python
 
-.PHONY: demo up test check lint engine venv browser clean
+.PHONY: demo up test check lint engine venv browser ray-only clean
 
 $(VENV)/.ok: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +20,11 @@ $(ENGINE_VENV)/.ok: scripts/setup_engine.sh
 
 venv: $(VENV)/.ok
 engine: $(ENGINE_VENV)/.ok
+
+## ray-only: a venv with Ray only (same Ray and Python as .venv, nothing of vlab's): the
+## nodes of the external-cluster tests start from it (the service ships them its code)
+ray-only: venv
+	bash scripts/setup_ray_only_venv.sh $(RAY_ONLY_VENV) $(BIN)/python
 
 ## browser: Debian's chromium for the dashboard tests (apt, only if missing)
 browser:
@@ -44,8 +50,8 @@ check: venv lint
 	$(BIN)/pytest -q -rs --durations=10 -m "not engine and not browser and not slow"
 
 ## test: lint, type-check and the whole test suite (real Postgres, Ray and vLLM CPU build)
-test: venv engine browser lint
+test: venv engine browser ray-only lint
 	$(BIN)/pytest -q -rs --durations=15
 
 clean:
-	rm -rf $(VENV) $(ENGINE_VENV) .vlab
+	rm -rf $(VENV) $(ENGINE_VENV) $(RAY_ONLY_VENV) .vlab

@@ -1,5 +1,5 @@
 """The application factory: middleware, problem+json handlers, the OpenAPI document,
-the ``/api/v1`` routers (:mod:`api.routes`), ``/healthz`` and the dashboard
+the ``/api/v1`` routers (:mod:`api.routes`), ``/healthz``, ``/metrics`` and the dashboard
 (:mod:`web.pages`, static assets from ``web/static``)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from api import auth, limits, openapi, problems
-from api.routes import analyze, cluster, docs, experiments, health, runs, schedules
+from api.routes import analyze, cluster, docs, experiments, health, metrics, runs, schedules
 from orchestrator.core.db import watch
 from orchestrator.core.settings import Settings
 from web.pages import build_router
@@ -48,6 +48,7 @@ def create_app(settings: Settings, session_factory: sessionmaker[Session]) -> Fa
         app.include_router(router, dependencies=auth.API_AUTH)
     app.include_router(docs.router)
     app.include_router(health.router)
+    app.include_router(metrics.router)  # open, or VLAB_API__METRICS_TOKEN (api.routes.metrics)
     app.include_router(build_router())
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app

@@ -13,6 +13,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, 
 from pydantic_core import PydanticCustomError
 
 from jobs.capacity import CapacityResult
+from jobs.engineevents import EVENT_TYPES
 from orchestrator.schedules.cron import check_cron, zone
 
 T = TypeVar("T")
@@ -164,6 +165,64 @@ class RunMetricsOut(BaseModel):
     samples_total: int = Field(description="samples stored (before downsampling)")
 
 
+#: The engine event vocabulary (type -> meaning), for the API and the dashboard.
+ENGINE_EVENT_TYPES: dict[str, str] = EVENT_TYPES
+
+
+class EngineEventOut(BaseModel):
+    """A typed event of the engine log (:data:`jobs.engineevents.EVENT_KEYS`)."""
+
+    type: str = Field(description="one of the response's `types`")
+    time: str | None = Field(None, description="the record's time as logged (None: none)")
+    t_s: float | None = Field(
+        None, description="seconds since the run began (the charts' x); None when unplaced"
+    )
+    placement: Literal["placed", "unplaced"]
+    after_t_s: float | None = Field(
+        None, description="unplaced: t_s of the last timed record before it (a lower bound)"
+    )
+    placement_note: str | None = None
+    level: str | None = None
+    source: str | None = Field(None, description="process or Ray actor name of the line's tag")
+    pid: int | None = None
+    node_ip: str | None = None
+    message: str
+    line: int = Field(description="1-based line in the engine log")
+    count: int | None = Field(None, description="the same event logged this many times")
+    repeat_count: int | None = Field(None, description="Ray's [repeated Nx across cluster]")
+    merged_across_processes: bool | None = Field(
+        None, description="Ray merged several processes' lines into this one"
+    )
+    details: dict[str, Any] | None = None
+
+
+class EngineEventsSummary(BaseModel):
+    total: int = Field(description="events of the run, before the per-run cap")
+    kept: int = Field(description="events stored")
+    by_type: dict[str, int]
+    unplaced: int
+
+
+class RunEventsOut(BaseModel):
+    """``GET /runs/{id}/events``: the run's engine events, a page of them."""
+
+    run_id: str
+    status: str
+    recorded: bool = Field(
+        description="the run stored engine events; false: unknown (run not ended, recorded "
+        "before events were read, or no server ran), not 'no events'"
+    )
+    types: dict[str, str] = Field(description="the event vocabulary: type -> meaning")
+    summary: EngineEventsSummary | None
+    stats_notes: list[dict[str, Any]] = Field(
+        default_factory=list, description="stats lines of the run dropped or ignored, and why"
+    )
+    items: list[EngineEventOut]
+    total: int = Field(description="events matching the filters")
+    limit: int
+    offset: int
+
+
 class RequestOut(BaseModel):
     seq: int
     request_index: int
@@ -211,7 +270,8 @@ class ParityCheckOut(BaseModel):
     request: dict[str, Any]
     report: dict[str, Any] | None = Field(
         None,
-        description="orchestrator.cluster.parity.check_parity report: verdict, per-field values",
+        description="orchestrator.cluster.parity.check_parity report: verdict (ok, blocked "
+        "or unknown), verdict_reasons, per-field values",
     )
     error: str | None
 
@@ -342,3 +402,62 @@ class ScheduleOut(BaseModel):
         description="the next 5 fire times, in the schedule's time zone"
     )
     recent_fires: list[FireBrief] = Field(description="the latest 10 fires, newest first")
+
+
+class MlflowExportRequest(BaseModel):
+    """``POST /api/v1/experiments/{id}/export/mlflow``: where to export the runs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tracking_uri: str | None = Field(
+        None,
+        min_length=1,
+        max_length=2000,
+        description="the MLflow tracking server, e.g. https://mlflow.example.com (default "
+        "VLAB_MLFLOW__TRACKING_URI); http(s) only unless VLAB_MLFLOW__ALLOW_LOCAL_STORES",
+    )
+    experiment_name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=500,
+        description="the MLflow experiment (default: the vlab experiment's name)",
+    )
+    include_failed: StrictBool = Field(
+        True, description="export failed, cancelled and blocked runs (without summary metrics)"
+    )
+    replace: StrictBool = Field(
+        False, description="delete the MLflow runs an earlier export made and export anew"
+    )
+    max_points: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        strict=True,
+        description="at most this many time-series points per run (default: every sample)",
+    )
+
+
+class MlflowRunExportOut(BaseModel):
+    run_id: str
+    variant: str
+    repeat_index: int
+    status: str
+    action: Literal[
+        "created", "replaced", "unchanged", "skipped_not_finished", "skipped_not_succeeded"
+    ]
+    mlflow_run_id: str | None
+    params: int
+    metrics: int = Field(description="summary metrics written (none for a run that failed)")
+    series_points: int = Field(description="time-series points written as metric history")
+    unknown_metrics: list[str] = Field(
+        description="compared metrics the run lacks or holds as non-finite: not written"
+    )
+
+
+class MlflowExportOut(BaseModel):
+    experiment_id: str
+    tracking_uri: str = Field(description="where it went (without user name or password)")
+    mlflow_experiment_name: str
+    mlflow_experiment_id: str
+    counts: dict[str, int] = Field(description="runs per action")
+    runs: list[MlflowRunExportOut]

@@ -3,22 +3,33 @@
 Pure functions on text (no I/O, no database, no HTTP):
 
 - :func:`parse_stats_lines` turns the engine's periodic stats lines into records
-  (one per V1 line, one per V0 two-line pair);
+  (one per V1 line, one per V0 two-line pair); :func:`parse_stats` also says which
+  stats records it dropped and why;
 - :func:`is_probe_noise` / :func:`filter_noise` drop successful ``/health``,
   ``/metrics`` and ``/ping`` access-log lines (the orchestrator's own probes);
 - :func:`startup_facts` reads KV cache size, maximum concurrency, memory figures,
   vLLM version and init time from the start-up lines.
-- :func:`error_lines` / :func:`scan_error_lines` keep a log's meaningful error lines
-  (tracebacks, exception lines and their messages, records that say a process died),
-  the lines an engine error carries (:mod:`jobs.engine`).
+- :func:`error_lines` / :func:`scan_error_lines` (from :mod:`jobs.errorlines`) keep a
+  log's meaningful error lines (tracebacks, exception lines and their messages, records
+  that say a process died), the lines an engine error carries (:mod:`jobs.engine`).
 
 A vLLM log record is found *anywhere* in a line, so whatever a container runtime
 (ISO timestamp), Ray or vLLM's multiprocessing (``(APIServer pid=1)``,
 ``(EngineCore_DP0 pid=7)``, ``(RayWorkerWrapper pid=9, ip=10.0.0.2)``) puts before
-it is skipped, and numbers are read from the start of each value, so a suffix a
-log aggregator appends (`` [k8s pod=x]``, a JSON tail) is ignored. The record
-header is vLLM's default format ``LEVEL MM-DD HH:MM:SS [file.py:line] message``
-(old versions: ``file.py:line]`` without the opening bracket).
+it is skipped (the tag gives ``source``, ``pid``, ``node_ip``), and numbers are read
+from the start of each value, so a suffix a log aggregator appends (`` [k8s
+pod=x]``) is ignored; a Docker json-file line (``{"log": "INFO ...\\n", "stream":
+"stdout", "time": "..."}``) is decoded to its ``log`` text first
+(:func:`jobs.logrecords.decode_line`). A request logger's record (a prompt or a model
+output, ``vllm/entrypoints/serve/utils/request_logger.py``) is never read as stats,
+nor is anything quoted inside it. The record header is vLLM's default format
+``LEVEL MM-DD HH:MM:SS [file.py:line] message`` (old versions: ``file.py:line]``
+without the opening bracket). Records are split by :mod:`jobs.logrecords`: two
+records glued on one physical line are read each on its own; a record wrapped over
+several lines is rejoined when that is unambiguous, else dropped with a note; Ray's
+``[repeated Nx across cluster]`` marks a record's values as merged across processes.
+Every known field's value must have the shape vLLM prints (``N reqs``, ``x.y
+tokens/s``, ``x.y%``): a value that does not is absent with a note, never guessed.
 
 Wordings, read from vLLM's source:
 
@@ -43,8 +54,21 @@ only. Run-level server-side numbers come from ``/metrics`` deltas
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
+
+from jobs.errorlines import error_lines, scan_error_lines
+from jobs.logrecords import (
+    LogRecord,
+    continuation,
+    leading_tags,
+    process_key,
+    split_records,
+)
 
 __all__ = [
     "STATS_KEYS",
@@ -53,6 +77,8 @@ __all__ = [
     "filter_noise",
     "is_access_line",
     "is_probe_noise",
+    "StatsParse",
+    "parse_stats",
     "parse_stats_lines",
     "scan_error_lines",
     "startup_facts",
@@ -81,8 +107,18 @@ STATS_KEYS: dict[str, str] = {
     "kv_fetch_in_progress": "int, V1 'KV fetch:' field (when logged)",
     "kv_fetch_completed_waiting": "int, V1 'KV fetch:' field (when logged)",
     "level": "str, log level of the record: 'INFO' or 'DEBUG'",
-    "process": "str, the '(... pid=N ...)' tag before the record, e.g. 'APIServer pid=1' "
-    "(absent when none)",
+    "process": "str, the innermost '(... pid=N ...)' tag before the record, e.g. "
+    "'APIServer pid=1' (absent when none)",
+    "source": "str, the process or Ray actor name of that tag, e.g. 'APIServer', "
+    "'RayWorkerWrapper' (absent when the tag has none)",
+    "pid": "int, the pid of that tag",
+    "node_ip": "str, the 'ip=' of a Ray tag '(Name pid=N, ip=A.B.C.D)' (absent when none)",
+    "repeat_count": "int N of Ray's '[repeated Nx across cluster]' suffix: Ray printed this "
+    "line for N other lines of other processes that differ only in their numbers",
+    "merged_across_processes": "True with repeat_count: the values are one process's of "
+    "several (Ray's dedup keeps the latest), not one engine's figures",
+    "notes": "list[str], why a field is absent (unreadable, logged twice) or that the "
+    "record was rejoined from wrapped lines (absent when none)",
     "extra": "dict {field name as logged: float | str}, unknown 'Name: value' fields "
     "(absent when none)",
 }
@@ -105,63 +141,77 @@ STARTUP_KEYS: dict[str, str] = {
 }
 """Keys :func:`startup_facts` may return. First occurrence in the log wins."""
 
-# --- log record header ---------------------------------------------------------------
-
-_HEADER_RE = re.compile(
-    r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+"
-    r"(?P<ts>\d{2}-\d{2}\s+\d{2}:\d{2}:\d{2})(?:[.,]\d+)?\s+"
-    r"\[?(?P<src>[^\s\[\]]+:\d+)\]\s*(?P<msg>.*)$"
-)
-_PROCESS_RE = re.compile(r"\(([^()]*\bpid=\d+[^()]*)\)")
-
-
-def _record(line: str) -> tuple[str, str, str | None, str] | None:
-    """``(level, timestamp, process, message)`` of a vLLM log record in ``line``, or None."""
-    m = _HEADER_RE.search(line)
-    if m is None:
-        return None
-    procs = _PROCESS_RE.findall(line, 0, m.start())
-    process = procs[-1].strip() if procs else None
-    return m.group("level"), " ".join(m.group("ts").split()), process, m.group("msg")
-
-
 # --- stats lines ---------------------------------------------------------------------
 
 _ENGINE_RE = re.compile(
     r"^(?:Engine\s+(?P<idx>\d+)|(?P<n>\d+)\s+Engines?\s+Aggregated)\s*:\s*", re.IGNORECASE
 )
 _STATS_START_RE = re.compile(r"^Avg prompt throughput\s*:", re.IGNORECASE)
-_V0_HIT_RATE_RE = re.compile(r"^Prefix cache hit rate\s*:\s*(?P<rest>.*)$", re.IGNORECASE)
+_V0_HIT_RATE_RE = re.compile(r"^Prefix cache hit rate\s*:\s*(?P<rest>GPU\s*:.*)$", re.IGNORECASE)
 _FIELD_RE = re.compile(r"^(?P<name>[A-Za-z][\w ()/+.#-]*?)\s*:\s*(?P<value>.*)$", re.DOTALL)
-_NUM_RE = re.compile(r"^\s*(?P<num>[-+]?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?)")
+#: vLLM prints ``%.1f`` / ``%d`` / ``%.1f%%``: no sign, no exponent, no inf/nan; a value
+#: with one (``-5.0``, ``1e5``, ``1e400``) fails the value shapes below: absent, noted.
+_NUM = r"\d[\d,]*(?:\.\d+)?(?![\d.eE])"
+_NUM_RE = re.compile(r"^\s*(?P<num>" + _NUM + ")", re.ASCII)
 _TRAILING_BRACKETS_RE = re.compile(r"\s+\[[^\[\]]*\]\s*$")
 _KV_USAGE_RE = re.compile(r"^(?:(?P<dev>.+?)\s+)?KV cache usage$", re.IGNORECASE)
 _HIT_RATE_RE = re.compile(r"^(?:(?P<dev>GPU|CPU|XPU|TPU|HPU)\s+)?prefix cache hit rate$", re.I)
 _KV_FETCH_RE = re.compile(
-    r"(?P<a>\d+)\s+waiting to start,\s*(?P<b>\d+)\s+in progress,\s*(?P<c>\d+)\s+completed",
+    r"^\s*(?P<a>\d+)\s+waiting to start,\s*(?P<b>\d+)\s+in progress,\s*(?P<c>\d+)\s+completed",
     re.IGNORECASE,
 )
-
-_FLOAT_FIELDS = {
-    "avg prompt throughput": "prompt_throughput_tok_s",
-    "avg generation throughput": "generation_throughput_tok_s",
-    "external prefix cache hit rate": "external_prefix_cache_hit_rate_pct",
-    "mm cache hit rate": "mm_cache_hit_rate_pct",
+#: The value each known field must start with (vLLM's format strings): a value cut by
+#: a wrap ("32 r", "62.", "310.2 tok") fails it.
+_VALUE_RES = {
+    "tok_s": re.compile(r"^\s*" + _NUM + r"\s*tokens/s\b", re.ASCII),
+    "reqs": re.compile(r"^\s*\d+\s*reqs\b", re.ASCII),
+    "count": re.compile(r"^\s*\d+(?![\d.])", re.ASCII),
+    "pct": re.compile(r"^\s*" + _NUM + r"\s*%", re.ASCII),
 }
-_INT_FIELDS = {
-    "running": "running",
-    "waiting": "waiting",
-    "pending": "waiting",
-    "swapped": "swapped",
-    "preemptions": "preemptions",
-    "deferred": "deferred",
-    "corrupted": "corrupted",
+#: Known fields: name as logged (lower case) -> (record key, value kind, type).
+_KNOWN_FIELDS: dict[str, tuple[str, str, type]] = {
+    "avg prompt throughput": ("prompt_throughput_tok_s", "tok_s", float),
+    "avg generation throughput": ("generation_throughput_tok_s", "tok_s", float),
+    "running": ("running", "reqs", int),
+    "waiting": ("waiting", "reqs", int),
+    "pending": ("waiting", "reqs", int),
+    "swapped": ("swapped", "reqs", int),
+    "deferred": ("deferred", "reqs", int),
+    "corrupted": ("corrupted", "reqs", int),
+    "preemptions": ("preemptions", "count", int),
+    "external prefix cache hit rate": ("external_prefix_cache_hit_rate_pct", "pct", float),
+    "mm cache hit rate": ("mm_cache_hit_rate_pct", "pct", float),
 }
+_V1_REQUIRED = (
+    "prompt_throughput_tok_s",
+    "generation_throughput_tok_s",
+    "running",
+    "waiting",
+    "kv_cache_usage_pct",
+)
+_V0_REQUIRED = (*_V1_REQUIRED, "swapped", "cpu_kv_cache_usage_pct")
+#: A headerless line that carries a stats field: the tail of a wrapped stats record.
+_FRAGMENT_RE = re.compile(
+    r",\s*(?:Avg (?:prompt|generation) throughput|Running|Waiting|Pending|Swapped|Deferred|"
+    r"Preemptions|Corrupted|KV fetch|(?:\w+ )?KV cache usage|(?:External |MM |GPU |CPU )?"
+    r"(?:prefix )?cache hit rate)\s*:",
+    re.IGNORECASE,
+)
+#: At most this many physical lines are joined to rejoin one wrapped record.
+MAX_WRAP_LINES = 8
 
 
 def _number(value: str) -> float | None:
     m = _NUM_RE.match(value)
-    return float(m.group("num").replace(",", "")) if m else None
+    if m is None:
+        return None
+    num = float(m.group("num").replace(",", ""))
+    return num if math.isfinite(num) else None
+
+
+def _pct_ok(num: float) -> bool:
+    """A percentage vLLM can print: a hit rate or a usage is 0-100."""
+    return 0.0 <= num <= 100.0
 
 
 def _split_fields(body: str) -> list[tuple[str, str]]:
@@ -187,65 +237,377 @@ def _split_fields(body: str) -> list[tuple[str, str]]:
     return fields
 
 
-def _stats_record(level: str, ts: str, process: str | None, msg: str) -> dict[str, Any] | None:
-    engine: int | str = 0
-    m = _ENGINE_RE.match(msg)
-    if m:
-        engine = int(m.group("idx")) if m.group("idx") else f"aggregated:{int(m.group('n'))}"
-        msg = msg[m.end() :]
-    if not _STATS_START_RE.match(msg):
-        return None
-    fields = _split_fields(msg)
-    names = {name.lower() for name, _ in fields}
-    usage_devices = [
-        (um.group("dev") or "").upper() for name, _ in fields if (um := _KV_USAGE_RE.match(name))
-    ]
-    is_v0 = bool({"swapped", "pending"} & names) or (
-        "GPU" in usage_devices and len(usage_devices) > 1
-    )
+def _known(name: str, raw: str, is_v0: bool) -> tuple[str, str, type] | None:
+    """``(record key, value kind, type)`` of a known field, None for an unknown one."""
+    key = " ".join(name.lower().split())
+    if key in _KNOWN_FIELDS:
+        return _KNOWN_FIELDS[key]
+    if um := _KV_USAGE_RE.match(key):
+        cpu_swap = is_v0 and (um.group("dev") or "").upper() == "CPU"
+        return ("cpu_kv_cache_usage_pct" if cpu_swap else "kv_cache_usage_pct", "pct", float)
+    if hm := _HIT_RATE_RE.match(key):
+        cpu = is_v0 and (hm.group("dev") or "").upper() == "CPU"
+        return (
+            "cpu_prefix_cache_hit_rate_pct" if cpu else "prefix_cache_hit_rate_pct",
+            "pct",
+            float,
+        )
+    if key == "kv fetch":
+        return ("kv_fetch", "kv_fetch", int)
+    return None
 
-    rec: dict[str, Any] = {"timestamp": ts, "engine": engine}
-    extra: dict[str, float | str] = {}
-    for name, raw in fields:
-        key = " ".join(name.lower().split())
-        num = _number(raw)
-        if key in _FLOAT_FIELDS and num is not None:
-            rec[_FLOAT_FIELDS[key]] = num
-        elif key in _INT_FIELDS and num is not None:
-            rec[_INT_FIELDS[key]] = int(num)
-        elif (um := _KV_USAGE_RE.match(key)) and num is not None:
-            dev = (um.group("dev") or "").upper()
-            cpu_swap = is_v0 and dev == "CPU"
-            rec["cpu_kv_cache_usage_pct" if cpu_swap else "kv_cache_usage_pct"] = num
-        elif (hm := _HIT_RATE_RE.match(key)) and num is not None:
-            cpu = is_v0 and (hm.group("dev") or "").upper() == "CPU"
-            rec["cpu_prefix_cache_hit_rate_pct" if cpu else "prefix_cache_hit_rate_pct"] = num
-        elif key == "kv fetch" and (fm := _KV_FETCH_RE.search(raw)):
-            rec["kv_fetch_waiting_to_start"] = int(fm.group("a"))
-            rec["kv_fetch_in_progress"] = int(fm.group("b"))
-            rec["kv_fetch_completed_waiting"] = int(fm.group("c"))
-        else:
-            extra[name] = num if num is not None else raw.strip().rstrip(".")
-    if is_v0:
-        rec.setdefault("prefix_cache_hit_rate_pct", None)
-    rec["level"] = level
-    if process is not None:
-        rec["process"] = process
-    if extra:
-        rec["extra"] = extra
-    return rec
+
+class _Stats:
+    """A stats message read field by field: ``rec`` (STATS_KEYS), ``notes`` (fields
+    not read) and ``truncated`` (the message looks cut: a required field missing, or
+    the last field's value incomplete)."""
+
+    def __init__(self, msg: str) -> None:
+        self.rec: dict[str, Any] = {}
+        self.notes: list[str] = []
+        self.truncated = False
+        self.is_stats = False
+        engine: int | str = 0
+        m = _ENGINE_RE.match(msg)
+        if m:
+            engine = int(m.group("idx")) if m.group("idx") else f"aggregated:{int(m.group('n'))}"
+            msg = msg[m.end() :]
+        if not _STATS_START_RE.match(msg):
+            return
+        self.is_stats = True
+        self.rec["engine"] = engine
+        fields = _split_fields(msg)
+        names = {" ".join(name.lower().split()) for name, _ in fields}
+        usage_devices = [
+            (um.group("dev") or "").upper()
+            for name, _ in fields
+            if (um := _KV_USAGE_RE.match(" ".join(name.split())))
+        ]
+        self.is_v0 = bool({"swapped", "pending"} & names) or (
+            "GPU" in usage_devices and len(usage_devices) > 1
+        )
+        extra: dict[str, float | str] = {}
+        seen: dict[str, str] = {}
+        twice: set[str] = set()
+        unreadable: set[str] = set()
+        for i, (name, raw) in enumerate(fields):
+            last = i == len(fields) - 1
+            known = _known(name, raw, self.is_v0)
+            if known is None:
+                num = _number(raw)
+                extra[name] = num if num is not None else raw.strip().rstrip(".")
+                continue
+            key, kind, typ = known
+            if key in seen:
+                twice.add(key)
+                continue
+            seen[key] = name
+            if kind == "kv_fetch":
+                fm = _KV_FETCH_RE.match(raw)
+                if fm is None:
+                    self._unreadable(name, raw, last)
+                    unreadable.add(key)
+                    continue
+                self.rec["kv_fetch_waiting_to_start"] = int(fm.group("a"))
+                self.rec["kv_fetch_in_progress"] = int(fm.group("b"))
+                self.rec["kv_fetch_completed_waiting"] = int(fm.group("c"))
+                continue
+            num = _number(raw)
+            # a ", piece" without a colon appended to the value: a cut field name
+            if num is None or not _VALUE_RES[kind].match(raw) or ", " in raw:
+                self._unreadable(name, raw, last)
+                unreadable.add(key)
+                continue
+            if kind == "pct" and not _pct_ok(num):
+                self.notes.append(f"{name!r} out of range ({raw.strip()[:40]!r}): absent")
+                unreadable.add(key)
+                continue
+            self.rec[key] = typ(num)
+        for key in twice:
+            self.rec.pop(key, None)
+            self.notes.append(f"{seen[key]!r} logged twice in one record: not read")
+        if msg.rstrip().endswith(","):
+            self.truncated = True
+        required = _V0_REQUIRED if self.is_v0 else _V1_REQUIRED
+        missing = [k for k in required if k not in self.rec and k not in twice | unreadable]
+        if missing:
+            self.truncated = True
+            self.notes.append("missing " + ", ".join(missing))
+        if self.is_v0:
+            self.rec.setdefault("prefix_cache_hit_rate_pct", None)
+        if extra:
+            self.rec["extra"] = extra
+
+    def _unreadable(self, name: str, raw: str, last: bool) -> None:
+        if last:
+            self.truncated = True
+        self.notes.append(f"{name!r} unreadable ({raw.strip()[:40]!r}): absent")
+
+    @property
+    def n_fields(self) -> int:
+        return sum(1 for k in self.rec if k not in ("engine", "extra"))
 
 
 def _merge_v0_hit_rate(rec: dict[str, Any], rest: str) -> None:
     """Fill a V0 record from ``GPU: x%, CPU: y%`` (the second V0 line)."""
     for name, raw in _split_fields(rest):
         num = _number(raw)
-        if num is None:
+        if num is None or not _VALUE_RES["pct"].match(raw) or not _pct_ok(num):
+            rec.setdefault("notes", []).append(
+                f"second V0 line: {name!r} unreadable ({raw.strip()[:40]!r}): absent"
+            )
             continue
         if name.upper() == "GPU":
             rec["prefix_cache_hit_rate_pct"] = num
         elif name.upper() == "CPU":
             rec["cpu_prefix_cache_hit_rate_pct"] = num
+
+
+#: V0 logs its two stats lines in one ``log()`` call (``vllm/engine/metrics.py``
+#: ``LoggingStatLogger.log``), microseconds apart: the same second. A line of another
+#: second is another call's (a pair that crosses a second's edge is lost: unknown,
+#: never a neighbour's number).
+V0_PAIR_GAP_S = 0
+
+
+def _seconds(stamp: str | None) -> int | None:
+    """Seconds of a ``MM-DD HH:MM:SS`` time within a (leap) year, None if unreadable."""
+    m = re.fullmatch(r"(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)", stamp or "")
+    if m is None:
+        return None
+    mo, d, h, mi, s = (int(g) for g in m.groups())
+    try:
+        day = datetime(2000, mo, d).timetuple().tm_yday
+    except ValueError:
+        return None
+    return ((day * 24 + h) * 60 + mi) * 60 + s
+
+
+def _within(a: str | None, b: str | None, gap: int) -> bool:
+    sa, sb = _seconds(a), _seconds(b)
+    return sa is not None and sb is not None and abs(sa - sb) <= gap
+
+
+def _pair_v0(
+    rec: LogRecord,
+    prev: tuple[LogRecord, dict[str, Any] | None] | None,
+    queue: list[tuple[LogRecord, dict[str, Any]]],
+    rest: str,
+    note: Callable[[LogRecord, str], None],
+) -> None:
+    """Merge V0's second line ``rec`` into its stats record: the previous record of the
+    same process, from the same file, logged within :data:`V0_PAIR_GAP_S`, and the only
+    such V0 record still unpaired (two engines without tags: which is whose is unknown,
+    both keep ``None`` with a note). Else the line is ignored with a note."""
+    target = prev[1] if prev is not None else None
+    same_file = (
+        prev is not None and (prev[0].src or "").split(":")[0] == (rec.src or "").split(":")[0]
+    )
+    if prev is None or target is None or not same_file:
+        note(rec, "a V0 'Prefix cache hit rate' line not right after its stats record: ignored")
+        return
+    if not _within(prev[0].time, rec.time, V0_PAIR_GAP_S):
+        note(
+            rec,
+            "a V0 'Prefix cache hit rate' line logged at another time than the stats "
+            f"record before it ({prev[0].time}): ignored",
+        )
+        return
+    candidates = [p for p in queue if _within(p[0].time, rec.time, V0_PAIR_GAP_S)]
+    if len(candidates) > 1:
+        for _, out_rec in candidates:
+            out_rec.setdefault("notes", []).append(
+                f"a V0 'Prefix cache hit rate' line follows {len(candidates)} stats records "
+                "of the same process tag: which is whose is unknown: absent"
+            )
+        queue.clear()
+        note(
+            rec,
+            f"a V0 'Prefix cache hit rate' line after {len(candidates)} unpaired stats "
+            "records of the same process tag: which one it belongs to is unknown: ignored",
+        )
+        return
+    _merge_v0_hit_rate(target, rest)
+    queue[:] = [p for p in queue if p[1] is not target]
+
+
+_STATS_HEAD = "avg prompt throughput:"
+_CUT_ENGINE_RE = re.compile(r"(?:Engine(?:\s+\d*)?|\d+(?:\s+Engines?(?:\s+Ag\w*)?)?)", re.I)
+
+
+def _cut_stats_head(msg: str) -> bool:
+    """``msg`` may be the start of a stats message cut before ``Avg prompt throughput:``
+    was complete (``Engine 000: Avg prompt thr``): only a join can tell."""
+    m = _ENGINE_RE.match(msg)
+    rest = (msg[m.end() :] if m else msg).strip().lower()
+    if m is not None:
+        return not rest or _STATS_HEAD.startswith(rest)
+    return bool(rest) and (
+        _STATS_HEAD.startswith(rest) or _CUT_ENGINE_RE.fullmatch(msg.strip()) is not None
+    )
+
+
+def _rejoin(rec: LogRecord, lines: list[str]) -> tuple[_Stats, int] | None:
+    """``rec``'s stats message rejoined with the physical lines after it, and how many
+    were used: the first join (up to :data:`MAX_WRAP_LINES` lines) that reads as a
+    complete stats message, extended by the next lines while they carry stats fields
+    (``, Prefix cache hit rate: 0.0%``) and the join stays complete and gains fields.
+    None when no join is complete."""
+    msg = rec.message
+    found: tuple[_Stats, int] | None = None
+    for j in range(rec.line + 1, min(len(lines), rec.line + 1 + MAX_WRAP_LINES)):
+        cont = continuation(rec, lines[j])
+        if cont is None or not cont.strip() or is_access_line(cont):
+            break
+        if found is not None and not _FRAGMENT_RE.search(cont):
+            break
+        msg += cont
+        parsed = _Stats(msg)
+        complete = parsed.is_stats and not parsed.truncated
+        if complete and not any("twice" in n for n in parsed.notes):
+            if found is not None and parsed.n_fields <= found[0].n_fields:
+                break
+            found = (parsed, j - rec.line)
+        elif found is not None:
+            break
+    return found
+
+
+def _with_record_facts(rec: LogRecord, stats: _Stats, notes: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"timestamp": rec.time, **stats.rec, "level": rec.level}
+    if rec.process is not None:
+        out["process"] = rec.process
+    for key in ("source", "pid", "node_ip", "repeat_count"):
+        if getattr(rec, key) is not None:
+            out[key] = getattr(rec, key)
+    if rec.repeat_count is not None:
+        out["merged_across_processes"] = True
+    if notes:
+        out["notes"] = notes
+    return out
+
+
+@dataclass
+class StatsParse:
+    """:func:`parse_stats`'s answer: ``records`` (as :func:`parse_stats_lines`),
+    ``notes``, one per stats record dropped or fragment ignored (``{"line": 1-based
+    line, "timestamp": "MM-DD HH:MM:SS" | None, "note": text}``), and ``lines``: the
+    1-based physical line each record starts on."""
+
+    records: list[dict[str, Any]]
+    notes: list[dict[str, Any]]
+    lines: list[int]
+
+
+def parse_stats(text: str) -> StatsParse:
+    """The stats records of ``text`` and notes on what could not be read.
+
+    Records are split with :func:`jobs.logrecords.split_records` (records glued on
+    one line are read each on its own). A stats record whose message is cut (a
+    required field missing, or its last field incomplete, e.g. ``Running: 32 r``) is
+    **rejoined** with the physical lines after it when they carry no record header and
+    no other process's tag and the join reads as a complete stats message; otherwise
+    it is **dropped** with a note (never kept with half its fields). A complete record
+    followed by a headerless line that carries stats fields (``, Prefix cache hit
+    rate: 0.0%``) is joined with it the same way when the join is complete and adds
+    fields. A known field whose value cannot be read, or that is logged twice, is
+    absent with a note in the record's ``notes``. V0's second line ``Prefix cache hit
+    rate: GPU: x%, CPU: y%`` is merged only into the V0 stats record that is the
+    previous vLLM record of the same process (``source``, ``pid``, ``node_ip``) from
+    the same source file.
+    """
+    lines = text.splitlines()
+    records = split_records(text)
+    out: list[dict[str, Any]] = []
+    out_lines: list[int] = []
+    notes: list[dict[str, Any]] = []
+    used_lines: set[int] = set()
+    last: dict[tuple[Any, ...], tuple[LogRecord, dict[str, Any] | None]] = {}
+    # V0 stats records not yet paired with their hit-rate line, per process
+    unpaired: dict[tuple[Any, ...], list[tuple[LogRecord, dict[str, Any]]]] = {}
+
+    def note(rec: LogRecord, why: str) -> None:
+        notes.append({"line": rec.line + 1, "timestamp": rec.time, "note": why})
+
+    for rec in records:
+        if not rec.has_header:
+            if rec.line not in used_lines and _FRAGMENT_RE.search(rec.message):
+                note(
+                    rec,
+                    "a line that continues a stats record whose start is not before it: ignored",
+                )
+            continue
+        if rec.is_request_log:  # a prompt or an output: the user's text, no stats
+            if rec.absorbed:
+                note(
+                    rec,
+                    f"{rec.absorbed} record header(s) inside a request logger record "
+                    "(a prompt or an output quoting a log): not read as records",
+                )
+            continue
+        key = process_key(rec)
+        prev = last.get(key)
+        last[key] = (rec, None)
+        hm = _V0_HIT_RATE_RE.match(rec.message)
+        if hm:
+            _pair_v0(rec, prev, unpaired.setdefault(key, []), hm.group("rest"), note)
+            continue
+        stats = _Stats(rec.message)
+        truncated = stats.truncated
+        if not stats.is_stats:
+            # "Engine 000: Avg prompt thr" + a wrapped rest: only a join can tell
+            if not (rec.last_on_line and _cut_stats_head(rec.message)):
+                continue
+            truncated = True
+        rec_notes = list(stats.notes)
+        if truncated:
+            joined = _rejoin(rec, lines) if rec.last_on_line else None
+            if joined is None:
+                if not stats.is_stats:
+                    continue  # no join makes it a stats record: not one
+                where = (
+                    "cut by another record glued on the same line"
+                    if not rec.last_on_line
+                    else "cut (wrapped?) and no line after it completes it"
+                )
+                note(rec, f"stats record dropped: {where} ({'; '.join(stats.notes)})")
+                continue
+            stats, n = joined
+            rec_notes = [*stats.notes, f"rejoined from {n + 1} physical lines (wrapped)"]
+            used_lines.update(range(rec.line + 1, rec.line + 1 + n))
+        elif rec.last_on_line and rec.line + 1 < len(lines):
+            cont = continuation(rec, lines[rec.line + 1])
+            if (
+                cont is not None
+                and _FRAGMENT_RE.search(cont)
+                and rec.glued
+                and not leading_tags(lines[rec.line + 1])
+            ):
+                # which of the records glued on the line before it continues is unknown
+                used_lines.add(rec.line + 1)
+                notes.append(
+                    {
+                        "line": rec.line + 2,
+                        "timestamp": rec.time,
+                        "note": "a stats fragment without a process tag after a line of "
+                        "several glued records: which one it continues is unknown: ignored",
+                    }
+                )
+            elif cont is not None and _FRAGMENT_RE.search(cont):
+                joined = _rejoin(rec, lines)
+                if joined is not None and joined[0].n_fields > stats.n_fields:
+                    stats, n = joined
+                    rec_notes = [*stats.notes, f"rejoined from {n + 1} physical lines (wrapped)"]
+                    used_lines.update(range(rec.line + 1, rec.line + 1 + n))
+        out_rec = _with_record_facts(rec, stats, rec_notes)
+        out.append(out_rec)
+        out_lines.append(rec.line + 1)
+        if stats.is_v0:
+            last[key] = (rec, out_rec)
+            queue = unpaired.setdefault(key, [])
+            queue[:] = [p for p in queue if _within(p[0].time, rec.time, V0_PAIR_GAP_S)]
+            queue.append((rec, out_rec))
+    return StatsParse(out, notes, out_lines)
 
 
 def parse_stats_lines(text: str) -> list[dict[str, Any]]:
@@ -254,37 +616,17 @@ def parse_stats_lines(text: str) -> list[dict[str, Any]]:
     One record per V1 stats line (``Avg prompt throughput: ...``, with or without an
     ``Engine NNN:`` / ``N Engines Aggregated:`` prefix, INFO or DEBUG) and one per V0
     pair: the V0 ``Prefix cache hit rate: GPU: x%, CPU: y%`` line is merged into the
-    preceding V0 stats record of the same process. Keys and units are those of
-    :data:`STATS_KEYS` (e.g. ``{"timestamp": "05-12 08:01:39", "engine": 0,
-    "prompt_throughput_tok_s": 5120.4, "running": 24, "waiting": 7,
-    "kv_cache_usage_pct": 62.8, "level": "INFO", "process": "APIServer pid=1"}``);
-    a field the line does not carry is an absent key, except V0's
-    ``prefix_cache_hit_rate_pct`` (None when its second line is missing). Unknown
-    ``Name: value`` fields go to ``extra``. Other lines are ignored; never raises on
-    odd input.
+    V0 stats record that is the previous record of the same process. Keys and units
+    are those of :data:`STATS_KEYS` (e.g. ``{"timestamp": "05-12 08:01:39", "engine":
+    0, "prompt_throughput_tok_s": 5120.4, "running": 24, "waiting": 7,
+    "kv_cache_usage_pct": 62.8, "level": "INFO", "process": "APIServer pid=1",
+    "source": "APIServer", "pid": 1}``); a field the line does not carry is an absent
+    key, except V0's ``prefix_cache_hit_rate_pct`` (None when its second line is
+    missing). Unknown ``Name: value`` fields go to ``extra``. Glued, wrapped and
+    Ray-deduplicated lines: see :func:`parse_stats` (whose notes this drops). Other
+    lines are ignored; never raises on odd input.
     """
-    records: list[dict[str, Any]] = []
-    open_v0: dict[str | None, dict[str, Any]] = {}  # process -> V0 record awaiting line 2
-    for line in text.splitlines():
-        parsed = _record(line)
-        if parsed is None:
-            continue
-        level, ts, process, msg = parsed
-        hm = _V0_HIT_RATE_RE.match(msg)
-        if hm and re.match(r"\s*GPU\s*:", hm.group("rest"), re.IGNORECASE):
-            pending = open_v0.pop(process, None)
-            if pending is not None:
-                _merge_v0_hit_rate(pending, hm.group("rest"))
-            continue
-        rec = _stats_record(level, ts, process, msg)
-        if rec is None:
-            continue
-        records.append(rec)
-        if "swapped" in rec or "cpu_kv_cache_usage_pct" in rec:
-            open_v0[process] = rec
-        else:
-            open_v0.pop(process, None)
-    return records
+    return parse_stats(text).records
 
 
 # --- probe noise ---------------------------------------------------------------------
@@ -406,11 +748,10 @@ def startup_facts(text: str) -> dict[str, Any]:
     "max_concurrency_context_tokens": 2048, "init_engine_time_s": 16.13, ...}``.
     """
     facts: dict[str, Any] = {}
-    for line in text.splitlines():
-        parsed = _record(line)
-        if parsed is None:
+    for rec in split_records(text):
+        if not rec.has_header:
             continue
-        msg = parsed[3]
+        msg = rec.message
         for pattern, targets in _STARTUP_PATTERNS:
             if all(key in facts for key, _ in targets):
                 continue
@@ -423,86 +764,3 @@ def startup_facts(text: str) -> dict[str, Any]:
                 value = raw.strip()
                 facts[key] = typ(value.replace(",", "")) if typ is not str else value
     return facts
-
-
-# --- error lines ---------------------------------------------------------------------
-
-_ERROR_MARKERS = re.compile(
-    r"Traceback|Error|ERROR|Exception|CRITICAL|FATAL|Killed|error:|Not enough|not enough"
-)
-#: "(EngineCore pid=12) " worker prefixes vLLM puts before child-process lines.
-_LOG_PREFIX = re.compile(r"^(\(\w+(?: \w+)* pid=\d+\)\s*)+")
-#: The last line of a traceback: "pkg.SomeError: message" (or bare name).
-_EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b")
-#: A log record's start: "INFO 11-29 ...", "WARNING ...", "[2026-..." or "2026-11-29 ...".
-_LOG_RECORD = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b|^\[|^\d{4}-\d\d-\d\d")
-#: At most this many lines after an exception line are kept as its message.
-_EXC_MESSAGE_LINES = 12
-#: A record logged below ERROR ("WARNING ...", "INFO: ..."): an error line only if it says
-#: a process died or a resource ran out (vLLM's "engine core exited unexpectedly"), never
-#: for the word "error" alone (vLLM's start-up warning "Found ulimit ... failed to
-#: automatically increase with error ..." is no error of the engine).
-_LOW_LEVEL_RECORD = re.compile(r"^(DEBUG|INFO|WARNING)\b")
-_STRONG_WORDS = re.compile(
-    r"died|exited unexpectedly|[Kk]illed|[Ff]atal|FATAL|CRITICAL|out of memory|"
-    r"[Ss]egmentation fault|[Nn]ot enough"
-)
-
-
-def scan_error_lines(text: str, n: int = 60) -> tuple[list[str], bool]:
-    """The last ``n`` meaningful lines of an engine log, and whether any is an error line.
-
-    Meaningful: every line of a traceback (from ``Traceback`` to its exception
-    line, and the message lines right after it up to the next log record:
-    pydantic prints the field name and its error there) and lines that mention
-    an error, except records logged below ``ERROR`` (``WARNING``, ``INFO``...)
-    that do not say a process died or a resource ran out; if there are none, the last ``n``
-    non-empty lines. Progress bars (carriage-return rewrites) are reduced to
-    their last state.
-    """
-    lines = [ln.rsplit("\r", 1)[-1].rstrip() for ln in text.splitlines()]
-    lines = [ln for ln in lines if ln.strip()]
-    keep: list[str] = []
-    first_error: list[str] = []  # the first exception line of the log and its message
-    collecting_first = False
-    in_tb = False
-    after_exc = 0  # lines after an exception line that still belong to its message
-    for ln in lines:
-        body = _LOG_PREFIX.sub("", ln)
-        if after_exc and not _LOG_RECORD.match(body) and not body.startswith("Traceback"):
-            keep.append(ln)
-            if collecting_first:
-                first_error.append(ln)
-            after_exc -= 1
-            continue
-        after_exc = 0
-        collecting_first = False
-        if body.startswith("Traceback"):
-            in_tb = True
-        if (
-            in_tb
-            or (_ERROR_MARKERS.search(ln) and not _LOW_LEVEL_RECORD.match(body))
-            or _STRONG_WORDS.search(body)
-        ):
-            keep.append(ln)
-        if _EXC_LINE.match(body):
-            in_tb = False
-            after_exc = _EXC_MESSAGE_LINES
-            if not first_error:
-                first_error.append(ln)
-                collecting_first = True
-    tail = (keep or lines)[-n:]
-    if first_error and first_error[0] not in tail:
-        # the root cause (often in the engine-core process) scrolled out of the tail
-        return [
-            "--- first error in the log ---",
-            *first_error,
-            "--- last error lines ---",
-            *tail,
-        ], True
-    return tail, bool(keep)
-
-
-def error_lines(text: str, n: int = 60) -> list[str]:
-    """The last ``n`` meaningful lines of an engine log; see :func:`scan_error_lines`."""
-    return scan_error_lines(text, n)[0]

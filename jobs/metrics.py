@@ -42,7 +42,9 @@ scrape (``<key>_seconds_sum`` / ``<key>_seconds_count``), so per-interval means
 come from deltas; :func:`summarize_histograms` turns the ``before`` and
 ``after`` histograms of a run into ``server_*`` numbers, with percentiles by
 Prometheus' ``histogram_quantile`` interpolation (:func:`histogram_quantile`)
-and a note for every percentile the buckets cannot support.
+and a note for every percentile the buckets cannot support; a mean only when the
+``_sum`` is consistent with ``_count`` and the buckets (no mean, with a note, when it
+stays 0 while the count grows, as in vllm-project/vllm#6337).
 """
 
 from __future__ import annotations
@@ -558,6 +560,61 @@ def histogram_quantile(q: float, h: Histogram) -> tuple[float | None, str | None
     return lower + (bounds[b] - lower) * (rank - below) / (counts[b] - below), None
 
 
+#: Histograms whose observations can be exactly 0 s: decode time is the last token's
+#: time minus the first's, 0 for a request with one output token
+#: (``vllm/v1/metrics/stats.py`` ``update_from_finished_request``, vLLM 0.32 line 601).
+#: Every other one times something that takes time, so a ``_sum`` that does not grow
+#: while ``_count`` does is a broken histogram, not a mean of 0.
+MAY_BE_ZERO = frozenset({"decode"})
+
+
+def _mean_problem(key: str, before: Histogram, after: Histogram, delta: Histogram) -> str | None:
+    """Why ``delta.sum / delta.count`` is no mean, or None when ``_sum`` is consistent.
+
+    ``_sum`` must be finite and not negative (in either scrape and in the delta), the
+    delta's ``_count`` must equal its +Inf bucket (Prometheus' rule), ``_sum`` must not
+    stay 0 while ``_count`` grows (unless ``key`` is in :data:`MAY_BE_ZERO`; vLLM 0.5.1
+    observed every TTFT as 0 s: vllm-project/vllm#6337, fixed by vllm-project/vllm#6686,
+    bisected in vllm-project/vllm#8819), and it must lie within what the buckets allow:
+    at least ``sum(per-bucket count x the bucket's lower bound)`` (an observation in
+    ``(lo, hi]`` is above ``lo``; 0 for the first bucket: these are durations) and, when
+    no observation is in the +Inf bucket, at most ``sum(per-bucket count x upper
+    bound)``; with a tolerance for float rounding of the cumulative sums.
+    """
+    n = _fmt(delta.count)
+    if not all(math.isfinite(x) for x in (before.sum, after.sum, delta.sum)):
+        return "_sum is not finite"
+    if min(before.sum, after.sum) < 0:
+        return f"_sum is negative ({min(before.sum, after.sum):g} s)"
+    if abs(delta.count - delta.counts[-1]) > 1e-9 * max(1.0, delta.count):
+        return f"_count grew by {n} but the +Inf bucket by {_fmt(delta.counts[-1])}"
+    if delta.sum == 0 and key not in MAY_BE_ZERO:
+        return (
+            f"_sum did not grow while _count grew by {n}: every observation would be 0 s "
+            "(a broken histogram, as vLLM 0.5.1's TTFT: vllm-project/vllm#6337)"
+        )
+    cum = delta.counts
+    if any(b < a for a, b in zip(cum, cum[1:], strict=False)) or cum[0] < 0:
+        return None  # not cumulative: the percentiles say so; no bound to check against
+    per = [c - p for c, p in zip(cum, (0.0, *cum[:-1]), strict=True)]
+    tol = 1e-9 * max(abs(before.sum), abs(after.sum), 1.0)
+    lows = (0.0, *delta.bounds[:-1])
+    least = sum(c * max(lo, 0.0) for c, lo in zip(per, lows, strict=True))
+    if delta.sum < least - tol:
+        return (
+            f"_sum grew by {delta.sum:g} s, less than the {n} observations in their buckets "
+            f"add up to at least ({least:g} s)"
+        )
+    if per[-1] == 0:
+        most = sum(c * hi for c, hi in zip(per[:-1], delta.bounds[:-1], strict=True))
+        if delta.sum > most + tol:
+            return (
+                f"_sum grew by {delta.sum:g} s, more than the {n} observations in their "
+                f"buckets add up to at most ({most:g} s)"
+            )
+    return None
+
+
 def _percentile_word(p: float) -> str:
     """Key spelling of a percentile, as :mod:`jobs.loadgen`: 99 -> "99", 99.9 -> "99.9"."""
     return str(int(p)) if int(p) == p else str(p)
@@ -576,7 +633,9 @@ def summarize_histograms(
     ``count > 0``:
 
     - ``server_mean_<key>_ms`` = delta ``_sum`` / delta ``_count`` * 1000
-      (milliseconds; exact, not from buckets);
+      (milliseconds; exact, not from buckets), unless ``_sum`` is inconsistent
+      (:func:`_mean_problem`: not finite, negative, 0 while the count grew, outside
+      what the buckets allow): then no mean and a note;
     - ``server_count_<key>``: observations in the run (delta ``_count``);
     - ``server_p<NN>_<key>_ms`` for each of ``percentiles`` (0-100) that
       :func:`histogram_quantile` supports (milliseconds; ``p99.9`` keeps its
@@ -587,9 +646,11 @@ def summarize_histograms(
         key that lost something: every omitted percentile is named with its
         reason (e.g. ``"server ttft: p50, p90, p99 omitted: all 16 observations
         in one bucket (0.04, 0.06] s: ..."``); a key in only one of the two
-        dicts, an invalid delta (bucket bounds changed, or a count went down:
-        server restart) or no observations in the run gets a note too. A key
-        in neither dict gives nothing (an older vLLM without it).
+        dicts (missing, or left out as unusable by :func:`parse_histograms`), an
+        invalid delta (bucket bounds changed, or a count went down: server
+        restart; ``_sum`` went down while the counts did not), an omitted mean or
+        no observations in the run gets a note too. A key in neither dict gives
+        nothing (an older vLLM without it).
 
     Raises:
         ValueError: a percentile outside (0, 100].
@@ -604,20 +665,33 @@ def summarize_histograms(
         if key not in before or key not in after:
             missing = "before" if key not in before else "after"
             notes.append(
-                f"server {key}: omitted: the histogram is missing from the {missing!r} scrape"
+                f"server {key}: omitted: the histogram is missing or unusable (a NaN sample, "
+                f"an incomplete label set) in the {missing!r} scrape"
             )
             continue
-        delta = histogram_delta(before[key], after[key])
+        b, a = before[key], after[key]
+        delta = histogram_delta(b, a)
         if delta is None:
-            notes.append(
-                f"server {key}: omitted: bucket bounds changed or a count went down between "
-                "the scrapes (server restart?)"
-            )
+            grew = b.bounds == a.bounds and a.count >= b.count
+            grew = grew and all(y >= x for x, y in zip(b.counts, a.counts, strict=True))
+            if not grew:
+                why = "bucket bounds changed or a count went down between the scrapes (server "
+                why += "restart?)"
+            elif min(b.sum, a.sum) < 0:
+                why = f"_sum is negative ({min(b.sum, a.sum):g} s)"
+            else:
+                why = f"_sum went down by {b.sum - a.sum:g} s while the counts did not: an "
+                why += "inconsistent _sum"
+            notes.append(f"server {key}: omitted: {why}")
             continue
         if delta.count <= 0:
             notes.append(f"server {key}: omitted: no observations between the scrapes")
             continue
-        out[f"server_mean_{key}_ms"] = delta.sum / delta.count * 1000.0
+        problem = _mean_problem(key, b, a, delta)
+        if problem is None:
+            out[f"server_mean_{key}_ms"] = delta.sum / delta.count * 1000.0
+        else:
+            notes.append(f"server {key}: mean omitted: {problem}")
         out[f"server_count_{key}"] = delta.count
         omitted: dict[str, list[str]] = {}
         for p in percentiles:

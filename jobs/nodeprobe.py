@@ -13,7 +13,11 @@ no Ray.
 Use::
 
     fp = probe_node(engine_python, "/models/x", "/var/cache/vlab/digests.json")
-    report = check_parity([fp, other_node_fp], launch)
+    report = check_parity([fp, other_node_fp], {**launch, "launch_env": launch_environment()})
+
+The launching side's environment (:func:`launch_environment`: the process that
+launches, e.g. the orchestrator, read with the same filter as a fingerprint's
+``env``) lets the parity check catch a communication setting made only there.
 
 Errors: :class:`ProbeError`.
 """
@@ -21,6 +25,7 @@ Errors: :class:`ProbeError`.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 from collections.abc import Mapping
@@ -29,10 +34,29 @@ from typing import Any
 from jobs.engine import LAUNCHER_PATH, engine_env
 from jobs.schemas import EngineLaunch
 
-__all__ = ["ProbeError", "node_name", "primary_ip", "probe_node"]
+__all__ = [
+    "ENV_NAMES",
+    "ENV_PREFIXES",
+    "ProbeError",
+    "env_scope",
+    "launch_environment",
+    "node_name",
+    "primary_ip",
+    "probe_node",
+]
 
 #: Lines of the launcher's stderr kept in a :class:`ProbeError`.
 STDERR_TAIL_LINES = 30
+
+#: The variables a fingerprint's ``env`` covers: the same as ``jobs/vllm_launcher.py``'s
+#: ``_FP_ENV_PREFIXES`` and ``_FP_ENV_NAMES`` (that file runs in the engine venv and is
+#: not imported here; a test keeps the two equal).
+ENV_PREFIXES = ("NCCL_", "GLOO_", "VLLM_", "HF_", "UCX_", "TORCH_")
+ENV_NAMES = frozenset(
+    {"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT", "TP_SOCKET_IFNAME"}
+)
+_SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+_REDACTED = "<redacted>"
 
 
 class ProbeError(RuntimeError):
@@ -123,8 +147,10 @@ def probe_node(
     ``gpu_count``, ``gpu_memory_mib`` (MiB per GPU), ``gpu_topology``,
     ``interfaces`` (names), ``env`` (``NCCL_*``, ``GLOO_*``, ``VLLM_*``,
     ``HF_*``, ``UCX_*``, ``TORCH_*``, ``CUDA_VISIBLE_DEVICES``,
-    ``OMP_NUM_THREADS``, ``MASTER_ADDR``, ``MASTER_PORT`` only; values of
-    names containing TOKEN/KEY/SECRET/PASSWORD are ``"<redacted>"``); with
+    ``OMP_NUM_THREADS``, ``MASTER_ADDR``, ``MASTER_PORT``, ``TP_SOCKET_IFNAME``
+    only; values of names with a TOKEN/KEY/SECRET/PASSWORD part are
+    ``"<redacted>"``), ``env_scope`` (what ``env`` covers: a covered name absent
+    from ``env`` is unset); with
     ``model_dir`` also ``model_path``, ``model_path_exists`` and
     ``model_files`` (``[{"path", "size" (bytes), "sha256"}]`` sorted by path).
     Unknown facts are ``None``. Takes a few seconds (the engine imports torch);
@@ -176,6 +202,28 @@ def probe_node(
     if not isinstance(doc, dict):
         raise ProbeError(f"node probe printed a {type(doc).__name__}, not an object", tail)
     return doc
+
+
+def env_scope() -> dict[str, list[str]]:
+    """What a fingerprint's ``env`` covers: ``{"prefixes": [...], "names": [...]}``."""
+    return {"prefixes": list(ENV_PREFIXES), "names": sorted(ENV_NAMES)}
+
+
+def launch_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The launch-relevant variables of ``environ`` (default: this process's), sorted.
+
+    The filter of a fingerprint's ``env`` (:data:`ENV_PREFIXES`, :data:`ENV_NAMES`;
+    values of names with a TOKEN/KEY/SECRET/PASSWORD part are ``"<redacted>"``), so
+    the launching side compares with the nodes' Ray workers variable by variable.
+    """
+    environ = os.environ if environ is None else environ
+    out: dict[str, str] = {}
+    for name in sorted(environ):
+        if not (name.startswith(ENV_PREFIXES) or name in ENV_NAMES):
+            continue
+        secret = any(m in name.upper().split("_") for m in _SECRET_MARKERS)
+        out[name] = _REDACTED if secret else environ[name]
+    return out
 
 
 def node_name(fp: Mapping[str, Any]) -> str:

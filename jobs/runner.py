@@ -20,7 +20,9 @@ carries the ``run_id`` it is about):
       ``arrival_s``; multi-turn requests after their previous turn; until
       ``duration_s`` if set) while a background task scrapes every
       ``job.scrape_interval_s`` (``during``) [``measuring``], scrape
-      ``after``; the segment is then ``done``. If the server stays alive but
+      ``after``; the segment is then ``done``. The warm-cache check
+      (:mod:`jobs.cachecheck`) flags, never fails, a phase that began on a warm
+      prefix cache (``engine_info["cache_contamination"]``). If the server stays alive but
       stops answering (:data:`UNRESPONSIVE_SCRAPES` failed scrapes over
       :data:`UNRESPONSIVE_AFTER_S` s), the load is abandoned, the segment
       fails ``partial`` with what was measured, and the batch ends. If the
@@ -51,7 +53,8 @@ client's mean TTFT minus the server's for the same requests). Each result's
 ``engine_info`` also carries the parsed start-up facts (``startup_facts``) and
 the engine's periodic stats lines logged during the segment (``stats_lines``,
 :mod:`jobs.enginelog`; at most :data:`jobs.segment.MAX_STATS_LINES`, evenly
-thinned). Each run's state and the numbers derived from its records are in :mod:`jobs.segment`.
+thinned) and typed events (:func:`jobs.engineevents.segment_info`, on the segment's
+clock). Each run's state and the numbers derived from its records are in :mod:`jobs.segment`.
 
 Time offsets (``start_s`` of records, ``t_s`` of samples) are seconds since
 the segment began; the first segment begins with the call (its offsets
@@ -77,7 +80,7 @@ from typing import Any
 
 import httpx
 
-from jobs import capacity_runner, enginelog, loadgen, metrics
+from jobs import capacity_runner, engineevents, enginelog, loadgen, metrics
 from jobs.capacity_runner import StepMeasurement
 from jobs.engine import EngineCancelledError, EngineDiedError, EngineError, EngineServer
 from jobs.modelgen import load_tokenizer
@@ -141,7 +144,8 @@ def execute(
         ``engine_log``: the whole server log; ``engine_info``: ``command``,
         ``port``, ``pgid`` (the server's process group, gone on return),
         ``vllm_version`` (from the log), ``startup_s``, ``request_list_hash``,
-        ``prefix_cache_reset_ok``, KV cache size, ``exit_code``,
+        ``prefix_cache_reset_ok``, ``cache_contamination`` (:mod:`jobs.cachecheck`),
+        KV cache size, ``exit_code``,
         ``server_reused`` (False), ``cache_isolation`` (``"server_restart"``),
         ``segment_index`` (0), ``segments_total`` (1);
         ``timings`` (seconds): ``startup_s``, ``warmup_s``, ``measure_s``,
@@ -499,6 +503,10 @@ class _Batch:
             info = parse_engine_log(log)
             info["startup_facts"] = enginelog.startup_facts(log)
             info["stats_lines"] = thin(enginelog.parse_stats_lines(log)[seg.stats_before :])
+            t_end = seg.t_end if seg.t_end is not None else time.perf_counter()
+            wall_t0 = time.time() - (time.perf_counter() - seg.t0)  # events' clock: t_s 0
+            at_end = bool(seg.engine_log)  # read at t_end: a later time is another clock's
+            info.update(engineevents.segment_info(log, wall_t0, t_end - seg.t0, not reused, at_end))
             seg.engine_info = {**info, **self.server_info, **seg.engine_info}
         elif self.server is not None and "pgid" in self.server_info:
             seg.engine_info.setdefault("pgid", self.server_info["pgid"])
@@ -595,6 +603,7 @@ class _Batch:
         every reset of the run worked. A failed reset raises :class:`EngineError` when
         there was ``something_cached`` and prefix caching may be on."""
         reset_ok = await asyncio.to_thread(server.reset_prefix_cache)
+        seg.last_reset_ok = reset_ok
         seg.engine_info["prefix_cache_reset_ok"] = (
             seg.engine_info.get("prefix_cache_reset_ok", True) and reset_ok
         )
@@ -618,7 +627,8 @@ class _Batch:
     ) -> StepMeasurement:
         """One measured phase: scrape ``before``, drive ``requests`` while a background
         task scrapes every interval (``during``), scrape ``after``. The scrapes are
-        appended to ``seg.samples`` too."""
+        appended to ``seg.samples`` too; then the phase's warm-cache check
+        (:meth:`Segment.check_cache`)."""
         seg.measured_done, seg.measured_total = 0, len(requests)
         first_sample = len(seg.samples)
         seg.histograms = {}
@@ -652,6 +662,7 @@ class _Batch:
                     await scraper
             if seg.unresponsive is None and seg.dead is None and not seg.refused:
                 await self._sample(client, base_url, seg, "after")
+        seg.check_cache(records, first_sample, self.job.launch.engine_args)
         return StepMeasurement(records, measure_s, seg.samples[first_sample:], dict(seg.histograms))
 
     async def _drive_capacity(
@@ -730,6 +741,7 @@ class _Batch:
         t_s = seg.now()
         try:
             resp = await client.get(base_url.rstrip("/") + metrics.METRICS_PATH)
+            t_end = seg.now()  # the server rendered the text before this
             resp.raise_for_status()
             values = metrics.parse_metrics(resp.text)
             if phase in ("before", "after"):
@@ -747,6 +759,7 @@ class _Batch:
                 if len(errors) < 20:
                     errors.append(f"{phase} at {t_s:.1f}s: {exc!r}")
         seg.samples.append(MetricSample(t_s=t_s, phase=phase, values=values))
+        seg.sample_end_s.append(t_end)
         return True
 
     async def _scrape_loop(

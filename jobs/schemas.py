@@ -308,6 +308,11 @@ class NodePart(BaseModel):
     env: dict[str, str] = Field(
         default_factory=dict, description="node-specific environment (e.g. CPU thread binding)"
     )
+    engine_python: str | None = Field(
+        None,
+        description="the engine python on this node (VLAB_ENGINE__PYTHON_BY_NODE); "
+        "None: the launch's engine_python",
+    )
 
 
 class BatchJob(BaseModel):

@@ -6,7 +6,9 @@ the numbers that come out of its records.
 :meth:`Segment.judge` is the run's verdict once the load ran. The functions derive
 the result's facts from what was measured: :func:`parse_engine_log` (start-up facts
 of the server log), :func:`per_class_metrics`, :func:`itl_burst_fraction`,
-:func:`drop_unobserved_gauges` and :func:`thin` (the stats lines kept). No I/O.
+:func:`drop_unobserved_gauges` and :func:`thin` (the stats lines kept);
+:meth:`Segment.check_cache` runs the warm-cache check (:mod:`jobs.cachecheck`) of each
+measured phase. No I/O.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import re
 import time
 from typing import Any, Literal
 
-from jobs import capacity_runner, loadgen, metrics
+from jobs import cachecheck, capacity_runner, loadgen, metrics
 from jobs.capacity import CapacityResult
 from jobs.capacity_runner import SearchOutcome, StepMeasurement
 from jobs.schemas import ChatRequest, MetricSample, RequestRecord, RunSegment
@@ -174,6 +176,9 @@ class Segment:
         self.capacity_succeeded = 0  # successful requests over every capacity step
         self.capacity_first_error: str | None = None
         self.step_label: str | None = None  # the capacity step being measured, for reports
+        self.sample_end_s: list[float] = []  # when each scrape of ``samples`` came back
+        self.last_reset_ok: bool | None = None  # the last prefix cache reset's answer
+        self.cache_checks: list[dict[str, Any]] = []  # each measured phase's warm-cache check
 
     @property
     def partial(self) -> bool:
@@ -259,6 +264,41 @@ class Segment:
                 )
             if notes:
                 self.engine_info["histogram_notes"] = notes
+
+    def check_cache(
+        self, records: list[RequestRecord], first_sample: int, engine_args: dict[str, Any]
+    ) -> None:
+        """The warm-cache check of the measured phase whose scrapes start at
+        ``samples[first_sample]`` (:func:`jobs.cachecheck.check`), combined with the run's
+        earlier phases into ``engine_info["cache_contamination"]``.
+
+        The server is known to report cached tokens when ``engine_args`` set
+        ``enable_prompt_tokens_details`` or any record of the run carries a value;
+        prefix caching is off when ``engine_args["enable_prefix_caching"] is False``.
+        """
+        phase = self.samples[first_sample:]
+        ends = self.sample_end_s[first_sample:]
+        before = phase[0] if phase and phase[0].phase == "before" else None
+        scrapes = [
+            cachecheck.Scrape(s, end)
+            for s, end in zip(phase, ends, strict=True)
+            if s.phase != "before"
+        ]
+        reports = bool(engine_args.get("enable_prompt_tokens_details")) or any(
+            r.cached_tokens is not None for r in [*self.records, *records]
+        )
+        self.cache_checks.append(
+            cachecheck.check(
+                records,
+                before,
+                scrapes,
+                prefix_caching_off=engine_args.get("enable_prefix_caching") is False,
+                reports_cached_tokens=reports,
+                reset_ok=self.last_reset_ok,
+            )
+        )
+        self.last_reset_ok = None
+        self.engine_info["cache_contamination"] = cachecheck.combine(self.cache_checks)
 
     def keep_capacity(self, outcome: SearchOutcome) -> None:
         """Take a capacity search's outcome as the run's result: the search's result,

@@ -26,8 +26,10 @@ Endpoints:
     ``stream`` one JSON body is returned when the last token is due.
     ``prompt_tokens`` is approximate: whitespace-separated words of the
     prompt (or of all message contents) plus one; ``cached_tokens`` is the
-    constructor's value capped at ``prompt_tokens``. A body that is not JSON
-    gives HTTP 400 with vLLM's ``{"error": {...}}`` shape.
+    constructor's value capped at ``prompt_tokens`` (with a simulated prefix cache,
+    what it found; ``report_cached_tokens=False`` leaves ``prompt_tokens_details``
+    out, as vLLM does without ``--enable-prompt-tokens-details``). A body that is
+    not JSON gives HTTP 400 with vLLM's ``{"error": {...}}`` shape.
 ``GET /v1/models``
     one model, ``model`` (requests may name any model).
 ``GET /health``
@@ -36,9 +38,13 @@ Endpoints:
     Prometheus text with vLLM's names: ``vllm:num_requests_running``,
     ``vllm:num_requests_waiting`` (always 0, except in capacity mode),
     ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``,
-    ``vllm:request_success_total``.
+    ``vllm:request_success_total``; with a simulated prefix cache also
+    ``vllm:prefix_cache_queries_total`` and ``vllm:prefix_cache_hits_total`` (tokens).
 ``POST /reset_prefix_cache``
-    200 (nothing to reset).
+    200 (nothing to reset; with a simulated prefix cache it is emptied, unless
+    ``reset_keeps_cache``: then the answer is the same 200 and the cache stays, as
+    when vLLM's block pool refused the reset and an older API server answered 200
+    anyway).
 ``GET /stub/stats``
     JSON of :meth:`StubServer.stats`.
 ``POST /stub/reset``
@@ -53,6 +59,11 @@ counted from the arrival, so queueing shows in it. ``vllm:num_requests_running``
 is then the busy slots and ``vllm:num_requests_waiting`` the queue. With requests of
 ``n`` tokens the service capacity is ``slots / (ttft_s + (n - 1) * itl_s)``
 requests/s, or ``slots`` concurrent requests.
+
+**Prefix cache** (``prefix_cache=True``, any mode): vLLM's prefix caching simulated by
+:class:`jobs.stubengine.PrefixCache`; ``reset_keeps_cache=True`` simulates a reset that
+reports success but leaves the blocks, so the first measured request of a run finds the
+warm-up's prefix and the hit counter grows.
 
 **Noise** (``noise_s`` > 0, any mode): each request's stream is delayed by a seeded
 random extra latency, lognormal with median ``noise_s`` and shape ``noise_sigma``
@@ -86,13 +97,14 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import uvicorn
+
+from jobs.stubengine import PrefixCache, Slots, prompt_token_list
 
 __all__ = ["DEFAULT_MAX_TOKENS", "StubServer", "main"]
 
@@ -112,67 +124,12 @@ def _sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
-def _prompt_words(body: dict[str, Any]) -> int:
-    """Approximate prompt length: whitespace-separated words (+1 for a BOS token)."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return len(prompt.split()) + 1
-    if isinstance(prompt, list):  # token ids, or a list of strings
-        return sum(len(p.split()) if isinstance(p, str) else 1 for p in prompt) + 1
-    words = 0
-    for message in body.get("messages") or []:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, str):
-            words += len(content.split())
-        elif isinstance(content, list):  # OpenAI content parts
-            for part in content:
-                if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    words += len(part["text"].split())
-    return words + 1
-
-
 def _max_tokens(body: dict[str, Any]) -> int:
     for key in ("max_completion_tokens", "max_tokens"):
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             return value
     return DEFAULT_MAX_TOKENS
-
-
-class _Slots:
-    """``n`` service slots handed out in arrival order (FIFO); event-loop thread only."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.free = n
-        self.queue: deque[asyncio.Future[None]] = deque()
-
-    @property
-    def busy(self) -> int:
-        return self.n - self.free
-
-    async def acquire(self) -> None:
-        if self.free > 0 and not self.queue:
-            self.free -= 1
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.queue.append(fut)
-        try:
-            await fut
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():
-                self.release()  # handed a slot just as it was cancelled: pass it on
-            else:
-                self.queue.remove(fut)
-            raise
-
-    def release(self) -> None:
-        while self.queue:
-            fut = self.queue.popleft()
-            if not fut.done():
-                fut.set_result(None)
-                return
-        self.free += 1
 
 
 class _StubApp:
@@ -189,12 +146,19 @@ class _StubApp:
         noise_s: float = 0.0,
         noise_sigma: float = 0.5,
         seed: int = 0,
+        prefix_cache: bool = False,
+        reset_keeps_cache: bool = False,
+        report_cached_tokens: bool = True,
+        block_size: int = 16,
     ) -> None:
         self.ttft_s = ttft_s
         self.itl_s = itl_s
         self.model = model
         self.cached_tokens = cached_tokens
-        self.slots = _Slots(slots) if slots is not None else None
+        self.prefix_cache = PrefixCache(block_size) if prefix_cache else None
+        self.reset_keeps_cache = reset_keeps_cache
+        self.report_cached_tokens = report_cached_tokens
+        self.slots = Slots(slots) if slots is not None else None
         self.noise_s = noise_s
         self.noise_sigma = noise_sigma
         self._rng = random.Random(seed)
@@ -253,6 +217,8 @@ class _StubApp:
         elif method == "GET" and path == "/metrics":
             await self._respond(send, 200, self._metrics_text().encode(), b"text/plain")
         elif method == "POST" and path == "/reset_prefix_cache":
+            if self.prefix_cache is not None and not self.reset_keeps_cache:
+                self.prefix_cache.clear()
             await self._respond(send, 200, b"", b"text/plain")
         elif method == "GET" and path == "/stub/stats":
             await self._json(send, 200, self.stats())
@@ -290,6 +256,8 @@ class _StubApp:
         ):
             sample = f"{name}_total" if kind == "counter" else name
             lines += [f"# HELP {name} stub", f"# TYPE {name} {kind}", f"{sample}{label} {value}.0"]
+        if self.prefix_cache is not None:
+            lines += self.prefix_cache.metrics_lines(label)
         return "\n".join(lines) + "\n"
 
     async def _generate(self, completions: bool, receive: Receive, send: Send) -> None:
@@ -311,8 +279,12 @@ class _StubApp:
             await self._error(send, 400, f"invalid JSON body: {exc}", "BadRequestError")
             return
         n = _max_tokens(body)
-        prompt_tokens = _prompt_words(body)
-        cached = min(self.cached_tokens, prompt_tokens)
+        tokens = prompt_token_list(body)
+        prompt_tokens = len(tokens)
+        if self.prefix_cache is not None:
+            cached = self.prefix_cache.lookup_and_insert(tokens)
+        else:
+            cached = min(self.cached_tokens, prompt_tokens)
         self.requests += 1
         self.running += 1
         self.max_running = max(self.max_running, self.running)
@@ -345,12 +317,14 @@ class _StubApp:
         return t0
 
     def _usage(self, n: int, prompt_tokens: int, cached: int) -> dict[str, Any]:
-        return {
+        usage: dict[str, Any] = {
             "prompt_tokens": prompt_tokens,
             "total_tokens": prompt_tokens + n,
             "completion_tokens": n,
-            "prompt_tokens_details": {"cached_tokens": cached},
         }
+        if self.report_cached_tokens:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        return usage
 
     async def _whole(
         self,
@@ -487,13 +461,19 @@ class StubServer:
             0: none), outside the service slot.
         noise_sigma: the lognormal's shape (sigma of its log).
         seed: seed of the noise draws.
+        prefix_cache: simulate vLLM's prefix cache (module docstring): cached tokens
+            and the ``vllm:prefix_cache_*`` counters come from it.
+        reset_keeps_cache: ``POST /reset_prefix_cache`` answers success and keeps the
+            simulated cache (a warm cache left after a reset).
+        report_cached_tokens: False leaves ``usage.prompt_tokens_details`` out.
+        block_size: tokens per block of the simulated prefix cache.
 
     Use as a context manager (``with StubServer(0.05, 0.01) as stub: stub.base_url``)
     or call :meth:`start` and :meth:`stop`.
 
     Raises:
         ValueError: a negative delay, ``cached_tokens``, ``noise_s`` or ``noise_sigma``,
-            or ``slots`` < 1.
+            or ``slots`` or ``block_size`` < 1.
     """
 
     def __init__(
@@ -510,6 +490,10 @@ class StubServer:
         noise_s: float = 0.0,
         noise_sigma: float = 0.5,
         seed: int = 0,
+        prefix_cache: bool = False,
+        reset_keeps_cache: bool = False,
+        report_cached_tokens: bool = True,
+        block_size: int = 16,
     ) -> None:
         if ttft_s < 0 or itl_s < 0 or cached_tokens < 0 or noise_s < 0 or noise_sigma < 0:
             raise ValueError(
@@ -518,6 +502,12 @@ class StubServer:
             )
         if slots is not None and slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.prefix_cache = prefix_cache
+        self.reset_keeps_cache = reset_keeps_cache
+        self.report_cached_tokens = report_cached_tokens
+        self.block_size = block_size
         self.slots = slots
         self.noise_s = noise_s
         self.noise_sigma = noise_sigma
@@ -577,6 +567,7 @@ class StubServer:
             noise_s=self.noise_s,
             noise_sigma=self.noise_sigma,
             seed=self.seed,
+            **self._cache_options(),
         )
         self._sock = _listen(self.host, self.port)
         self._server = uvicorn.Server(_uvicorn_config(self._app))
@@ -603,7 +594,10 @@ class StubServer:
         if self.slots is not None:
             cmd += ["--slots", str(self.slots)]
         cmd += ["--noise-ms", repr(self.noise_s * 1000), "--noise-sigma", repr(self.noise_sigma)]
-        cmd += ["--seed", str(self.seed)]
+        cmd += ["--seed", str(self.seed), "--block-size", str(self.block_size)]
+        cmd += ["--prefix-cache"] * self.prefix_cache
+        cmd += ["--reset-keeps-cache"] * self.reset_keeps_cache
+        cmd += ["--no-cached-tokens"] * (not self.report_cached_tokens)
         root = str(Path(__file__).resolve().parents[1])
         env = {
             **os.environ,
@@ -620,6 +614,14 @@ class StubServer:
                 f"(exit status {self._proc.poll()}, said {line!r})"
             )
         self._base_url = line[len(_READY_PREFIX) :].strip()
+
+    def _cache_options(self) -> dict[str, Any]:
+        return {
+            "prefix_cache": self.prefix_cache,
+            "reset_keeps_cache": self.reset_keeps_cache,
+            "report_cached_tokens": self.report_cached_tokens,
+            "block_size": self.block_size,
+        }
 
     def stop(self) -> None:
         """Stop serving (streams in flight are cut after ~1 s); safe to call twice."""
@@ -745,11 +747,25 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--noise-ms", type=float, default=0.0, help="median extra delay, ms")
     ap.add_argument("--noise-sigma", type=float, default=0.5, help="lognormal shape of the noise")
     ap.add_argument("--seed", type=int, default=0, help="seed of the noise")
+    ap.add_argument("--prefix-cache", action="store_true", help="simulate a prefix cache")
+    ap.add_argument(
+        "--reset-keeps-cache",
+        action="store_true",
+        help="POST /reset_prefix_cache answers success but keeps the simulated cache",
+    )
+    ap.add_argument(
+        "--no-cached-tokens",
+        action="store_true",
+        help="leave usage.prompt_tokens_details out (vLLM without --enable-prompt-tokens-details)",
+    )
+    ap.add_argument("--block-size", type=int, default=16, help="tokens per prefix cache block")
     args = ap.parse_args(argv)
     if min(args.ttft_ms, args.itl_ms, args.cached_tokens, args.noise_ms, args.noise_sigma) < 0:
         ap.error("--ttft-ms, --itl-ms, --cached-tokens, --noise-ms, --noise-sigma must be >= 0")
     if args.slots is not None and args.slots < 1:
         ap.error("--slots must be >= 1")
+    if args.block_size < 1:
+        ap.error("--block-size must be >= 1")
     app = _StubApp(
         args.ttft_ms / 1000,
         args.itl_ms / 1000,
@@ -759,6 +775,10 @@ def main(argv: list[str] | None = None) -> None:
         noise_s=args.noise_ms / 1000,
         noise_sigma=args.noise_sigma,
         seed=args.seed,
+        prefix_cache=args.prefix_cache,
+        reset_keeps_cache=args.reset_keeps_cache,
+        report_cached_tokens=not args.no_cached_tokens,
+        block_size=args.block_size,
     )
     sock = _listen(args.host, args.port)
     print(_READY_PREFIX + _url(args.host, sock.getsockname()[1]), flush=True)

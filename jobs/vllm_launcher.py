@@ -384,8 +384,11 @@ def describe_serve_args() -> dict[str, Any]:
 #: Environment variables a fingerprint reports: these prefixes plus :data:`_FP_ENV_NAMES`.
 #: Nothing else is ever read out (other variables may hold credentials).
 _FP_ENV_PREFIXES = ("NCCL_", "GLOO_", "VLLM_", "HF_", "UCX_", "TORCH_")
-_FP_ENV_NAMES = frozenset({"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT"})
-#: A reported variable whose name contains one of these has its value replaced.
+_FP_ENV_NAMES = frozenset(
+    {"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT", "TP_SOCKET_IFNAME"}
+)
+#: A reported variable with one of these as a ``_``-separated part of its name has its
+#: value replaced (``HF_TOKEN``, ``VLLM_API_KEY``; not ``NCCL_IB_PKEY``, a setting).
 _FP_SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 _REDACTED = "<redacted>"
 #: Directory names never descended into when listing a model directory.
@@ -414,6 +417,26 @@ def _version_of(name: str) -> str | None:
         return _md.version(name)
     except _md.PackageNotFoundError:
         return None
+
+
+def _distributions_facts() -> dict[str, Any]:
+    """``{"digest": "sha256:<hex>", "distributions": n}`` of this interpreter's packages.
+
+    Every installed distribution ``importlib.metadata`` finds on ``sys.path`` (the first
+    of a name, as imports see it), as ``name==version`` lines (names normalised the PEP
+    503 way), sorted, hashed: two engine environments with the same digest have the
+    same packages at the same versions. Reads metadata only (~0.1 s for 150 packages).
+    """
+    seen: dict[str, str] = {}
+    for dist in _md.distributions():
+        name = re.sub(r"[-_.]+", "-", str(dist.metadata["Name"] or "")).lower()
+        if name and name not in seen:
+            seen[name] = str(dist.version)
+    text = "".join(f"{name}=={seen[name]}\n" for name in sorted(seen))
+    return {
+        "digest": "sha256:" + hashlib.sha256(text.encode()).hexdigest(),
+        "distributions": len(seen),
+    }
 
 
 def _vllm_version() -> tuple[str | None, str | None]:
@@ -534,15 +557,15 @@ def _filtered_env(environ: Any = None) -> dict[str, str]:
     """The launch-relevant variables of ``environ`` (default ``os.environ``), sorted by name.
 
     Only names starting with :data:`_FP_ENV_PREFIXES` or in :data:`_FP_ENV_NAMES`;
-    values of names containing TOKEN/KEY/SECRET/PASSWORD become ``"<redacted>"``.
+    values of names with a TOKEN/KEY/SECRET/PASSWORD part become ``"<redacted>"``.
     """
     environ = os.environ if environ is None else environ
     out: dict[str, str] = {}
     for name in sorted(environ):
         if not (name.startswith(_FP_ENV_PREFIXES) or name in _FP_ENV_NAMES):
             continue
-        upper = name.upper()
-        secret = any(marker in upper for marker in _FP_SECRET_MARKERS)
+        parts = name.upper().split("_")
+        secret = any(marker in parts for marker in _FP_SECRET_MARKERS)
         out[name] = _REDACTED if secret else environ[name]
     return out
 
@@ -725,7 +748,9 @@ def fingerprint(
     ``gpu_model``, ``gpu_count``, ``gpu_memory_mib`` (MiB per GPU),
     ``gpu_topology`` (``nvidia-smi topo -m`` text; see :func:`_gpu_facts`),
     ``interfaces`` (network interface names), ``env`` (launch-relevant
-    variables only, secrets redacted; see :func:`_filtered_env`). Unknown
+    variables only, secrets redacted; see :func:`_filtered_env`), ``env_scope``
+    (``{"prefixes", "names"}``: the variables ``env`` covers), ``engine_env``
+    (``{"digest", "distributions"}``: see :func:`_distributions_facts`). Unknown
     values are ``None`` (all GPU facts without ``nvidia-smi``); missing
     torch/vLLM is no error.
 
@@ -755,6 +780,10 @@ def fingerprint(
         **_gpu_facts(),
         "interfaces": _interface_names(),
         "env": _filtered_env(),
+        # what "env" covers: a covered name absent from "env" is unset on this node
+        "env_scope": {"prefixes": list(_FP_ENV_PREFIXES), "names": sorted(_FP_ENV_NAMES)},
+        # the installed packages' digest; the node probe adds where this python is
+        "engine_env": _distributions_facts(),
     }
     if model_dir is not None:
         doc.update(_model_facts(model_dir, digest_cache))

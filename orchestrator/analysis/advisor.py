@@ -4,7 +4,10 @@ operators roll changes back, each with the evidence behind it.
 Rollback order (``rank``; lower comes first). Rank 0 is not a rollback but a
 warning about the measurement itself (``token_bursts``: streamed tokens arrived in
 bursts, so the client's ITL/TPOT, and TTFT when the first token comes with later
-ones, do not measure the engine; use the server-side histograms).
+ones, do not measure the engine; use the server-side histograms; ``warm_cache``: the
+run's measured requests began on a warm prefix cache, ``engine_info.cache_contamination``
+of :mod:`jobs.cachecheck`, and ``warm_cache_contamination``: a comparison includes
+such a run, so its ratios are not trustworthy).
 
 1. ``out_of_memory`` / ``context_cap_does_not_fit``: the engine ran out of memory
    or the context cap does not fit the KV cache. Action: lower ``max_model_len``
@@ -41,6 +44,8 @@ from orchestrator.analysis.prefix import hit_rate_finding
 
 #: Rollback order of every finding code (lower first).
 RANK: dict[str, int] = {
+    "warm_cache": 0,
+    "warm_cache_contamination": 0,
     "token_bursts": 0,
     "out_of_memory": 1,
     "context_cap_does_not_fit": 1,
@@ -96,7 +101,7 @@ class Advice(BaseModel):
 
 
 def _fit_action(check: Mapping[str, Any] | None, engine_args: Mapping[str, Any]) -> str:
-    if not check:
+    if not check or not check.get("estimate"):
         return (
             "lower max_model_len and max_num_seqs first; POST /api/v1/analyze/kv-cache gives "
             "the values that fit"
@@ -149,7 +154,7 @@ def run_findings(
                     evidence={"log_line": line.strip()[:500]},
                 )
             )
-    if check and not check["estimate"].get("fits", True):
+    if check and check.get("estimate") and not check["estimate"].get("fits", True):
         out.append(
             Advice(
                 code="context_cap_does_not_fit",
@@ -190,6 +195,22 @@ def run_findings(
                 },
             )
         )
+    warm = info.get("cache_contamination") or {}
+    if warm.get("status") == "contaminated":
+        out.append(
+            Advice(
+                code="warm_cache",
+                severity="warning",
+                scope="run",
+                run_id=rid,
+                message=(
+                    "the measured requests began on a warm prefix cache: "
+                    + str(warm.get("note") or "the warm-cache check found cached blocks")
+                ),
+                action=WARM_CACHE_ACTION,
+                evidence={k: v for k, v in warm.items() if k != "note"},
+            )
+        )
     burst = metrics.get("itl_burst_fraction")
     if run.get("status") == "succeeded" and burst is not None and burst >= BURSTY:
         gap = metrics.get("mean_ttft_client_minus_server_ms")
@@ -223,12 +244,15 @@ def run_findings(
             )
         )
     if run.get("status") == "succeeded" and args.get("enable_prefix_caching"):
-        out += _prefix_findings(rid, metrics, info.get("prefix_analysis"))
+        out += _prefix_findings(rid, metrics, info.get("prefix_analysis"), info.get("vllm_version"))
     return sorted(out, key=lambda a: a.rank)
 
 
 def _prefix_findings(
-    rid: str, metrics: Mapping[str, float], analysis: Mapping[str, Any] | None
+    rid: str,
+    metrics: Mapping[str, float],
+    analysis: Mapping[str, Any] | None,
+    vllm_version: str | None = None,
 ) -> list[Advice]:
     measured = metrics.get("prefix_cache_hit_rate")
     predicted = (analysis or {}).get("predicted_hit_rate")  # None also when it errored
@@ -249,7 +273,14 @@ def _prefix_findings(
     cause = (analysis or {}).get("cause")
     advice = (analysis or {}).get("advice")
     if predicted is not None and measured is not None:
-        found = hit_rate_finding(float(predicted), float(measured), tolerance=FAR)
+        found = hit_rate_finding(
+            float(predicted),
+            float(measured),
+            tolerance=FAR,
+            metrics=metrics,
+            summary=analysis,
+            vllm_version=vllm_version,
+        )
         if found is not None:
             return [
                 Advice(
@@ -258,12 +289,8 @@ def _prefix_findings(
                     scope="run",
                     run_id=rid,
                     message=found.message,
-                    action=_PREDICTION_ACTIONS[found.code],
-                    evidence={
-                        **evidence,
-                        **found.evidence,
-                        "num_preemptions": metrics.get("num_preemptions_delta"),
-                    },
+                    action=found.action or _PREDICTION_ACTIONS[found.code],
+                    evidence={**evidence, **found.evidence, "explanation": found.explanation},
                 )
             ]
     if measured is None or measured < LOW_HIT_RATE:
@@ -289,6 +316,17 @@ def _prefix_findings(
         ]
     return []
 
+
+#: What to do about a warm prefix cache (run and comparison findings).
+WARM_CACHE_ACTION = (
+    "do not compare this run's numbers: rerun it on a cache that is really empty: on a "
+    "vLLM server of its own (a restart per run), or with a reset that works: "
+    "POST /reset_prefix_cache with VLLM_SERVER_DEV_MODE=1, no request still "
+    "running when it is called (vLLM refuses to reset while blocks are held: 'Failed to "
+    "reset prefix cache because some blocks are not freed yet', "
+    "vllm/v1/core/block_pool.py), a vLLM whose endpoint reports the result "
+    '({"success": false}), and ?reset_external=true with a KV connector (LMCache)'
+)
 
 _PREDICTION_ACTIONS = {
     "hit_rate_below_prediction": (
@@ -438,6 +476,7 @@ def from_compare(found: Sequence[Mapping[str, Any]]) -> list[Advice]:
 
 
 _COMPARE_ACTIONS = {
+    "warm_cache_contamination": WARM_CACHE_ACTION,
     "hit_rate_up_e2e_flat": (
         "prefill is no longer the bottleneck: decode or queueing dominates end-to-end "
         "latency; look at TPOT, max_num_seqs and max_num_batched_tokens next"

@@ -95,6 +95,10 @@ class RunData(BaseModel):
     serve`` plus :func:`jobs.metrics.summarize_samples`). ``devices``: devices
     the run reserved (TP x PP x replicas). ``changed``: dotted path -> value
     where this run differs from its reference (``{}`` for the baseline).
+    ``cache_contamination``: the status of the run's warm-cache check
+    (``engine_info["cache_contamination"]["status"]``, :mod:`jobs.cachecheck`):
+    ``"contaminated"`` when its measured phase began on a warm prefix cache; None when
+    the run has no check.
     """
 
     run_id: str
@@ -105,6 +109,7 @@ class RunData(BaseModel):
     requests: list[dict[str, Any]] = Field(default_factory=list)
     devices: int = Field(1, ge=1)
     changed: dict[str, Any] = Field(default_factory=dict)
+    cache_contamination: Literal["clean", "contaminated", "unknown"] | None = None
 
 
 class ChangedVariable(BaseModel):
@@ -207,6 +212,9 @@ class MetricComparison(BaseModel):
     or in some draw, of the difference (``ci_of="difference"``); all three are
     None when no CI could be computed. ``n_requests``: measured successful
     requests with a value, both sides (None for run-level metrics).
+    ``trustworthy``: False when a compared run measured on a warm prefix cache
+    (:func:`warm_cache_runs`); ``untrusted_reason`` says which runs. The numbers are
+    kept, the ratio is not to be believed.
     """
 
     metric: str
@@ -227,6 +235,8 @@ class MetricComparison(BaseModel):
     n_reference_requests: int | None = None
     n_variant_requests: int | None = None
     verdict: Verdict
+    trustworthy: bool = True
+    untrusted_reason: str | None = None
 
 
 # --------------------------------------------------------------------------- helpers
@@ -246,6 +256,31 @@ def finite_float(x: Any) -> float | None:
 def usable_runs(runs: Iterable[RunData]) -> list[RunData]:
     """The runs whose data is compared (status in :data:`USABLE_STATUSES`)."""
     return [r for r in runs if r.status in USABLE_STATUSES]
+
+
+def warm_cache_runs(runs: Iterable[RunData]) -> list[str]:
+    """Ids of the compared runs (:func:`usable_runs`) whose warm-cache check found a
+    warm prefix cache (``cache_contamination == "contaminated"``)."""
+    return [r.run_id for r in usable_runs(runs) if r.cache_contamination == "contaminated"]
+
+
+def warm_cache_reason(
+    variant_runs: Iterable[RunData], reference_runs: Iterable[RunData]
+) -> str | None:
+    """Why a comparison of these runs is not trustworthy, or None."""
+    var, ref = warm_cache_runs(variant_runs), warm_cache_runs(reference_runs)
+    sides = [
+        f"{side} run(s) {', '.join(ids)}"
+        for side, ids in (("variant", var), ("reference", ref))
+        if ids
+    ]
+    if not sides:
+        return None
+    return (
+        "measured on a warm prefix cache (" + "; ".join(sides) + "): the prefix cache reset "
+        "before their measured requests left blocks, so their numbers include cache hits "
+        "the other side may not have had"
+    )
 
 
 def measured_requests(run: RunData) -> list[dict[str, Any]]:
@@ -586,6 +621,9 @@ def compare_variant(
         for higher-is-better, ``lower`` for neutral ones; entirely above -> the
         opposite; otherwise ``"no clear difference"``.
 
+    Every row is ``trustworthy=False`` (with ``untrusted_reason``) when a compared run
+    on either side measured on a warm prefix cache (:func:`warm_cache_reason`).
+
     Raises:
         ValueError: ``n_boot`` < 1 or ``confidence`` outside (0, 1).
     """
@@ -633,6 +671,9 @@ def compare_variant(
 
     order = {m.name: i for i, m in enumerate(METRICS)}
     out.sort(key=lambda c: order[c.metric])
+    reason = warm_cache_reason(variant_runs, reference_runs)
+    if reason is not None:
+        out = [c.model_copy(update={"trustworthy": False, "untrusted_reason": reason}) for c in out]
     return out
 
 

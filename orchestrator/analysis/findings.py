@@ -29,6 +29,8 @@ from orchestrator.analysis.compare import (
     run_effect,
     side_of,
     usable_runs,
+    warm_cache_reason,
+    warm_cache_runs,
 )
 
 
@@ -110,6 +112,11 @@ def findings(
             bootstraps some findings run themselves.
 
     Codes:
+        - ``warm_cache_contamination`` (warning, first): a run of the variant or of its
+          reference measured on a warm prefix cache (its warm-cache check,
+          :mod:`jobs.cachecheck`, says ``contaminated``): every ratio of the comparison
+          is marked not trustworthy (:func:`orchestrator.analysis.compare.compare_variant`)
+          and the finding names the runs.
         - ``hit_rate_up_e2e_flat`` (info): prefix cache hit rate up by >= 0.2
           (absolute) but median E2EL flat: its ratio CI lies within
           [:data:`FLAT_LOW`, :data:`FLAT_HIGH`] (an equivalence margin of ±20 %;
@@ -133,6 +140,26 @@ def findings(
     """
     check_args(n_boot, confidence)
     out: list[Finding] = []
+
+    for variant in comparisons_by_variant:
+        ref_name = refs[variant].reference if variant in refs else None
+        var_runs = runs_by_variant.get(variant, [])
+        ref_runs = runs_by_variant.get(ref_name, []) if ref_name is not None else []
+        reason = warm_cache_reason(var_runs, ref_runs)
+        if reason is not None:
+            out.append(
+                Finding(
+                    code="warm_cache_contamination",
+                    severity="warning",
+                    variant=variant,
+                    message=f"the comparison with {ref_name!r} is not trustworthy: runs {reason}",
+                    evidence={
+                        "reference": ref_name,
+                        "variant_runs": warm_cache_runs(var_runs),
+                        "reference_runs": warm_cache_runs(ref_runs),
+                    },
+                )
+            )
 
     for variant, comps in comparisons_by_variant.items():
         by = _by_metric(comps)

@@ -240,6 +240,9 @@ def runs_as_data(session: Session, runs: list[Run]) -> dict[str, list[RunData]]:
                 requests=requests.get(r.id, []),
                 devices=reserved_devices(r.layout),
                 changed=dict(r.changes),
+                cache_contamination=((r.engine_info or {}).get("cache_contamination") or {}).get(
+                    "status"
+                ),
             )
         )
     return data

@@ -26,17 +26,19 @@ import httpx
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from jobs.modelgen import generate_model, model_digest
 from jobs.replay import ReplayFileError, load_jsonl
+from orchestrator.cli.export import export_app
 from orchestrator.cli.report import ReportError, print_results
 from orchestrator.cli.report import watch as watch_exp
 from orchestrator.cli.runtime import Runtime
 from orchestrator.core import auth
 from orchestrator.core.auth import AuthSetupError, client_auth_headers, startup_check, token_usable
 from orchestrator.core.db import unit_of_work
-from orchestrator.core.errors import TokenInvalidError
+from orchestrator.core.errors import RayClusterError, TokenInvalidError
 from orchestrator.core.repositories import AuditRepository, TokenRepository, utcnow
 from orchestrator.core.settings import Settings, get_settings
 from orchestrator.experiments.engine_catalog import load_catalog
@@ -50,6 +52,7 @@ token_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(token_app, name="token")
+app.add_typer(export_app, name="export")
 # Not a terminal (logs, CI): wide enough for the result table, no line wrapping of URLs.
 console = Console() if sys.stdout.isatty() else Console(width=200, soft_wrap=True)
 warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")  # from the embedded Postgres
@@ -233,9 +236,11 @@ def friendly(func: Callable[..., None]) -> Callable[..., None]:
     def wrapper(*args: Any, **kwargs: Any) -> None:
         try:
             func(*args, **kwargs)
-        except (CliError, ReportError, TimeoutError) as exc:
+        except (CliError, ReportError, TimeoutError, RayClusterError) as exc:
             # one line, however narrow the terminal (or none): no hard wrapping
-            Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {exc}", markup=True)
+            Console(stderr=True, soft_wrap=True).print(
+                f"[red]error:[/red] {escape(str(exc))}", markup=True
+            )
             raise typer.Exit(2) from None
 
     return wrapper
@@ -477,12 +482,22 @@ def token_revoke(
 
 
 @app.command()
-def orchestrate() -> None:
+@friendly
+def orchestrate(
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(help="serve this process's GET /metrics on this port (dispatcher series)"),
+    ] = None,
+    metrics_host: Annotated[str, typer.Option(help="address of --metrics-port")] = "127.0.0.1",
+) -> None:
     """Run the orchestrator only: claim queued runs and execute them through Ray."""
     _setup_logging()
     rt = _runtime(get_settings())
     rt.start_orchestrator()
     _print_device_kind(rt)
+    if metrics_port is not None:
+        rt.start_metrics_thread(metrics_host, metrics_port)
+        console.print(f"metrics: http://{metrics_host}:{metrics_port}/metrics", markup=False)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:

@@ -17,6 +17,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.app import create_app
+from api.routes import metrics as metrics_routes
 from orchestrator.core.db import (
     make_engine,
     make_session_factory,
@@ -93,14 +94,27 @@ class Runtime:
 
     def start_api_thread(self, host: str, port: int) -> uvicorn.Server:
         """Serve the API in a background thread; returns once it accepts connections."""
-        config = uvicorn.Config(self.make_app(), host=host, port=port, log_level="warning")
+        return self._serve_in_thread(self.make_app(), host, port, "api")
+
+    def start_metrics_thread(self, host: str, port: int) -> uvicorn.Server:
+        """Serve ``GET /metrics`` alone (:mod:`api.routes.metrics`, the same series and
+        token rule as the API's) in a background thread: ``vlab orchestrate
+        --metrics-port``, whose dispatcher's series no API process exports."""
+        app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+        app.state.settings = self.settings
+        app.state.session_factory = self.sessions
+        app.include_router(metrics_routes.router)
+        return self._serve_in_thread(app, host, port, "metrics")
+
+    def _serve_in_thread(self, app: FastAPI, host: str, port: int, name: str) -> uvicorn.Server:
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning")
         server = uvicorn.Server(config)
-        t = threading.Thread(target=server.run, name="api", daemon=True)
+        t = threading.Thread(target=server.run, name=name, daemon=True)
         t.start()
         deadline = time.monotonic() + 30
         while not server.started:
             if not t.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"API server did not start on {host}:{port}")
+                raise RuntimeError(f"{name} server did not start on {host}:{port}")
             time.sleep(0.05)
         self._servers.append(server)
         self._threads.append(t)

@@ -4,15 +4,17 @@ Pure function: no database, no Ray, no HTTP. Input is one *node fingerprint*
 per node (collected by ``jobs/`` on each node) plus the launch; output is a
 JSON-safe report that either lets the launch go (``"ok"``) or blocks it
 (``"blocked"``), naming every offending field, every node's value and the odd
-node(s) out.
+node(s) out, with the verdict of every rule that applies to the field.
 
 Why: a multi-node vLLM launch with drifting environments fails late and
 obscurely (Ray refuses a worker with another Python patch level; a different
 vLLM build pulls another Ray; a model directory present only on the head node
 makes vLLM treat the path as a hub repository id on the workers; an
-``NCCL_SOCKET_IFNAME`` naming an interface the node lacks hangs NCCL init).
-Sources: vllm-project/vllm issues 2289, 3786, 5727, 50616; ray-project/ray
-issues 44063, 50511; gpustack/gpustack issue 1640.
+``NCCL_SOCKET_IFNAME`` naming an interface the node lacks hangs NCCL init; a
+``GLOO_SOCKET_IFNAME`` exported only in the shell that runs ``vllm serve`` on the
+head never reaches the Ray workers, whose Gloo then falls back to loopback).
+Sources: vllm-project/vllm issues 2289, 3786, 5094, 5727, 7074, 50616;
+ray-project/ray issues 30333, 44063, 50511; gpustack/gpustack issue 1640.
 
 Fingerprint shape (every key optional; unknown top-level keys are listed in
 ``unchecked_fields``)::
@@ -29,137 +31,74 @@ Fingerprint shape (every key optional; unknown top-level keys are listed in
       "model_revision": "<commit sha>",  # the snapshot's commit (None for directories),
       "model_error": "...",              # and why it was not, when it was not
       "env": {"NCCL_SOCKET_IFNAME": "eth0", "VLLM_HOST_IP": "10.0.0.1", ...},
+                                         # (upper-case top-level keys count as env too)
+      "env_scope": {"prefixes": ["NCCL_", ...], "names": ["MASTER_ADDR", ...]},
+      "launch_env": {...},               # the launching shell's environment, on the head
       "interfaces": ["lo", "eth0"],      # or [{"name": "eth0", ...}] or {"eth0": ...}
       "engine_args": {"max_model_len": 8192, ...},   # resolved engine args
       "launch_args": {...} or ["--flag", "value", ...]
     }
 
-Launch shape: ``{"model": "/models/x" or "org/name", "tensor_parallel_size": 8,
-"pipeline_parallel_size": 3, "gpus_per_node": 8}`` (all optional).
+Environment: ``env`` is the environment of the Ray worker processes on that node
+(what vLLM's workers there start with). A variable is *set* (its value, ``""``
+included), *unset* (absent from ``env`` although ``env_scope`` covers its name; a
+fingerprint without ``env_scope`` is taken to list every variable it was asked
+for) or *not captured* (the node has no ``env`` at all, ``env_scope`` does not
+cover the name, or the value is ``null``): a not-captured value is never compared,
+and a rule that could only be decided with it says ``"unknown"``. A value NCCL, Gloo
+or vLLM ignore (``NCCL_``/``GLOO_SOCKET_IFNAME`` under 2 characters, ``VLLM_HOST_IP``
+``""``) counts as unset for the ``present_everywhere`` and ``launch_env`` checks;
+scalars are compared as strings. A top-level field absent or ``null`` on a node
+(the probe's "unknown") is not captured there, except ``model_revision``.
 
-The rules live in one table, :data:`RULES`; see :class:`Rule`.
+Launch shape: ``{"model": "/models/x" or "org/name", "tensor_parallel_size": 8,
+"pipeline_parallel_size": 3, "gpus_per_node": 8, "launch_env": {NAME: value},
+"launch_env_source": "the shell of vllm serve on head-0"}`` (all optional).
+``launch_env`` is the environment of the process that launches (the driver/CLI
+side: the shell of ``vllm serve`` on the head, or vlab's orchestrator); a head
+fingerprint's own ``launch_env`` is used when the launch has none.
+
+The rules live in one table, :data:`RULES` (:mod:`orchestrator.cluster.parity_rules`);
+see :class:`Rule`. Every rule that applies to a field is evaluated, not only the first.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-Check = Literal["identical", "per_node", "ignore"]
-Severity = Literal["blocking", "warning"]
-
-__all__ = ["RULES", "Rule", "check_parity", "rule_for", "rules_markdown"]
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One row of the parity table.
-
-    - ``field``: a flattened field name or an ``fnmatch`` pattern over them.
-      Top-level fingerprint keys keep their name; environment variables are
-      ``env.<NAME>``; resolved engine args ``engine_args.<key>``; launch args
-      ``launch_args.<key>``.
-    - ``check``: ``"identical"`` (same value on every node; the odd nodes out are
-      the minority), ``"per_node"`` (each node's value must be valid on that
-      node; see ``why``) or ``"ignore"`` (expected to differ between nodes).
-    - ``severity``: ``"blocking"`` blocks the launch, ``"warning"`` only warns.
-
-    The first row whose ``field`` matches wins, so specific rows come first.
-    """
-
-    field: str
-    check: Check
-    severity: Severity
-    why: str
-
-
-_SAME = "must be identical on all nodes"
-
-RULES: tuple[Rule, ...] = (
-    # --- software versions: Ray refuses a Python/Ray mismatch at join time;
-    # vLLM/torch/CUDA/NCCL drift gives wrong kernels or a hung collective.
-    Rule("python", "identical", "blocking", f"Python version {_SAME} (even the patch level)"),
-    Rule("ray", "identical", "blocking", f"Ray version {_SAME}"),
-    Rule("vllm", "identical", "blocking", f"vLLM version {_SAME}"),
-    Rule("torch", "identical", "blocking", f"torch build {_SAME}"),
-    Rule("cuda_runtime", "identical", "blocking", f"CUDA runtime {_SAME}"),
-    Rule("nccl", "identical", "blocking", f"NCCL version {_SAME}"),
-    Rule("nvidia_driver", "identical", "warning", "driver versions should match"),
-    # --- hardware: TP/PP shards assume the same GPU and memory on every rank.
-    Rule("gpu_model", "identical", "blocking", f"GPU model {_SAME}"),
-    Rule("gpu_memory_mib", "identical", "blocking", f"GPU memory {_SAME}"),
-    Rule(
-        "gpu_count",
-        "per_node",
-        "blocking",
-        "each node needs at least launch.gpus_per_node GPUs, and all nodes together "
-        "at least tensor_parallel_size x pipeline_parallel_size",
-    ),
-    # --- model: the Hugging Face snapshot each node resolved, then every file in it.
-    Rule(
-        "model_revision",
-        "identical",
-        "blocking",
-        "the model revision (the commit of the Hugging Face snapshot each node resolved "
-        "the model id to; none for directories) must be identical on all nodes",
-    ),
-    Rule(
-        "model_source",
-        "identical",
-        "warning",
-        "nodes should find the model the same way (local_dir, model_root, hf_cache, hf_hub)",
-    ),
-    # --- model directory: names, sizes and digests of every file, not only weights.
-    Rule(
-        "model_files",
-        "identical",
-        "blocking",
-        "the model directory must exist on every node with the same files "
-        "(names, sizes, sha256), config and tokenizer included",
-    ),
-    # --- communication settings.
-    Rule(
-        "env.*_SOCKET_IFNAME",
-        "per_node",
-        "blocking",
-        "an interface named in *_SOCKET_IFNAME must exist on that node "
-        "(NCCL: prefix match, '=' exact, '^' exclude; others: every name exact)",
-    ),
-    Rule(
-        "env.VLLM_HOST_IP",
-        "per_node",
-        "blocking",
-        "VLLM_HOST_IP, when set, must be unique across nodes and equal the node's Ray IP",
-    ),
-    Rule("env.NCCL_DEBUG*", "identical", "warning", "debug settings should match"),
-    Rule("env.VLLM_LOGGING_LEVEL", "identical", "warning", "logging settings should match"),
-    Rule("env.VLLM_CONFIGURE_LOGGING", "identical", "warning", "logging settings should match"),
-    Rule("env.NCCL_*", "identical", "blocking", f"NCCL settings {_SAME}"),
-    Rule("env.GLOO_*", "identical", "blocking", f"Gloo settings {_SAME}"),
-    Rule("env.UCX_*", "identical", "blocking", f"UCX settings {_SAME}"),
-    Rule("env.VLLM_*", "identical", "blocking", f"vLLM environment settings {_SAME}"),
-    Rule("env.HF_*", "identical", "warning", "Hugging Face settings should match"),
-    Rule(
-        "env.CUDA_VISIBLE_DEVICES",
-        "identical",
-        "warning",
-        "visible GPU lists usually match; Ray sets them per worker anyway",
-    ),
-    # --- resolved engine / launch args: rank-specific ones differ by design.
-    Rule("engine_args.node_rank", "ignore", "warning", "differs per node by design"),
-    Rule("engine_args.headless", "ignore", "warning", "differs per node by design"),
-    Rule("launch_args.node_rank", "ignore", "warning", "differs per node by design"),
-    Rule("launch_args.headless", "ignore", "warning", "differs per node by design"),
-    Rule("engine_args.*", "identical", "blocking", f"resolved engine args {_SAME}"),
-    Rule("launch_args.*", "identical", "blocking", f"launch args {_SAME}"),
-    # --- everything else that is informative only.
-    Rule("os", "identical", "warning", "OS releases should match"),
-    Rule("kernel", "identical", "warning", "kernel versions should match"),
+from orchestrator.cluster.parity_env import (
+    NodeEnv,
+    is_env_name,
+    launch_environment_of,
+    node_env,
+    unset_reason,
 )
+from orchestrator.cluster.parity_rules import (
+    COMM_ENV,
+    PER_NODE_ENV,
+    RULES,
+    Rule,
+    not_captured_when_absent,
+    rule_for,
+    rules_for,
+    rules_markdown,
+)
+
+__all__ = [
+    "COMM_ENV",
+    "PER_NODE_ENV",
+    "RULES",
+    "Rule",
+    "check_parity",
+    "rule_for",
+    "rules_for",
+    "rules_markdown",
+]
+
 
 # Top-level keys that identify a node or are handled with their group.
 _META_KEYS = {
@@ -173,22 +112,33 @@ _META_KEYS = {
     "env",
     "env_vars",
     "environment",
+    "env_scope",
+    "launch_env",
+    "launch_env_source",
     "interfaces",
     "network_interfaces",
     "engine_args",
     "resolved_engine_args",
     "launch_args",
 }
-_ENV_PREFIXES = ("NCCL_", "GLOO_", "VLLM_", "HF_", "UCX_", "CUDA_VISIBLE_DEVICES")
+# Top-level fingerprint keys whose null is a value, not "not captured".
+_NULL_IS_VALUE = {"model_revision"}  # None: the model is a directory, not a snapshot
 _SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "KEY")
+_NO_LAUNCH_ENV = (
+    "the launching environment (the shell of vllm serve on the head, or the orchestrator) "
+    "was not captured: a communication setting made only there cannot be detected"
+)
+_FAIL = ("blocking", "warning")
+_LAUNCH_CHECKS = ("launch_env", "launch_env_same")
 
 
-def rule_for(field: str) -> Rule | None:
-    """The first :data:`RULES` row matching a flattened field name, or ``None``."""
-    for rule in RULES:
-        if fnmatch.fnmatchcase(field, rule.field):
-            return rule
-    return None
+@dataclass
+class _Context:
+    nodes: list[dict[str, Any]]
+    names: list[str]
+    launch: Mapping[str, Any]
+    launch_env: dict[str, Any] | None
+    launch_source: str | None
 
 
 def check_parity(nodes: list[dict[str, Any]], launch: dict[str, Any] | None = None) -> dict:
@@ -198,22 +148,48 @@ def check_parity(nodes: list[dict[str, Any]], launch: dict[str, Any] | None = No
         nodes: one fingerprint per node (shape in the module docstring), in rank
             order; the first node breaks ties when deciding the majority.
         launch: the launch (``model`` path, ``tensor_parallel_size``,
-            ``pipeline_parallel_size``, ``gpus_per_node``), optional.
+            ``pipeline_parallel_size``, ``gpus_per_node``, ``launch_env``,
+            ``launch_env_source``), optional.
 
     Returns:
-        ``{"verdict": "blocked" | "ok", "mismatches": [...], "warnings": [...],
-        "nodes": [names], "unchecked_fields": [...]}``. ``mismatches`` holds the
-        blocking findings, ``warnings`` the warn-only ones, in :data:`RULES`
-        order. A field finding is ``{"field", "values": {node: value}, "severity",
-        "odd_nodes": [minority nodes], "rule": why}`` (per-node rules add
-        ``"problems": {node: reason}``). A model-directory finding is per node:
-        ``{"node", "field": "model_files", "missing_model_path": path}`` when the
-        directory is absent (plus ``"error"``: the node's ``model_error``, when it
-        gave one), else ``{"node", "field": "model_files", "missing":
-        [...], "differs": [...], "extra": [...]}`` (empty lists left out) against
-        the per-file majority; both also carry ``severity``, ``odd_nodes``,
-        ``rule``. Secret-looking env values (``*TOKEN*``, ``*KEY*`` ...) are shown
-        as ``"<set sha256:12 hex>"``.
+        ``{"verdict": "blocked" | "unknown" | "ok", "verdict_reasons": [str],
+        "mismatches": [...], "warnings": [...],
+        "unknown": [...], "nodes": [names], "unchecked_fields": [...],
+        "evaluations": [...], "launch_env_source": str | None}``.
+
+        ``mismatches`` holds the blocking findings, ``warnings`` the warn-only ones,
+        in :data:`RULES` order. A field finding is ``{"field", "values": {node:
+        value}, "severity", "odd_nodes", "rule": why, "rule_name", "check", "rules":
+        [verdict of every rule that applies]}`` where ``odd_nodes``, ``rule``,
+        ``rule_name`` and ``check`` are those of its first failing rule (blocking
+        first); ``values`` holds ``None`` where the variable is unset and leaves out
+        the nodes where it was not captured. Optional keys: ``problems`` ({node:
+        reason} of every failing rule), ``unset_on`` and ``not_captured_on`` (env
+        fields), ``launch_value`` and ``launch_source`` (when the launching
+        environment sets the variable). A verdict is ``{"rule", "check",
+        "severity", "verdict": "ok" | "blocking" | "warning" | "unknown" |
+        "ignored", "why"}`` plus ``odd_nodes``, ``problems``, ``not_captured_on`` or
+        ``note`` where they apply.
+
+        A model-directory finding is per node: ``{"node", "field": "model_files",
+        "missing_model_path": path}`` when the directory is absent (plus
+        ``"error"``: the node's ``model_error``, when it gave one), else ``{"node",
+        "field": "model_files", "missing": [...], "differs": [...], "extra":
+        [...]}`` (empty lists left out) against the per-file majority; both also
+        carry ``severity``, ``odd_nodes``, ``rule``.
+
+        ``verdict``: ``"blocked"`` with a blocking finding; else ``"unknown"`` when,
+        on two or more nodes, a blocking rule was undecided for a field (the launch
+        is still permitted; the missing launching environment alone does not count);
+        else ``"ok"``. ``verdict_reasons``: why it is not ``"ok"``, one line each.
+
+        ``unknown``: ``{"field", "rule", "severity", "note", "not_captured_on"?}``
+        for each rule
+        that could not be decided (a value not captured; no launching environment:
+        one entry with ``field`` ``None``). ``evaluations``: ``{"field", "rule",
+        "check", "severity", "verdict"}`` for every field and rule.
+        Env values of names with a TOKEN/KEY/SECRET/PASSWORD part (``HF_TOKEN``,
+        ``VLLM_API_KEY``; not ``NCCL_IB_PKEY``) are shown as ``"<set sha256:12 hex>"``.
 
     Raises:
         ValueError: no nodes, or two fingerprints with the same node name.
@@ -225,42 +201,89 @@ def check_parity(nodes: list[dict[str, Any]], launch: dict[str, Any] | None = No
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate node names in fingerprints: {names}")
     flat = [_flatten(n) for n in nodes]
+    envs = [node_env(n) for n in nodes]
+    launch_env, launch_source = launch_environment_of(nodes, names, launch)
+    ctx = _Context(nodes, names, launch, launch_env, launch_source)
 
-    findings: list[dict[str, Any]] = []
-    all_fields = sorted({f for fl in flat for f in fl})
-    unchecked = [f for f in all_fields if rule_for(f) is None]
-    for rule in RULES:
-        fields = [f for f in all_fields if rule_for(f) is rule]
-        if rule.field == "model_files":
-            findings += _check_model_files(nodes, names, launch, rule)
-            continue
-        if rule.check == "ignore":
-            continue
-        for field in fields:
-            values = {name: fl.get(field) for name, fl in zip(names, flat, strict=True)}
-            if rule.check == "identical":
-                entry = _check_identical(field, values, rule)
-            else:
-                entry = _check_per_node(field, values, nodes, names, launch, rule)
-            if entry is not None:
-                findings.append(entry)
-        if rule.field == "gpu_count":
-            entry = _check_world_size(nodes, names, launch, rule)
-            if entry is not None:
-                findings.append(entry)
+    fields = {f for fl in flat for f in fl}
+    for env in envs:
+        fields |= {f"env.{k}" for k, v in env.values.items() if v is not None}
+    # the launching side adds the variables a launch_env rule looks at, nothing else
+    launch_fields = {f"env.{k}" for k in launch_env or {}}
+    fields |= {f for f in launch_fields if any(r.check == "launch_env" for r in rules_for(f))}
 
+    ranked: list[tuple[int, int, dict[str, Any]]] = []
+    evaluations: list[dict[str, Any]] = []
+    unknown: list[dict[str, Any]] = []
+    unchecked: list[str] = []
+    index = {rule.name: i for i, rule in enumerate(RULES)}
+    for field in sorted(fields):
+        rules = rules_for(field)
+        if not rules:
+            unchecked.append(field)
+            continue
+        if field == "model_files":
+            entries = _check_model_files(nodes, names, launch, rules[0])
+            ranked += [(index[rules[0].name], len(ranked), e) for e in entries]
+            verdict = rules[0].severity if entries else "ok"
+            evaluations.append(_brief(field, rules[0], verdict))
+            continue
+        values, not_captured = _field_values(field, names, flat, envs)
+        verdicts = [_evaluate(rule, field, values, not_captured, ctx) for rule in rules]
+        evaluations += [
+            _brief(field, r, v["verdict"]) for r, v in zip(rules, verdicts, strict=True)
+        ]
+        for rule, v in zip(rules, verdicts, strict=True):
+            if v["verdict"] == "unknown" and not (
+                rule.check in _LAUNCH_CHECKS and launch_env is None
+            ):
+                note = v.get("note") or "a value this rule needs was not captured"
+                extra = {"not_captured_on": v["not_captured_on"]} if "not_captured_on" in v else {}
+                unknown.append(
+                    {
+                        "field": field,
+                        "rule": rule.name,
+                        "severity": rule.severity,
+                        "note": note,
+                        **extra,
+                    }
+                )
+        finding = _finding(field, values, not_captured, rules, verdicts, ctx)
+        if finding is not None:
+            ranked.append((index[finding["rule_name"]], len(ranked), finding))
+    world = _check_world_size(nodes, names, launch, RULES[index["gpu_count"]])
+    if world is not None:
+        ranked.append((index["gpu_count"], len(ranked), world))
+    if launch_env is None:
+        unknown.insert(0, {"field": None, "rule": "comm_launch_shell_only", "note": _NO_LAUNCH_ENV})
+
+    findings = [entry for _, _, entry in sorted(ranked, key=lambda t: (t[0], t[1]))]
     mismatches = [f for f in findings if f["severity"] == "blocking"]
     warnings = [f for f in findings if f["severity"] == "warning"]
+    # A blocking rule left undecided on a field of a multi-node check: not "ok".
+    undecided = [u for u in unknown if u["field"] is not None and u.get("severity") == "blocking"]
+    reasons = [
+        f"{m['field']}: {m.get('rule_name', m['rule'])} blocks"
+        + (f" on {', '.join(m['odd_nodes'])}" if m.get("odd_nodes") else "")
+        for m in mismatches
+    ]
+    if not mismatches and len(nodes) > 1:
+        reasons = [f"{u['field']}: {u['rule']} undecided: {u['note']}" for u in undecided]
+    overall = "blocked" if mismatches else ("unknown" if reasons else "ok")
     return {
-        "verdict": "blocked" if mismatches else "ok",
+        "verdict": overall,
+        "verdict_reasons": reasons,
         "mismatches": mismatches,
         "warnings": warnings,
+        "unknown": unknown,
         "nodes": names,
         "unchecked_fields": unchecked,
+        "evaluations": evaluations,
+        "launch_env_source": launch_source,
     }
 
 
-# --------------------------------------------------------------------------- helpers
+# --------------------------------------------------------------------------- inputs
 
 
 def _node_name(node: Mapping[str, Any], index: int) -> str:
@@ -268,17 +291,6 @@ def _node_name(node: Mapping[str, Any], index: int) -> str:
         if node.get(key):
             return str(node[key])
     return f"node-{index}"
-
-
-def _env(node: Mapping[str, Any]) -> dict[str, Any]:
-    env: dict[str, Any] = {}
-    for key in ("env", "env_vars", "environment"):
-        if isinstance(node.get(key), Mapping):
-            env.update(node[key])
-    for key, value in node.items():  # env vars reported at top level
-        if key.isupper() and key.startswith(_ENV_PREFIXES):
-            env[key] = value
-    return env
 
 
 def _args(value: Any) -> dict[str, Any]:
@@ -308,18 +320,20 @@ def _args(value: Any) -> dict[str, Any]:
 
 
 def _flatten(node: Mapping[str, Any]) -> dict[str, Any]:
-    """Fingerprint -> ``{field: value}`` with ``env.*``, ``engine_args.*``, ``launch_args.*``."""
+    """Fingerprint -> ``{field: value}`` with ``engine_args.*``, ``launch_args.*``
+    (environment variables: :func:`node_env`)."""
     flat: dict[str, Any] = {}
     for key, value in node.items():
-        if key in _META_KEYS or (key.isupper() and key.startswith(_ENV_PREFIXES)):
+        if key in _META_KEYS or is_env_name(str(key)):
             continue
+        if value is None and key not in _NULL_IS_VALUE:
+            continue  # a fingerprint's null is "unknown": not captured (_field_values)
         flat[key] = value
-    for name, value in _env(node).items():
-        flat[f"env.{name}"] = value
     for src, prefix in (
         ("engine_args", "engine_args"),
         ("resolved_engine_args", "engine_args"),
         ("launch_args", "launch_args"),
+        ("engine_env", "engine_env"),  # and "engine_env" itself: the per-node check
     ):
         if src in node:
             for key, value in _args(node[src]).items():
@@ -330,13 +344,43 @@ def _flatten(node: Mapping[str, Any]) -> dict[str, Any]:
     return flat
 
 
+def _field_values(
+    field: str, names: list[str], flat: list[dict[str, Any]], envs: list[NodeEnv]
+) -> tuple[dict[str, Any], list[str]]:
+    """``({node: value}, [nodes where it was not captured])``; env: ``None`` = unset.
+
+    A top-level field a node lacks (absent or ``null``: the probe's "unknown") is
+    not captured there, except in :data:`_NULL_IS_VALUE`; engine/launch args keep
+    ``None`` (an argument not given); an ``engine_env.*`` sub-field a node did not
+    report is not captured there (``ABSENT_IS_NOT_CAPTURED``), its ``null`` a value."""
+    if not field.startswith("env."):
+        if ("." in field and not not_captured_when_absent(field)) or field in _NULL_IS_VALUE:
+            return {name: fl.get(field) for name, fl in zip(names, flat, strict=True)}, []
+        have = {name: fl[field] for name, fl in zip(names, flat, strict=True) if field in fl}
+        return have, [name for name in names if name not in have]
+    var = field.removeprefix("env.")
+    values: dict[str, Any] = {}
+    missing: list[str] = []
+    for name, env in zip(names, envs, strict=True):
+        known, value = env.state(var)
+        if known:
+            values[name] = value
+        else:
+            missing.append(name)
+    return values, missing
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
 def _canon(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
 def _display(field: str, value: Any) -> Any:
     name = field.rpartition(".")[2].upper()
-    if value is not None and field.startswith("env.") and any(m in name for m in _SECRET_MARKERS):
+    secret = any(m in name.split("_") for m in _SECRET_MARKERS)  # not NCCL_IB_PKEY
+    if value is not None and field.startswith("env.") and secret:
         return f"<set sha256:{hashlib.sha256(str(value).encode()).hexdigest()[:12]}>"
     return value
 
@@ -351,23 +395,183 @@ def _odd_nodes(values: Mapping[str, Any]) -> list[str]:
     return [n for n in values if n not in majority]
 
 
-def _entry(
-    field: str, values: Mapping[str, Any], odd: list[str], rule: Rule, **extra: Any
-) -> dict[str, Any]:
+def _brief(field: str, rule: Rule, verdict: str) -> dict[str, Any]:
     return {
         "field": field,
-        "values": {n: _display(field, v) for n, v in values.items()},
+        "rule": rule.name,
+        "check": rule.check,
         "severity": rule.severity,
-        "odd_nodes": odd,
-        "rule": rule.why,
-        **extra,
+        "verdict": verdict,
     }
 
 
-def _check_identical(field: str, values: Mapping[str, Any], rule: Rule) -> dict[str, Any] | None:
-    if len({_canon(v) for v in values.values()}) <= 1:
+def _evaluate(
+    rule: Rule, field: str, values: dict[str, Any], not_captured: list[str], ctx: _Context
+) -> dict[str, Any]:
+    """One rule's verdict on one field over the nodes where the field is known."""
+    out: dict[str, Any] = {
+        "rule": rule.name,
+        "check": rule.check,
+        "severity": rule.severity,
+        "verdict": "ok",
+        "why": rule.why,
+    }
+    if rule.check == "ignore":
+        out["verdict"] = "ignored"
+        return out
+    problems: dict[str, str] = {}
+    odd: list[str] = []
+    var = field.removeprefix("env.")
+    if rule.check == "identical":
+        if len({_canon(v) for v in values.values()}) > 1:
+            odd = _odd_nodes(values)
+    elif rule.check == "present_everywhere":
+        set_on = [n for n, v in values.items() if _is_set(var, v)]
+        odd = [n for n, v in values.items() if not _is_set(var, v)] if set_on else []
+        problems = {n: f"{_unset_text(var, values[n])} but set on {', '.join(set_on)}" for n in odd}
+    elif rule.check in _LAUNCH_CHECKS:
+        if ctx.launch_env is None:
+            out["verdict"] = "unknown"
+            out["note"] = _NO_LAUNCH_ENV
+            return out
+        launch_value = ctx.launch_env.get(var)
+        if not _is_set(var, launch_value):
+            out["note"] = "not set in the launching environment" + (
+                f" ({var}={launch_value!r}: {unset_reason(var, launch_value)})"
+                if launch_value is not None
+                else ""
+            )
+        elif rule.check == "launch_env":
+            odd = [n for n, v in values.items() if not _is_set(var, v)]
+            problems = {
+                n: f"{var} is set in {ctx.launch_source} but "
+                + (
+                    "unset in the Ray workers' environment of this node"
+                    if values[n] is None
+                    else f"{values[n]!r} in the Ray workers' environment of this node counts "
+                    f"as unset ({unset_reason(var, values[n])})"
+                )
+                for n in odd
+            }
+        else:
+            odd = [n for n, v in values.items() if _is_set(var, v) and str(v) != str(launch_value)]
+            problems = {
+                n: f"{var}={values[n]!r} in the Ray workers' environment of this node but "
+                f"{launch_value!r} in {ctx.launch_source}"
+                for n in odd
+            }
+    elif rule.node_check is not None:  # per_node with the row's own check
+        found = {n: rule.node_check(v) for n, v in values.items()}
+        problems = {n: text for n, text in found.items() if text}
+        odd = [n for n in ctx.names if n in problems]
+    else:
+        problems = _per_node_problems(field, values, ctx)
+        odd = [n for n in ctx.names if n in problems]
+    if not_captured:
+        out["not_captured_on"] = not_captured
+    if odd:
+        out["verdict"] = rule.severity
+        out["odd_nodes"] = odd
+        if problems:
+            out["problems"] = problems
+    elif not_captured:
+        out["verdict"] = "unknown"
+        out["note"] = f"{var} was not captured on {', '.join(not_captured)}"
+    return out
+
+
+def _is_set(var: str, value: Any) -> bool:
+    """Set, and to a value the program uses (see :func:`unset_reason`)."""
+    return value is not None and unset_reason(var, value) is None
+
+
+def _unset_text(var: str, value: Any) -> str:
+    """``"X is unset here"`` or ``"X='' counts as unset here (why)"``."""
+    if value is None:
+        return f"{var} is unset here"
+    return f"{var}={value!r} counts as unset here ({unset_reason(var, value)})"
+
+
+def _finding(
+    field: str,
+    values: dict[str, Any],
+    not_captured: list[str],
+    rules: list[Rule],
+    verdicts: list[dict[str, Any]],
+    ctx: _Context,
+) -> dict[str, Any] | None:
+    """The field's finding from its failing verdicts (``None`` when none fails)."""
+    failing = [(r, v) for r, v in zip(rules, verdicts, strict=True) if v["verdict"] in _FAIL]
+    if not failing:
         return None
-    return _entry(field, values, _odd_nodes(values), rule)
+    rule, primary = next(((r, v) for r, v in failing if v["verdict"] == "blocking"), failing[0])
+    entry: dict[str, Any] = {
+        "field": field,
+        "values": {n: _display(field, v) for n, v in values.items()},
+        "severity": primary["verdict"],
+        "odd_nodes": primary["odd_nodes"],
+        "rule": rule.why,
+        "rule_name": rule.name,
+        "check": rule.check,
+        "rules": verdicts,
+    }
+    problems: dict[str, str] = {}
+    for _, v in failing:
+        for node, reason in (v.get("problems") or {}).items():
+            problems[node] = f"{problems[node]}; {reason}" if node in problems else reason
+    if problems:
+        entry["problems"] = problems
+    if field.startswith("env."):
+        var = field.removeprefix("env.")
+        unset = [n for n, v in values.items() if v is None]
+        if unset:
+            entry["unset_on"] = unset
+        if not_captured:
+            entry["not_captured_on"] = not_captured
+        if ctx.launch_env is not None and var in ctx.launch_env:
+            entry["launch_value"] = _display(field, ctx.launch_env[var])
+            entry["launch_source"] = ctx.launch_source
+    return entry
+
+
+def _per_node_problems(field: str, values: Mapping[str, Any], ctx: _Context) -> dict[str, str]:
+    problems: dict[str, str] = {}
+    var = field.removeprefix("env.")
+    nodes = dict(zip(ctx.names, ctx.nodes, strict=True))
+    if field.endswith("_SOCKET_IFNAME"):
+        for name, spec in values.items():
+            ifaces = _interfaces(nodes[name])
+            if spec is None or ifaces is None:
+                continue
+            problem = _ifname_problem(var, spec, ifaces)
+            if problem:
+                problems[name] = problem
+    elif field == "env.VLLM_HOST_IP":
+        seen: dict[str, list[str]] = {}
+        for name, value in values.items():
+            if value not in (None, ""):
+                seen.setdefault(str(value), []).append(name)
+        for name, value in values.items():
+            if value in (None, ""):  # vLLM's get_ip() treats "" as unset
+                continue
+            reasons = []
+            if len(seen[str(value)]) > 1:
+                others = [n for n in seen[str(value)] if n != name]
+                reasons.append(f"same VLLM_HOST_IP as {', '.join(others)}")
+            ip = nodes[name].get("ip")
+            if ip and str(ip) != str(value):
+                reasons.append(f"differs from the node's Ray IP {ip}")
+            if reasons:
+                problems[name] = "; ".join(reasons)
+    elif field == "gpu_count":
+        need = ctx.launch.get("gpus_per_node")
+        for name, have in values.items():
+            if need is not None and (have is None or int(have) < int(need)):
+                problems[name] = f"has {have} GPUs, launch needs {need} per node"
+    return problems
+
+
+# --------------------------------------------------------------------------- per node
 
 
 def _interfaces(node: Mapping[str, Any]) -> list[str] | None:
@@ -390,9 +594,14 @@ def _ifname_problem(var: str, spec: str, ifaces: list[str]) -> str | None:
 
     NCCL (``NCCL_SOCKET_IFNAME``): comma list of prefixes; ``=name`` is exact;
     a leading ``^`` excludes the listed ones. Others (``GLOO_SOCKET_IFNAME``,
-    ``TP_SOCKET_IFNAME``...): comma list of exact names, all used.
+    ``TP_SOCKET_IFNAME``...): comma list of exact names, all used. NCCL and Gloo
+    ignore a value under 2 characters and auto-detect (NCCL src/misc/socket.cc
+    ``ncclFindInterfaces``: ``strlen(env) > 1``; torch ProcessGroupGloo.cpp
+    ``create_default``: ``ifnameEnv->size() > 1``): no problem then.
     """
     spec = str(spec).strip()
+    if var.startswith(("NCCL_", "GLOO_")) and len(spec) <= 1:
+        return None
     if var.startswith("NCCL_"):
         exclude = spec.startswith("^")
         items = [i.strip() for i in spec.lstrip("^").split(",") if i.strip()]
@@ -410,52 +619,6 @@ def _ifname_problem(var: str, spec: str, ifaces: list[str]) -> str | None:
     return None
 
 
-def _check_per_node(
-    field: str,
-    values: Mapping[str, Any],
-    nodes: list[dict[str, Any]],
-    names: list[str],
-    launch: Mapping[str, Any],
-    rule: Rule,
-) -> dict[str, Any] | None:
-    problems: dict[str, str] = {}
-    var = field.removeprefix("env.")
-    if field.endswith("_SOCKET_IFNAME"):
-        for name, node in zip(names, nodes, strict=True):
-            spec, ifaces = values[name], _interfaces(node)
-            if spec in (None, "") or ifaces is None:
-                continue
-            problem = _ifname_problem(var, spec, ifaces)
-            if problem:
-                problems[name] = problem
-    elif field == "env.VLLM_HOST_IP":
-        seen: dict[str, list[str]] = {}
-        for name in names:
-            if values[name] not in (None, ""):
-                seen.setdefault(str(values[name]), []).append(name)
-        for name, node in zip(names, nodes, strict=True):
-            value = values[name]
-            if value in (None, ""):
-                continue
-            reasons = []
-            if len(seen[str(value)]) > 1:
-                others = [n for n in seen[str(value)] if n != name]
-                reasons.append(f"same VLLM_HOST_IP as {', '.join(others)}")
-            if node.get("ip") and str(node["ip"]) != str(value):
-                reasons.append(f"differs from the node's Ray IP {node['ip']}")
-            if reasons:
-                problems[name] = "; ".join(reasons)
-    elif field == "gpu_count":
-        need = launch.get("gpus_per_node")
-        for name in names:
-            have = values[name]
-            if need is not None and (have is None or int(have) < int(need)):
-                problems[name] = f"has {have} GPUs, launch needs {need} per node"
-    if not problems:
-        return None
-    return _entry(field, values, [n for n in names if n in problems], rule, problems=problems)
-
-
 def _check_world_size(
     nodes: list[dict[str, Any]], names: list[str], launch: Mapping[str, Any], rule: Rule
 ) -> dict[str, Any] | None:
@@ -471,7 +634,19 @@ def _check_world_size(
     if total >= tp * pp:
         return None
     problem = f"{total} GPUs in all, TP x PP = {tp} x {pp} = {tp * pp} needed"
-    return _entry("gpu_count", counts, [], rule, problems={"cluster": problem})
+    return {
+        "field": "gpu_count",
+        "values": counts,
+        "severity": rule.severity,
+        "odd_nodes": [],
+        "rule": rule.why,
+        "rule_name": rule.name,
+        "check": rule.check,
+        "problems": {"cluster": problem},
+    }
+
+
+# --------------------------------------------------------------------------- model files
 
 
 def _manifest(node: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
@@ -542,15 +717,3 @@ def _check_model_files(
         if found:
             out.append({**base, **found, **tail})
     return out
-
-
-def rules_markdown() -> str:
-    """:data:`RULES` as a Markdown table (``docs/PARITY.md`` is this text; a test keeps it so)."""
-    lines = [
-        "| field | check | severity | why |",
-        "|---|---|---|---|",
-    ]
-    for rule in RULES:
-        why = rule.why.replace("|", "\\|")
-        lines.append(f"| `{rule.field}` | {rule.check} | {rule.severity} | {why} |")
-    return "\n".join(lines) + "\n"

@@ -26,6 +26,7 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import QueuePool
 
 from orchestrator.core.settings import Settings
 
@@ -189,6 +190,25 @@ def watch(engine: Engine) -> None:
     """Report ``engine``'s successful pool checkouts to :data:`database_health`."""
     if not event.contains(engine, "checkout", _on_checkout):
         event.listen(engine, "checkout", _on_checkout)
+
+
+def pool_status(engine: Engine) -> dict[str, int] | None:
+    """What ``engine``'s connection pool holds now, for ``/metrics``: ``size`` and
+    ``max_overflow`` (configured), ``open`` (connections open now), ``checked_out`` (in
+    use), ``overflow`` (open beyond ``size``). From SQLAlchemy's ``QueuePool``
+    (``size()``, ``checkedout()``, ``overflow()``, which counts from ``-size`` as
+    connections open); None for any other pool class (nothing to report)."""
+    pool = engine.pool
+    if not isinstance(pool, QueuePool):
+        return None
+    size, overflow = pool.size(), pool.overflow()
+    return {
+        "size": size,
+        "max_overflow": int(getattr(pool, "_max_overflow", 0)),
+        "open": size + overflow,
+        "checked_out": pool.checkedout(),
+        "overflow": max(0, overflow),
+    }
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

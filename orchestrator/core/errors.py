@@ -172,3 +172,58 @@ class TokenNameTakenError(TokenInvalidError):
     status = 409
     code = "token_name_taken"
     title = "Token name taken"
+
+
+class ExportRequestInvalidError(SpecInvalidError):
+    """An export cannot be done as asked (``POST /api/v1/experiments/{id}/export/mlflow``):
+    no tracking URI, or one the API does not accept (only ``http(s)`` unless
+    ``VLAB_MLFLOW__ALLOW_LOCAL_STORES``; only the ``VLAB_MLFLOW__ALLOWED_URI_PREFIXES``
+    when set). ``errors`` as in :class:`SpecInvalidError`."""
+
+    code = "export_request_invalid"
+    title = "Invalid export request"
+
+
+class MlflowNotInstalledError(VlabError):
+    """The ``mlflow`` package (the ``mlflow`` extra: ``pip install 'vlab[mlflow]'``) is
+    not installed in the service's environment."""
+
+    status = 501
+    code = "mlflow_not_installed"
+    title = "MLflow export not installed"
+
+
+class MlflowUnreachableError(VlabError):
+    """The MLflow tracking server cannot be reached (connection refused, DNS, timeout)."""
+
+    status = 502
+    code = "mlflow_unreachable"
+    title = "MLflow tracking server unreachable"
+
+
+class MlflowExportError(VlabError):
+    """The MLflow tracking server or store refused or failed a request of the export
+    (authentication, a limit, a store error); extra members say how far it got."""
+
+    status = 502
+    code = "mlflow_error"
+    title = "MLflow export failed"
+
+
+class MlflowExperimentDeletedError(ConflictError):
+    """The MLflow experiment of that name exists but is deleted: restore it in MLflow
+    or export under another name."""
+
+    code = "mlflow_experiment_deleted"
+    title = "MLflow experiment deleted"
+
+
+class RayClusterError(VlabError):
+    """The Ray cluster named by ``RAY_ADDRESS`` cannot be used: a Ray Client address, a
+    failed connection or token authentication, or nodes that lack what vlab's Ray tasks
+    need (:mod:`orchestrator.dispatch.ray.join`); the detail is one line saying which
+    node lacks what, or what to set."""
+
+    status = 503
+    code = "ray_cluster_unusable"
+    title = "Ray cluster unusable"

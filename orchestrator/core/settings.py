@@ -9,10 +9,13 @@ and ``RAY_ADDRESS`` (unset -> a local Ray started by the orchestrator).
 from __future__ import annotations
 
 import functools
-from pathlib import Path
+import ipaddress
+import re
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, Field
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -32,12 +35,82 @@ class ApiSettings(BaseModel):
     session_ttl_s: float = Field(
         12 * 3600.0, gt=0, description="lifetime of a dashboard sign-in (seconds)"
     )
+    metrics_token: SecretStr | None = Field(
+        None,
+        description="when set, GET /metrics needs `Authorization: Bearer <this>` (checked "
+        "without the database, so a scrape answers during an outage); unset: /metrics is "
+        "open, like /healthz",
+    )
+
+
+#: A container image reference, Docker's grammar (distribution/reference ``reference.go``):
+#: ``[host[:port]/]path[:tag][@algorithm:hex]``, lower-case path components.
+_IMAGE_REF = re.compile(
+    r"^(?:(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*"
+    r"|\[[a-fA-F0-9:]+\])(?::[0-9]+)?/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[\w][\w.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
+#: A Ray node label selector of ``VLAB_ENGINE__PYTHON_BY_NODE``: ``<key>=<value>``.
+_LABEL_KEY = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._/-]*[A-Za-z0-9])?=[A-Za-z0-9._-]*$")
+
+
+def node_selector_kind(key: str) -> Literal["ip", "label"]:
+    """``"ip"`` or ``"label"`` for a key of ``VLAB_ENGINE__PYTHON_BY_NODE``.
+
+    Raises ``ValueError`` for anything else (the message names the key and the forms).
+    """
+    if "=" in key:
+        if not _LABEL_KEY.match(key):
+            raise ValueError(
+                f"{key!r}: a label selector is <label key>=<value> (a Ray node label, "
+                "`ray start --labels`), e.g. vlab.io/engine=vllm-0.11"
+            )
+        return "label"
+    try:
+        ipaddress.ip_address(key)
+    except ValueError:
+        raise ValueError(
+            f"{key!r} is neither a node IP (Ray's NodeManagerAddress, e.g. 10.0.0.2) nor a "
+            "Ray node label selector <key>=<value> (e.g. ray.io/node-id=<id>, "
+            "vlab.io/engine=vllm-0.11)"
+        ) from None
+    return "ip"
+
+
+def _label_matches(labels: Mapping[str, object], key: str, value: str) -> bool:
+    have = labels.get(key)
+    if isinstance(have, list | tuple | set | frozenset):
+        return value in {str(v) for v in have}
+    return have is not None and str(have) == value
 
 
 class EngineSettings(BaseModel):
-    """The engine environment: vLLM in its own venv, launched as a process."""
+    """The engine environment: vLLM in its own venv (or image), launched as a process.
 
-    python: Path = Field(Path(".engine-venv/bin/python"), description="engine venv python")
+    Where the engine's python is on each node: ``python`` (every node), overridden per
+    node by ``python_by_node`` (the first entry, in the order written, whose selector
+    matches the node: a node IP or a Ray node label ``key=value``), or inside the
+    container image ``image_uri`` (Ray's ``image_uri`` runtime environment) on every
+    node. :meth:`python_for_node` resolves it; see docs/OPERATIONS.md.
+    """
+
+    python: Path = Field(
+        Path(".engine-venv/bin/python"),
+        description="engine venv python (every node; inside the image with image_uri)",
+    )
+    python_by_node: dict[str, str] = Field(
+        default_factory=dict,
+        description="per-node engine python, JSON {selector: absolute path}: a selector is a "
+        "node IP (Ray's NodeManagerAddress) or a Ray node label <key>=<value>; the first "
+        "entry in the order written that matches a node wins, else python",
+    )
+    image_uri: str | None = Field(
+        None,
+        description="run the engine's Ray tasks and actors in this container image (Ray's "
+        "image_uri runtime_env; podman on the nodes); python is then the path inside it",
+    )
     kv_cache_space_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU hosts")
     startup_timeout_s: float = Field(600.0, gt=0)
     request_timeout_s: float = Field(600.0, gt=0)
@@ -54,6 +127,91 @@ class EngineSettings(BaseModel):
         description="a run whose share of failed measured requests is above this (0-1) "
         "fails (partial): its numbers are no valid measurement",
     )
+
+    @field_validator("python_by_node")
+    @classmethod
+    def _check_by_node(cls, value: dict[str, str]) -> dict[str, str]:
+        problems = []
+        for key, path in value.items():
+            try:
+                node_selector_kind(key)
+            except ValueError as exc:
+                problems.append(str(exc))
+            if not PurePosixPath(path).is_absolute():
+                problems.append(
+                    f"{key!r}: {path!r} is not an absolute path (the python on that node)"
+                )
+        if problems:
+            raise ValueError("VLAB_ENGINE__PYTHON_BY_NODE: " + "; ".join(problems))
+        return value
+
+    @field_validator("image_uri")
+    @classmethod
+    def _check_image(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        value = value.strip()
+        if "://" in value:
+            raise ValueError(
+                f"VLAB_ENGINE__IMAGE_URI={value!r}: Ray's image_uri is an image reference "
+                "without a scheme, e.g. registry.example.com/vlab/engine:0.32@sha256:<digest>"
+            )
+        if len(value) > 512 or not _IMAGE_REF.match(value):
+            raise ValueError(
+                f"VLAB_ENGINE__IMAGE_URI={value!r} is not a container image reference "
+                "([registry[:port]/]name[:tag][@sha256:<digest>], lower-case name)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _check_image_python(self) -> EngineSettings:
+        if self.image_uri is None:
+            return self
+        if self.python_by_node:
+            raise ValueError(
+                "VLAB_ENGINE__IMAGE_URI and VLAB_ENGINE__PYTHON_BY_NODE exclude each other: "
+                "with an image every node runs the engine in it, at VLAB_ENGINE__PYTHON"
+            )
+        if not PurePosixPath(str(self.python)).is_absolute():
+            raise ValueError(
+                "VLAB_ENGINE__IMAGE_URI needs VLAB_ENGINE__PYTHON to be the engine's python "
+                f"inside the image as an absolute path (got {str(self.python)!r}), e.g. "
+                "/opt/vllm/bin/python"
+            )
+        return self
+
+    @property
+    def kind(self) -> Literal["path", "image"]:
+        """``"image"`` with :attr:`image_uri`, else ``"path"``."""
+        return "image" if self.image_uri else "path"
+
+    def python_for_node(
+        self, ip: str | None, labels: Mapping[str, object] | None, default: str | None = None
+    ) -> tuple[str, str]:
+        """The engine python on the node with ``ip`` and Ray ``labels``, and its setting.
+
+        The first :attr:`python_by_node` entry (in the order written) whose selector
+        matches (the node IP, or a label ``key=value`` the node has), else ``default``
+        (else :attr:`python`). Returns ``(python, source)``, ``source`` naming the
+        setting: ``"VLAB_ENGINE__PYTHON_BY_NODE[<selector>]"`` or
+        ``"VLAB_ENGINE__PYTHON"``.
+        """
+        for key, path in self.python_by_node.items():
+            if node_selector_kind(key) == "ip":
+                hit = ip is not None and _same_ip(key, ip)
+            else:
+                label, _, wanted = key.partition("=")
+                hit = _label_matches(labels or {}, label, wanted)
+            if hit:
+                return path, f"VLAB_ENGINE__PYTHON_BY_NODE[{key}]"
+        return (default if default is not None else str(self.python)), "VLAB_ENGINE__PYTHON"
+
+
+def _same_ip(a: str, b: str) -> bool:
+    try:
+        return ipaddress.ip_address(a) == ipaddress.ip_address(b)
+    except ValueError:
+        return a == b
 
 
 class SubmissionSettings(BaseModel):
@@ -106,6 +264,28 @@ class LimitsSettings(BaseModel):
     )
 
 
+class MlflowSettings(BaseModel):
+    """Export to an MLflow tracking server (:mod:`orchestrator.integrations.mlflow_export`)."""
+
+    tracking_uri: str | None = Field(
+        None, description="tracking URI used when an export names none (CLI and API)"
+    )
+    allow_local_stores: bool = Field(
+        False,
+        description="let the API export to stores on the service's own disk or to a database "
+        "(file://, sqlite:// and other non-http(s) URIs); off: the API accepts http(s) "
+        "tracking servers only (the CLI accepts any URI)",
+    )
+    allowed_uri_prefixes: list[str] = Field(
+        default_factory=list,
+        description="when set, the API exports only to tracking URIs that start with one "
+        "of these (e.g. https://mlflow.internal/)",
+    )
+    connect_timeout_s: float = Field(
+        10.0, gt=0, description="seconds to reach an http(s) tracking server before 502"
+    )
+
+
 class OrchestratorSettings(BaseModel):
     poll_interval_s: float = Field(1.0, gt=0)
     max_concurrent_runs: int = Field(1, ge=1)
@@ -116,6 +296,18 @@ class OrchestratorSettings(BaseModel):
     )
     placement_timeout_s: float = Field(60.0, gt=0)
     stale_after_s: float = Field(60.0, gt=0, description="heartbeat age that marks a run orphaned")
+    ship_to_nodes: Literal["auto", "never"] = Field(
+        "auto",
+        description="with RAY_ADDRESS: auto ships what a node lacks to run vlab's Ray tasks "
+        "(our code as py_modules, the pinned requirements of jobs with pip, through Ray's "
+        "runtime_env); never ships nothing and refuses to start when a node lacks anything",
+    )
+    node_setup_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="seconds a node may take to answer the start-up check, pip install "
+        "of the shipped requirements included",
+    )
 
 
 class Settings(BaseSettings):
@@ -139,6 +331,7 @@ class Settings(BaseSettings):
     submissions: SubmissionSettings = Field(default_factory=SubmissionSettings)
     paths: PathSettings = Field(default_factory=PathSettings)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    mlflow: MlflowSettings = Field(default_factory=MlflowSettings)
 
     @property
     def models_dir(self) -> Path:

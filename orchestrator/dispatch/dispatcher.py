@@ -58,6 +58,7 @@ from orchestrator.core.repositories import (
 )
 from orchestrator.core.settings import Settings
 from orchestrator.core.states import RunStatus, is_terminal
+from orchestrator.core.telemetry import DISPATCHER_TICK, mark_dispatcher_running
 from orchestrator.runs.launch import build_batch_job
 from orchestrator.runs.logs import engine_log_from_disk
 from orchestrator.runs.service import record_result
@@ -93,13 +94,30 @@ class LaunchRefused(Exception):
 
 
 class LaunchBlocked(Exception):
-    """Node parity failed before a multi-node launch: nothing was launched."""
+    """Node parity failed before a launch (a multi-node launch's parity, or a chosen node
+    without the engine environment): nothing was launched.
+
+    The message names the blocking fields, then the per-node problems of the first
+    findings that have them (``rank1:gpu-b: engine python /opt/vllm/bin/python does not
+    exist on this node (...)``), at most :data:`BLOCKED_PROBLEMS_SHOWN`."""
 
     def __init__(self, report: dict[str, Any], placement: dict[str, Any]) -> None:
         self.report = report
         self.placement = placement
         fields = sorted({str(m.get("field")) for m in report.get("mismatches", [])})
-        super().__init__("node parity check failed: " + ", ".join(fields))
+        problems = [
+            f"{node}: {text}"
+            for m in report.get("mismatches", [])
+            for node, text in (m.get("problems") or {}).items()
+        ]
+        shown = "; ".join(problems[:BLOCKED_PROBLEMS_SHOWN])
+        more = len(problems) - BLOCKED_PROBLEMS_SHOWN
+        detail = f" ({shown}{f'; {more} more' if more > 0 else ''})" if problems else ""
+        super().__init__("node parity check failed: " + ", ".join(fields) + detail)
+
+
+#: Per-node problems a :class:`LaunchBlocked` message names (the report holds them all).
+BLOCKED_PROBLEMS_SHOWN = 3
 
 
 class RunBackend(Protocol):
@@ -360,7 +378,13 @@ class Dispatcher:
         return failed
 
     def tick(self) -> None:
-        """One round: poll active runs, fire due schedules, then claim at most one queued run."""
+        """One round: poll active runs, fire due schedules, then claim at most one queued run.
+
+        Its duration (failed ticks too) is ``vlab_dispatcher_tick_duration_seconds``."""
+        with DISPATCHER_TICK.time():
+            self._tick()
+
+    def _tick(self) -> None:
         if time.monotonic() - self._last_heartbeat > 5.0:
             self.heartbeat()
         for batch_id in list(self.active):
@@ -507,6 +531,7 @@ class Dispatcher:
 
         Starts with :meth:`startup` (a no-op when the caller already ran it)."""
         self.startup()
+        mark_dispatcher_running()  # this process's /metrics exports the dispatcher's series
         while not stop.is_set():
             try:
                 self.tick()

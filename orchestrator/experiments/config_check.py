@@ -48,6 +48,12 @@ from jobs.engine import EngineError, engine_env
 from jobs.schemas import EngineLaunch
 from orchestrator.core.errors import EngineUnavailableError, VlabError
 from orchestrator.core.settings import Settings
+from orchestrator.core.telemetry import (
+    CONFIG_CHECK,
+    CONFIG_CHECKS_IN_FLIGHT,
+    SUBMISSION_CHECKS_RUNNING,
+    SUBMISSION_CHECKS_WAITING,
+)
 from orchestrator.experiments.planner import Resolver
 
 if TYPE_CHECKING:  # models imports this module (for the gate and the memo)
@@ -74,7 +80,9 @@ class CheckGate:
     :meth:`slot` is a context manager; it raises :class:`SubmissionsBusyError` at once
     when the waiting room is full (unless ``patient``: background work such as a
     scheduled sweep waits even then), or after ``wait_timeout_s`` without a free slot.
-    A thread that already holds a slot enters again without waiting.
+    A thread that already holds a slot enters again without waiting. The slots held and
+    the waiting count are ``vlab_submission_checks_running`` / ``_waiting`` (summed over
+    the process's gates).
     """
 
     def __init__(
@@ -123,6 +131,7 @@ class CheckGate:
                         f"{self._waiting} are waiting (the most this service queues)"
                     )
                 self._waiting += 1
+                SUBMISSION_CHECKS_WAITING.inc()
                 deadline = time.monotonic() + self.wait_timeout_s
                 try:
                     while self._running >= self.slots:
@@ -134,7 +143,9 @@ class CheckGate:
                         self._cond.wait(left)
                 finally:
                     self._waiting -= 1
+                    SUBMISSION_CHECKS_WAITING.dec()
             self._running += 1
+            SUBMISSION_CHECKS_RUNNING.inc()
         self._held.depth = 1
         try:
             yield
@@ -142,6 +153,7 @@ class CheckGate:
             self._held.depth = 0
             with self._cond:
                 self._running -= 1
+                SUBMISSION_CHECKS_RUNNING.dec()
                 self._cond.notify()
 
 
@@ -357,15 +369,26 @@ def resolve_configs(
     """vLLM's resolved configuration of each of ``configs`` (shape of
     :func:`jobs.engine.resolve_engine_configs`): through the warm process when
     ``settings.submissions.warm_resolver``, else (or when the warm process fails) a
-    one-shot subprocess. Raises :class:`jobs.engine.EngineError` as the latter."""
+    one-shot subprocess. Raises :class:`jobs.engine.EngineError` as the latter.
+
+    Metrics: ``vlab_config_checks_in_flight`` while it runs, and its duration in
+    ``vlab_config_check_duration_seconds`` (``resolver`` = the one that answered or
+    failed last; a fallback's time includes the failed warm attempt)."""
     python = str(settings.engine.python)
-    if settings.submissions.warm_resolver and Path(python).exists():
+    start = time.monotonic()
+    with CONFIG_CHECKS_IN_FLIGHT.track_inprogress():
+        if settings.submissions.warm_resolver and Path(python).exists():
+            try:
+                doc = warm_resolver(settings).resolve(model_dir, configs)
+                CONFIG_CHECK.labels(resolver="warm").observe(time.monotonic() - start)
+                return doc
+            except WarmResolverError as exc:
+                log.warning("warm vLLM resolver failed (%s); checking with a one-shot process", exc)
         try:
-            return warm_resolver(settings).resolve(model_dir, configs)
-        except WarmResolverError as exc:
-            log.warning("warm vLLM resolver failed (%s); checking with a one-shot process", exc)
-    # looked up on the module at call time (tests replace it)
-    return jobs.engine.resolve_engine_configs(python, model_dir, configs)
+            # looked up on the module at call time (tests replace it)
+            return jobs.engine.resolve_engine_configs(python, model_dir, configs)
+        finally:  # a failed check took its time too
+            CONFIG_CHECK.labels(resolver="one_shot").observe(time.monotonic() - start)
 
 
 @dataclass

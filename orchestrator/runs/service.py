@@ -22,6 +22,7 @@ from orchestrator.core.errors import ConflictError
 from orchestrator.core.models import Run
 from orchestrator.core.repositories import RunRepository
 from orchestrator.core.states import RunStatus, is_terminal
+from orchestrator.core.telemetry import observe_engine_startup
 from orchestrator.experiments.service import get_run
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,7 @@ def record_result(session: Session, run: Run, result: RunResult) -> None:
         **_prefix_analysis(run, result),
     }
     run.timings = result.timings
+    observe_engine_startup(result.timings or {})  # vlab_engine_startup_seconds
     run.capacity = None if result.capacity is None else result.capacity.model_dump(mode="json")
     # the final counters are what was measured, not the last heartbeat's (which may
     # predate the last requests or belong to the previous phase)

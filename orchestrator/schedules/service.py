@@ -46,6 +46,7 @@ from orchestrator.core.models import Schedule, ScheduleFire
 from orchestrator.core.repositories import ExperimentRepository, ScheduleRepository
 from orchestrator.core.settings import Settings
 from orchestrator.core.states import is_terminal
+from orchestrator.core.telemetry import record_schedule_outcomes
 from orchestrator.experiments.config_check import engine_resolver
 from orchestrator.experiments.engine_catalog import EngineArgCatalog, load_catalog
 from orchestrator.experiments.service import create_experiment, parse_spec, validate_spec
@@ -178,9 +179,13 @@ def fire_due_schedules(
     for schedule_id in due:
         try:
             with unit_of_work(session_factory) as s:
-                out += _fire_one(s, settings, get_catalog, schedule_id, now)
+                written = _fire_one(s, settings, get_catalog, schedule_id, now)
         except Exception:  # noqa: BLE001 - one bad schedule must not stop the others
             log.exception("schedule %s: firing failed", schedule_id)
+            continue
+        # counted once committed: vlab_schedule_fires_total / vlab_schedule_misses_total
+        record_schedule_outcomes(o.status for o in written)
+        out += written
     return out
 
 

@@ -20,7 +20,9 @@ def _case() -> dict[str, Any]:
 
 def test_a_real_case_as_a_what_if(client: TestClient) -> None:
     """Llama-3.1-8B on a 24 GiB card (vLLM issue 10517): the engine printed 1,952 blocks
-    and 1.56x at 20,000 tokens; at 29,000 tokens the cap did not fit (23,648 tokens)."""
+    and 1.56x at 20,000 tokens; at 29,000 tokens the cap did not fit (23,648 tokens).
+    Blocks = available // bytes per block, concurrency = blocks / cdiv(len, 16)
+    (vLLM 0.32.0 vllm/v1/core/kv_cache_utils.py L1627, L1195-L1227)."""
     case = _case()
     prof = case["memory_profile_gib"]
     body = {
@@ -53,7 +55,8 @@ def test_a_real_case_as_a_what_if(client: TestClient) -> None:
 
 
 def test_what_fits_on_two_80gb_at_tp2(client: TestClient) -> None:
-    """The question from the issue: context cap and concurrency on 2 x 80 GB at TP=2."""
+    """The question from the issue: context cap and concurrency on 2 x 80 GB at TP=2; TP
+    splits the KV heads (vLLM 0.32.0 vllm/config/model.py L1670)."""
     case = _case()
     body = {
         "model": {**case["model"], "max_position_embeddings": 131072},
@@ -166,8 +169,126 @@ def test_infinity_and_no_room_left(client: TestClient) -> None:
     ).json()
     assert out["estimate"]["kv_cache_tokens"] == 0 and out["estimate"]["fits"] is False
     assert any("no memory is left" in a for a in out["assumptions"])
-    slid = client.post(
-        "/api/v1/analyze/kv-cache",
-        json={"model": {**LLAMA, "sliding_window": 4096}, "memory": {"available_kv_cache_gib": 8}},
+
+
+KV = "/api/v1/analyze/kv-cache"
+MEM = {"available_kv_cache_gib": 8}
+
+
+def test_sliding_window_is_modelled_or_refused(client: TestClient) -> None:
+    """A window without ``layer_types`` on an unknown model type is not guessed (422 naming
+    ``sliding_window``); with ``layer_types`` the window layers are their own groups, and
+    the tokens in flight they keep need ``max_num_batched_tokens``
+    (vllm/v1/kv_cache_interface.py L859-L885, vllm/config/vllm.py L577-L598)."""
+    resp = client.post(KV, json={"model": {**LLAMA, "sliding_window": 4096}, "memory": MEM})
+    assert resp.status_code == 422 and resp.headers["content-type"] == PROBLEM
+    err = resp.json()["errors"][0]
+    assert err["loc"] == ["body", "model", "sliding_window"] and "kv_bytes_per_token" in err["msg"]
+    hybrid = {
+        **LLAMA,
+        "sliding_window": 4096,
+        "layer_types": ["sliding_attention", "full_attention"] * 16,
+    }
+    resp = client.post(KV, json={"model": hybrid, "memory": MEM})
+    assert resp.json()["errors"][0]["loc"] == ["body", "engine", "max_num_batched_tokens"]
+    eng = {"max_num_batched_tokens": 8192, "async_scheduling": False}
+    out = client.post(KV, json={"model": hybrid, "engine": eng, "memory": MEM}).json()
+    groups = out["estimate"]["kv_cache_groups"]
+    assert [(g["kind"], g["layers"]) for g in groups] == [("sliding", 16), ("full", 16)]
+
+
+def test_speculative_decoding_through_the_api(client: TestClient) -> None:
+    """MTP layers come from the config's ``num_nextn_predict_layers``
+    (vllm/model_executor/models/deepseek_mtp.py L152); an EAGLE head needs its own config
+    (``draft_model``), else 422 naming it."""
+    mla = {
+        "model_type": "deepseek_v3",
+        "num_hidden_layers": 61,
+        "num_attention_heads": 128,
+        "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64,
+        "num_nextn_predict_layers": 1,
+        "max_position_embeddings": 163840,
+    }
+    body = {
+        "model": mla,
+        "memory": MEM,
+        "engine": {
+            "tensor_parallel_size": 8,
+            "kv_cache_dtype": "fp8",
+            "speculative_config": {"method": "mtp", "num_speculative_tokens": 1},
+        },
+    }
+    out = client.post(KV, json=body).json()
+    assert out["estimate"]["kv_bytes_per_token"] == 62 * 576
+    assert out["estimate"]["speculative"]["drafter_kv_layers"] == 1
+    spec = {
+        "method": "eagle3",
+        "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+        "num_speculative_tokens": 3,
+    }
+    resp = client.post(
+        KV, json={"model": LLAMA, "memory": MEM, "engine": {"speculative_config": spec}}
+    )
+    assert resp.status_code == 422
+    assert resp.json()["errors"][0]["loc"] == ["body", "draft_model"]
+    head = {
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "hidden_size": 4096,
+        "draft_vocab_size": 32000,
+    }
+    ok = client.post(
+        KV,
+        json={
+            "model": LLAMA,
+            "draft_model": head,
+            "memory": MEM,
+            "engine": {"speculative_config": spec},
+        },
     ).json()
-    assert any("sliding_window 4096 ignored" in a for a in slid["assumptions"])
+    assert ok["estimate"]["kv_bytes_per_token"] == 33 * 2 * 8 * 128 * 2
+
+
+def test_unknown_keys_are_visible_and_fp8_halves(client: TestClient) -> None:
+    """Any vLLM engine argument is accepted; one the estimator does not know is listed in
+    ``ignored_keys`` with the reason, and so is an unknown model config key; known ones
+    that do not change the KV cache (``max_num_seqs``, ``rope_scaling``) are not."""
+    model = {**LLAMA, "rope_scaling": {"factor": 8.0}, "attn_magic_ratio": 3}
+    eng = {"kv_cache_dtype": "fp8", "max_num_seqs": 64, "tensor_paralel_size": 2}
+    out = client.post(KV, json={"model": model, "engine": eng, "memory": MEM}).json()
+    assert out["estimate"]["kv_bytes_per_token"] == 2 * 32 * 8 * 128
+    assert {e["key"] for e in out["ignored_keys"]} == {"attn_magic_ratio", "tensor_paralel_size"}
+    assert all(e["reason"] for e in out["ignored_keys"])
+    resp = client.post(
+        KV, json={"model": LLAMA, "memory": MEM, "engine": {"decode_context_parallel_size": 2}}
+    )
+    assert resp.status_code == 422
+    assert resp.json()["errors"][0]["loc"] == ["body", "engine", "decode_context_parallel_size"]
+
+
+def test_given_bytes_per_token(client: TestClient) -> None:
+    """A model the estimator refuses (Mamba layers) is answered from a given
+    ``kv_bytes_per_token``; the answer says the figure was given. Without a model the cap
+    must be given."""
+    jamba = {**LLAMA, "layers_block_type": ["mamba"] * 28 + ["attention"] * 4}
+    resp = client.post(KV, json={"model": jamba, "memory": MEM})
+    assert resp.status_code == 422
+    assert resp.json()["errors"][0]["loc"] == ["body", "model", "layers_block_type"]
+    out = client.post(KV, json={"model": jamba, "memory": MEM, "kv_bytes_per_token": 16384}).json()
+    assert out["kv_bytes_per_token_source"] == "given"
+    assert out["estimate"]["kv_bytes_per_token"] == 16384
+    assert out["estimate"]["kv_bytes_per_token_modelled"] is None
+    assert out["estimate"]["kv_cache_tokens"] == 8 * 2**30 // 16384
+    bare = client.post(KV, json={"kv_bytes_per_token": 16384, "memory": MEM})
+    assert bare.json()["errors"][0]["loc"] == ["body", "engine", "max_model_len"]
+    bare = client.post(
+        KV, json={"kv_bytes_per_token": 16384, "memory": MEM, "engine": {"max_model_len": 8192}}
+    )
+    assert bare.status_code == 200 and bare.json()["estimate"]["maximum_concurrency"] == 64.0
+    fixed = client.post(
+        KV, json={"model": LLAMA, "engine": {"kv_cache_memory_bytes": 2**30}}
+    ).json()
+    assert fixed["estimate"]["gpu_blocks"] == 512

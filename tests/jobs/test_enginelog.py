@@ -51,11 +51,12 @@ def _case(name: str) -> tuple[str, dict[str, Any]]:
 
 
 def _assert_records(got: list[dict[str, Any]], expected: list[dict[str, Any]]) -> None:
-    """Every key the expected record names is equal; other keys are only level/process."""
+    """Every key the expected record names is equal; other keys are only the level and
+    what the process tag says (process, source, pid, node_ip)."""
     assert len(got) == len(expected)
     for g, e in zip(got, expected, strict=True):
         assert {k: g.get(k, "<absent>") for k in e} == e
-        assert set(g) - set(e) <= {"level", "process"}
+        assert set(g) - set(e) <= {"level", "process", "source", "pid", "node_ip"}
         assert set(g) <= set(STATS_KEYS)
 
 
@@ -106,17 +107,21 @@ def test_v0_post_traffic_and_check_health_are_kept() -> None:
 def test_any_prefix_and_suffix(prefix: str, suffix: str) -> None:
     (got,) = parse_stats_lines(prefix + V1_LINE + suffix)
     process = got.pop("process", None)
+    tag = {k: got.pop(k) for k in ("source", "pid", "node_ip") if k in got}
     assert got == V1_EXPECTED
     if "pid=" in prefix:
         assert process is not None and prefix.find(process) > 0
+        name, _, pid = process.partition(" pid=")
+        assert tag["source"] == name and tag["pid"] == int(pid.split(",")[0])
+        assert tag.get("node_ip") == ("10.0.0.2" if "ip=" in prefix else None)
     else:
-        assert process is None
+        assert process is None and tag == {}
 
 
 def test_docker_json_line() -> None:
     line = '{"log":"(APIServer pid=1) ' + V1_LINE + '\\n","stream":"stderr","time":"2026-05-12"}'
     (got,) = parse_stats_lines(line)
-    assert got == {**V1_EXPECTED, "process": "APIServer pid=1"}
+    assert got == {**V1_EXPECTED, "process": "APIServer pid=1", "source": "APIServer", "pid": 1}
 
 
 def test_unknown_and_reordered_fields() -> None:
@@ -175,7 +180,8 @@ def test_v0_pairs_per_process_with_prefixes() -> None:
         [
             f"2026-01-01T00:00:00Z (pid=1) INFO 01-01 00:00:00 metrics.py:449] {v0}",
             f"2026-01-01T00:00:00Z (pid=2) INFO 01-01 00:00:00 metrics.py:449] {v0} [k8s pod=x]",
-            "2026-01-01T00:00:01Z (pid=1) INFO 01-01 00:00:01 metrics.py:465] "
+            # logged in the same call as its stats line: the same second
+            "2026-01-01T00:00:00Z (pid=1) INFO 01-01 00:00:00 metrics.py:465] "
             "Prefix cache hit rate: GPU: 12.50%, CPU: 1.00% [k8s pod=x]",
         ]
     )
@@ -255,6 +261,8 @@ def test_real_vllm032_cpu_log() -> None:
             "prefix_cache_hit_rate_pct": 23.9,
             "level": "INFO",
             "process": "APIServer pid=13784",
+            "source": "APIServer",
+            "pid": 13784,
         }
     ]
     kept, dropped = filter_noise(text)

@@ -721,8 +721,135 @@ def test_summarize_histograms_percentile_spelling_and_missing_keys() -> None:
     assert got["server_p50_ttft_ms"] == pytest.approx(100.0)
     assert got["server_p99.9_ttft_ms"] == pytest.approx(199.8)
     assert sorted(notes) == [
-        "server decode: omitted: the histogram is missing from the 'after' scrape",
-        "server itl: omitted: the histogram is missing from the 'before' scrape",
+        "server decode: omitted: the histogram is missing or unusable (a NaN sample, an "
+        "incomplete label set) in the 'after' scrape",
+        "server itl: omitted: the histogram is missing or unusable (a NaN sample, an "
+        "incomplete label set) in the 'before' scrape",
         "server prefill: omitted: no observations between the scrapes",
     ]
     assert summarize_histograms({}, {}) == ({}, [])
+
+
+# -- inconsistent _sum: no mean, a note ---------------------------------------------------
+
+#: vLLM V0's TTFT buckets (vllm/engine/metrics.py of 0.5.x; the bounds of the scrape in
+#: vllm-project/vllm#6337).
+V0_TTFT_BOUNDS = [
+    "0.001", "0.005", "0.01", "0.02", "0.04", "0.06", "0.08", "0.1", "0.25", "0.5", "0.75",
+    "1.0", "2.5", "5.0", "7.5", "10.0",
+]  # fmt: skip
+
+
+def test_ttft_sum_zero_with_observations_gives_no_mean() -> None:
+    """vllm-project/vllm#6337 (vLLM 0.5.1, TP 8): every bucket of
+    ``vllm:time_to_first_token_seconds`` held all 208 observations from le=0.001 on, "so the
+    time values are apparently always 0 seconds" (the latency was miscomputed; fixed by
+    vllm-project/vllm#6686, bisected in vllm-project/vllm#8819). Its ``_sum`` did not grow
+    while ``_count`` did: 0 s is no TTFT, so the mean is omitted, not reported as 0 ms."""
+    name = "vllm:time_to_first_token_seconds"
+    before = _vllm_histogram(name, V0_TTFT_BOUNDS, [([0.0] * 17, 0.0)])
+    after = _vllm_histogram(name, V0_TTFT_BOUNDS, [([208.0] * 17, 0.0)])
+    got, notes = summarize_histograms(parse_histograms(before), parse_histograms(after))
+    assert "server_mean_ttft_ms" not in got
+    assert got == {"server_count_ttft": 208.0}
+    assert notes[0] == (
+        "server ttft: mean omitted: _sum did not grow while _count grew by 208: every "
+        "observation would be 0 s (a broken histogram, as vLLM 0.5.1's TTFT: "
+        "vllm-project/vllm#6337)"
+    )
+    assert notes[1].startswith("server ttft: p50, p90, p99 omitted: all 208 observations")
+
+
+def test_decode_sum_zero_is_a_mean_of_zero_for_one_token_requests() -> None:
+    """vLLM's decode time is ``last_token_ts - first_token_ts``
+    (vllm/v1/metrics/stats.py ``update_from_finished_request``, vLLM 0.32 line 601): exactly
+    0 s for requests with one output token, so a decode ``_sum`` of 0 is a true mean of 0."""
+    bounds = (0.3, 0.5, INF)
+    zero = Histogram(bounds, (0.0, 0.0, 0.0), 0.0, 0.0)
+    one_token = Histogram(bounds, (12.0, 12.0, 12.0), 0.0, 12.0)
+    got, notes = summarize_histograms({"decode": zero}, {"decode": one_token})
+    assert got == {"server_mean_decode_ms": 0.0, "server_count_decode": 12.0}
+    assert not any("mean omitted" in n for n in notes)
+    # the same shape for the queue (a time that passes) is not a mean
+    got, notes = summarize_histograms({"queue": zero}, {"queue": one_token})
+    assert "server_mean_queue_ms" not in got and "mean omitted" in notes[0]
+
+
+def _real_pair(ttft_sum: float | None = None) -> tuple[dict[str, Histogram], dict[str, Histogram]]:
+    """The real vLLM 0.32 capture as ``after`` (its TTFT ``_sum`` replaced when given) and
+    empty histograms of the same buckets as ``before``."""
+    after = parse_histograms(_real_capture())
+    if ttft_sum is not None:
+        t = after["ttft"]
+        after["ttft"] = Histogram(t.bounds, t.counts, ttft_sum, t.count)
+    before = {
+        k: Histogram(h.bounds, tuple(0.0 for _ in h.counts), 0.0, 0.0) for k, h in after.items()
+    }
+    return before, after
+
+
+def test_real_capture_sums_are_consistent() -> None:
+    """Every histogram of a real vLLM 0.32 scrape passes the checks: a mean each."""
+    before, after = _real_pair()
+    got, notes = summarize_histograms(before, after)
+    assert {k for k in got if k.startswith("server_mean_")} == {
+        f"server_mean_{k}_ms" for k in HISTOGRAMS
+    }
+    assert not any("mean omitted" in n for n in notes)
+
+
+@pytest.mark.parametrize(
+    ("ttft_sum", "reason"),
+    [
+        # 5 TTFTs: 2 in (0.005, 0.01], 1 in (0.01, 0.02], 2 in (0.02, 0.04] (the capture)
+        (0.0, "_sum did not grow while _count grew by 5"),
+        (0.05, "_sum grew by 0.05 s, less than the 5 observations in their buckets add up to "
+         "at least (0.06 s)"),
+        (0.2, "_sum grew by 0.2 s, more than the 5 observations in their buckets add up to at "
+         "most (0.12 s)"),
+        (math.inf, "_sum is not finite"),
+    ],
+)  # fmt: skip
+def test_ttft_sum_outside_what_the_buckets_allow(ttft_sum: float, reason: str) -> None:
+    before, after = _real_pair(ttft_sum)
+    got, notes = summarize_histograms(before, after)
+    assert "server_mean_ttft_ms" not in got
+    assert got["server_count_ttft"] == 5.0 and got["server_p50_ttft_ms"] == pytest.approx(15.0)
+    assert "server_mean_e2el_ms" in got  # the other histograms are unaffected
+    (note,) = [n for n in notes if n.startswith("server ttft: mean omitted")]
+    assert reason in note
+
+
+def test_negative_sum_gives_no_mean() -> None:
+    before, after = _real_pair(-0.5)
+    got, notes = summarize_histograms(before, after)
+    assert "server_mean_ttft_ms" not in got and "server_count_ttft" not in got
+    assert "server ttft: omitted: _sum is negative (-0.5 s)" in notes
+    # negative in both scrapes, growing: still no mean
+    t = after["ttft"]
+    got, notes = summarize_histograms(
+        {"ttft": Histogram(t.bounds, before["ttft"].counts, -1.0, 0.0)}, after
+    )
+    assert "server_mean_ttft_ms" not in got
+    assert "server ttft: mean omitted: _sum is negative (-1 s)" in notes
+
+
+def test_sum_going_down_while_counts_grow_is_not_a_restart() -> None:
+    before, after = _real_pair()
+    b = after["e2el"]
+    grown = Histogram(b.bounds, tuple(c + 1 for c in b.counts), b.sum - 0.1, b.count + 1)
+    got, notes = summarize_histograms({"e2el": b}, {"e2el": grown})
+    assert got == {}
+    assert notes == [
+        "server e2el: omitted: _sum went down by 0.1 s while the counts did not: an "
+        "inconsistent _sum"
+    ]
+
+
+def test_count_disagreeing_with_inf_bucket_gives_no_mean() -> None:
+    bounds = (0.1, 1.0, INF)
+    zero = Histogram(bounds, (0.0, 0.0, 0.0), 0.0, 0.0)
+    odd = Histogram(bounds, (2.0, 4.0, 4.0), 1.5, 6.0)
+    got, notes = summarize_histograms({"e2el": zero}, {"e2el": odd})
+    assert "server_mean_e2el_ms" not in got
+    assert "server e2el: mean omitted: _count grew by 6 but the +Inf bucket by 4" in notes

@@ -284,7 +284,13 @@ def local_ray() -> Iterator[Any]:
     ray = pytest.importorskip("ray")
     if ray.is_initialized():
         pytest.skip("Ray is already initialized in this process")
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(
+        address="local",
+        num_cpus=1,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
     try:
         yield ray
     finally:

@@ -296,6 +296,10 @@ def test_parity_report_from_check_parity(
     expect(debug.locator(".badge")).to_have_text("warning")
     expect(debug.locator('td[data-node="rank1:worker"]')).to_have_text("INFO")
     expect(page.locator("#placement-table tbody tr")).to_have_count(2)
+    # a rule that could not be decided is listed, never counted as ok
+    expect(page.locator("#parity-reasons")).to_contain_text("vllm blocks on rank1:worker")
+    expect(page.locator("#parity-unknown")).to_contain_text("comm_launch_shell_only")
+    expect(page.locator("#parity-unknown")).to_contain_text("launching environment")
     screenshot(page, "run-parity")
 
 

@@ -7,7 +7,8 @@ result in words and the steps table, :mod:`web.capacity`), the full metrics tabl
 configuration and versions, the node layout (placement) and the node parity report.
 In the browser (``web/static/js/run.js``, from the ``/api/v1`` JSON): the
 latency-vs-load charts of a capacity search (``web/static/js/capacity.js``, from the
-page's embedded JSON), the ``/metrics`` time series charts, the TTFT / E2EL
+page's embedded JSON), the ``/metrics`` time series charts (with the engine events as
+markers, ``web/static/js/runevents.js``; the events table is rendered here), the TTFT / E2EL
 distributions of the measured requests, the filtered engine log, and the live refresh
 while the run is active.
 """
@@ -22,6 +23,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
+from api.schemas import ENGINE_EVENT_TYPES
 from orchestrator.analysis.service import run_advice
 from orchestrator.core.db import unit_of_work
 from orchestrator.core.models import Run
@@ -469,6 +471,60 @@ def gpu_view(
     )
 
 
+#: Marker and swatch colour of each engine event type (the table's and the charts').
+EVENT_COLORS = {
+    "out_of_memory": "#cf222e",
+    "nccl_error": "#8250df",
+    "gloo_error": "#bf3989",
+    "engine_dead": "#82071e",
+    "worker_died": "#a40e26",
+    "unhealthy": "#bc4c00",
+    "health_check_failed": "#9a6700",
+    "preemption": "#d4a72c",
+    "restart": "#1a7f37",
+}
+#: Most engine events listed on the page (the API pages through all of them).
+MAX_EVENT_ROWS = 300
+
+
+def events_view(engine_info: dict[str, Any]) -> dict[str, Any]:
+    """The run page's "Engine events": ``recorded`` (the run stored events: false means
+    unknown, not none), ``rows`` (the first :data:`MAX_EVENT_ROWS` events, log order),
+    ``total`` (events stored), ``summary`` (``engine_events_summary``), ``types``
+    (type -> meaning, with a colour, of the types present), ``markers`` (``{t_s,
+    type, color, label}`` of the placed events, for the time-series charts) and
+    ``notes`` (stats lines dropped or ignored). Pops its keys from ``engine_info``."""
+    stored = engine_info.pop("engine_events", None)
+    summary = engine_info.pop("engine_events_summary", None)
+    notes = engine_info.pop("stats_notes", None)
+    events = [e for e in stored if isinstance(e, dict)] if isinstance(stored, list) else []
+    present = {str(e.get("type")) for e in events}
+    markers = [
+        {
+            "t_s": e["t_s"],
+            "type": str(e.get("type")),
+            "color": EVENT_COLORS.get(str(e.get("type")), "#1f2328"),
+            "label": str(e.get("type")),
+        }
+        for e in events
+        if e.get("placement") == "placed" and isinstance(e.get("t_s"), int | float)
+    ]
+    return {
+        "recorded": isinstance(stored, list),
+        "rows": events[:MAX_EVENT_ROWS],
+        "total": len(events),
+        "summary": summary if isinstance(summary, dict) else None,
+        "types": {
+            t: (ENGINE_EVENT_TYPES.get(t, ""), EVENT_COLORS.get(t, "#1f2328"))
+            for t in ENGINE_EVENT_TYPES
+            if t in present
+        },
+        "colors": EVENT_COLORS,
+        "markers": markers,
+        "notes": [n for n in notes if isinstance(n, dict)] if isinstance(notes, list) else [],
+    }
+
+
 def model_facts(run: Run, resolution: dict[str, Any] | None) -> list[tuple[str, str]]:
     """``[(label, text)]`` about where the model came from: the pinned revision
     (Hugging Face snapshot commit) and how the node resolved the name (source,
@@ -539,6 +595,8 @@ def run_page(run_id: str, request: Request) -> HTMLResponse:
         findings = [] if run.status in ACTIVE else run_advice(session, run_id)
         startup_facts = engine_info.pop("startup_facts", None) or {}
         histogram_notes = engine_info.pop("histogram_notes", None) or []
+        cache_check = engine_info.pop("cache_contamination", None) or None  # jobs.cachecheck
+        events = events_view(engine_info)
         resolution = engine_info.pop("model_resolution", None) or (
             (run.experiment.spec or {}).get("model_resolution") if run.experiment else None
         )
@@ -564,6 +622,8 @@ def run_page(run_id: str, request: Request) -> HTMLResponse:
             "engine_args": engine_arg_rows(run),
             "startup_facts": startup_facts,
             "histogram_notes": histogram_notes,
+            "cache_check": cache_check,
+            "events": events,
             "engine_info_rest": engine_info,
             "timings": run.timings or {},
             "timing_labels": TIMING_LABELS,

@@ -1,8 +1,10 @@
 """Prompt-prefix analyser: how much of a workload's prompts the prefix cache (APC) can reuse.
 
 Pure module: no database, no Ray, no HTTP. Input is a list of requests (OpenAI chat
-``messages`` with optional ``tools``, or raw completion ``prompt`` strings) and a model
-directory; output is a JSON-safe :class:`PrefixAnalysis`. Units: positions and lengths of
+``messages`` with optional ``tools``, completion ``prompt`` strings, prompts given as token
+ids: ``prompt: [int]``, batches, vLLM's ``prompt_token_ids``; optionally the token ids the
+engine generated for each) and a model directory (none: token ids only); output is a
+JSON-safe :class:`PrefixAnalysis`. Units: positions and lengths of
 prompts are **tokens** unless named ``*_chars`` (characters of a string) or ``*_blocks``
 (KV cache blocks of ``block_size`` tokens); hit rates are fractions in ``[0, 1]``.
 
@@ -26,7 +28,8 @@ What it does, in order:
    prefix) and **classify** each divergence: ``timestamp``, ``uuid``, ``request_id``,
    ``random_id`` (random hex / base62), ``user_name``, ``json_key_order``, ``whitespace``,
    ``reordered_messages``, ``reordered_tools``, ``end_of_prompt`` (one prompt is a prefix of
-   the other) or ``other``.
+   the other), ``retokenization_whitespace_merge`` / ``retokenization`` (the same text
+   split into other tokens: :mod:`~orchestrator.analysis.prefix.tokens`) or ``other``.
 4. **Predict** the prefix cache hit rate of the workload sent in order, and re-predict it
    after each advised change (the volatile span moved to the end of the last message, JSON
    keys sorted, tools sorted, whitespace normalised, messages kept in one order).
@@ -37,7 +40,12 @@ What it does, in order:
    advice carries the hit rate predicted with its change and every earlier one applied
    (cumulative) and whether that raises the hit rate; changes that do not (e.g. moving a
    clock that already sits at the end of the shared text) are listed after the others.
-6. **Note** what the rendering hides: tools the chat template does not render (they do
+6. **Check multi-turn resends** token by token: a later turn that resends an earlier
+   answer as text against the tokens the engine held (the generated ids when given, else
+   the tokenizer's ``encode(a) + encode(b)`` at the turn boundary); the reusable tokens are
+   counted up to the first difference and a re-tokenization is a cause with its advice
+   (:mod:`~orchestrator.analysis.prefix.resend`).
+7. **Note** what the rendering hides: tools the chat template does not render (they do
    not reach the prompt, so they cannot break the prefix), a date the template writes
    itself.
 
@@ -60,20 +68,24 @@ counts prefix cache hits, which :func:`predict_hit_rate` reproduces:
   ``queries`` and the hit tokens to ``hits`` per scheduled request; the Prometheus
   counters ``vllm:prefix_cache_queries`` / ``vllm:prefix_cache_hits`` are these, in
   tokens. vLLM 0.32 books re-scheduled preempted requests separately
-  (``preempted_queries``/``preempted_hits``); older versions counted them again, so a
-  run with preemptions can *measure* more hits than any prompt layout explains (see
-  :func:`hit_rate_finding`).
+  (``preempted_queries``/``preempted_hits``); versions before vllm-project/vllm#25787
+  (the fix of vllm-project/vllm#25780, merged 2025-09-26) counted them again, so a run
+  with preemptions can *measure* more hits than any prompt layout explains:
+  :func:`hit_rate_finding` weighs preemptions, KV cache usage and waiting requests.
 
 The prediction assumes an unbounded cache (no eviction) and requests admitted one after
-another in list order; only prompt blocks are counted (blocks filled by generated tokens
-can only add hits in multi-turn workloads whose replayed answers equal the generated ones).
-It is therefore the best hit rate the engine can reach for this request list.
+another in list order; only prompt blocks are counted unless a request carries the token
+ids the engine generated for it: then their blocks are cached too (vLLM hashes
+``all_token_ids``), and a later turn that resends exactly those tokens hits them. It is
+therefore the best hit rate the engine can reach for this request list.
 
 Modules (each imports only the ones above it):
 
 - :mod:`~orchestrator.analysis.prefix.schemas`: the models in and out, :data:`CauseKind`,
   :data:`DEFAULT_BLOCK_SIZE`;
 - :mod:`~orchestrator.analysis.prefix.inputs`: request-like items checked and coerced;
+- :mod:`~orchestrator.analysis.prefix.tokens`: token ids decoded with character ranges, and
+  the same text split into other tokens (re-tokenization);
 - :mod:`~orchestrator.analysis.prefix.rendering`: tokenizer loading, chat template
   rendering, token offsets and source spans (step 1);
 - :mod:`~orchestrator.analysis.prefix.prediction`: shared token prefix and the predicted
@@ -83,10 +95,13 @@ Modules (each imports only the ones above it):
   (step 3);
 - :mod:`~orchestrator.analysis.prefix.changes`: the advised change per cause, in words
   and simulated on the requests (step 5);
+- :mod:`~orchestrator.analysis.prefix.resend`: multi-turn resends against the tokens the
+  engine held (step 6);
 - :mod:`~orchestrator.analysis.prefix.analyze`: :func:`analyze_prefix`, following the
-  causes and the notes (steps 5 and 6);
+  causes, the resends and the notes (steps 5 to 7);
 - :mod:`~orchestrator.analysis.prefix.findings`: measured vs predicted hit rate on a run,
-  and the summary a run keeps.
+  weighed against preemptions, KV cache usage and waiting requests, and the summary a run
+  keeps.
 """
 
 from __future__ import annotations
@@ -96,39 +111,47 @@ from orchestrator.analysis.prefix.findings import hit_rate_finding, summarize
 from orchestrator.analysis.prefix.inputs import coerce_requests
 from orchestrator.analysis.prefix.prediction import predict_hit_rate, shared_prefix_length
 from orchestrator.analysis.prefix.rendering import load_tokenizer, render_request
+from orchestrator.analysis.prefix.resend import find_resends
 from orchestrator.analysis.prefix.schemas import (
+    CAUSE_LABELS,
     DEFAULT_BLOCK_SIZE,
     Advice,
     CauseKind,
     Divergence,
     HitRatePrediction,
+    NotCompared,
     PrefixAnalysis,
     PrefixCluster,
     PrefixFinding,
     PrefixRequest,
     RenderedPrompt,
     RequestPrediction,
+    Resend,
     SourceLocation,
     SourceSpan,
 )
 
 __all__ = [
+    "CAUSE_LABELS",
     "DEFAULT_BLOCK_SIZE",
     "MAX_CAUSE_ROUNDS",
     "Advice",
     "CauseKind",
     "Divergence",
     "HitRatePrediction",
+    "NotCompared",
     "PrefixAnalysis",
     "PrefixCluster",
     "PrefixFinding",
     "PrefixRequest",
     "RenderedPrompt",
     "RequestPrediction",
+    "Resend",
     "SourceLocation",
     "SourceSpan",
     "analyze_prefix",
     "coerce_requests",
+    "find_resends",
     "hit_rate_finding",
     "load_tokenizer",
     "predict_hit_rate",

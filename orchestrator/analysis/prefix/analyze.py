@@ -5,22 +5,26 @@ again), predict the hit rate before and after, and note what the rendering hides
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from orchestrator.analysis.prefix.changes import CHANGE_TEXT, rewrite
 from orchestrator.analysis.prefix.divergence import field_root, find_divergence, partition, raw_json
-from orchestrator.analysis.prefix.inputs import coerce_indexed
+from orchestrator.analysis.prefix.inputs import coerce_sourced
 from orchestrator.analysis.prefix.patterns import TEMPLATE_DATE
 from orchestrator.analysis.prefix.prediction import predict_hit_rate, shared_prefix_length
 from orchestrator.analysis.prefix.rendering import RequestError, load_tokenizer, render
+from orchestrator.analysis.prefix.resend import RETOKENIZATION, find_resends, resent_as_tokens
 from orchestrator.analysis.prefix.schemas import (
     DEFAULT_BLOCK_SIZE,
     Advice,
     Divergence,
     HitRatePrediction,
+    NotCompared,
     PrefixAnalysis,
     PrefixCluster,
     PrefixRequest,
@@ -35,18 +39,27 @@ def _render_all(
     reqs: list[PrefixRequest],
     tok: Any,
     add_generation_prompt: bool,
-    where: Sequence[int] | None = None,
+    where: Sequence[str] | None = None,
 ) -> list[RenderedPrompt]:
-    """Render every request; errors name the request by its index in the caller's list
-    (``where[i]``, the index before warm-ups were skipped)."""
+    """Render every request; errors name the request by where it is in the caller's list
+    (``where[i]``: ``requests[n]`` with ``n`` the index before warm-ups were skipped)."""
     out = []
     for i, r in enumerate(reqs):
         try:
             out.append(render(r, tok, i, add_generation_prompt))
         except RequestError as exc:
-            n = where[i] if where is not None and i < len(where) else i
-            raise ValueError(f"requests[{n}]: {exc.reason}") from exc.__cause__
+            n = where[i] if where is not None and i < len(where) else f"requests[{i}]"
+            raise ValueError(f"{n}: {exc.reason}") from exc.__cause__
     return out
+
+
+def _predict(
+    rendered: Sequence[RenderedPrompt], reqs: Sequence[PrefixRequest], block_size: int
+) -> HitRatePrediction:
+    """The predicted hit rate, the blocks of generated tokens counted where known."""
+    return predict_hit_rate(
+        [r.token_ids for r in rendered], block_size, [q.generated_token_ids for q in reqs]
+    )
 
 
 def _split(
@@ -90,6 +103,9 @@ def _advice_source(d: Divergence) -> str:
     another key order, else the string field (``messages[0].content``, ``tools[1]``…)."""
     if d.cause == "reordered_messages" and d.locations[0].message_index is not None:
         return f"messages[{d.locations[0].message_index}]"
+    if d.cause in RETOKENIZATION:  # where the merge reaches into the request, if it does
+        named = [x.source for x in d.locations if x.source not in ("template", "end of prompt")]
+        return field_root(named[0]) if named else d.locations[0].source
     return d.json_path or field_root(d.locations[0].source)
 
 
@@ -105,6 +121,7 @@ def _change_text(d: Divergence, src: str) -> str:
         "reordered_messages",
         "reordered_tools",
         "json_key_order",
+        *RETOKENIZATION,
     ):
         change += " The chat template itself writes it: pass a fixed value to the template."
     return change
@@ -118,7 +135,12 @@ def _follow_causes(
     tok: Any,
     add_generation_prompt: bool,
     block_size: int,
-) -> tuple[list[Divergence], list[Advice], HitRatePrediction | None]:
+) -> tuple[
+    list[Divergence],
+    list[Advice],
+    HitRatePrediction | None,
+    tuple[list[PrefixRequest], list[RenderedPrompt]],
+]:
     """Every actionable cause along the prompts, in prompt order, each with its advice.
 
     Round by round: take the first actionable divergence (of the whole set, else of a
@@ -128,8 +150,9 @@ def _follow_causes(
     listed (prediction None) and the round tries the next candidate; the loop ends when no
     candidate is left (the prompts now diverge only in the last message or where one
     ends) or after :data:`MAX_CAUSE_ROUNDS` rounds. Returns the causes, the advice
-    (changes that raise the hit rate first) and the prediction with every simulated
-    change applied (None when none could be).
+    (changes that raise the hit rate first), the prediction with every simulated
+    change applied (None when none could be), and the requests with those changes (and
+    their renderings).
     """
     causes: list[Divergence] = []
     advice: list[Advice] = []
@@ -169,7 +192,7 @@ def _follow_causes(
                     Advice(cause=d.cause, source=src, change=_change_text(d, src), step=len(advice))
                 )
                 continue
-            after = predict_hit_rate([r.token_ids for r in nxt], block_size)
+            after = _predict(nxt, changed, block_size)
             listed.add((d.cause, src))
             causes.append(d)
             advice.append(
@@ -190,8 +213,14 @@ def _follow_causes(
             break
         if not progressed:
             break
-    # The plan: the simulated steps up to the one with the best cumulative hit rate (a
-    # step that gains nothing alone may be needed for a later one: a clock before an id).
+    _mark_plan(advice, prediction)
+    return causes, advice, (before if applied else None), (cur, cur_rendered)
+
+
+def _mark_plan(advice: list[Advice], prediction: HitRatePrediction) -> None:
+    """Mark the plan: the simulated steps up to the one with the best cumulative hit rate
+    (a step that gains nothing alone may be needed for a later one: a clock before an id),
+    when that beats the workload as it is."""
     simulated = [a for a in advice if a.predicted_hit_rate_after is not None]
     best = max(simulated, key=lambda a: (a.predicted_hit_rate_after or 0.0, -a.step), default=None)
     gain = (
@@ -206,7 +235,6 @@ def _follow_causes(
             and a.predicted_hit_rate_after is not None
             and a.step <= best.step
         )
-    return causes, advice, before if applied else None
 
 
 def _notes(
@@ -274,9 +302,85 @@ def _today_strings() -> set[str]:
     return out | {x.lstrip("0") for x in out} | {x.replace(" 0", " ") for x in out}
 
 
+def _vocab_limit(model_dir: str | Path | None, tok: Any) -> int | None:
+    """The largest token id vLLM accepts: ``max(tokenizer.max_token_id, vocab_size - 1)``
+    (``vllm/renderers/base.py`` ``validate_token_ids``); None when neither is known."""
+    sizes = []
+    if tok is not None:
+        with contextlib.suppress(TypeError):
+            sizes.append(len(tok) - 1)
+    if model_dir is not None:
+        try:
+            cfg = json.loads((Path(model_dir) / "config.json").read_text())
+            vocab = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+            if isinstance(vocab, int) and vocab > 0:
+                sizes.append(vocab - 1)
+        except (OSError, ValueError, AttributeError):
+            pass
+    return max(sizes) if sizes else None
+
+
+def _check_ids(reqs: Sequence[PrefixRequest], where: Sequence[str], limit: int | None) -> None:
+    """Refuse a token id vLLM refuses (its words: "Token id N is out of vocabulary")."""
+    if limit is None:
+        return
+    for r, label in zip(reqs, where, strict=True):
+        for name, ids in (
+            ("prompt", r.prompt_token_ids),
+            ("generated_token_ids", r.generated_token_ids),
+        ):
+            if ids and max(ids) > limit:
+                raise ValueError(
+                    f"{label}: {name}: Token id {max(ids)} is out of vocabulary (the model's "
+                    f"largest token id is {limit}; vLLM refuses the request)"
+                )
+
+
+def _resend_advice(
+    state0: list[PrefixRequest],
+    state: tuple[list[PrefixRequest], list[RenderedPrompt]],
+    resends: list[Any],
+    causes: list[Divergence],
+    advice: list[Advice],
+    tok: Any,
+    block_size: int,
+) -> HitRatePrediction | None:
+    """Advice for re-tokenized resends: the first such divergence joins ``causes`` (unless
+    a cause of its kind is there already) and its advice gets the hit rate predicted with
+    the resends sent as the tokens the engine held (:func:`resent_as_tokens`), on the
+    requests with every earlier change applied (cumulative; ``state0``: the requests as
+    given, whose ``resends`` are already checked). Returns that prediction."""
+    first = next(
+        (x.divergence for x, _ in resends if x.divergence and x.divergence.cause in RETOKENIZATION),
+        None,
+    )
+    if first is None:
+        return None
+    cur, cur_rendered = state
+    now = resends if cur is state0 else find_resends(cur, cur_rendered, tok, block_size)
+    lists = resent_as_tokens(cur_rendered, now, tok)
+    after = (
+        predict_hit_rate(lists, block_size, [q.generated_token_ids for q in cur])
+        if lists is not None
+        else None
+    )
+    target = next((a for a in advice if a.cause in RETOKENIZATION), None)
+    if target is None:
+        src = _advice_source(first)
+        causes.append(first)
+        target = Advice(cause=first.cause, source=src, change=_change_text(first, src))
+        target.step = len(advice)
+        advice.append(target)
+    if after is not None and target.predicted_hit_rate_after is None:
+        target.predicted_hit_rate_after = after.hit_rate
+        target.predicted_hits_tokens_after = after.hits_tokens
+        return after
+    return None
+
+
 def analyze_prefix(
     requests: Iterable[Any],
-    model_dir: str | Path,
+    model_dir: str | Path | None = None,
     *,
     block_size: int = DEFAULT_BLOCK_SIZE,
     add_generation_prompt: bool = True,
@@ -286,8 +390,10 @@ def analyze_prefix(
 
     Args:
         requests: the workload in the order sent (anything :func:`coerce_requests` takes;
-            warm-up requests are skipped).
-        model_dir: model directory whose tokenizer and chat template render the prompts.
+            warm-up requests are skipped; a batch prompt is one request per prompt).
+        model_dir: model directory whose tokenizer and chat template render the prompts;
+            None with no ``tokenizer``: only prompts given as token ids are compared, the
+            others are listed in ``not_compared``.
         block_size: KV cache block size of the engine (tokens; vLLM default 16).
         add_generation_prompt: passed to the chat template (vLLM's chat endpoint: True).
         tokenizer: an already loaded ``transformers`` tokenizer (else :func:`load_tokenizer`).
@@ -297,34 +403,76 @@ def analyze_prefix(
         with its token position, source location and cause, clusters, every actionable
         cause along the prompts (found by simulating each change and comparing again), the
         predicted hit rate (see the package docstring for vLLM's counting), advice with the
-        cumulative hit rate predicted after each change, and notes.
+        cumulative hit rate predicted after each change, the multi-turn resends checked
+        token by token (:mod:`~orchestrator.analysis.prefix.resend`), and notes.
 
     Raises:
-        ValueError: no requests, a malformed request or one that cannot be rendered (the
+        ValueError: no requests, none that can be compared, a malformed request, a token
+            id out of the model's vocabulary or a request that cannot be rendered (the
             message starts with ``requests[i]: ``, ``i`` its index in ``requests``), or
             ``block_size < 1``.
         FileNotFoundError: ``model_dir`` is not a directory.
     """
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
-    reqs, where = coerce_indexed(requests)
-    if not reqs:
+    input_notes: list[str] = []
+    reqs, where, skipped = coerce_sourced(requests, input_notes)
+    if not reqs and not skipped:
         raise ValueError("no requests to analyse")
-    tok = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
+    tok = tokenizer
+    if tok is None and model_dir is not None:
+        tok = load_tokenizer(model_dir)
+    if tok is None:
+        keep = [i for i, r in enumerate(reqs) if r.prompt_token_ids is not None]
+        skipped += [
+            NotCompared(
+                request=where[i],
+                reason="its text needs the model's tokenizer to become token ids, and no "
+                "model was given: it cannot be compared with the prompts given as token ids",
+            )
+            for i in range(len(reqs))
+            if i not in set(keep)
+        ]
+        reqs, where = [reqs[i] for i in keep], [where[i] for i in keep]
+    if not reqs:
+        raise ValueError(
+            "no request can be compared: "
+            + "; ".join(f"{x.request}: {x.reason}" for x in skipped[:3])
+            + (f" (and {len(skipped) - 3} more)" if len(skipped) > 3 else "")
+        )
+    _check_ids(reqs, where, _vocab_limit(model_dir, tok))
     rendered = _render_all(reqs, tok, add_generation_prompt, where)
     toks = [r.token_ids for r in rendered]
     lengths = [len(t) for t in toks]
     shared = shared_prefix_length(toks)
-    prediction = predict_hit_rate(toks, block_size)
+    prediction = _predict(rendered, reqs, block_size)
     divergence, clusters = _split(rendered, reqs, block_size)
-    causes, advice, after_all = _follow_causes(
+    causes, advice, after_all, state = _follow_causes(
         reqs, rendered, (divergence, clusters), prediction, tok, add_generation_prompt, block_size
     )
+    resends = find_resends(reqs, rendered, tok, block_size)
+    after_resend = _resend_advice(reqs, state, resends, causes, advice, tok, block_size)
+    if after_resend is not None:
+        after_all = after_resend
+        _mark_plan(advice, prediction)
     reusable = block_size * (min(shared, min(lengths) - 1) // block_size) if lengths else 0
+    notes = _notes(reqs, rendered, tok, add_generation_prompt) if tok is not None else []
+    notes[:0] = input_notes
+    if skipped:
+        notes.append(
+            f"{len(skipped)} request(s) could not be compared and are left out of every "
+            "figure: " + "; ".join(f"{x.request}: {x.reason}" for x in skipped[:3])
+        )
+    if tok is None:
+        notes.append(
+            "No tokenizer: the prompts are compared as token ids only; causes are not "
+            "classified (the text is unknown) and ids are not checked against a vocabulary."
+        )
     return PrefixAnalysis(
-        model_dir=str(model_dir),
+        model_dir=None if model_dir is None else str(model_dir),
         block_size=block_size,
         num_requests=len(reqs),
+        request_sources=list(where),
         prompt_tokens=lengths,
         shared_prefix_tokens=shared,
         shared_prefix_blocks=shared // block_size,
@@ -333,7 +481,10 @@ def analyze_prefix(
         clusters=clusters,
         causes=causes,
         prediction=prediction,
+        prediction_counts_generated_tokens=any(q.generated_token_ids for q in reqs),
         advice=advice,
         predicted_hit_rate_after_advice=after_all.hit_rate if after_all else None,
-        notes=_notes(reqs, rendered, tok, add_generation_prompt),
+        resends=[x for x, _ in resends],
+        not_compared=skipped,
+        notes=notes,
     )

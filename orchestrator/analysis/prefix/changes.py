@@ -64,6 +64,20 @@ CHANGE_TEXT = {
         "Send the tools in one fixed order (e.g. sorted by function name); "
         "the same tools come in another order ({src})."
     ),
+    "retokenization_whitespace_merge": (
+        "Send the next turn the tokens the engine already holds: keep each turn's prompt "
+        "and generated token ids and send the next prompt as token ids (completions "
+        "'prompt': [ids], the held ids followed by the new turn's), or keep the text from "
+        "splitting otherwise (no leading or extra newlines where one turn's text meets the "
+        "next): re-encoding the text at {src} merges whitespace into other tokens than the "
+        "cached ones, and every token after them is recomputed."
+    ),
+    "retokenization": (
+        "Send the next turn the tokens the engine already holds (keep the prompt and "
+        "generated token ids; send the next prompt as token ids): re-encoding the same text "
+        "at {src} gives other tokens than the cached ones, and every token after them is "
+        "recomputed."
+    ),
     "other": ("Put the content that varies between requests ({src}) after the content they share."),
 }
 

@@ -33,6 +33,7 @@ from orchestrator.analysis.prefix.schemas import (
     SourceLocation,
     SourceSpan,
 )
+from orchestrator.analysis.prefix.tokens import SameTextRun, same_text_run
 
 
 def _locate(r: RenderedPrompt, token_pos: int, char: int, end_char: int) -> SourceLocation:
@@ -148,7 +149,7 @@ def field_root(source: str) -> str:
     """``messages[0].content`` for ``messages[0].content``; the string-bearing field."""
     m = re.match(
         r"(messages\[\d+\]\.(?:content(?:\[\d+\]\.text)?|name|tool_calls\[\d+\]"
-        r"\.function\.(?:arguments|name))|prompt|tools\[\d+\])",
+        r"\.function\.(?:arguments|name))|prompt_token_ids|prompt|tools\[\d+\])",
         source,
     )
     return m.group(1) if m else source
@@ -363,6 +364,77 @@ def partition(members: list[int], toks: list[list[int]], p: int) -> list[list[in
     return sorted(groups.values(), key=lambda g: g[0])
 
 
+def _field_in_run(r: RenderedPrompt, p: int, loc: SourceLocation, end: int) -> SourceLocation:
+    """``loc`` moved to the first character of the run that comes from the request (a
+    message field) when the run starts in text the chat template wrote."""
+    if loc.source != "template":
+        return loc
+    for c in range(loc.rendered_chars[0], min(end, len(r.text))):
+        alt = _locate(r, p, c, end)
+        if alt.source != "template":
+            return alt
+    return loc
+
+
+def _retokenized(run: SameTextRun, ra: RenderedPrompt, rb: RenderedPrompt) -> _Classified:
+    """A divergence where both token runs spell the same text (:func:`same_text_run`)."""
+    kind: CauseKind = "retokenization_whitespace_merge" if run.whitespace else "retokenization"
+    split = (
+        f"{len(run.pieces_a)} token(s) {run.pieces_a!r} against {len(run.pieces_b)} "
+        f"token(s) {run.pieces_b!r}"
+    )
+    detail = f"the same text {run.text!r} is split into other tokens: {split}"
+    if run.ended:
+        short = ra.index if run.end_a >= len(ra.token_ids) else rb.index
+        detail += (
+            f"; request {short}'s tokens end inside the run: its text stops where the tokenizer "
+            "merges the text that follows in the other (a turn boundary)"
+        )
+    ca, cb = ra.offsets[run.start][0], rb.offsets[run.start][0]
+    return _Classified(
+        kind,
+        detail,
+        ("|".join(run.pieces_a), "|".join(run.pieces_b)),
+        (
+            (ca, ra.offsets[max(run.start, run.end_a - 1)][1]),
+            (cb, rb.offsets[max(run.start, run.end_b - 1)][1]),
+        ),
+    )
+
+
+def _ids_only(
+    a: int, b: int, ra: RenderedPrompt, rb: RenderedPrompt, p: int, block_size: int
+) -> Divergence:
+    """The divergence of two prompts when one's text is unknown (token ids, no tokenizer):
+    the position and the ids, nothing about the text."""
+
+    def at(r: RenderedPrompt) -> SourceLocation:
+        if r.text_known:
+            return _locate(r, p, r.offsets[p][0], r.offsets[p][1])
+        return SourceLocation(
+            request=r.index,
+            token_position=p,
+            rendered_chars=(0, 0),
+            source="prompt_token_ids",
+            excerpt=f"token ids {r.token_ids[max(0, p - 3) : p + 4]} (from {max(0, p - 3)})",
+        )
+
+    va, vb = ra.token_ids[p : p + 8], rb.token_ids[p : p + 8]
+    return Divergence(
+        token_position=p,
+        shared_prefix_blocks=p // block_size,
+        requests=(a, b),
+        locations=(at(ra), at(rb)),
+        cause="other",
+        detail=(
+            f"the token ids differ from token {p} on ({va} vs {vb}); without the model's "
+            "tokenizer the text behind them, hence the cause, is unknown"
+        ),
+        values=(str(va), str(vb)),
+        actionable=True,
+    )
+
+
 def find_divergence(
     a: int, b: int, rendered: list[RenderedPrompt], reqs: list[PrefixRequest], block_size: int
 ) -> Divergence:
@@ -394,6 +466,8 @@ def find_divergence(
             values=("", ""),
             actionable=False,
         )
+    if not (ra.text_known and rb.text_known):
+        return _ids_only(a, b, ra, rb, p, block_size)
     ca, cb = ra.offsets[p][0], rb.offsets[p][0]
     k = 0
     while ca + k < len(ra.text) and cb + k < len(rb.text) and ra.text[ca + k] == rb.text[cb + k]:
@@ -407,9 +481,20 @@ def find_divergence(
     op = next((o for o in sm.get_opcodes() if o[0] != "equal"), None)
     ea = ra.offsets[min(p + max(op[2] if op else 1, 1), len(ra.offsets)) - 1][1]
     eb = rb.offsets[min(p + max(op[4] if op else 1, 1), len(rb.offsets)) - 1][1]
+    run = same_text_run(ra.token_ids, ra.text, ra.offsets, rb.token_ids, rb.text, rb.offsets, p)
+    if run is not None:  # the same characters split into other tokens: locate the run
+        da, db = ca, cb
+        ea = ra.offsets[max(p, run.end_a - 1)][1]
+        eb = rb.offsets[max(p, run.end_b - 1)][1]
     la = _locate(ra, p, min(da, len(ra.text)), ea)
     lb = _locate(rb, p, min(db, len(rb.text)), eb)
-    c = _classify(ra, rb, reqs[a], reqs[b], da, db, la, lb)
+    if run is not None:  # a run that starts in template text: name the field it reaches
+        la, lb = _field_in_run(ra, p, la, ea), _field_in_run(rb, p, lb, eb)
+    c = (
+        _retokenized(run, ra, rb)
+        if run is not None
+        else _classify(ra, rb, reqs[a], reqs[b], da, db, la, lb)
+    )
     if c.spans:  # the whole volatile value, as a range of the source string
         va = _locate(ra, p, c.spans[0][0], c.spans[0][1])
         vb = _locate(rb, p, c.spans[1][0], c.spans[1][1])

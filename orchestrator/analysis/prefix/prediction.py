@@ -28,20 +28,29 @@ def shared_prefix_length(token_lists: Sequence[Sequence[int]]) -> int:
 
 
 def predict_hit_rate(
-    token_lists: Sequence[Sequence[int]], block_size: int = DEFAULT_BLOCK_SIZE
+    token_lists: Sequence[Sequence[int]],
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    generated: Sequence[Sequence[int] | None] | None = None,
 ) -> HitRatePrediction:
     """Predict vLLM APC hits for prompts sent in order to a fresh engine.
 
     Reproduces ``KVCacheManager.get_computed_blocks`` (vLLM V1): request ``j`` of ``n_j``
     prompt tokens hits the longest chain of whole blocks, at most ``(n_j - 1) //
     block_size`` of them, already cached by an earlier request; then its ``n_j //
-    block_size`` full prompt blocks are cached. ``queries`` adds ``n_j``, ``hits`` the hit
-    tokens (``PrefixCacheStats.record``). The cache is unbounded (no eviction). Blocks are
-    keyed by (parent block, exact token ids), so no hash collisions.
+    block_size`` full prompt blocks are cached. With the ``g_j >= 1`` tokens it generated
+    (``generated[j]``), ``(n_j + g_j - 1) // block_size`` full blocks of prompt + generated
+    tokens are cached instead: vLLM hashes the blocks of ``all_token_ids``, output tokens
+    included (``vllm/v1/request.py`` ``append_output_token_ids`` -> ``update_block_hashes``;
+    ``kv_cache_utils.py`` ``request_block_hasher``), and computes all but the last sampled
+    token. ``queries`` adds ``n_j``, ``hits`` the hit tokens (``PrefixCacheStats.record``).
+    The cache is unbounded (no eviction). Blocks are keyed by (parent block, exact token
+    ids), so no hash collisions.
 
     Args:
         token_lists: prompt token ids per request, in the order sent.
         block_size: tokens per KV cache block (vLLM ``--block-size``, default 16).
+        generated: per request, the token ids the engine generated for it (None or empty:
+            unknown, only its prompt blocks are counted).
 
     Returns:
         :class:`HitRatePrediction` (tokens; ``hit_rate`` = hits / queries, 0 when empty).
@@ -66,9 +75,11 @@ def predict_hit_rate(
             parent = node
             hit_blocks += 1
             reused = owner[node]
+        gen = list(generated[j] or []) if generated is not None and j < len(generated) else []
+        held = [*toks, *gen][: n + len(gen) - 1] if gen else list(toks)
         parent = -1
-        for b in range(n // block_size):
-            key = (parent, tuple(toks[b * block_size : (b + 1) * block_size]))
+        for b in range(len(held) // block_size):
+            key = (parent, tuple(held[b * block_size : (b + 1) * block_size]))
             node = nodes.get(key)
             if node is None:
                 node = len(owner)

@@ -13,6 +13,7 @@ from typing import Any
 
 from orchestrator.analysis.prefix.inputs import type_name, unicode_problem
 from orchestrator.analysis.prefix.schemas import PrefixRequest, RenderedPrompt, SourceSpan
+from orchestrator.analysis.prefix.tokens import decode_with_offsets
 
 # --------------------------------------------------------------------------- tokenizer
 
@@ -318,8 +319,9 @@ def render_request(
     Chat: ``tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
     add_generation_prompt=...)`` then ``tokenizer(text, add_special_tokens=False)`` (vLLM's
     chat endpoint default); prompt: ``tokenizer(prompt, add_special_tokens=True)`` (the
-    completions endpoint default, BOS added). ``tokenizer`` is a ``transformers`` tokenizer
-    (see :func:`load_tokenizer`).
+    completions endpoint default, BOS added); token ids: as given (decoded for the text).
+    ``tokenizer`` is a ``transformers`` tokenizer (see :func:`load_tokenizer`), or None for
+    token ids only.
 
     Returns:
         :class:`RenderedPrompt` with token ids, per-token character ranges and the source
@@ -348,7 +350,34 @@ def render(
     request: PrefixRequest, tokenizer: Any, index: int, add_generation_prompt: bool
 ) -> RenderedPrompt:
     """:func:`render_request` without the ``requests[index]: `` prefix: raises
-    :class:`RequestError` (the caller names the request by its own index)."""
+    :class:`RequestError` (the caller names the request by its own index).
+
+    A prompt given as token ids is taken as is (vLLM adds no special tokens to it); its
+    text is the tokenizer's decoding (:func:`decode_with_offsets`), or unknown
+    (``text_known`` False) when ``tokenizer`` is None. Text needs a tokenizer."""
+    if request.prompt_token_ids is not None:
+        ids = [int(t) for t in request.prompt_token_ids]
+        if tokenizer is None:
+            return RenderedPrompt(
+                index=index,
+                text="",
+                token_ids=ids,
+                offsets=[(0, 0)] * len(ids),
+                spans=[],
+                text_known=False,
+            )
+        try:
+            text, offsets = decode_with_offsets(tokenizer, ids)
+        except Exception as exc:
+            raise RequestError(
+                f"the tokenizer cannot decode the token ids: {_exc_text(exc)}"
+            ) from exc
+        span = SourceSpan(
+            rendered_start=0, rendered_end=len(text), source="prompt_token_ids", source_start=0
+        )
+        return RenderedPrompt(index=index, text=text, token_ids=ids, offsets=offsets, spans=[span])
+    if tokenizer is None:
+        raise RequestError("text needs the model's tokenizer to become token ids")
     problem = unicode_problem(request)
     if problem:
         raise RequestError(problem)
@@ -367,6 +396,15 @@ def render(
         if not isinstance(text, str):
             raise RequestError(f"the chat template returned {type_name(text)}, not the prompt text")
         add_special = False
+    ids, offsets = encode(tokenizer, text, add_special)
+    return RenderedPrompt(
+        index=index, text=text, token_ids=ids, offsets=offsets, spans=_source_spans(request, text)
+    )
+
+
+def encode(tokenizer: Any, text: str, add_special: bool) -> tuple[list[int], list[tuple[int, int]]]:
+    """``text`` tokenized as vLLM does (special tokens added or not), with each token's
+    character range. Raises :class:`RequestError` when the tokenizer fails."""
     try:
         try:
             enc = tokenizer(text, add_special_tokens=add_special, return_offsets_mapping=True)
@@ -377,9 +415,7 @@ def render(
             offsets = _offsets_by_decoding(tokenizer, ids, text)
     except Exception as exc:
         raise RequestError(f"the tokenizer failed: {_exc_text(exc)}") from exc
-    return RenderedPrompt(
-        index=index, text=text, token_ids=ids, offsets=offsets, spans=_source_spans(request, text)
-    )
+    return ids, offsets
 
 
 def _exc_text(exc: BaseException) -> str:

@@ -8,9 +8,9 @@ named ``*_chars`` (characters) or ``*_blocks`` (KV cache blocks); hit rates are 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 #: vLLM's default KV cache block size (tokens per block) on GPU and CPU.
 DEFAULT_BLOCK_SIZE = 16
@@ -26,16 +26,44 @@ CauseKind = Literal[
     "reordered_messages",
     "reordered_tools",
     "end_of_prompt",
+    "retokenization_whitespace_merge",
+    "retokenization",
     "other",
 ]
 
+#: Each cause in words, for people (the code stays the stable key).
+CAUSE_LABELS: dict[str, str] = {
+    "timestamp": "timestamp or date",
+    "uuid": "UUID",
+    "request_id": "request / trace / session id",
+    "random_id": "random id (hex / base62)",
+    "user_name": "user name",
+    "json_key_order": "JSON key order",
+    "whitespace": "whitespace",
+    "reordered_messages": "messages in another order",
+    "reordered_tools": "tools in another order",
+    "end_of_prompt": "end of a prompt",
+    "retokenization_whitespace_merge": "re-tokenization / whitespace merge",
+    "retokenization": "re-tokenization (same text, other tokens)",
+    "other": "other content",
+}
+
 
 class PrefixRequest(BaseModel):
-    """One request of the workload: a chat (``messages`` + optional ``tools``) or a ``prompt``.
+    """One request of the workload: a chat (``messages`` + optional ``tools``), a text
+    ``prompt`` or a prompt given as token ids (``prompt_token_ids``).
 
     ``messages`` is an OpenAI chat-completions list (``role``, ``content`` as a string or a
     list of ``{"type": "text", "text": ...}`` parts, optional ``name`` and ``tool_calls``);
-    ``tools`` the OpenAI ``tools`` list. Exactly one of ``messages`` and ``prompt`` is set.
+    ``tools`` the OpenAI ``tools`` list. ``prompt_token_ids``: the prompt as the engine gets
+    it (vLLM's completions ``prompt: [int, ...]``, ``TokensPrompt.prompt_token_ids``,
+    ``/inference/v1/generate`` ``token_ids``): used as is, no special tokens added.
+    Exactly one of ``messages``, ``prompt`` and ``prompt_token_ids`` is set.
+
+    ``generated_token_ids``: the token ids the engine generated for this request (its
+    answer: vLLM's ``choices[0].token_ids`` with ``return_token_ids``, or a trace's
+    ``output_token_ids``), when known. The engine caches their full blocks too, so a later
+    turn that resends the answer can reuse them if it resends the same tokens.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -43,14 +71,27 @@ class PrefixRequest(BaseModel):
     messages: list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     prompt: str | None = None
+    prompt_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    generated_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
 
     @model_validator(mode="after")
     def _one_kind(self) -> PrefixRequest:
-        if self.messages is None and self.prompt is None:
+        kinds = [
+            k
+            for k, v in (
+                ("messages", self.messages),
+                ("prompt", self.prompt),
+                ("prompt_token_ids", self.prompt_token_ids),
+            )
+            if v is not None
+        ]
+        if not kinds:
             raise ValueError('needs "messages" (chat) or "prompt" (completions)')
-        if self.messages is not None and self.prompt is not None:
-            raise ValueError('has both "messages" (chat) and "prompt" (completions): send one')
-        if self.prompt is not None and self.tools:
+        if len(kinds) > 1:
+            raise ValueError(f"has {' and '.join(repr(k) for k in kinds)}: send one of them")
+        if self.prompt_token_ids is not None and not self.prompt_token_ids:
+            raise ValueError("the prompt's token id list is empty")
+        if self.messages is None and self.tools:
             raise ValueError('"tools" needs "messages" (a chat request), not "prompt"')
         return self
 
@@ -79,7 +120,10 @@ class RenderedPrompt(BaseModel):
 
     ``token_ids[i]`` covers ``text[offsets[i][0]:offsets[i][1]]`` (characters; special
     tokens added by the tokenizer have an empty range). ``spans`` map rendered characters
-    to the request (characters in no span were written by the chat template).
+    to the request (characters in no span were written by the chat template). A prompt
+    given as token ids has its ``text`` decoded by the tokenizer (``offsets`` from the
+    decoding); without a tokenizer ``text_known`` is False, ``text`` is empty and every
+    offset is ``(0, 0)``: only the ids can be compared.
     """
 
     index: int
@@ -87,6 +131,7 @@ class RenderedPrompt(BaseModel):
     token_ids: list[int]
     offsets: list[tuple[int, int]]
     spans: list[SourceSpan]
+    text_known: bool = True
 
 
 class SourceLocation(BaseModel):
@@ -127,6 +172,12 @@ class Divergence(BaseModel):
     ``json_path``: for ``json_key_order``, the object whose keys are ordered differently.
     ``actionable`` is False when the divergence is where prompts are expected to differ
     (inside the last message, i.e. the new turn) or where one prompt simply ends.
+    ``retokenization_whitespace_merge`` / ``retokenization``: the two token runs from
+    ``token_position`` on spell the *same text* and the prompts agree again right after
+    them (or one ends inside them): the text was split into other tokens, e.g. two ``"\n"``
+    tokens the model generated against the one ``"\n\n"`` token the tokenizer makes of
+    the resent text, or a prompt ending in the middle of what the tokenizer merges when
+    more text follows (``values``: the two token runs as text pieces, ``|`` between tokens).
     """
 
     token_position: int
@@ -138,6 +189,13 @@ class Divergence(BaseModel):
     values: tuple[str, str]
     json_path: str | None = None
     actionable: bool
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def label(self) -> str:
+        """The cause in words (:data:`CAUSE_LABELS`), e.g. "re-tokenization / whitespace
+        merge" for ``retokenization_whitespace_merge``."""
+        return CAUSE_LABELS.get(self.cause, self.cause)
 
 
 class PrefixCluster(BaseModel):
@@ -199,29 +257,80 @@ class Advice(BaseModel):
     raises_hit_rate: bool = False
 
 
+class NotCompared(BaseModel):
+    """A request left out of the comparison, and why (``request``: where it is in the
+    input, e.g. ``requests[3]`` or ``requests[3].prompt[1]``)."""
+
+    request: str
+    reason: str
+
+
+class Resend(BaseModel):
+    """A later turn that resends an earlier request's answer, checked token by token.
+
+    ``request`` resends the answer of ``previous`` (indices in the analysed list): a chat
+    whose messages continue ``previous``'s messages with an assistant message
+    (``message_index``), or a prompt that starts with ``previous``'s prompt. The engine
+    held ``previous``'s prompt followed by the tokens it generated: ``checked_with`` says
+    how those are known: ``generated_token_ids`` (given with ``previous``: what the engine
+    really generated) or ``tokenizer`` (not given: the answer as the tokenizer encodes it
+    on its own, right after ``previous``'s prompt, i.e. ``encode(a) + encode(b)`` against
+    this request's ``encode(a + b)``).
+
+    Tokens: ``cached_tokens`` = that sequence less its last token (vLLM computes, so
+    caches, at most ``len - 1`` tokens of a finished request); ``matching_tokens`` = its
+    common token prefix with this request's prompt; ``reusable_tokens`` = the whole
+    blocks of that this request can hit, ``block_size * (min(matching, cached, prompt - 1)
+    // block_size)``; ``reusable_tokens_if_stable``: the same had the answer come back as
+    the cached tokens (None when the resent text differs from the cached text, so no
+    tokenization could match); ``lost_tokens`` = the difference. ``divergence``: where the
+    two first differ and why, located in this request (``locations[1]``) and in the
+    cached sequence (``locations[0]``: source ``generated_token_ids`` for generated
+    tokens); None when the resend matches all the cache holds.
+    """
+
+    request: int
+    previous: int
+    message_index: int | None = None
+    checked_with: Literal["generated_token_ids", "tokenizer"]
+    cached_tokens: int
+    matching_tokens: int
+    reusable_tokens: int
+    reusable_tokens_if_stable: int | None = None
+    lost_tokens: int | None = 0
+    divergence: Divergence | None = None
+
+
 class PrefixAnalysis(BaseModel):
     """Result of :func:`analyze_prefix`.
 
-    ``prompt_tokens``: per request (tokens). ``shared_prefix_tokens``: token prefix common
-    to all requests; ``shared_prefix_blocks``: in whole KV blocks;
-    ``reusable_prefix_tokens``: what APC can reuse of it, ``block_size *
+    ``num_requests``: requests compared; ``request_sources[i]``: where request ``i`` is in
+    the input (``requests[3]``; ``requests[3].prompt[1]`` for a batch prompt), every index
+    in the result refers to this list. ``prompt_tokens``: per request (tokens).
+    ``shared_prefix_tokens``: token prefix common to all requests; ``shared_prefix_blocks``:
+    in whole KV blocks; ``reusable_prefix_tokens``: what APC can reuse of it, ``block_size *
     (min(shared, shortest - 1) // block_size)`` tokens. ``divergence``: the first divergence
     of the whole set (None for one request or identical prompts). ``clusters``: the groups
     the set splits into at that divergence. ``causes``: every actionable divergence found
     along the prompts, in prompt order: the first one, then (after simulating its change
     on the requests, re-rendering and comparing again) the next one, and so on, at most
     ``MAX_CAUSE_ROUNDS`` rounds (divergences of clusters are included when the set's own
-    divergence cannot be changed). ``prediction``: the best hit rate for the workload as
-    it is; ``advice``: one change per cause, with the cumulative hit rate predicted after
-    it, in prompt order; ``raises_hit_rate`` marks the plan (the steps to make together).
+    divergence cannot be changed), then the first re-tokenized resend. ``prediction``: the
+    best hit rate for the workload as it is (blocks of generated tokens are counted when
+    ``generated_token_ids`` are given: ``prediction_counts_generated_tokens``); ``advice``:
+    one change per cause, with the cumulative hit rate predicted after it, in prompt order;
+    ``raises_hit_rate`` marks the plan (the steps to make together).
     ``predicted_hit_rate_after_advice``: with every simulated change applied.
+    ``resends``: every later turn that resends an earlier answer (:class:`Resend`).
+    ``not_compared``: requests left out (text without a tokenizer, prompt embeddings).
     ``notes``: facts about the rendering worth knowing (tools the chat template does not
-    render, a date the chat template writes itself).
+    render, a date the chat template writes itself, requests left out).
     """
 
-    model_dir: str
+    model_dir: str | None
     block_size: int
     num_requests: int
+    request_sources: list[str] = Field(default_factory=list)
     prompt_tokens: list[int]
     shared_prefix_tokens: int
     shared_prefix_blocks: int
@@ -230,19 +339,40 @@ class PrefixAnalysis(BaseModel):
     clusters: list[PrefixCluster]
     causes: list[Divergence]
     prediction: HitRatePrediction
+    prediction_counts_generated_tokens: bool = False
     advice: list[Advice]
     predicted_hit_rate_after_advice: float | None = None
+    resends: list[Resend] = Field(default_factory=list)
+    not_compared: list[NotCompared] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
 
 
 class PrefixFinding(BaseModel):
     """A finding on a run: measured prefix cache hit rate far from the predicted one.
 
-    ``evidence`` holds ``predicted_hit_rate``, ``measured_hit_rate`` (fractions) and
-    ``difference`` (measured - predicted).
+    ``evidence`` holds ``predicted_hit_rate``, ``measured_hit_rate`` (fractions),
+    ``difference`` (measured - predicted) and ``tolerance``, plus the server signals the
+    finding weighed when they were given (``num_preemptions``, ``kv_cache_usage_peak``,
+    ``num_requests_waiting_peak``, ``vllm_version``, token counts), each absent when not
+    measured. ``explanation``: what the numbers say caused the gap
+    (``preemption_recompute``: preempted requests' recomputed tokens counted as hits
+    explain it; ``preemption_recompute_possible``: they may; ``not_preemption``: they
+    cannot, the counters do not count them or none happened; ``eviction_likely``: the KV
+    cache was full; None: the signals were not measured). ``action``: the change to make
+    first, in words.
     """
 
     code: Literal["hit_rate_below_prediction", "hit_rate_above_prediction"]
     severity: Literal["info", "warning"]
     message: str
     evidence: dict[str, Any] = Field(default_factory=dict)
+    explanation: (
+        Literal[
+            "preemption_recompute",
+            "preemption_recompute_possible",
+            "not_preemption",
+            "eviction_likely",
+        ]
+        | None
+    ) = None
+    action: str | None = None

@@ -340,6 +340,23 @@ class RunRepository:
         ).all()
         return set(rows)
 
+    def count_by_status(self) -> dict[str, int]:
+        """``{status: number of runs}`` over every run, for the service's ``/metrics``; a
+        status no run has is absent."""
+        rows = self.session.execute(select(Run.status, func.count()).group_by(Run.status)).all()
+        return {str(status): int(n) for status, n in rows}
+
+    def oldest_queued_age_s(self) -> float | None:
+        """Seconds since the oldest queued run was created, on the database's clock
+        (``clock_timestamp()``: the real time, not the transaction's start); None when
+        nothing is queued. The dispatcher claims in ``created_at`` order, so this is the
+        wait of the next run it would take."""
+        waited = func.clock_timestamp() - func.min(Run.created_at)
+        age = self.session.scalar(
+            select(func.extract("epoch", waited)).where(Run.status == RunStatus.QUEUED.value)
+        )
+        return None if age is None else float(age)
+
 
 def _request_row(run_id: str, seq: int, r: dict[str, Any]) -> dict[str, Any]:
     """The ``run_requests`` row of one ``RequestRecord.model_dump()``."""

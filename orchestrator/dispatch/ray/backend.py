@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -24,7 +26,9 @@ from ray.util.placement_group import (
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from jobs.engine import render_engine_args
+from jobs.nodeprobe import launch_environment
 from jobs.schemas import BatchJob, NodePart, RunResult
+from orchestrator.cluster.engineenv import engine_env_problem, engine_only
 from orchestrator.cluster.parity import check_parity
 from orchestrator.cluster.placement import (
     RAY_EXECUTOR_ON_CPU,
@@ -36,6 +40,7 @@ from orchestrator.cluster.placement import (
     reserved_devices,
     shape_problem,
 )
+from orchestrator.core.errors import RayClusterError
 from orchestrator.core.settings import Settings, detect_device_resource
 from orchestrator.dispatch.dispatcher import (
     LaunchBlocked,
@@ -44,7 +49,9 @@ from orchestrator.dispatch.dispatcher import (
     NoCapacity,
     Poll,
 )
-from orchestrator.dispatch.ray.probe import probe_on_nodes
+from orchestrator.dispatch.ray.join import ensure_nodes_ready, join_cluster
+from orchestrator.dispatch.ray.join import forget as forget_joined_cluster
+from orchestrator.dispatch.ray.probe import engine_env_on_nodes, probe_on_nodes
 from orchestrator.dispatch.ray.supervisor import (
     NAMESPACE,
     RunSupervisorActor,
@@ -56,20 +63,69 @@ log = logging.getLogger(__name__)
 
 
 def connect(settings: Settings) -> dict[str, Any]:
-    """Connect to ``RAY_ADDRESS`` or start a local Ray; returns the cluster resources."""
+    """Join ``RAY_ADDRESS`` or start a local Ray; returns the cluster resources.
+
+    An existing cluster is joined by :func:`orchestrator.dispatch.ray.join.join_cluster`
+    (Ray Client refused, authentication failures in one line, what the nodes lack
+    shipped with Ray's ``runtime_env`` or refused: :class:`RayClusterError`).
+    """
     if not ray.is_initialized():
-        ray.init(
-            address=settings.ray_address or None,
-            namespace=NAMESPACE,
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-        )
+        address = (settings.ray_address or "").strip()
+        if address and address != "local":
+            report = join_cluster(settings)
+            conflict = image_conflict(settings, report.runtime_env)
+            if conflict is not None:
+                disconnect()
+                raise RayClusterError(conflict)
+        else:
+            ray.init(
+                address=address or None,
+                namespace=NAMESPACE,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+            )
     return dict(ray.cluster_resources())
+
+
+def engine_runtime_env(settings: Settings) -> dict[str, Any] | None:
+    """The Ray ``runtime_env`` of the engine's Ray tasks and actors: ``{"image_uri": ...}``
+    with ``VLAB_ENGINE__IMAGE_URI`` (Ray runs them in that container image, with podman on
+    the node), else None (they run in the node's Ray worker environment)."""
+    image = settings.engine.image_uri
+    return {"image_uri": image} if image else None
+
+
+#: Fields Ray lets stand beside ``image_uri`` in one runtime_env
+#: (``ray/_private/runtime_env/image_uri.py``, ``ImageURIPlugin.get_compatible_keys``).
+_IMAGE_COMPATIBLE = frozenset({"image_uri", "config", "env_vars"})
+
+
+def image_conflict(settings: Settings, job_env: dict[str, Any] | None) -> str | None:
+    """Why the engine image cannot be used with what joining the cluster shipped, or None.
+
+    A task's ``runtime_env`` is merged into the job's (per field), and Ray refuses
+    ``image_uri`` together with ``py_modules`` or ``pip`` ("The 'image_uri' field
+    currently cannot be used together with other fields of runtime_env"): with an
+    image, vlab's code and requirements must be in the image.
+    """
+    if not settings.engine.image_uri or not job_env:
+        return None
+    extra = sorted(set(job_env) - _IMAGE_COMPATIBLE)
+    if not extra:
+        return None
+    return (
+        f"VLAB_ENGINE__IMAGE_URI={settings.engine.image_uri}: the cluster's nodes lack what "
+        f"vlab's Ray tasks need, which vlab would ship with Ray's runtime_env "
+        f"({', '.join(extra)}), and Ray cannot combine image_uri with those fields; install "
+        "vlab in the nodes' Python (an image built from deploy/) so nothing is shipped, or "
+        "unset VLAB_ENGINE__IMAGE_URI"
+    )
 
 
 def disconnect() -> None:
     """Leave the Ray cluster (stopping a local Ray this process started), if connected."""
+    forget_joined_cluster()
     if ray.is_initialized():
         ray.shutdown()
 
@@ -117,18 +173,25 @@ class RayRunBackend:
            raises :class:`LaunchRefused` for a shape the cluster can never hold (or the
            Ray executor without GPUs), :class:`NoCapacity` when it fits but the devices
            are busy;
-        2. reserve a placement group pinned to the chosen nodes (``node:<ip>``): on GPUs
+        2. check the engine environment of every chosen node before anything is placed
+           (:meth:`check_engine_envs`: each node's python from :meth:`engine_specs`, a
+           stat on the node): a node without it raises :class:`LaunchBlocked` with the
+           engine-environment report and the planned layout (``"planned": true``);
+        3. reserve a placement group pinned to the chosen nodes (``node:<ip>``): on GPUs
            with the ``mp`` executor one bundle per node holding all of that node's GPUs
            (its launcher actor asks for them all, so Ray sets ``CUDA_VISIBLE_DEVICES``);
            otherwise one-device bundles (CPU cores; with ``executor: "ray"`` vLLM's own
            Ray workers take one GPU bundle each); then read back where Ray put each
-           bundle: the recorded layout is what the run got;
-        3. on two or more nodes, probe every node in the engine environment
+           bundle: the recorded layout is what the run got, each node with its engine
+           python (``engine_python``, ``engine_python_source``);
+        4. on two or more nodes, probe every node in the engine environment
            (:func:`orchestrator.dispatch.ray.probe.probe_on_nodes`) and compare
            (:func:`orchestrator.cluster.parity.check_parity`): a blocking mismatch removes
            the group and raises :class:`LaunchBlocked` with the report;
-        4. start the supervisor on the rank-0 node, holding that node's GPUs (what
-           every node got is recorded in the runs' ``engine_info["gpu_assignment"]``).
+        5. start the supervisor on the rank-0 node, holding that node's GPUs (what
+           every node got is recorded in the runs' ``engine_info["gpu_assignment"]``),
+           in the engine's container image when ``VLAB_ENGINE__IMAGE_URI`` is set (the
+           supervisor's engine parts inherit its ``runtime_env``).
 
         Raises ``TimeoutError`` if the group is not ready within
         ``placement_timeout_s`` (the group is removed first).
@@ -147,6 +210,21 @@ class RayRunBackend:
         plan = plan_placement(nodes, tp, pp, devices=devices, exclusive=exclusive)
         if plan is None:
             raise NoCapacity(f"{tp}x{pp} on {devices} {self.resource} devices is busy")
+        try:  # a node that joined after start-up is checked before anything is placed
+            ensure_nodes_ready(
+                [n.node_id for n in plan.nodes], self.settings.orchestrator.node_setup_timeout_s
+            )
+        except RayClusterError as exc:
+            raise LaunchRefused(exc.detail) from exc
+        # the engine environment of every chosen node, before anything is placed
+        planned = [n.node_id for n in plan.nodes]
+        default_python = job.launch.engine_python
+        engines = self.engine_specs(planned, default=default_python)
+        shape = {"model": job.launch.model_dir, "tensor_parallel_size": tp}
+        shape["pipeline_parallel_size"] = pp
+        blocked = self.check_engine_envs(planned, engines, launch=shape)
+        if blocked is not None:
+            raise LaunchBlocked(blocked, self._planned_layout(plan, engines, executor))
         per_node = self.resource == "GPU" and executor == "mp"
         specs = plan.node_bundles(self.resource) if per_node else plan.bundles(self.resource)
         pg = placement_group(specs, strategy="PACK", name=f"vlab-pg-{run_id}")
@@ -161,6 +239,19 @@ class RayRunBackend:
             parts, doc = self._actual_layout(pg, plan, specs, gpus_per_bundle=per_node)
             doc["executor"] = executor
             doc["device_kind_source"] = self.resource_source
+            unchecked = [p.node_id for p in parts if p.node_id not in engines]
+            if unchecked:  # Ray put a bundle on another node than planned (shared IPs)
+                engines.update(self.engine_specs(unchecked, default=default_python))
+                ids = [p.node_id for p in parts]
+                blocked = self.check_engine_envs(ids, engines, launch=shape)
+                if blocked is not None:
+                    raise LaunchBlocked(blocked, doc)
+            parts = [
+                p.model_copy(update={"engine_python": engines[p.node_id]["python"]}) for p in parts
+            ]
+            _record_engines(doc, parts, engines)
+            launch = job.launch.model_copy(update={"engine_python": parts[0].engine_python})
+            job = job.model_copy(update={"launch": launch})
             parity: dict[str, Any] | None = None
             if len(parts) > 1:
                 parity = self.check_nodes(
@@ -171,6 +262,8 @@ class RayRunBackend:
                     pp=pp,
                     revision=job.launch.model_revision,
                     by_id=job.launch.resolve_model_on_node,
+                    env=job.launch.env,
+                    engine_python=default_python,
                 )
                 if parity.get("verdict") == "blocked":
                     raise LaunchBlocked(parity, doc)
@@ -178,6 +271,7 @@ class RayRunBackend:
                 job = job.model_copy(update={"launch": ray_executor_launch(job.launch, pg)})
             elif len(parts) > 1:
                 job = job.model_copy(update={"nodes": parts})
+            image = engine_runtime_env(self.settings)  # the engine parts inherit it
             actor = RunSupervisorActor.options(  # type: ignore[attr-defined]
                 name=actor_name(run_id),
                 namespace=NAMESPACE,
@@ -185,6 +279,7 @@ class RayRunBackend:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=pg, placement_group_bundle_index=parts[0].bundle_index
                 ),
+                **({"runtime_env": image} if image else {}),
             ).remote(job)
             ray.get(actor.start.remote(), timeout=120)
         except BaseException:
@@ -274,6 +369,92 @@ class RayRunBackend:
         }
         return parts, doc
 
+    def _planned_layout(
+        self, plan: Placement, engines: dict[str, dict[str, Any]], executor: str
+    ) -> dict[str, Any]:
+        """The layout of a launch blocked before its placement group: the planned nodes."""
+        doc: dict[str, Any] = {
+            "nodes": [
+                {
+                    "rank": n.rank,
+                    "node_id": n.node_id,
+                    "ip": n.ip,
+                    "devices": n.devices,
+                    "reserved": n.reserved,
+                    "stages": list(n.stages),
+                }
+                for n in plan.nodes
+            ],
+            "nnodes": plan.nnodes,
+            "planned": True,
+            "exclusive": plan.exclusive,
+            "policy": plan.policy,
+            "resource": self.resource,
+            "tensor_parallel_size": plan.tp,
+            "pipeline_parallel_size": plan.pp,
+            "executor": executor,
+            "device_kind_source": self.resource_source,
+        }
+        for node in doc["nodes"]:
+            spec = engines.get(node["node_id"]) or {}
+            node["engine_python"] = spec.get("python")
+            node["engine_python_source"] = spec.get("source")
+        doc["engine_env"] = _engine_summary(self.settings)
+        return doc
+
+    def engine_specs(
+        self, node_ids: list[str], default: str | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """Where the engine's python is on each node (from the settings; nothing is run).
+
+        ``default``: the python of nodes no ``VLAB_ENGINE__PYTHON_BY_NODE`` entry matches
+        (default: ``VLAB_ENGINE__PYTHON``, made absolute on this host unless it names the
+        python inside ``VLAB_ENGINE__IMAGE_URI``). A node is matched by its Ray IP
+        (``NodeManagerAddress``) and labels (``Labels``). Returns ``{node_id: {"kind":
+        "path" | "image", "python", "source", "image_uri"?}}`` in the order given.
+        """
+        engine = self.settings.engine
+        if default is None:
+            default = str(engine.python if engine.image_uri else Path(engine.python).absolute())
+        live = {str(n.get("NodeID")): n for n in ray.nodes() if n.get("Alive")}
+        specs: dict[str, dict[str, Any]] = {}
+        for node_id in dict.fromkeys(node_ids):
+            node = live.get(node_id) or {}
+            labels = node.get("Labels") or {}
+            python, source = engine.python_for_node(node.get("NodeManagerAddress"), labels, default)
+            spec: dict[str, Any] = {"kind": engine.kind, "python": python, "source": source}
+            if engine.image_uri:
+                spec["image_uri"] = engine.image_uri
+            specs[node_id] = spec
+        return specs
+
+    def check_engine_envs(
+        self,
+        node_ids: list[str],
+        engines: dict[str, dict[str, Any]] | None = None,
+        *,
+        launch: dict[str, Any] | None = None,
+    ) -> dict[str, Any] | None:
+        """Is the engine environment on every node of ``node_ids``? (Before anything is placed.)
+
+        One zero-CPU task per node (:func:`orchestrator.dispatch.ray.probe.engine_env_on_nodes`:
+        a stat of its python, in the engine's image when there is one). Returns None when
+        every node has it, else the parity report of the engine environments only
+        (``verdict`` ``"blocked"``, rule ``engine_env`` naming each node and its python,
+        ``stage`` ``"engine_env"``). Raises :class:`jobs.nodeprobe.ProbeError` when a node
+        does not answer.
+        """
+        engines = engines if engines is not None else self.engine_specs(node_ids)
+        answers = engine_env_on_nodes(
+            {n: engines[n] for n in node_ids},
+            timeout_s=self.settings.orchestrator.node_setup_timeout_s,
+            runtime_env=engine_runtime_env(self.settings),
+        )
+        fingerprints = [answers[n] for n in node_ids]
+        if not any(engine_env_problem(fp.get("engine_env")) for fp in fingerprints):
+            return None
+        return _engine_report(node_ids, fingerprints, launch or {})
+
     def digest_cache_path(self, node_id: str) -> str:
         """The model-file digest cache of one node (a file per node under the home)."""
         return str(self.settings.home.absolute() / f"model_digests-{node_id}.json")
@@ -288,11 +469,22 @@ class RayRunBackend:
         pp: int = 1,
         revision: str | None = None,
         by_id: bool = False,
+        env: dict[str, str] | None = None,
+        engine_python: str | None = None,
     ) -> dict[str, Any]:
         """Probe ``node_ids`` (default: every live node) and compare their environments.
 
         ``by_id``: ``model_dir`` is a Hugging Face id that every node resolves in its own
         HF cache at ``revision`` (the snapshot commits and file digests are compared).
+        ``env``: the launch's environment (``EngineLaunch.env``), which every node's engine
+        gets on top of its Ray worker environment (the probe runs with it). The
+        orchestrator's own environment is the launching side (``launch_env``): a
+        communication variable set there but not in some node's Ray workers never
+        reaches that node's engine, and blocks. Each node is probed with its own engine
+        python (:meth:`engine_specs`; ``engine_python``: the default one) and reports it
+        as ``engine_env``; when a node lacks it, the report compares the engine
+        environments only (:func:`_engine_report`: the other fields were not probed
+        there).
 
         Returns the :func:`orchestrator.cluster.parity.check_parity` report with the nodes
         in the given order, each named ``rank<i>:<hostname>`` and carrying the engine
@@ -304,13 +496,20 @@ class RayRunBackend:
         unknown = [i for i in ids if i not in live]
         if unknown:
             raise ValueError(f"no live Ray node {', '.join(unknown)}")
+        engines = self.engine_specs(ids, default=engine_python)
         fingerprints = probe_on_nodes(
             ids,
-            str(self.settings.engine.python),
+            {n: str(spec["python"]) for n, spec in engines.items()},
             model_dir,
             self.digest_cache_path("{node_id}"),
             revision=(revision or "main") if by_id else None,
+            env=env,
+            engine_envs=engines,
+            runtime_env=engine_runtime_env(self.settings),
         )
+        if any(engine_env_problem(fingerprints[n].get("engine_env")) for n in ids):
+            shape = {"model": model_dir, "tensor_parallel_size": tp, "pipeline_parallel_size": pp}
+            return _engine_report(ids, [fingerprints[n] for n in ids], shape)
         ordered = []
         for i, node_id in enumerate(ids):
             fp = dict(fingerprints[node_id])
@@ -318,10 +517,14 @@ class RayRunBackend:
             fp["engine_args"] = dict(engine_args)
             fp["launch_args"] = render_engine_args(engine_args)
             ordered.append(fp)
-        report = check_parity(
-            ordered,
-            {"model": model_dir, "tensor_parallel_size": tp, "pipeline_parallel_size": pp},
-        )
+        launch = {
+            "model": model_dir,
+            "tensor_parallel_size": tp,
+            "pipeline_parallel_size": pp,
+            "launch_env": launch_environment(),
+            "launch_env_source": f"the orchestrator's environment on {socket.gethostname()}",
+        }
+        report = check_parity(ordered, launch)
         report["node_ids"] = ids
         return report
 
@@ -383,3 +586,47 @@ class RayRunBackend:
         if active.pg is not None:
             with contextlib.suppress(RayError, ValueError):
                 remove_placement_group(active.pg)
+
+
+def _engine_summary(settings: Settings) -> dict[str, Any]:
+    """How the engine runs on the nodes: ``{"kind": "path" | "image", "image_uri"?}``."""
+    summary: dict[str, Any] = {"kind": settings.engine.kind}
+    if settings.engine.image_uri:
+        summary["image_uri"] = settings.engine.image_uri
+    return summary
+
+
+def _record_engines(
+    doc: dict[str, Any], parts: list[NodePart], engines: dict[str, dict[str, Any]]
+) -> None:
+    """Write each node's engine python (and the setting that chose it) into the layout."""
+    for node in doc.get("nodes") or []:
+        spec = engines.get(str(node.get("node_id"))) or {}
+        node["engine_python"] = spec.get("python")
+        node["engine_python_source"] = spec.get("source")
+    first = engines.get(parts[0].node_id) or {} if parts else {}
+    doc["engine_env"] = {k: first[k] for k in ("kind", "image_uri") if k in first}
+
+
+def _engine_report(
+    node_ids: list[str], fingerprints: list[dict[str, Any]], launch: dict[str, Any]
+) -> dict[str, Any]:
+    """The parity report of the engine environments alone (a node lacks its engine).
+
+    Each node is ``rank<i>:<hostname>`` as in :meth:`RayRunBackend.check_nodes`; only its
+    identity and ``engine_env`` are compared (:func:`orchestrator.cluster.engineenv.engine_only`).
+    """
+    nodes = []
+    for i, (node_id, fp) in enumerate(zip(node_ids, fingerprints, strict=True)):
+        doc = engine_only(fp)
+        doc["node"] = f"rank{i}:{fp.get('hostname') or fp.get('ip') or node_id[:12]}"
+        doc["node_id"] = node_id
+        nodes.append(doc)
+    report = check_parity(nodes, launch)
+    report["node_ids"] = list(node_ids)
+    report["stage"] = "engine_env"
+    report["note"] = (
+        "a node lacks the engine environment: the engine was not run and the other fields "
+        "(versions, devices, model files, environment variables) were not compared"
+    )
+    return report

@@ -67,12 +67,14 @@ def actor_name(run_id: str) -> str:
 def part_launch(
     launch: EngineLaunch, part: NodePart, nnodes: int, addr: str, port: int
 ) -> EngineLaunch:
-    """``launch`` for ``part`` of an ``nnodes``-node launch with rendezvous ``addr:port``."""
+    """``launch`` for ``part`` of an ``nnodes``-node launch with rendezvous ``addr:port``
+    (with the part's own engine python, when it has one)."""
     log_path = Path(launch.log_path)
     if part.rank > 0:
         log_path = log_path.with_name(f"{log_path.stem}-rank{part.rank}{log_path.suffix}")
     return launch.model_copy(
         update={
+            "engine_python": part.engine_python or launch.engine_python,
             "nnodes": nnodes,
             "node_rank": part.rank,
             "master_addr": addr,

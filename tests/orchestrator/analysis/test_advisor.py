@@ -88,7 +88,17 @@ def test_prefix_caching_without_effect_and_against_the_prediction() -> None:
     analysis = {**analysis, "predicted_hit_rate": 0.30}
     r["engine_info"] = {**r["engine_info"], "prefix_analysis": analysis}
     (f,) = run_findings(r, {**r["metrics"], "prefix_cache_hit_rate": 0.90})
+    # vLLM 0.32 books preempted requests' recomputed tokens apart (vllm-project/vllm#25787):
+    # no preemption explains the excess, so the advice is about the prompts and the reset
+    assert f.code == "hit_rate_above_prediction" and f.evidence["explanation"] == "not_preemption"
+    assert "reset" in f.action
+    # a version that counted recomputed tokens as hits (vllm-project/vllm#25780), with
+    # preemptions measured: the excess may be recompute, and the advice says so
+    old = {**r, "engine_info": {**r["engine_info"], "vllm_version": "0.10.1"}}
+    m = {**r["metrics"], "prefix_cache_hit_rate": 0.90, "num_preemptions_delta": 40.0}
+    (f,) = run_findings(old, m)
     assert f.code == "hit_rate_above_prediction" and "preempt" in f.action
+    assert f.evidence["explanation"] in ("preemption_recompute", "preemption_recompute_possible")
     assert run_findings(r, {**r["metrics"], "prefix_cache_hit_rate": 0.35}) == []
     # prefix caching off: no prefix findings at all
     off = _demo_runs()[0]

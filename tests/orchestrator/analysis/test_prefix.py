@@ -880,7 +880,11 @@ def test_note_date_the_template_writes(tiny_dir: Path, tmp_path: Path) -> None:
         ({"messages": "hello"}, '"messages" must be a list of message objects, not a string'),
         ({"messages": ["hello"]}, "messages[0] must be an object"),
         ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content must be a string"),
-        ({"prompt": 7}, '"prompt" must be a string, not an int'),
+        ({"prompt": 7}, '"prompt" must be a string, a list of token ids, or a batch'),
+        ({"prompt": [1, -2]}, "prompt[1] must be a token id (a whole number >= 0), not -2"),
+        ({"prompt": [1, "a"]}, '"prompt" mixes kinds'),
+        ({"prompt": []}, '"prompt" is an empty list'),
+        ({"prompt_token_ids": [True]}, "prompt_token_ids[0] must be a token id"),
         ({"prompt": "x", "messages": [{"role": "user", "content": "y"}]}, "has both"),
         ({"prompt": "x", "tools": TOOLS}, '"tools" needs "messages"'),
         ({"messages": [{"role": "user", "content": "y"}], "tools": "all"}, '"tools" must be'),
@@ -940,3 +944,18 @@ def test_template_and_tokenizer_failures_are_wrapped(tiny_dir: Path, tmp_path: P
 
     with pytest.raises(ValueError, match=r"^requests\[0\]: the tokenizer failed: encoder exploded"):
         analyze_prefix([{"prompt": "x"}], tiny_dir, tokenizer=Failing(load_tokenizer(tiny_dir)))
+
+
+def test_prompt_wins_over_prompt_token_ids_as_in_vllm() -> None:
+    """vLLM 0.32's CompletionRequest has no prompt_token_ids field: an extra field is
+    ignored with "The following fields were present in the request but ignored"
+    (vllm/entrypoints/serve/engine/protocol.py L73), so ``prompt`` is what is compared,
+    and the answer says the ids were not (issue #16 trial)."""
+    base = list(range(10, 60))
+    out = analyze_prefix(
+        [{"prompt": [*base, 9], "prompt_token_ids": [*base, 1]}, {"prompt": [*base, 9]}],
+        None,
+        block_size=16,
+    )
+    assert out.shared_prefix_tokens == len(base) + 1
+    assert any('"prompt_token_ids"' in n and "ignores it" in n for n in out.notes)

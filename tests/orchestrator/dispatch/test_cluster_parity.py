@@ -114,7 +114,9 @@ def test_environment_difference_blocks_with_a_per_node_report(cluster: dict[str,
     assert finding["severity"] == "blocking"
     first, odd = report["nodes"]
     assert finding["values"][odd] == "1" and finding["values"][first] is None
-    assert finding["odd_nodes"] == [odd]
+    # a communication setting set on one node only: the odd node is the one lacking it
+    assert finding["odd_nodes"] == [first] == finding["unset_on"]
+    assert {v["rule"]: v["verdict"] for v in finding["rules"]}["nccl_same"] == "blocking"
     assert "NCCL" in finding["rule"]
 
 

@@ -43,7 +43,7 @@ def setup(tmp_path: Path, server_url: str) -> Iterator[dict[str, Any]]:
     model = generate_model(tmp_path / "tiny", "tiny", seed=0)
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     with fresh_database(server_url) as url:
         upgrade_to_head(url)
         engine = create_engine(normalize_url(url))

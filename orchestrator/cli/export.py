@@ -1,0 +1,124 @@
+"""``vlab export``: an experiment's runs sent to systems outside the service.
+
+``vlab export mlflow <experiment id> --tracking-uri URI`` exports straight from the
+database (no running API needed) with
+:func:`orchestrator.integrations.mlflow_export.export_experiment`;
+unlike the API it takes any tracking URI MLflow takes (``http(s)://``, ``sqlite:///``,
+``databricks`` ...).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.cli.runtime import Runtime
+from orchestrator.core.db import unit_of_work
+from orchestrator.core.errors import VlabError
+from orchestrator.core.settings import get_settings
+from orchestrator.integrations.mlflow_export import ExportReport, export_experiment
+
+export_app = typer.Typer(
+    help="Export an experiment's runs to another system (MLflow).", no_args_is_help=True
+)
+console = Console() if sys.stdout.isatty() else Console(width=200, soft_wrap=True)
+
+
+@export_app.command("mlflow")
+def export_mlflow(
+    experiment_id: Annotated[str, typer.Argument(help="the vlab experiment id")],
+    tracking_uri: Annotated[
+        str | None,
+        typer.Option(
+            "--tracking-uri",
+            envvar="MLFLOW_TRACKING_URI",
+            help="MLflow tracking URI: http(s)://server, sqlite:///path.db, ... "
+            "(default $MLFLOW_TRACKING_URI, then VLAB_MLFLOW__TRACKING_URI)",
+        ),
+    ] = None,
+    experiment_name: Annotated[
+        str | None,
+        typer.Option(help="the MLflow experiment (default: the vlab experiment's name)"),
+    ] = None,
+    skip_failed: Annotated[
+        bool, typer.Option(help="leave out failed, cancelled and blocked runs")
+    ] = False,
+    replace: Annotated[
+        bool, typer.Option(help="delete the MLflow runs an earlier export made and export anew")
+    ] = False,
+    max_points: Annotated[
+        int | None,
+        typer.Option(min=1, help="at most this many time-series points per run (default: all)"),
+    ] = None,
+) -> None:
+    """Export an experiment's runs to MLflow: one MLflow run per run (params, summary
+    metrics, the /metrics time series as metric history, tags). Runs exported before are
+    left as they are (unless --replace)."""
+    settings = get_settings()
+    uri = (tracking_uri or settings.mlflow.tracking_uri or "").strip()
+    if not uri:
+        _fail("no tracking URI: give --tracking-uri (or set MLFLOW_TRACKING_URI)")
+    rt = Runtime(settings)
+    try:
+        rt.start_database()
+        with unit_of_work(rt.sessions) as session:
+            report = export_experiment(
+                session,
+                experiment_id,
+                uri,
+                experiment_name=experiment_name,
+                include_failed=not skip_failed,
+                replace=replace,
+                max_points=max_points,
+                connect_timeout_s=settings.mlflow.connect_timeout_s,
+                base_url=settings.api.public_url,
+            )
+    except VlabError as exc:
+        _fail(exc.detail)
+    finally:
+        rt.stop()
+    print_report(report)
+
+
+def _fail(message: str) -> NoReturn:
+    """One line on stderr, exit code 2 (as every other ``vlab`` command)."""
+    Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {message}", markup=True)
+    raise typer.Exit(2)
+
+
+def print_report(report: ExportReport) -> None:
+    """A table of what happened to each run, then one line of totals."""
+    table = Table(
+        "variant",
+        "repeat",
+        "status",
+        "action",
+        "MLflow run",
+        "params",
+        "metrics",
+        "points",
+        "unknown metrics",
+    )
+    for r in report.runs:
+        table.add_row(
+            r.variant,
+            str(r.repeat_index),
+            r.status,
+            r.action,
+            r.mlflow_run_id or "–",
+            str(r.params),
+            str(r.metrics),
+            str(r.series_points),
+            ", ".join(r.unknown_metrics) or "–",
+        )
+    console.print(table)
+    counts = ", ".join(f"{n} {action}" for action, n in sorted(report.counts().items()))
+    console.print(
+        f"MLflow experiment {report.mlflow_experiment_name!r} "
+        f"(id {report.mlflow_experiment_id}) at {report.tracking_uri}: {counts or 'no runs'}",
+        markup=False,
+    )
