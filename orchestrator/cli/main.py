@@ -13,6 +13,7 @@ import getpass
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -25,9 +26,13 @@ from typing import Annotated, Any
 import httpx
 import typer
 import yaml
+from pydantic import ValidationError
+from pydantic_settings import SettingsError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, OperationalError
 
 from jobs.modelgen import generate_model, model_digest
 from jobs.replay import ReplayFileError, load_jsonl
@@ -229,6 +234,52 @@ def _inline_replay_files(spec: dict[str, Any], base: Path) -> None:
             changes["workload.replay"] = load(changes.pop("workload.replay_file"))
 
 
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def settings_problem(exc: ValidationError | SettingsError) -> str:
+    """One line naming the environment variable of a setting that failed validation.
+
+    A pydantic ``loc`` ``("engine", "python_by_node")`` is ``VLAB_ENGINE__PYTHON_BY_NODE``;
+    pydantic-settings' :class:`SettingsError` (a value that is not JSON where JSON is
+    needed) names only the top-level field: the variable under it whose value is not
+    JSON is named when there is exactly one.
+    """
+    if isinstance(exc, ValidationError):
+        parts = []
+        for err in exc.errors():
+            loc = [str(x) for x in err.get("loc", ()) if not isinstance(x, int)]
+            name = "VLAB_" + "__".join(loc).upper() if loc else "VLAB_*"
+            parts.append(f"invalid setting {name}: {_one_line(str(err.get('msg', '')))}")
+        return "; ".join(parts) or _one_line(str(exc))
+    text = _one_line(str(exc))
+    match = re.search(r'field "([^"]+)"', text)
+    name = "VLAB_*"
+    if match:
+        prefix = "VLAB_" + match.group(1).upper()
+        found = [
+            k for k in os.environ if k.upper() == prefix or k.upper().startswith(prefix + "__")
+        ]
+        bad = []
+        for key in found:
+            try:
+                json.loads(os.environ[key])
+            except ValueError:
+                bad.append(key)
+        name = bad[0].upper() if len(bad) == 1 else prefix + ("__*" if found else "")
+    reason = text
+    if exc.__cause__ is not None:
+        reason = f"not valid JSON ({_one_line(str(exc.__cause__))})"
+    return f"invalid setting {name}: {reason}"
+
+
+def _is_settings_error(exc: BaseException) -> bool:
+    return isinstance(exc, SettingsError) or (
+        isinstance(exc, ValidationError) and exc.title == Settings.__name__
+    )
+
+
 def friendly(func: Callable[..., None]) -> Callable[..., None]:
     """Turn user-facing failures into one line on stderr and exit code 2 (no traceback)."""
 
@@ -236,10 +287,23 @@ def friendly(func: Callable[..., None]) -> Callable[..., None]:
     def wrapper(*args: Any, **kwargs: Any) -> None:
         try:
             func(*args, **kwargs)
-        except (CliError, ReportError, TimeoutError, RayClusterError) as exc:
+        except (
+            CliError,
+            ReportError,
+            TimeoutError,
+            RayClusterError,
+            ValidationError,
+            SettingsError,
+        ) as exc:
+            if isinstance(exc, ValidationError | SettingsError):
+                if not _is_settings_error(exc):
+                    raise
+                said = settings_problem(exc)
+            else:
+                said = str(exc)
             # one line, however narrow the terminal (or none): no hard wrapping
             Console(stderr=True, soft_wrap=True).print(
-                f"[red]error:[/red] {escape(str(exc))}", markup=True
+                f"[red]error:[/red] {escape(said)}", markup=True
             )
             raise typer.Exit(2) from None
 
@@ -304,9 +368,26 @@ def watch(experiment_id: str, api: ApiOpt = None) -> None:
     print_results(watch_exp(_api(api), experiment_id, console=console), console, _api(api))
 
 
+def _safe_url(url: str) -> str:
+    """The database URL without its password."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url.split("@")[-1]
+
+
 def _runtime(settings: Settings) -> Runtime:
     rt = Runtime(settings)
-    rt.start_database()
+    try:
+        rt.start_database()
+    except OperationalError as exc:
+        rt.stop()
+        reason = str(exc.orig) if exc.orig is not None else str(exc)
+        first = (reason.strip().splitlines() or [type(exc).__name__])[0]
+        url = settings.database_url or rt.url or "(embedded)"
+        raise CliError(
+            f"cannot reach the database at {_safe_url(url)}: {_one_line(first)}"
+        ) from None
     return rt
 
 
@@ -509,6 +590,7 @@ def orchestrate(
 
 
 @app.command()
+@friendly
 def migrate() -> None:
     """Run ``alembic upgrade head`` on the configured database."""
     _setup_logging()
@@ -518,6 +600,7 @@ def migrate() -> None:
 
 
 @app.command("engine-args")
+@friendly
 def engine_args(
     refresh: Annotated[bool, typer.Option(help="ask the engine again")] = False,
 ) -> None:
@@ -527,6 +610,7 @@ def engine_args(
 
 
 @models_app.command("generate")
+@friendly
 def model_generate(
     name: Annotated[str, typer.Argument(help="tiny or small")],
     dest: Annotated[Path | None, typer.Option(help="folder (default <home>/models/NAME)")] = None,

@@ -38,6 +38,8 @@ class SpecInvalidError(VlabError):
     status = 422
     code = "spec_invalid"
     title = "Invalid experiment spec"
+    #: What the problems are in, for the detail ("3 problem(s) in the experiment spec: ...").
+    subject = "the experiment spec"
 
     #: Most problems listed in one answer (a body can hold thousands of bad fields).
     MAX_LISTED = 200
@@ -53,7 +55,7 @@ class SpecInvalidError(VlabError):
             f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg', '')}" for e in errors[:5]
         )
         super().__init__(
-            detail or f"{len(errors)} problem(s) in the experiment spec: {summary}",
+            detail or f"{len(errors)} problem(s) in {self.subject}: {summary}",
             errors=errors,
         )
         self.errors = errors
@@ -182,6 +184,7 @@ class ExportRequestInvalidError(SpecInvalidError):
 
     code = "export_request_invalid"
     title = "Invalid export request"
+    subject = "the request"
 
 
 class MlflowNotInstalledError(VlabError):

@@ -308,6 +308,12 @@ class OrchestratorSettings(BaseModel):
         description="seconds a node may take to answer the start-up check, pip install "
         "of the shipped requirements included",
     )
+    ray_connect_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="seconds to resolve and reach the GCS of RAY_ADDRESS before joining "
+        "(an unreachable address fails at once instead of Ray retrying for minutes)",
+    )
 
 
 class Settings(BaseSettings):

@@ -355,22 +355,67 @@ def export_experiment(
             done = (
                 sum(1 for r in report.runs if r.action in ("created", "replaced")) if report else 0
             )
+            message = _failure_message(exc, tracking_uri)
+            # one line, no traceback: an expected failure (a wrong URI, a server that is no
+            # MLflow server) is the caller's to fix; the traceback only at DEBUG
             log.warning(
-                "MLflow export of %s to %s failed",
+                "MLflow export of %s to %s failed: %s",
                 experiment_id,
                 redact_uri(tracking_uri),
-                exc_info=True,
+                message,
             )
-            # MLflow quotes the body of an answer that is no MLflow error ("... Response body:
-            # '<html>...'"): not echoed, so the API cannot be used to read other servers' pages
-            message = " ".join(str(exc).split()).split(" Response body:")[0][:500]
+            log.debug("MLflow export failure", exc_info=True)
             raise MlflowExportError(
                 f"the MLflow export to {redact_uri(tracking_uri)} failed after {done} run(s): "
-                f"{message or type(exc).__name__}",
+                f"{message}",
                 runs_done=done,
             ) from exc
     assert report is not None
     return report
+
+
+_HTTP_STATUS = re.compile(r"failed with error code (\d{3})")
+
+
+def _is_mlflow_error_code(code: object) -> bool:
+    """``code`` is one of MLflow's error codes (``RESOURCE_DOES_NOT_EXIST`` ...)."""
+    if not isinstance(code, str):
+        return False
+    try:
+        # deferred: mlflow is heavy and optional (the `mlflow` extra); only after an export failed
+        from mlflow.protos.databricks_pb2 import ErrorCode
+
+        ErrorCode.Value(code)
+    except (ImportError, ValueError):
+        return False
+    return True
+
+
+def _failure_message(exc: Exception, uri: str) -> str:
+    """What the caller is told of an MLflow failure: never the body or headers of the
+    remote answer (the API must not be a way to read other services' pages).
+
+    An MLflow error (``{"error_code": "RESOURCE_DOES_NOT_EXIST", "message": ...}``) keeps
+    MLflow's message; any other answer is described by its HTTP status alone.
+    """
+    answer = getattr(exc, "json", None)  # mlflow.exceptions.RestException: a JSON answer
+    if isinstance(answer, dict):
+        code = answer.get("error_code")
+        if _is_mlflow_error_code(code) and isinstance(answer.get("message"), str):
+            return " ".join(f"{code}: {answer['message']}".split())[:500]
+        return (
+            f"the tracking server at {redact_uri(uri)} answered an MLflow request with an "
+            "error that is not an MLflow error: is it an MLflow tracking server?"
+        )
+    text = " ".join(str(exc).split())
+    if " Response body:" in text:  # MLflow quotes the answer that is not JSON, or not MLflow's
+        status = _HTTP_STATUS.search(text)
+        answered = f"HTTP {status.group(1)}" if status else "something that is not MLflow's JSON"
+        return (
+            f"the tracking server at {redact_uri(uri)} answered {answered} to an MLflow "
+            "request: is it an MLflow tracking server?"
+        )
+    return text[:500] or type(exc).__name__
 
 
 def _ensure_experiment(ml: _Mlflow, client: Any, name: str) -> str:

@@ -4,11 +4,15 @@ problem+json with a stable code."""
 
 from __future__ import annotations
 
+import http.server
+import json
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -109,6 +113,65 @@ def test_refusals_are_problems_with_stable_codes(
     resp = client.post(url, json={"tracking_uri": "http://127.0.0.1:9"})
     assert resp.status_code == 501
     assert resp.json()["code"] == "mlflow_not_installed"
+
+
+MARKER = "vlab-secret-marker-7f3a"
+
+
+class _NotMlflow(http.server.BaseHTTPRequestHandler):
+    """Any http service: a JSON problem (or an HTML page) quoting a secret, to every request."""
+
+    def _answer(self) -> None:
+        if "html" in self.path or self.server.html:  # type: ignore[attr-defined]
+            body, kind = f"<html>{MARKER}</html>".encode(), "text/html"
+        else:
+            problem = {"type": "about:blank", "instance": self.path, "x": MARKER}
+            body, kind = json.dumps(problem).encode(), "application/problem+json"
+        self.send_response(404)
+        self.send_header("Content-Type", kind)
+        self.send_header("X-Secret", MARKER)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize("html", [False, True])
+def test_a_server_that_is_no_mlflow_server_is_not_quoted(
+    client: TestClient, demo_id: str, html: bool
+) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotMlflow)
+    server.html = html  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        uri = f"http://127.0.0.1:{server.server_address[1]}"
+        resp = client.post(
+            f"/api/v1/experiments/{demo_id}/export/mlflow", json={"tracking_uri": uri}
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert resp.status_code == 502, resp.text
+    assert resp.json()["code"] == "mlflow_error"
+    assert MARKER not in resp.text and "/api/2.0/mlflow" not in resp.text
+    assert MARKER not in str(resp.headers)
+    assert "is it an MLflow tracking server?" in resp.json()["detail"]
+    if html:
+        assert "HTTP 404" in resp.json()["detail"]
+
+
+def test_a_bad_request_body_is_not_called_a_spec(client: TestClient, demo_id: str) -> None:
+    resp = client.post(
+        f"/api/v1/experiments/{demo_id}/export/mlflow", json={"tracking_uri": "ftp://x/y"}
+    )
+    assert resp.status_code == 422, resp.text
+    detail = resp.json()["detail"]
+    assert detail.startswith("1 problem(s) in the request: body.tracking_uri"), detail
+    assert "spec" not in detail
 
 
 def test_openapi_declares_the_export_answers(client: TestClient) -> None:

@@ -363,8 +363,11 @@ def test_stub_capacity_mode_queues_fifo_and_reports_waiting(rate_stub: StubServe
     stop.set()
     watcher.join()
     ttfts = sorted(r.ttft_s or 0.0 for r in records)
-    # 8 served at once (TTFT ~100 ms), the next 8 wait one service time (400 ms) first
-    assert all(0.1 <= t < 0.3 for t in ttfts[:8]) and all(0.5 <= t < 0.7 for t in ttfts[8:])
+    # 8 served at once (TTFT ~100 ms), the next 8 wait one service time (400 ms) first;
+    # the upper bounds leave room for a loaded 2-core machine's timer jitter, the lower
+    # ones are the behaviour (nobody queued starts before a slot frees)
+    assert all(0.1 <= t < 0.45 for t in ttfts[:8]), ttfts
+    assert all(0.5 <= t < 1.0 for t in ttfts[8:]), ttfts
     assert max(seen) >= 1 and rate_stub.stats()["slots"] == 8
 
 

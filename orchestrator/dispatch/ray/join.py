@@ -46,6 +46,8 @@ import importlib.metadata
 import logging
 import os
 import platform
+import socket
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +69,7 @@ __all__ = [
     "WORKER_REQUIREMENTS",
     "JoinReport",
     "auth_problem",
+    "check_gcs_reachable",
     "ensure_nodes_ready",
     "forget",
     "init_ray",
@@ -249,12 +252,90 @@ def auth_problem(exc: BaseException, address: str) -> str | None:
     )
 
 
-def init_ray(address: str, runtime_env: dict[str, Any] | None = None) -> None:
+#: Seconds to reach the GCS of ``RAY_ADDRESS`` before ``ray.init`` (which retries an
+#: unreachable GCS for a long time, printing warnings).
+GCS_CONNECT_TIMEOUT_S = 5.0
+
+
+def _gcs_host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a GCS address ``host:port`` / ``[v6]:port``; None otherwise
+    (``auto``, ``local``, no port: left to Ray)."""
+    text = address.strip()
+    if not text or text.lower() in ("auto", "local") or "://" in text:
+        return None
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep or ":" in host:
+            return None
+    try:
+        port = int(port_text)
+    except ValueError:
+        return None
+    return (host, port) if host and 0 < port < 65536 else None
+
+
+def check_gcs_reachable(address: str, timeout_s: float = GCS_CONNECT_TIMEOUT_S) -> None:
+    """Resolve and TCP-connect to the GCS that ``address`` names, within ``timeout_s``.
+
+    Raises :class:`RayClusterError` (``cannot join the Ray cluster at HOST:PORT
+    (RAY_ADDRESS): connection refused | name does not resolve | timed out``). No-op
+    for ``auto``, ``local`` and addresses without a port.
+    """
+    target = _gcs_host_port(address)
+    if target is None:
+        return
+    host, port = target
+    where = f"cannot join the Ray cluster at {address.strip()} (RAY_ADDRESS)"
+    # getaddrinfo has no timeout of its own: resolve in a daemon thread, bounded
+    result: dict[str, Any] = {}
+
+    def resolve() -> None:
+        try:
+            result["addrs"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            result["error"] = exc
+
+    resolver = threading.Thread(target=resolve, name="vlab-gcs-resolve", daemon=True)
+    resolver.start()
+    resolver.join(timeout_s)
+    if resolver.is_alive():
+        raise RayClusterError(f"{where}: timed out resolving {host} after {timeout_s:g} s")
+    if "error" in result or not result.get("addrs"):
+        raise RayClusterError(f"{where}: name does not resolve ({host})")
+    last = "connection refused"
+    for family, kind, proto, _, sockaddr in result["addrs"]:
+        sock = socket.socket(family, kind, proto)
+        sock.settimeout(timeout_s)
+        try:
+            sock.connect(sockaddr)
+            return
+        except ConnectionRefusedError:
+            last = "connection refused"
+        except TimeoutError:
+            last = f"timed out after {timeout_s:g} s"
+        except OSError as exc:
+            last = exc.strerror or type(exc).__name__
+        finally:
+            sock.close()
+    raise RayClusterError(f"{where}: {last}")
+
+
+def init_ray(
+    address: str,
+    runtime_env: dict[str, Any] | None = None,
+    connect_timeout_s: float = GCS_CONNECT_TIMEOUT_S,
+) -> None:
     """``ray.init`` on an existing cluster; Ray's connection failures become one line.
 
-    Raises :class:`RayClusterError` (authentication: :func:`auth_problem`; anything
-    else Ray raises while connecting: its first line).
+    The GCS is reached first (:func:`check_gcs_reachable`, ``connect_timeout_s``): an
+    address nothing answers on fails at once instead of Ray's long retries. Raises
+    :class:`RayClusterError` (unreachable; authentication: :func:`auth_problem`;
+    anything else Ray raises while connecting: its first line).
     """
+    check_gcs_reachable(address, connect_timeout_s)
     try:
         ray.init(
             address=address,
@@ -458,7 +539,8 @@ def join_cluster(settings: Settings) -> JoinReport:
     refuse_ray_client(address)
     mode = settings.orchestrator.ship_to_nodes
     timeout_s = settings.orchestrator.node_setup_timeout_s
-    init_ray(address)
+    connect_s = settings.orchestrator.ray_connect_timeout_s
+    init_ray(address, connect_timeout_s=connect_s)
     try:
         local = local_environment()
         nodes = _live_nodes()
@@ -495,7 +577,7 @@ def join_cluster(settings: Settings) -> JoinReport:
                 runtime_env,
             )
             ray.shutdown()
-            init_ray(address, runtime_env)
+            init_ray(address, runtime_env, connect_timeout_s=connect_s)
             nodes = _live_nodes()
             answers = _ask_nodes(nodes, modules, timeout_s)
             still, _ = _problems(nodes, answers, local)

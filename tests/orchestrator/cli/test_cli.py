@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from typer.testing import CliRunner
 
@@ -93,3 +94,57 @@ def test_long_errors_stay_on_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 2
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+
+
+def _settings_error_case(monkeypatch: Any, env: dict[str, str], args: list[str]) -> Any:
+    from orchestrator.core.settings import get_settings
+
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    get_settings.cache_clear()
+    try:
+        return CliRunner().invoke(app, args)
+    finally:
+        get_settings.cache_clear()
+
+
+def test_invalid_settings_are_one_line_errors(monkeypatch: Any) -> None:
+    cases = [
+        (
+            {"VLAB_ENGINE__PYTHON_BY_NODE": '{"192.0.2.2": "relative/bin/python"}'},
+            "error: invalid setting VLAB_ENGINE__PYTHON_BY_NODE: ",
+            "is not an absolute path",
+        ),
+        (
+            {"VLAB_ENGINE__PYTHON_BY_NODE": "not json"},
+            "error: invalid setting VLAB_ENGINE__PYTHON_BY_NODE: ",
+            "not valid JSON",
+        ),
+        ({"VLAB_API__PORT": "abc"}, "error: invalid setting VLAB_API__PORT: ", "valid integer"),
+    ]
+    for env, start, part in cases:
+        with monkeypatch.context() as m:
+            result = _settings_error_case(m, env, ["up"])
+        out = result.output.strip()
+        assert result.exit_code == 2, out
+        assert "Traceback" not in out
+        assert len(out.splitlines()) == 1, out
+        assert out.startswith(start) and part in out, out
+
+
+def test_unreachable_database_is_one_line_error(monkeypatch: Any) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"postgresql://postgres:secret@127.0.0.1:{port}/x"
+    result = _settings_error_case(monkeypatch, {"DATABASE_URL": url}, ["serve"])
+    out = result.output.strip()
+    assert result.exit_code == 2, out
+    assert "Traceback" not in out and "secret" not in out
+    assert len(out.splitlines()) == 1, out
+    assert out.startswith(
+        f"error: cannot reach the database at postgresql://postgres:***@127.0.0.1:{port}/x: "
+    )
+    assert "refused" in out.lower()

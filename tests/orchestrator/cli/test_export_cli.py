@@ -82,3 +82,18 @@ def test_cli_errors_are_one_line(cli_env: None, tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "no experiment no-such-id" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("uri", ["file:///tmp/x", "not a uri", "ftp://x/y"])
+def test_cli_refuses_a_uri_mlflow_cannot_take_in_one_line(
+    cli_env: None, uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    result = CliRunner().invoke(app, ["export", "mlflow", "some-id", "--tracking-uri", uri])
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+    assert "sqlite:///" in lines[0]
+    if uri.startswith("file:"):
+        assert "MLFLOW_ALLOW_FILE_STORE=true" in lines[0]

@@ -334,3 +334,43 @@ def test_joined_cluster_state_is_dropped_on_forget() -> None:
     join.forget()
     assert join._joined is None
     join.ensure_nodes_ready(["n2"], 1)  # local Ray: nothing to check
+
+
+def _no_ray_init(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(*_a: Any, **_k: Any) -> None:
+        pytest.fail("ray.init called for an unreachable RAY_ADDRESS")
+
+    monkeypatch.setattr(join.ray, "init", fail)
+
+
+def test_unreachable_gcs_is_refused_before_ray_init(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    _no_ray_init(monkeypatch)
+    with socket.socket() as s:  # a port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(RayClusterError) as caught:
+        join.init_ray(f"127.0.0.1:{port}", connect_timeout_s=3)
+    text = str(caught.value)
+    assert text == (
+        f"cannot join the Ray cluster at 127.0.0.1:{port} (RAY_ADDRESS): connection refused"
+    )
+    assert "\n" not in text
+
+
+def test_unresolvable_gcs_host_is_refused_before_ray_init(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _no_ray_init(monkeypatch)
+    with pytest.raises(RayClusterError) as caught:
+        join.init_ray("nosuchhost.invalid:6379", connect_timeout_s=3)
+    text = str(caught.value)
+    assert text.startswith("cannot join the Ray cluster at nosuchhost.invalid:6379 (RAY_ADDRESS): ")
+    assert "name does not resolve" in text or "timed out" in text
+    assert "\n" not in text
+
+
+@pytest.mark.parametrize("address", ["auto", "local", "", "ray://h:10001", "hostonly"])
+def test_gcs_check_skips_addresses_without_host_and_port(address: str) -> None:
+    join.check_gcs_reachable(address, 0.5)  # nothing to check: no error, no network

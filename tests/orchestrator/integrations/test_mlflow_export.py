@@ -334,7 +334,7 @@ def test_a_server_that_is_no_mlflow_is_a_502_without_its_page(
     exp = make_experiment(db_session, n_runs=1)
     with pytest.raises(MlflowExportError) as caught:
         export_experiment(db_session, exp.id, not_mlflow)
-    assert "error code 404" in caught.value.detail
+    assert "answered HTTP 404 to an MLflow request" in caught.value.detail
     assert "do-not-echo" not in caught.value.detail
     assert caught.value.extra == {"runs_done": 0}
 
