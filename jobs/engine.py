@@ -36,6 +36,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -94,6 +95,10 @@ _DROPPED_ENV = (
 _PR_SET_PDEATHSIG = 1
 #: Seconds :meth:`EngineServer.stop` waits after SIGTERM for an engine that already died.
 DEAD_ENGINE_GRACE_S = 1.0
+#: restarts of a server whose picked port another process bound first (see
+#: ``EngineServer._port_taken``); uvicorn/asyncio say "[Errno 98] ... address already in use"
+PORT_RETRIES = 2
+_ADDRESS_IN_USE = re.compile(r"\[Errno 98\]|address already in use", re.IGNORECASE)
 
 
 class EngineError(Exception):
@@ -334,6 +339,9 @@ class EngineServer:
         self.watched: dict[int, tuple[int | None, str]] = {}
         #: size of the log when the server became healthy (later error lines are the run's)
         self._healthy_log_size = 0
+        #: restarts because a picked port was taken before the engine bound it
+        self.port_retries = 0
+        self._attempt_log_size = 0
 
     # -- properties ---------------------------------------------------------------
 
@@ -391,7 +399,8 @@ class EngineServer:
             env = engine_env(self.launch)
             env[OWNER_PID_ENV] = str(os.getpid())
             env[OWNER_START_ENV] = str(process_start_time(os.getpid()) or "")
-            with self.log_path.open("wb") as log:
+            # a restart on a new port keeps the first attempt's log above its own
+            with self.log_path.open("ab" if self.port_retries else "wb") as log:
                 log.write(f"# vlab: {' '.join(self.command)}\n".encode())
                 log.flush()
                 try:
@@ -429,6 +438,10 @@ class EngineServer:
         with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0), trust_env=False) as client:
             while True:
                 code = self._proc.poll()
+                if code is not None and self._port_taken():
+                    self._restart_on_new_port()
+                    deadline = time.monotonic() + timeout
+                    continue
                 if code is not None:
                     raise EngineStartError(
                         f"engine exited with code {code} before becoming healthy "
@@ -454,6 +467,34 @@ class EngineServer:
                     cancel.wait(0.5)
                 else:
                     time.sleep(0.5)
+
+    def _port_taken(self) -> bool:
+        """Whether the exited server lost the port :meth:`start` picked for it.
+
+        :func:`find_free_port` can only say a port *was* free: between that and the
+        server's own bind (vLLM imports for seconds first) another process, such as a
+        Ray worker's gRPC server, may take it. Only a picked port (``launch.port == 0``)
+        is retried, at most :data:`PORT_RETRIES` times; a port the user gave fails.
+        """
+        if self.launch.port != 0 or self.port_retries >= PORT_RETRIES:
+            return False
+        return bool(_ADDRESS_IN_USE.search(_read_tail(self.log_path, since=self._attempt_log_size)))
+
+    def _restart_on_new_port(self) -> None:
+        old = self.port
+        self.stop()
+        with self._lock:
+            self._proc, self._pgid = None, None
+            self.port_retries += 1
+            self.port = 0
+        with self.log_path.open("ab") as log:
+            log.write(
+                f"# vlab: port {old} was taken before the engine bound it (address already "
+                f"in use); starting again on a new port (retry {self.port_retries} of "
+                f"{PORT_RETRIES})\n".encode()
+            )
+        self._attempt_log_size = self.log_path.stat().st_size
+        self.start()
 
     def watch_members(self) -> dict[int, tuple[int | None, str]]:
         """Note the group's processes now (called once healthy); :meth:`death` watches them.

@@ -377,6 +377,11 @@ class _Batch:
         self.server_info["pgid"] = server.pgid
         self.report(first, "waiting_health", f"waiting for {server.base_url}/health")
         self.startup_s = server.wait_healthy(self.cancel, self.job.launch.startup_timeout_s)
+        if server.port_retries:  # restarted on a new port: the first pick was taken
+            self.server_info.update(
+                command=list(server.command), port=server.port, pgid=server.pgid
+            )
+            self.server_info["port_retries"] = server.port_retries
         first.timings["startup_s"] = self.startup_s
         first.engine_info["startup_s"] = self.startup_s
 

@@ -569,7 +569,7 @@ class StubServer:
             seed=self.seed,
             **self._cache_options(),
         )
-        self._sock = _listen(self.host, self.port)
+        self._sock = listen_socket(self.host, self.port)
         self._server = uvicorn.Server(_uvicorn_config(self._app))
         self._thread = threading.Thread(
             target=self._server.run,
@@ -703,7 +703,7 @@ def _url(host: str, port: int) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def listen_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket (connections queue in its backlog until uvicorn accepts)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -726,11 +726,13 @@ def _uvicorn_config(app: _StubApp) -> uvicorn.Config:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, sock: socket.socket | None = None) -> None:
     """``python -m jobs.stubserver``: serve in the foreground until SIGINT/SIGTERM.
 
     Prints ``stubserver listening on http://HOST:PORT`` on stdout once it accepts
-    connections (``--port 0`` picks a free port).
+    connections (``--port 0`` picks a free port). ``sock``: a socket already bound and
+    listening (see :func:`listen_socket`), as vLLM's API server binds its port before
+    it starts the engine; ``--host``/``--port`` are then ignored.
     """
     ap = argparse.ArgumentParser(
         prog="python -m jobs.stubserver", description=__doc__.splitlines()[0]
@@ -780,7 +782,8 @@ def main(argv: list[str] | None = None) -> None:
         report_cached_tokens=not args.no_cached_tokens,
         block_size=args.block_size,
     )
-    sock = _listen(args.host, args.port)
+    if sock is None:
+        sock = listen_socket(args.host, args.port)
     print(_READY_PREFIX + _url(args.host, sock.getsockname()[1]), flush=True)
     server = uvicorn.Server(_uvicorn_config(app))
     try:

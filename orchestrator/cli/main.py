@@ -17,6 +17,8 @@ import re
 import signal
 import sys
 import threading
+import types
+import typing
 import warnings
 from collections.abc import Callable
 from datetime import timedelta
@@ -26,7 +28,7 @@ from typing import Annotated, Any
 import httpx
 import typer
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic_settings import SettingsError
 from rich.console import Console
 from rich.markup import escape
@@ -238,6 +240,31 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def _takes_json(path: list[str]) -> bool:
+    """Whether pydantic-settings decodes the setting at ``path`` (field names) as JSON.
+
+    Only complex fields (a dict, a list, a nested model given whole) are decoded; walking
+    the :class:`Settings` fields keeps a plain setting beside it (``VLAB_ENGINE__PYTHON``,
+    a path) from being taken for the value that failed.
+    """
+    model: Any = Settings
+    annotation: Any = None
+    for name in path:
+        fields = getattr(model, "model_fields", None)
+        if not fields or name not in fields:
+            return False
+        annotation = fields[name].annotation
+        model = annotation
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        annotation = args[0] if len(args) == 1 else annotation
+        origin = typing.get_origin(annotation)
+    if origin in (dict, list, set, tuple, frozenset):
+        return True
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
 def settings_problem(exc: ValidationError | SettingsError) -> str:
     """One line naming the environment variable of a setting that failed validation.
 
@@ -263,6 +290,8 @@ def settings_problem(exc: ValidationError | SettingsError) -> str:
         ]
         bad = []
         for key in found:
+            if not _takes_json(key[len("VLAB_") :].lower().split("__")):
+                continue  # a plain str/int/path setting is never decoded as JSON
             try:
                 json.loads(os.environ[key])
             except ValueError:

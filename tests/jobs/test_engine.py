@@ -388,3 +388,76 @@ def test_death_names_the_process_of_the_group_that_went(tmp_path: Path) -> None:
     finally:
         server.stop(timeout_s=5)
     assert group_members(server.pgid) == []
+
+
+# --------------------------------------------------------------------------- port race
+
+STUB_ENGINE_PYTHON = """#!{python}
+# fake engine python: serves the stub server on the --port of the launcher's command line
+import sys
+sys.path.insert(0, {repo!r})
+argv = sys.argv[1:]
+port = argv[argv.index("--port") + 1]
+from jobs.stubserver import main
+main(["--host", "127.0.0.1", "--port", port, "--ttft-ms", "1", "--itl-ms", "1"])
+"""
+
+
+def _stub_engine(tmp_path: Path) -> str:
+    path = tmp_path / "stub_engine_python"
+    repo = str(Path(__file__).resolve().parents[2])
+    path.write_text(STUB_ENGINE_PYTHON.format(python=sys.executable, repo=repo))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def test_a_picked_port_taken_before_the_engine_binds_it_is_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """find_free_port can only say a port *was* free; another process (a Ray worker's gRPC
+    server, seen in CI with the simulated Ray executor) may bind it before the engine
+    does. The engine exits with "[Errno 98] Address already in use": start again on a
+    new port instead of failing the run."""
+    import socket
+
+    import jobs.engine as engine_mod
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen(1)
+    taken = squatter.getsockname()[1]
+    real_pick = engine_mod.find_free_port
+    picks = iter([taken])
+    monkeypatch.setattr(
+        engine_mod, "find_free_port", lambda host: next(picks, None) or real_pick(host)
+    )
+    try:
+        with EngineServer(_launch(tmp_path, _stub_engine(tmp_path), port=0)) as server:
+            assert server.port == taken
+            server.wait_healthy(timeout_s=60)
+            assert server.port != taken and server.port_retries == 1
+            assert server.command[server.command.index("--port") + 1] == str(server.port)
+            log = server.log_text()
+            # both attempts are in the log, the first one's error above the note
+            assert "Address already in use" in log
+            assert f"port {taken} was taken before the engine bound it" in log
+            assert log.index("Address already in use") < log.index("was taken before")
+    finally:
+        squatter.close()
+
+
+def test_a_port_the_user_gave_is_not_retried(tmp_path: Path) -> None:
+    import socket
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen(1)
+    taken = squatter.getsockname()[1]
+    try:
+        with EngineServer(_launch(tmp_path, _stub_engine(tmp_path), port=taken)) as server:
+            with pytest.raises(EngineStartError) as info:
+                server.wait_healthy(timeout_s=60)
+            assert server.port_retries == 0
+            assert any("Address already in use" in ln for ln in info.value.log_lines)
+    finally:
+        squatter.close()

@@ -173,6 +173,15 @@ def serve(argv: list[str]) -> None:
     backend = _opt(argv, "--distributed-executor-backend", "mp")
     node = os.environ.get(NODE_ENV, "?")
     _say(f"INFO {time.strftime('%m-%d %H:%M:%S')} [sim engine] SIMULATED vLLM, node {node}")
+    from jobs.stubserver import listen_socket
+    from jobs.stubserver import main as stub_main
+
+    host = _opt(argv, "--host", "127.0.0.1") or "127.0.0.1"
+    # vLLM's API server binds its port before it builds the engine (``setup_server`` in
+    # vllm/entrypoints/openai/api_server.py), so the Ray executor's workers cannot take it
+    sock = (
+        None if "--headless" in argv else listen_socket(host, int(_opt(argv, "--port", "0") or 0))
+    )
     if backend == "ray":
         devices = _ray_executor(tp * pp)
         _say(f"INFO [sim engine] Ray executor workers' CUDA_VISIBLE_DEVICES: {devices}")
@@ -194,16 +203,12 @@ def serve(argv: list[str]) -> None:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         while True:
             time.sleep(1)
-    from jobs.stubserver import main as stub_main
-
-    args = ["--host", _opt(argv, "--host", "127.0.0.1") or "127.0.0.1"]
-    args += ["--port", _opt(argv, "--port", "0") or "0"]
-    args += ["--model", _opt(argv, "--served-model-name", "model") or "model"]
+    args = ["--host", host, "--model", _opt(argv, "--served-model-name", "model") or "model"]
     args += ["--ttft-ms", "20", "--itl-ms", "5"]
     with contextlib.ExitStack() as stack:
         for handle in held:
             stack.callback(handle.close)
-        stub_main(args)
+        stub_main(args, sock=sock)
 
 
 def main(argv: list[str]) -> None:

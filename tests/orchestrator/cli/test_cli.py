@@ -120,6 +120,13 @@ def test_invalid_settings_are_one_line_errors(monkeypatch: Any) -> None:
             "error: invalid setting VLAB_ENGINE__PYTHON_BY_NODE: ",
             "not valid JSON",
         ),
+        (
+            # `make test` exports VLAB_ENGINE__PYTHON (a path, never JSON-decoded): the
+            # one-line error still names the dict setting whose value is not JSON
+            {"VLAB_ENGINE__PYTHON": "/opt/engine/bin/python", "VLAB_ENGINE__PYTHON_BY_NODE": "{"},
+            "error: invalid setting VLAB_ENGINE__PYTHON_BY_NODE: ",
+            "not valid JSON",
+        ),
         ({"VLAB_API__PORT": "abc"}, "error: invalid setting VLAB_API__PORT: ", "valid integer"),
     ]
     for env, start, part in cases:
