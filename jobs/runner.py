@@ -373,15 +373,10 @@ class _Batch:
         first.engine_info["server_reused"] = False
         self.report(first, "starting", "launching vLLM")
         server.start()
-        self.server_info = {"command": list(server.command), "port": server.port}
-        self.server_info["pgid"] = server.pgid
+        self.server_info = server.info()
         self.report(first, "waiting_health", f"waiting for {server.base_url}/health")
         self.startup_s = server.wait_healthy(self.cancel, self.job.launch.startup_timeout_s)
-        if server.port_retries:  # restarted on a new port: the first pick was taken
-            self.server_info.update(
-                command=list(server.command), port=server.port, pgid=server.pgid
-            )
-            self.server_info["port_retries"] = server.port_retries
+        self.server_info.update(server.info())  # a retry on a new port changes them
         first.timings["startup_s"] = self.startup_s
         first.engine_info["startup_s"] = self.startup_s
 

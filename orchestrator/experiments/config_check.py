@@ -1,7 +1,7 @@
 """Back-pressure on submissions, and vLLM's configuration check kept warm.
 
 A submission's expensive part is asking vLLM how it would resolve each engine
-configuration (:func:`jobs.engine.resolve_engine_configs`: a process of the engine
+configuration (:func:`jobs.engine_queries.resolve_engine_configs`: a process of the engine
 environment, ~400-600 MB, 6-80 s, nearly all of it vLLM's import). Two things keep
 a burst of submissions from taking the service down:
 
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-import jobs.engine
+import jobs.engine_queries
 from jobs.engine import EngineError, engine_env
 from jobs.schemas import EngineLaunch
 from orchestrator.core.errors import EngineUnavailableError, VlabError
@@ -62,7 +62,7 @@ if TYPE_CHECKING:  # models imports this module (for the gate and the memo)
 log = logging.getLogger(__name__)
 
 RESOLVE_SERVER = Path(__file__).resolve().parents[2] / "jobs" / "resolve_server.py"
-#: Seconds a configuration check may take (as :func:`jobs.engine.resolve_engine_configs`).
+#: Seconds a configuration check may take (as :func:`jobs.engine_queries.resolve_engine_configs`).
 RESOLVE_TIMEOUT_S = 300.0
 
 
@@ -306,7 +306,7 @@ class WarmResolver:
     def resolve(
         self, model_dir: str, configs: list[dict[str, Any]], timeout_s: float = RESOLVE_TIMEOUT_S
     ) -> dict[str, Any]:
-        """``{"vllm_version", "results"}`` as :func:`jobs.engine.resolve_engine_configs`.
+        """``{"vllm_version", "results"}`` as :func:`jobs.engine_queries.resolve_engine_configs`.
 
         Raises :class:`WarmResolverError` (the process is stopped then) when the
         process cannot start, dies, or takes longer than ``timeout_s``.
@@ -367,7 +367,7 @@ def resolve_configs(
     settings: Settings, model_dir: str, configs: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """vLLM's resolved configuration of each of ``configs`` (shape of
-    :func:`jobs.engine.resolve_engine_configs`): through the warm process when
+    :func:`jobs.engine_queries.resolve_engine_configs`): through the warm process when
     ``settings.submissions.warm_resolver``, else (or when the warm process fails) a
     one-shot subprocess. Raises :class:`jobs.engine.EngineError` as the latter.
 
@@ -386,7 +386,7 @@ def resolve_configs(
                 log.warning("warm vLLM resolver failed (%s); checking with a one-shot process", exc)
         try:
             # looked up on the module at call time (tests replace it)
-            return jobs.engine.resolve_engine_configs(python, model_dir, configs)
+            return jobs.engine_queries.resolve_engine_configs(python, model_dir, configs)
         finally:  # a failed check took its time too
             CONFIG_CHECK.labels(resolver="one_shot").observe(time.monotonic() - start)
 

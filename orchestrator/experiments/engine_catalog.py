@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobs.engine import EngineError, list_engine_args
+from jobs.engine import EngineError
+from jobs.engine_queries import list_engine_args
 from orchestrator.core.errors import EngineUnavailableError
 from orchestrator.core.settings import Settings
 from orchestrator.experiments.pathpolicy import (

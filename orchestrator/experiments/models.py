@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs.engine import EngineError
-from jobs.engine import resolve_model as resolve_on_this_host
+from jobs.engine_queries import resolve_model as resolve_on_this_host
 from jobs.modelgen import generate_model, model_digest
 from orchestrator.core.errors import SpecInvalidError
 from orchestrator.core.settings import Settings

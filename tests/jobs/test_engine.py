@@ -29,9 +29,9 @@ from jobs.engine import (
     EngineStartError,
     build_serve_command,
     engine_env,
-    list_engine_args,
     render_engine_args,
 )
+from jobs.engine_queries import list_engine_args
 from jobs.enginelog import error_lines
 from jobs.processes import group_members
 from jobs.schemas import EngineLaunch
@@ -437,6 +437,12 @@ def test_a_picked_port_taken_before_the_engine_binds_it_is_retried(
             server.wait_healthy(timeout_s=60)
             assert server.port != taken and server.port_retries == 1
             assert server.command[server.command.index("--port") + 1] == str(server.port)
+            assert server.info() == {
+                "command": server.command,
+                "port": server.port,
+                "pgid": server.pgid,
+                "port_retries": 1,
+            }
             log = server.log_text()
             # both attempts are in the log, the first one's error above the note
             assert "Address already in use" in log

@@ -1,4 +1,4 @@
-"""Tests of :func:`jobs.engine.resolve_engine_configs` (the launcher's ``resolve``).
+"""Tests of :func:`jobs.engine_queries.resolve_engine_configs` (the launcher's ``resolve``).
 
 The renderer of the standalone launcher must agree with
 :func:`jobs.engine.render_engine_args` (no engine needed). With vLLM
@@ -14,12 +14,8 @@ from typing import Any
 import pytest
 
 from jobs import vllm_launcher
-from jobs.engine import (
-    RESERVED_ENGINE_ARGS,
-    EngineError,
-    render_engine_args,
-    resolve_engine_configs,
-)
+from jobs.engine import RESERVED_ENGINE_ARGS, EngineError, render_engine_args
+from jobs.engine_queries import resolve_engine_configs
 from tests.conftest import ENGINE_PYTHON, needs_engine
 
 

@@ -3,7 +3,7 @@
 A submission names a model the vLLM way (``Qwen/Qwen2.5-7B-Instruct`` with a
 revision); the weights live in the Hugging Face cache of the GPU nodes
 (``HF_HOME``, often shared storage), not on the API host. :func:`locate_on_cluster`
-runs :func:`jobs.engine.resolve_model` as a Ray task on a live node that has the
+runs :func:`jobs.engine_queries.resolve_model` as a Ray task on a live node that has the
 run's device kind, in the engine's own interpreter there (that node's python from
 ``VLAB_ENGINE__PYTHON_BY_NODE``, in the engine's image with ``VLAB_ENGINE__IMAGE_URI``),
 and returns that node's answer (snapshot commit, file digests, config and tokenizer files).
@@ -16,7 +16,8 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
-from jobs.engine import EngineError, resolve_model
+from jobs.engine import EngineError
+from jobs.engine_queries import resolve_model
 from orchestrator.core.settings import EngineSettings, Settings, detect_device_resource
 
 

@@ -38,7 +38,8 @@ import ray
 from ray.exceptions import RayError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from jobs.engine import EngineError, EngineServer, EngineStartError, find_free_port, resolve_model
+from jobs.engine import EngineError, EngineServer, EngineStartError, find_free_port
+from jobs.engine_queries import resolve_model
 from jobs.gpus import (
     GpuReader,
     gpu_sample_values,
@@ -244,7 +245,7 @@ def resolve_launch_model(launch: EngineLaunch) -> tuple[EngineLaunch, dict[str, 
     """Resolve a model named by Hugging Face id in this node's HF cache.
 
     Returns ``launch`` unchanged (and None) for a directory or generated model.
-    Otherwise runs :func:`jobs.engine.resolve_model` here: with the weights in the
+    Otherwise runs :func:`jobs.engine_queries.resolve_model` here: with the weights in the
     cache the snapshot directory is served (exactly the files whose digests are
     recorded); without them the id is served with ``--revision <commit>`` and
     vLLM downloads the weights. With the Ray executor the id and commit are served
