@@ -194,6 +194,9 @@ class EngineEventOut(BaseModel):
         None, description="Ray merged several processes' lines into this one"
     )
     details: dict[str, Any] | None = None
+    notes: list[str] | None = Field(
+        None, description="what was joined or left out (a figure a wrap may have cut)"
+    )
 
 
 class EngineEventsSummary(BaseModel):

@@ -80,7 +80,7 @@ from datetime import UTC, datetime, tzinfo
 from typing import Any
 
 from jobs.enginelog import StatsParse, parse_stats
-from jobs.logrecords import LogRecord, split_records
+from jobs.logrecords import LogRecord, number_tail, split_records
 
 __all__ = [
     "EVENT_KEYS",
@@ -131,7 +131,9 @@ EVENT_KEYS: dict[str, str] = {
     "repeat_count": "int, Ray's '[repeated Nx across cluster]' on the line",
     "merged_across_processes": "True with repeat_count: Ray merged N processes' lines",
     "details": "dict of figures the line states, e.g. preemptions, "
-    "cumulative_preemptions, preemption_mode, exit_code",
+    "cumulative_preemptions, preemption_mode, exit_code (a figure a wrap may have cut "
+    "is absent, with a note)",
+    "notes": "list of str: a line rejoined after a wrap, a figure left out as maybe cut",
 }
 """Keys of an event. Unknown facts are absent keys."""
 
@@ -295,6 +297,18 @@ def _event(rec: LogRecord, kind: str, message: str) -> dict[str, Any]:
     return ev
 
 
+def _whole_message(rec: LogRecord, lines: list[str], text: str) -> tuple[str, bool, list[str]]:
+    """``rec``'s message with a number a wrap cut at its end joined again (``exit code:
+    -1`` + ``1)``), whether its last number may still be cut, and notes on either."""
+    msg = rec.message
+    if not msg.rstrip().rstrip(")")[-1:].isdigit():
+        return msg, False, []
+    state, rest = number_tail(rec, lines, text)
+    if state == "joined" and rest is not None:
+        return msg + rest, False, ["rejoined from 2 physical lines (wrapped)"]
+    return msg, state == "cut", []
+
+
 def parse_events(text: str, stats: StatsParse | None = None) -> list[dict[str, Any]]:
     """The events of an engine log, in log order, keyed as in :data:`EVENT_KEYS`
     (before placement: no ``t_s``).
@@ -319,20 +333,31 @@ def parse_events(text: str, stats: StatsParse | None = None) -> list[dict[str, A
     events: list[dict[str, Any]] = []
     seen: dict[tuple[Any, ...], dict[str, Any]] = {}
     last_time: str | None = None
+    lines = text.splitlines()
     for rec in split_records(text):
         found = _event_type(rec)
         if found is not None:
             kind, m = found
-            ev = _event(rec, kind, rec.message)
+            msg, cut, notes = _whole_message(rec, lines, text)
+            ev = _event(rec, kind, msg)
             details: dict[str, Any] = {}
+            wanted: list[tuple[str, re.Match[str] | None]] = []
             if kind == "preemption":
                 details["preemption_mode"] = m.group("mode")
-                if cm := _CUMULATIVE_RE.search(rec.message):
-                    details["cumulative_preemptions"] = int(cm.group(1))
-            if kind in ("worker_died", "engine_dead") and (em := _EXIT_CODE_RE.search(rec.message)):
-                details["exit_code"] = int(em.group(1))
+                wanted.append(("cumulative_preemptions", _CUMULATIVE_RE.search(msg)))
+            if kind in ("worker_died", "engine_dead"):
+                wanted.append(("exit_code", _EXIT_CODE_RE.search(msg)))
+            for figure, found_number in wanted:
+                if found_number is None:
+                    continue
+                if cut and not msg[found_number.end() :].strip(" )"):
+                    notes.append(f"{figure}: the number ends the line and may be cut: absent")
+                    continue
+                details[figure] = int(found_number.group(1))
             if details:
                 ev["details"] = details
+            if notes:
+                ev["notes"] = notes
             if (rec.time is None or _remote_local_time(rec)) and last_time is not None:
                 ev["after_time"] = last_time
             key = (kind, rec.source, rec.pid, rec.node_ip, rec.time, ev["message"][:200])

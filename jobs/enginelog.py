@@ -54,7 +54,6 @@ only. Run-level server-side numbers come from ``/metrics`` deltas
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,9 +64,19 @@ from jobs.errorlines import error_lines, scan_error_lines
 from jobs.logrecords import (
     LogRecord,
     continuation,
+    dedup_count,
     leading_tags,
+    number_tail,
     process_key,
     split_records,
+)
+from jobs.statsmessage import (
+    ENGINE_RE,
+    FRAGMENT_RE,
+    MAX_WRAP_LINES,
+    V0_HIT_RATE_RE,
+    StatsMessage,
+    merge_v0_hit_rate,
 )
 
 __all__ = [
@@ -141,227 +150,7 @@ STARTUP_KEYS: dict[str, str] = {
 }
 """Keys :func:`startup_facts` may return. First occurrence in the log wins."""
 
-# --- stats lines ---------------------------------------------------------------------
-
-_ENGINE_RE = re.compile(
-    r"^(?:Engine\s+(?P<idx>\d+)|(?P<n>\d+)\s+Engines?\s+Aggregated)\s*:\s*", re.IGNORECASE
-)
-_STATS_START_RE = re.compile(r"^Avg prompt throughput\s*:", re.IGNORECASE)
-_V0_HIT_RATE_RE = re.compile(r"^Prefix cache hit rate\s*:\s*(?P<rest>GPU\s*:.*)$", re.IGNORECASE)
-_FIELD_RE = re.compile(r"^(?P<name>[A-Za-z][\w ()/+.#-]*?)\s*:\s*(?P<value>.*)$", re.DOTALL)
-#: vLLM prints ``%.1f`` / ``%d`` / ``%.1f%%``: no sign, no exponent, no inf/nan; a value
-#: with one (``-5.0``, ``1e5``, ``1e400``) fails the value shapes below: absent, noted.
-_NUM = r"\d[\d,]*(?:\.\d+)?(?![\d.eE])"
-_NUM_RE = re.compile(r"^\s*(?P<num>" + _NUM + ")", re.ASCII)
-_TRAILING_BRACKETS_RE = re.compile(r"\s+\[[^\[\]]*\]\s*$")
-_KV_USAGE_RE = re.compile(r"^(?:(?P<dev>.+?)\s+)?KV cache usage$", re.IGNORECASE)
-_HIT_RATE_RE = re.compile(r"^(?:(?P<dev>GPU|CPU|XPU|TPU|HPU)\s+)?prefix cache hit rate$", re.I)
-_KV_FETCH_RE = re.compile(
-    r"^\s*(?P<a>\d+)\s+waiting to start,\s*(?P<b>\d+)\s+in progress,\s*(?P<c>\d+)\s+completed",
-    re.IGNORECASE,
-)
-#: The value each known field must start with (vLLM's format strings): a value cut by
-#: a wrap ("32 r", "62.", "310.2 tok") fails it.
-_VALUE_RES = {
-    "tok_s": re.compile(r"^\s*" + _NUM + r"\s*tokens/s\b", re.ASCII),
-    "reqs": re.compile(r"^\s*\d+\s*reqs\b", re.ASCII),
-    "count": re.compile(r"^\s*\d+(?![\d.])", re.ASCII),
-    "pct": re.compile(r"^\s*" + _NUM + r"\s*%", re.ASCII),
-}
-#: Known fields: name as logged (lower case) -> (record key, value kind, type).
-_KNOWN_FIELDS: dict[str, tuple[str, str, type]] = {
-    "avg prompt throughput": ("prompt_throughput_tok_s", "tok_s", float),
-    "avg generation throughput": ("generation_throughput_tok_s", "tok_s", float),
-    "running": ("running", "reqs", int),
-    "waiting": ("waiting", "reqs", int),
-    "pending": ("waiting", "reqs", int),
-    "swapped": ("swapped", "reqs", int),
-    "deferred": ("deferred", "reqs", int),
-    "corrupted": ("corrupted", "reqs", int),
-    "preemptions": ("preemptions", "count", int),
-    "external prefix cache hit rate": ("external_prefix_cache_hit_rate_pct", "pct", float),
-    "mm cache hit rate": ("mm_cache_hit_rate_pct", "pct", float),
-}
-_V1_REQUIRED = (
-    "prompt_throughput_tok_s",
-    "generation_throughput_tok_s",
-    "running",
-    "waiting",
-    "kv_cache_usage_pct",
-)
-_V0_REQUIRED = (*_V1_REQUIRED, "swapped", "cpu_kv_cache_usage_pct")
-#: A headerless line that carries a stats field: the tail of a wrapped stats record.
-_FRAGMENT_RE = re.compile(
-    r",\s*(?:Avg (?:prompt|generation) throughput|Running|Waiting|Pending|Swapped|Deferred|"
-    r"Preemptions|Corrupted|KV fetch|(?:\w+ )?KV cache usage|(?:External |MM |GPU |CPU )?"
-    r"(?:prefix )?cache hit rate)\s*:",
-    re.IGNORECASE,
-)
-#: At most this many physical lines are joined to rejoin one wrapped record.
-MAX_WRAP_LINES = 8
-
-
-def _number(value: str) -> float | None:
-    m = _NUM_RE.match(value)
-    if m is None:
-        return None
-    num = float(m.group("num").replace(",", ""))
-    return num if math.isfinite(num) else None
-
-
-def _pct_ok(num: float) -> bool:
-    """A percentage vLLM can print: a hit rate or a usage is 0-100."""
-    return 0.0 <= num <= 100.0
-
-
-def _split_fields(body: str) -> list[tuple[str, str]]:
-    """``[(name, raw value)]`` of a ``Name: value, Name: value`` message.
-
-    Pieces after ``, `` that do not start a ``Name:`` (e.g. ``2 in progress``) belong
-    to the previous value.
-    """
-    body = body.strip()
-    while True:  # aggregator suffixes like " [k8s pod=x]"
-        stripped = _TRAILING_BRACKETS_RE.sub("", body)
-        if stripped == body:
-            break
-        body = stripped
-    fields: list[tuple[str, str]] = []
-    for piece in re.split(r",\s+", body):
-        m = _FIELD_RE.match(piece)
-        if m and not piece[:1].isdigit():
-            fields.append((m.group("name").strip(), m.group("value")))
-        elif fields:
-            name, value = fields[-1]
-            fields[-1] = (name, f"{value}, {piece}")
-    return fields
-
-
-def _known(name: str, raw: str, is_v0: bool) -> tuple[str, str, type] | None:
-    """``(record key, value kind, type)`` of a known field, None for an unknown one."""
-    key = " ".join(name.lower().split())
-    if key in _KNOWN_FIELDS:
-        return _KNOWN_FIELDS[key]
-    if um := _KV_USAGE_RE.match(key):
-        cpu_swap = is_v0 and (um.group("dev") or "").upper() == "CPU"
-        return ("cpu_kv_cache_usage_pct" if cpu_swap else "kv_cache_usage_pct", "pct", float)
-    if hm := _HIT_RATE_RE.match(key):
-        cpu = is_v0 and (hm.group("dev") or "").upper() == "CPU"
-        return (
-            "cpu_prefix_cache_hit_rate_pct" if cpu else "prefix_cache_hit_rate_pct",
-            "pct",
-            float,
-        )
-    if key == "kv fetch":
-        return ("kv_fetch", "kv_fetch", int)
-    return None
-
-
-class _Stats:
-    """A stats message read field by field: ``rec`` (STATS_KEYS), ``notes`` (fields
-    not read) and ``truncated`` (the message looks cut: a required field missing, or
-    the last field's value incomplete)."""
-
-    def __init__(self, msg: str) -> None:
-        self.rec: dict[str, Any] = {}
-        self.notes: list[str] = []
-        self.truncated = False
-        self.is_stats = False
-        engine: int | str = 0
-        m = _ENGINE_RE.match(msg)
-        if m:
-            engine = int(m.group("idx")) if m.group("idx") else f"aggregated:{int(m.group('n'))}"
-            msg = msg[m.end() :]
-        if not _STATS_START_RE.match(msg):
-            return
-        self.is_stats = True
-        self.rec["engine"] = engine
-        fields = _split_fields(msg)
-        names = {" ".join(name.lower().split()) for name, _ in fields}
-        usage_devices = [
-            (um.group("dev") or "").upper()
-            for name, _ in fields
-            if (um := _KV_USAGE_RE.match(" ".join(name.split())))
-        ]
-        self.is_v0 = bool({"swapped", "pending"} & names) or (
-            "GPU" in usage_devices and len(usage_devices) > 1
-        )
-        extra: dict[str, float | str] = {}
-        seen: dict[str, str] = {}
-        twice: set[str] = set()
-        unreadable: set[str] = set()
-        for i, (name, raw) in enumerate(fields):
-            last = i == len(fields) - 1
-            known = _known(name, raw, self.is_v0)
-            if known is None:
-                num = _number(raw)
-                extra[name] = num if num is not None else raw.strip().rstrip(".")
-                continue
-            key, kind, typ = known
-            if key in seen:
-                twice.add(key)
-                continue
-            seen[key] = name
-            if kind == "kv_fetch":
-                fm = _KV_FETCH_RE.match(raw)
-                if fm is None:
-                    self._unreadable(name, raw, last)
-                    unreadable.add(key)
-                    continue
-                self.rec["kv_fetch_waiting_to_start"] = int(fm.group("a"))
-                self.rec["kv_fetch_in_progress"] = int(fm.group("b"))
-                self.rec["kv_fetch_completed_waiting"] = int(fm.group("c"))
-                continue
-            num = _number(raw)
-            # a ", piece" without a colon appended to the value: a cut field name
-            if num is None or not _VALUE_RES[kind].match(raw) or ", " in raw:
-                self._unreadable(name, raw, last)
-                unreadable.add(key)
-                continue
-            if kind == "pct" and not _pct_ok(num):
-                self.notes.append(f"{name!r} out of range ({raw.strip()[:40]!r}): absent")
-                unreadable.add(key)
-                continue
-            self.rec[key] = typ(num)
-        for key in twice:
-            self.rec.pop(key, None)
-            self.notes.append(f"{seen[key]!r} logged twice in one record: not read")
-        if msg.rstrip().endswith(","):
-            self.truncated = True
-        required = _V0_REQUIRED if self.is_v0 else _V1_REQUIRED
-        missing = [k for k in required if k not in self.rec and k not in twice | unreadable]
-        if missing:
-            self.truncated = True
-            self.notes.append("missing " + ", ".join(missing))
-        if self.is_v0:
-            self.rec.setdefault("prefix_cache_hit_rate_pct", None)
-        if extra:
-            self.rec["extra"] = extra
-
-    def _unreadable(self, name: str, raw: str, last: bool) -> None:
-        if last:
-            self.truncated = True
-        self.notes.append(f"{name!r} unreadable ({raw.strip()[:40]!r}): absent")
-
-    @property
-    def n_fields(self) -> int:
-        return sum(1 for k in self.rec if k not in ("engine", "extra"))
-
-
-def _merge_v0_hit_rate(rec: dict[str, Any], rest: str) -> None:
-    """Fill a V0 record from ``GPU: x%, CPU: y%`` (the second V0 line)."""
-    for name, raw in _split_fields(rest):
-        num = _number(raw)
-        if num is None or not _VALUE_RES["pct"].match(raw) or not _pct_ok(num):
-            rec.setdefault("notes", []).append(
-                f"second V0 line: {name!r} unreadable ({raw.strip()[:40]!r}): absent"
-            )
-            continue
-        if name.upper() == "GPU":
-            rec["prefix_cache_hit_rate_pct"] = num
-        elif name.upper() == "CPU":
-            rec["cpu_prefix_cache_hit_rate_pct"] = num
-
+# --- stats records ----------------------------------------------------------------
 
 #: V0 logs its two stats lines in one ``log()`` call (``vllm/engine/metrics.py``
 #: ``LoggingStatLogger.log``), microseconds apart: the same second. A line of another
@@ -427,7 +216,10 @@ def _pair_v0(
             "records of the same process tag: which one it belongs to is unknown: ignored",
         )
         return
-    _merge_v0_hit_rate(target, rest)
+    merge_v0_hit_rate(target, rest)
+    if rec.repeat_count is not None:  # the second line was merged across processes
+        target["repeat_count"] = max(target.get("repeat_count") or 0, rec.repeat_count)
+        target["merged_across_processes"] = True
     queue[:] = [p for p in queue if p[1] is not target]
 
 
@@ -438,7 +230,7 @@ _CUT_ENGINE_RE = re.compile(r"(?:Engine(?:\s+\d*)?|\d+(?:\s+Engines?(?:\s+Ag\w*)
 def _cut_stats_head(msg: str) -> bool:
     """``msg`` may be the start of a stats message cut before ``Avg prompt throughput:``
     was complete (``Engine 000: Avg prompt thr``): only a join can tell."""
-    m = _ENGINE_RE.match(msg)
+    m = ENGINE_RE.match(msg)
     rest = (msg[m.end() :] if m else msg).strip().lower()
     if m is not None:
         return not rest or _STATS_HEAD.startswith(rest)
@@ -447,22 +239,22 @@ def _cut_stats_head(msg: str) -> bool:
     )
 
 
-def _rejoin(rec: LogRecord, lines: list[str]) -> tuple[_Stats, int] | None:
+def _rejoin(rec: LogRecord, lines: list[str]) -> tuple[StatsMessage, int] | None:
     """``rec``'s stats message rejoined with the physical lines after it, and how many
     were used: the first join (up to :data:`MAX_WRAP_LINES` lines) that reads as a
     complete stats message, extended by the next lines while they carry stats fields
     (``, Prefix cache hit rate: 0.0%``) and the join stays complete and gains fields.
     None when no join is complete."""
     msg = rec.message
-    found: tuple[_Stats, int] | None = None
+    found: tuple[StatsMessage, int] | None = None
     for j in range(rec.line + 1, min(len(lines), rec.line + 1 + MAX_WRAP_LINES)):
         cont = continuation(rec, lines[j])
         if cont is None or not cont.strip() or is_access_line(cont):
             break
-        if found is not None and not _FRAGMENT_RE.search(cont):
+        if found is not None and not FRAGMENT_RE.search(cont):
             break
         msg += cont
-        parsed = _Stats(msg)
+        parsed = StatsMessage(msg)
         complete = parsed.is_stats and not parsed.truncated
         if complete and not any("twice" in n for n in parsed.notes):
             if found is not None and parsed.n_fields <= found[0].n_fields:
@@ -473,14 +265,25 @@ def _rejoin(rec: LogRecord, lines: list[str]) -> tuple[_Stats, int] | None:
     return found
 
 
-def _with_record_facts(rec: LogRecord, stats: _Stats, notes: list[str]) -> dict[str, Any]:
+def _repeat_of(rec: LogRecord, lines: list[str], n: int) -> int | None:
+    """Ray's dedup count of a record joined with the ``n`` physical lines after it: the
+    mark may be on any piece (each physical line is deduplicated on its own)."""
+    found = [dedup_count(lines[j]) for j in range(rec.line + 1, rec.line + 1 + n)]
+    counts = [c for c in (rec.repeat_count, *found) if c is not None]
+    return max(counts) if counts else None
+
+
+def _with_record_facts(
+    rec: LogRecord, stats: StatsMessage, notes: list[str], repeat: int | None
+) -> dict[str, Any]:
     out: dict[str, Any] = {"timestamp": rec.time, **stats.rec, "level": rec.level}
     if rec.process is not None:
         out["process"] = rec.process
-    for key in ("source", "pid", "node_ip", "repeat_count"):
+    for key in ("source", "pid", "node_ip"):
         if getattr(rec, key) is not None:
             out[key] = getattr(rec, key)
-    if rec.repeat_count is not None:
+    if repeat is not None:
+        out["repeat_count"] = repeat
         out["merged_across_processes"] = True
     if notes:
         out["notes"] = notes
@@ -531,7 +334,7 @@ def parse_stats(text: str) -> StatsParse:
 
     for rec in records:
         if not rec.has_header:
-            if rec.line not in used_lines and _FRAGMENT_RE.search(rec.message):
+            if rec.line not in used_lines and FRAGMENT_RE.search(rec.message):
                 note(
                     rec,
                     "a line that continues a stats record whose start is not before it: ignored",
@@ -548,11 +351,11 @@ def parse_stats(text: str) -> StatsParse:
         key = process_key(rec)
         prev = last.get(key)
         last[key] = (rec, None)
-        hm = _V0_HIT_RATE_RE.match(rec.message)
+        hm = V0_HIT_RATE_RE.match(rec.message)
         if hm:
             _pair_v0(rec, prev, unpaired.setdefault(key, []), hm.group("rest"), note)
             continue
-        stats = _Stats(rec.message)
+        stats = StatsMessage(rec.message)
         truncated = stats.truncated
         if not stats.is_stats:
             # "Engine 000: Avg prompt thr" + a wrapped rest: only a join can tell
@@ -560,6 +363,7 @@ def parse_stats(text: str) -> StatsParse:
                 continue
             truncated = True
         rec_notes = list(stats.notes)
+        repeat = rec.repeat_count
         if truncated:
             joined = _rejoin(rec, lines) if rec.last_on_line else None
             if joined is None:
@@ -575,11 +379,39 @@ def parse_stats(text: str) -> StatsParse:
             stats, n = joined
             rec_notes = [*stats.notes, f"rejoined from {n + 1} physical lines (wrapped)"]
             used_lines.update(range(rec.line + 1, rec.line + 1 + n))
+            repeat = _repeat_of(rec, lines, n)
+        elif stats.open_end and (tail := number_tail(rec, lines, text))[0] != "whole":
+            # "Preemptions: 1" + "2": a value without a unit reads whole when cut
+            rest = tail[1]
+            joined_stats = StatsMessage(rec.message + rest) if rest is not None else None
+            if joined_stats is None:
+                stats.drop_last(
+                    "may be cut: the log ends on its line without a newline"
+                    if rec.line + 1 >= len(lines)
+                    else "may be cut: the next line goes on with a digit"
+                )
+                rec_notes = list(stats.notes)
+            elif (
+                joined_stats.is_stats
+                and not joined_stats.truncated
+                and joined_stats.n_fields >= stats.n_fields
+            ):
+                stats = joined_stats
+                rec_notes = [*stats.notes, "rejoined from 2 physical lines (wrapped)"]
+                used_lines.add(rec.line + 1)
+                repeat = _repeat_of(rec, lines, 1)
+            else:
+                note(
+                    rec,
+                    "stats record dropped: its last value goes on on the next line and "
+                    f"the join does not read whole ({'; '.join(joined_stats.notes)})",
+                )
+                continue
         elif rec.last_on_line and rec.line + 1 < len(lines):
             cont = continuation(rec, lines[rec.line + 1])
             if (
                 cont is not None
-                and _FRAGMENT_RE.search(cont)
+                and FRAGMENT_RE.search(cont)
                 and rec.glued
                 and not leading_tags(lines[rec.line + 1])
             ):
@@ -593,13 +425,14 @@ def parse_stats(text: str) -> StatsParse:
                         "several glued records: which one it continues is unknown: ignored",
                     }
                 )
-            elif cont is not None and _FRAGMENT_RE.search(cont):
+            elif cont is not None and FRAGMENT_RE.search(cont):
                 joined = _rejoin(rec, lines)
                 if joined is not None and joined[0].n_fields > stats.n_fields:
                     stats, n = joined
                     rec_notes = [*stats.notes, f"rejoined from {n + 1} physical lines (wrapped)"]
                     used_lines.update(range(rec.line + 1, rec.line + 1 + n))
-        out_rec = _with_record_facts(rec, stats, rec_notes)
+                    repeat = _repeat_of(rec, lines, n)
+        out_rec = _with_record_facts(rec, stats, rec_notes, repeat)
         out.append(out_rec)
         out_lines.append(rec.line + 1)
         if stats.is_v0:

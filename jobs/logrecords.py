@@ -52,7 +52,9 @@ __all__ = [
     "LogRecord",
     "continuation",
     "decode_line",
+    "dedup_count",
     "leading_tags",
+    "number_tail",
     "process_key",
     "split_records",
     "strip_ansi",
@@ -356,14 +358,50 @@ def leading_tags(raw: str) -> list[str]:
     return _tags(m.group(0)) if m else []
 
 
+def dedup_count(raw: str) -> int | None:
+    """N of Ray's ``[repeated Nx across cluster]`` on physical line ``raw``, or None."""
+    if "across cluster]" not in raw:
+        return None
+    dm = _DEDUP_RE.search(strip_ansi(decode_line(raw)))
+    return int(dm.group("n")) if dm is not None else None
+
+
+#: The start of a line that can only be the rest of a number cut by a wrap: digits
+#: (and a unit or a closing parenthesis) up to a field separator, a bracket or the end.
+_VALUE_TAIL_RE = re.compile(r"^\d[\d.]*(?:\s*(?:%|reqs|tokens/s))?\)?(?=\s*(?:,\s|\[|$))")
+
+
+def number_tail(rec: LogRecord, lines: list[str], text: str) -> tuple[str, str | None]:
+    """How a record whose message ends in a digit (a number a wrap may have cut) ends.
+
+    ``("joined", rest)``: the next physical line continues ``rec`` (see
+    :func:`continuation`) and starts with only a number's tail (``2``, ``5.0%``,
+    ``1)``): the caller joins ``rest``; ``("cut", None)``: the value may be cut and no
+    line says how it goes on: the next line continues ``rec`` with a digit but not as a
+    number's tail, or the log ends on this line without a newline (read while it was
+    written); ``("whole", None)`` otherwise.
+    """
+    if not rec.last_on_line:
+        return "whole", None
+    if rec.line + 1 >= len(lines):
+        return ("whole", None) if text.endswith(("\n", "\r")) else ("cut", None)
+    rest = continuation(rec, lines[rec.line + 1])
+    if rest is None or not rest[:1].isdigit():
+        return "whole", None
+    return ("joined", rest) if _VALUE_TAIL_RE.match(rest) else ("cut", None)
+
+
 def continuation(rec: LogRecord, raw: str) -> str | None:
     """The text of physical line ``raw`` as a continuation of ``rec``, or None.
 
     A wrapped line continues a record when it has no vLLM record header and carries
     no process tag other than ``rec``'s (a log shipper or Ray may repeat the tag or add
-    a container timestamp in front of each piece: they are removed).
+    a container timestamp in front of each piece: they are removed, and so is Ray's
+    dedup suffix: :func:`dedup_count` reads it).
     """
     line = strip_ansi(decode_line(raw))
+    if "across cluster]" in line:
+        line = _DEDUP_RE.sub("", line)
     if _headers(line)[0]:
         return None
     m = _LEADING_PREFIX_RE.match(line)

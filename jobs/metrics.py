@@ -400,7 +400,9 @@ def _delta(first: dict[str, float], last: dict[str, float], key: str) -> float |
     return d if d >= 0 else None
 
 
-def summarize_samples(samples: list[MetricSample]) -> dict[str, float]:
+def summarize_samples(
+    samples: list[MetricSample], notes: list[str] | None = None
+) -> dict[str, float]:
     """Run-level server-side numbers from the scrapes of one run.
 
     ``samples`` is in time order: phase ``"before"`` first (scraped just
@@ -411,8 +413,9 @@ def summarize_samples(samples: list[MetricSample]) -> dict[str, float]:
 
     Returns (all floats, never NaN):
 
-    - ``prefix_cache_queries_delta``, ``prefix_cache_hits_delta`` (tokens):
-      always present, 0 when the counters are missing;
+    - ``prefix_cache_queries_delta``, ``prefix_cache_hits_delta`` (tokens): absent
+      when the counters are missing or went down (a restart between the scrapes:
+      unknown, never 0), with a line in ``notes`` when it is given;
     - ``prefix_cache_hit_rate`` (0-1) = hits delta / queries delta, in tokens,
       only when the queries delta is > 0 (the DESIGN rule; vLLM's own
       ``vllm bench serve`` computes its spec-decode rates from /metrics
@@ -428,10 +431,9 @@ def summarize_samples(samples: list[MetricSample]) -> dict[str, float]:
     - ``num_requests_running_peak``, ``num_requests_waiting_peak`` (max over
       all samples).
 
-    Empty ``samples`` gives ``{"prefix_cache_queries_delta": 0.0,
-    "prefix_cache_hits_delta": 0.0}``.
+    Empty ``samples`` gives ``{}``.
     """
-    out: dict[str, float] = {"prefix_cache_queries_delta": 0.0, "prefix_cache_hits_delta": 0.0}
+    out: dict[str, float] = {}
     if not samples:
         return out
     first, last = samples[0].values, samples[-1].values
@@ -439,14 +441,16 @@ def summarize_samples(samples: list[MetricSample]) -> dict[str, float]:
     for unit_suffix in ("", "_blocks"):
         queries = _delta(first, last, f"prefix_cache_queries{unit_suffix}")
         hits = _delta(first, last, f"prefix_cache_hits{unit_suffix}")
-        if unit_suffix == "":
-            out["prefix_cache_queries_delta"] = queries or 0.0
-            out["prefix_cache_hits_delta"] = hits or 0.0
-        else:
-            if queries is not None:
-                out["prefix_cache_queries_blocks_delta"] = queries
-            if hits is not None:
-                out["prefix_cache_hits_blocks_delta"] = hits
+        if queries is not None:
+            out[f"prefix_cache_queries{unit_suffix}_delta"] = queries
+        if hits is not None:
+            out[f"prefix_cache_hits{unit_suffix}_delta"] = hits
+        for key in (f"prefix_cache_queries{unit_suffix}", f"prefix_cache_hits{unit_suffix}"):
+            if notes is not None and key in first and key in last and last[key] < first[key]:
+                notes.append(
+                    f"{key} went down from {first[key]:g} to {last[key]:g} between the "
+                    "first and last scrapes (a server restart?): no delta, no hit rate"
+                )
         if queries and hits is not None:
             rate_key = "prefix_cache_hit_rate" + unit_suffix
             out[rate_key] = hits / queries

@@ -247,7 +247,10 @@ class Segment:
             burst = itl_burst_fraction(records)
             if burst is not None:
                 self.metrics["itl_burst_fraction"] = burst
-        self.metrics.update(metrics.summarize_samples(step.samples))
+        counter_notes: list[str] = []
+        self.metrics.update(metrics.summarize_samples(step.samples, counter_notes))
+        if counter_notes:
+            self.engine_info["counter_notes"] = counter_notes
         note = drop_unobserved_gauges(self.metrics)
         if note:
             self.engine_info["gauges_not_observed"] = note

@@ -238,7 +238,9 @@ def check_parity(nodes: list[dict[str, Any]], launch: dict[str, Any] | None = No
                 rule.check in _LAUNCH_CHECKS and launch_env is None
             ):
                 note = v.get("note") or "a value this rule needs was not captured"
-                extra = {"not_captured_on": v["not_captured_on"]} if "not_captured_on" in v else {}
+                extra: dict[str, Any] = {
+                    k: v[k] for k in ("not_captured_on", "undecided") if k in v
+                }
                 unknown.append(
                     {
                         "field": field,
@@ -420,6 +422,7 @@ def _evaluate(
         out["verdict"] = "ignored"
         return out
     problems: dict[str, str] = {}
+    undecided: dict[str, str] = {}
     odd: list[str] = []
     var = field.removeprefix("env.")
     if rule.check == "identical":
@@ -465,7 +468,7 @@ def _evaluate(
         problems = {n: text for n, text in found.items() if text}
         odd = [n for n in ctx.names if n in problems]
     else:
-        problems = _per_node_problems(field, values, ctx)
+        problems, undecided = _per_node_problems(field, values, ctx)
         odd = [n for n in ctx.names if n in problems]
     if not_captured:
         out["not_captured_on"] = not_captured
@@ -477,6 +480,12 @@ def _evaluate(
     elif not_captured:
         out["verdict"] = "unknown"
         out["note"] = f"{var} was not captured on {', '.join(not_captured)}"
+    if undecided and not odd:
+        # the value is known but a node fact the rule needs is not: never "ok"
+        out["verdict"] = "unknown"
+        out["undecided"] = undecided
+        told = [f"{n}: {r}" for n, r in undecided.items()]
+        out["note"] = "; ".join([out["note"], *told] if "note" in out else told)
     return out
 
 
@@ -534,14 +543,25 @@ def _finding(
     return entry
 
 
-def _per_node_problems(field: str, values: Mapping[str, Any], ctx: _Context) -> dict[str, str]:
+def _per_node_problems(
+    field: str, values: Mapping[str, Any], ctx: _Context
+) -> tuple[dict[str, str], dict[str, str]]:
+    """``(problems, undecided)`` of a per-node rule, by node: what is wrong, and why it
+    cannot be decided there (a node fact the rule needs was not captured)."""
     problems: dict[str, str] = {}
+    undecided: dict[str, str] = {}
     var = field.removeprefix("env.")
     nodes = dict(zip(ctx.names, ctx.nodes, strict=True))
     if field.endswith("_SOCKET_IFNAME"):
         for name, spec in values.items():
             ifaces = _interfaces(nodes[name])
-            if spec is None or ifaces is None:
+            if spec is None or not _is_set(var, spec):
+                continue
+            if ifaces is None:
+                undecided[name] = (
+                    f"its network interfaces were not captured: whether {var}={spec!r} "
+                    "selects one is unknown"
+                )
                 continue
             problem = _ifname_problem(var, spec, ifaces)
             if problem:
@@ -561,6 +581,11 @@ def _per_node_problems(field: str, values: Mapping[str, Any], ctx: _Context) -> 
             ip = nodes[name].get("ip")
             if ip and str(ip) != str(value):
                 reasons.append(f"differs from the node's Ray IP {ip}")
+            elif not ip:
+                undecided[name] = (
+                    f"its Ray IP was not captured: whether VLLM_HOST_IP={value!r} is this "
+                    "node's address is unknown"
+                )
             if reasons:
                 problems[name] = "; ".join(reasons)
     elif field == "gpu_count":
@@ -568,7 +593,7 @@ def _per_node_problems(field: str, values: Mapping[str, Any], ctx: _Context) -> 
         for name, have in values.items():
             if need is not None and (have is None or int(have) < int(need)):
                 problems[name] = f"has {have} GPUs, launch needs {need} per node"
-    return problems
+    return problems, undecided
 
 
 # --------------------------------------------------------------------------- per node
@@ -599,9 +624,9 @@ def _ifname_problem(var: str, spec: str, ifaces: list[str]) -> str | None:
     ``ncclFindInterfaces``: ``strlen(env) > 1``; torch ProcessGroupGloo.cpp
     ``create_default``: ``ifnameEnv->size() > 1``): no problem then.
     """
+    if var.startswith(("NCCL_", "GLOO_")) and len(str(spec)) <= 1:
+        return None  # the raw length, as NCCL and Gloo test it (not stripped)
     spec = str(spec).strip()
-    if var.startswith(("NCCL_", "GLOO_")) and len(spec) <= 1:
-        return None
     if var.startswith("NCCL_"):
         exclude = spec.startswith("^")
         items = [i.strip() for i in spec.lstrip("^").split(",") if i.strip()]

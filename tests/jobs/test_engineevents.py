@@ -172,7 +172,7 @@ CASES: list[tuple[str, str, str, dict[str, Any]]] = [
 def test_event_types_from_real_shapes(
     why: str, line: str, kind: str, details: dict[str, Any]
 ) -> None:
-    (ev,) = parse_events(line)
+    (ev,) = parse_events(line + "\n")  # a whole log's last line ends with a newline
     assert ev["type"] == kind, why
     assert ev.get("details", {}) == details
     assert set(ev) <= set(EVENT_KEYS) | {"after_time"}
@@ -509,3 +509,55 @@ def test_events_on_a_wrong_clock_are_kept_with_a_note() -> None:
     assert "later than the log was read" in first["events"][1]["placement_note"]
     later = segment_events(early, T0, 10.0, first=False, tz=UTC, log_end_s=10.0)
     assert later["events"] == []  # an earlier run's
+
+
+# --- figures a wrap cut (trial of 2026-12-04: a cut exit code read as another one) -------
+
+_WORKER_DIED = (
+    "(EngineCore_DP0 pid=7) ERROR 05-12 08:01:40 [multiproc_executor.py:149] Worker proc "
+    "VllmWorker-1 died unexpectedly, shutting down executor. (exit code: -11)"
+)
+_V0_WORKER_DIED = (
+    "ERROR 05-12 08:01:40 multiproc_worker_utils.py:120] Worker VllmWorkerProcess pid 1159 "
+    "died, exit code: -11"  # vllm-project/vllm#6042's shape (there -6), a SIGSEGV
+)
+_V0_PREEMPTED = (
+    "WARNING 05-12 08:01:39 scheduler.py:1560] Sequence group 221 is preempted by "
+    "PreemptionMode.RECOMPUTE mode because there is not enough KV cache space. "
+    "total_num_cumulative_preemption=101"  # vllm/core/scheduler.py, GAIR-NLP/LIMO#29
+)
+
+
+@pytest.mark.parametrize(
+    ("line", "cut_after", "key", "whole"),
+    [
+        (_WORKER_DIED, "exit code: -1", "exit_code", -11),
+        (_V0_WORKER_DIED, "exit code: -1", "exit_code", -11),
+        (_V0_PREEMPTED, "preemption=1", "cumulative_preemptions", 101),
+    ],
+)
+def test_a_figure_cut_by_a_wrap_is_rejoined_or_left_out(
+    line: str, cut_after: str, key: str, whole: int
+) -> None:
+    """A terminal or a log shipper wraps a long line at a column: the figure at its end
+    (vLLM prints it last) is cut in two. Joined when the next line is only its tail,
+    absent with a note when nothing says how it goes on, never the cut half."""
+    cut = line.index(cut_after) + len(cut_after)
+    head, tail = line[:cut], line[cut:]
+    (ev,) = parse_events(head + "\n" + tail + "\n")
+    assert ev["details"][key] == whole
+    assert ev["notes"] == ["rejoined from 2 physical lines (wrapped)"]
+    # the tail repeated after Ray's tag, as Ray prefixes each physical line
+    if line.startswith("("):
+        (ev,) = parse_events(head + "\n(EngineCore_DP0 pid=7) " + tail + "\n")
+        assert ev["details"][key] == whole
+    # the log read while the line was being written: no newline after the cut
+    (ev,) = parse_events(head)
+    assert key not in ev.get("details", {})
+    assert any(key in n and "may be cut" in n for n in ev["notes"])
+    # the next line goes on with a digit, but not as a number's tail: unknown
+    (ev,) = parse_events(head + "\n" + "2026-12-04 10:00:00 something else\n")
+    assert key not in ev.get("details", {})
+    # a whole line followed by an unrelated line keeps its figure
+    (ev,) = parse_events(line + "\nINFO 05-12 08:01:41 [core.py:1] next\n")
+    assert ev["details"][key] == whole and "notes" not in ev

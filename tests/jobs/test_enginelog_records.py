@@ -394,6 +394,9 @@ def test_v0_hit_rate_line_of_another_second_is_not_merged() -> None:
         ("5120.4", "nan", "prompt_throughput_tok_s"),
         ("24 reqs", "+24 reqs", "running"),
         ("24 reqs", "\uff12\uff14 reqs", "running"),  # fullwidth digits
+        # %.1f has no thousands separator: a comma is another field's start or noise
+        ("5120.4", "5,120.4", "prompt_throughput_tok_s"),
+        ("310.2", "3,10.2", "generation_throughput_tok_s"),
     ],
 )
 def test_values_outside_what_vllm_prints_are_absent(old: str, new: str, key: str) -> None:
@@ -440,3 +443,79 @@ def test_header_after_an_opening_quote_is_text_after_a_closing_one_a_record() ->
     assert [r.src for r in quoted] == ["a.py:1"]
     glued = split_records("INFO 05-12 08:01:39 [a.py:1] model='x'INFO 05-12 08:01:39 [b.py:2] hi")
     assert [(r.src, r.message) for r in glued] == [("a.py:1", "model='x'"), ("b.py:2", "hi")]
+
+
+# --- a last value without a unit (trial of 2026-12-04) -----------------------------------
+
+#: vLLM 0.32 ``v1/metrics/loggers.py`` appends ``Preemptions: %d`` last when the scheduler
+#: preempted (no unit: a cut ``1`` of ``12`` reads as a whole number)
+HDR_P = "(APIServer pid=1) INFO 05-12 08:01:39 [loggers.py:336] "
+MSG_P = (
+    "Engine 000: Avg prompt throughput: 880.0 tokens/s, Avg generation throughput: 95.5 "
+    "tokens/s, Running: 9 reqs, Waiting: 0 reqs, GPU KV cache usage: 12.5%, Prefix cache "
+    "hit rate: 71.3%, Preemptions: 12"
+)
+
+
+@pytest.mark.parametrize("prefix", ["", "(APIServer pid=1) "])
+def test_a_unitless_last_value_cut_by_a_wrap_is_rejoined(prefix: str) -> None:
+    line = HDR_P + MSG_P
+    cut = line.index("Preemptions: 1") + len("Preemptions: 1")
+    text = line[:cut] + "\n" + prefix + line[cut:] + "\n" + HDR_B + MSG_B + "\n"
+    first, second = parse_stats_lines(text)
+    assert first["preemptions"] == 12
+    assert first["notes"] == ["rejoined from 2 physical lines (wrapped)"]
+    assert "notes" not in second and "preemptions" not in second
+
+
+def test_a_unitless_last_value_that_may_be_cut_is_absent_with_a_note() -> None:
+    line = HDR_P + MSG_P
+    cut = line.index("Preemptions: 1") + len("Preemptions: 1")
+    # the log read while the engine was writing the line: no newline after it
+    (rec,) = parse_stats_lines(line[:cut])
+    assert "preemptions" not in rec and rec["running"] == 9
+    assert rec["notes"] == [
+        "'Preemptions' may be cut: the log ends on its line without a newline: absent"
+    ]
+    # the next line goes on with a digit, but not as a number's tail: unknown
+    (rec,) = parse_stats_lines(line[:cut] + "\n2 workers restarted\n")
+    assert "preemptions" not in rec
+    assert any("may be cut" in n for n in rec["notes"])
+    # the same for a field the parser does not know (kept under extra)
+    unknown = HDR_A + MSG_B + ", Spec accept rate: 4"
+    (rec,) = parse_stats_lines(unknown)
+    assert "extra" not in rec and any("'Spec accept rate' may be cut" in n for n in rec["notes"])
+    (rec,) = parse_stats_lines(unknown + "\n5.0%\n")
+    assert rec["extra"] == {"Spec accept rate": 45.0}
+    # a whole line (newline, then another record) keeps its value and gets no note
+    (rec, _) = parse_stats_lines(line + "\n" + HDR_B + MSG_B + "\n")
+    assert rec["preemptions"] == 12 and "notes" not in rec
+
+
+def test_ray_dedup_mark_on_a_wrapped_piece_marks_the_record() -> None:
+    """Ray deduplicates each physical line: the mark may be on the wrapped piece only."""
+    line = RAY_PREFIX + "INFO 05-12 08:01:39 [loggers.py:336] " + MSG_A
+    cut = line.index("Running: 24 r") + len("Running: 24 r")
+    (rec,) = parse_stats_lines(line[:cut] + "\n" + RAY_PREFIX + line[cut:] + DEDUP + "\n")
+    assert rec["running"] == 24 and rec["waiting"] == 7
+    assert rec["repeat_count"] == 3 and rec["merged_across_processes"] is True
+
+
+def test_v0_second_line_repeated_cut_or_doubled() -> None:
+    hdr = RAY_PREFIX + "INFO 01-01 00:00:00 metrics.py:449] "
+    hit_hdr = RAY_PREFIX + "INFO 01-01 00:00:00 metrics.py:465] "
+    # only the hit-rate line was deduplicated: its values are several processes'
+    (rec,) = parse_stats_lines(hdr + V0 + "\n" + hit_hdr + HIT + DEDUP + "\n")
+    assert rec["prefix_cache_hit_rate_pct"] == 12.5
+    assert rec["repeat_count"] == 3 and rec["merged_across_processes"] is True
+    # cut after the GPU value: the CPU value is absent, with a note
+    (rec,) = parse_stats_lines(hdr + V0 + "\n" + hit_hdr + "Prefix cache hit rate: GPU: 12.50%")
+    assert rec["prefix_cache_hit_rate_pct"] == 12.5
+    assert "cpu_prefix_cache_hit_rate_pct" not in rec
+    assert "second V0 line: no 'CPU' value (cut?): absent" in rec["notes"]
+    # a device logged twice: which value is right is unknown
+    doubled = "Prefix cache hit rate: GPU: 45.00%, CPU: 0.00%, GPU: 3.0%"
+    (rec,) = parse_stats_lines(hdr + V0 + "\n" + hit_hdr + doubled + "\n")
+    assert rec["prefix_cache_hit_rate_pct"] is None
+    assert rec["cpu_prefix_cache_hit_rate_pct"] == 0.0
+    assert "second V0 line: 'GPU' logged twice: not read" in rec["notes"]

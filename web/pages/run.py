@@ -595,6 +595,7 @@ def run_page(run_id: str, request: Request) -> HTMLResponse:
         findings = [] if run.status in ACTIVE else run_advice(session, run_id)
         startup_facts = engine_info.pop("startup_facts", None) or {}
         histogram_notes = engine_info.pop("histogram_notes", None) or []
+        histogram_notes += engine_info.pop("counter_notes", None) or []  # /metrics counters
         cache_check = engine_info.pop("cache_contamination", None) or None  # jobs.cachecheck
         events = events_view(engine_info)
         resolution = engine_info.pop("model_resolution", None) or (

@@ -6,9 +6,11 @@ Formulas and their vLLM sources: :mod:`.shapes`, :mod:`.drafter`, :mod:`.pool`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
+from orchestrator.analysis.kvcache.keys import ignored_engine_keys, ignored_spec_keys
 from orchestrator.analysis.kvcache.layers import kv_layout
 from orchestrator.analysis.kvcache.pool import Pool, kv_pool, pool_shape
 from orchestrator.analysis.kvcache.shapes import (
@@ -144,21 +146,62 @@ def available_kv_bytes(memory_gib: Mapping[str, Any], engine: Mapping[str, Any])
     ``available = total * gpu_memory_utilization - peak_torch - non_torch``
     (``gpu_memory_utilization`` from ``engine``, default 0.9; ``vllm/v1/worker/gpu_worker.py``
     ``determine_available_memory``). Negative results clamp to 0.
+
+    Raises :class:`KVConfigError` for a figure that is not a finite number >= 0, a key
+    it does not know (a typo would drop a figure silently), a profile without the total
+    or without any of the torch figures (taken as 0 it inflates the estimate), and a
+    ``gpu_memory_utilization`` outside (0, 1].
     """
     if engine.get("kv_cache_memory_bytes") is not None:
         return engine_int(engine, "kv_cache_memory_bytes", 0, low=1)
-    if memory_gib.get("available_kv_cache") is not None:
-        return max(0, int(float(memory_gib["available_kv_cache"]) * GIB))
-    util = float(engine.get("gpu_memory_utilization") or 0.9)
-    if memory_gib.get("peak_torch_memory") is not None:
-        torch_peak = float(memory_gib["peak_torch_memory"])
-    else:
-        torch_peak = float(memory_gib.get("weights_memory", 0.0)) + float(
-            memory_gib.get("peak_activation_memory", 0.0)
+    unknown = sorted(str(k) for k in memory_gib if k not in MEMORY_KEYS)
+    if unknown:
+        raise KVConfigError(
+            ("memory_gib", unknown[0]), f"not a memory figure (known: {', '.join(MEMORY_KEYS)})"
         )
-    total = float(memory_gib["total_gpu_memory"])
-    gib = total * util - torch_peak - float(memory_gib.get("non_torch_memory", 0.0))
+    figures = {k: _gib(k, v) for k, v in memory_gib.items() if v is not None}
+    if "available_kv_cache" in figures:
+        return max(0, int(figures["available_kv_cache"] * GIB))
+    if "total_gpu_memory" not in figures:
+        raise KVConfigError(
+            ("memory_gib", "total_gpu_memory"),
+            "give available_kv_cache, or the memory profile with total_gpu_memory",
+        )
+    if not {"peak_torch_memory", "weights_memory"} & set(figures):
+        raise KVConfigError(
+            ("memory_gib", "peak_torch_memory"),
+            "give peak_torch_memory (or weights_memory and peak_activation_memory): "
+            "taken as 0, the weights' memory would count as KV cache",
+        )
+    raw_util = engine.get("gpu_memory_utilization")
+    util = 0.9 if raw_util is None else _gib("gpu_memory_utilization", raw_util, "engine")
+    if not 0 < util <= 1:
+        raise KVConfigError(("engine", "gpu_memory_utilization"), f"must be in (0, 1], got {util}")
+    if "peak_torch_memory" in figures:
+        torch_peak = figures["peak_torch_memory"]
+    else:
+        torch_peak = figures["weights_memory"] + figures.get("peak_activation_memory", 0.0)
+    gib = figures["total_gpu_memory"] * util - torch_peak - figures.get("non_torch_memory", 0.0)
     return max(0, int(gib * GIB))
+
+
+#: The figures ``memory_gib`` may hold (GiB per GPU, as vLLM's memory profile logs them).
+MEMORY_KEYS = (
+    "available_kv_cache",
+    "total_gpu_memory",
+    "peak_torch_memory",
+    "weights_memory",
+    "peak_activation_memory",
+    "non_torch_memory",
+)
+
+
+def _gib(key: str, value: Any, where: str = "memory_gib") -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise KVConfigError((where, key), f"must be a finite number, got {value!r}")
+    if value < 0:
+        raise KVConfigError((where, key), f"must be >= 0, got {value!r}")
+    return float(value)
 
 
 def _norm(engine: Mapping[str, Any]) -> dict[str, Any]:
@@ -184,7 +227,17 @@ def _pool(
     layout = _given_layout(given, engine)
     shape = _shape(layout, engine, given=True)
     notes = [f"kv_bytes_per_token {given} given: used as one full-attention layer per rank"]
-    shape.update(ignored_keys=[], notes=notes)
+    spec = engine.get("speculative_config")
+    if spec:
+        notes.append(
+            "speculative_config is not added to a given kv_bytes_per_token: the figure "
+            "must already hold the drafter's (draft model, EAGLE or MTP layers') KV cache"
+        )
+    # without the model, the engine keys are still checked: an unknown one is listed
+    ignored = ignored_engine_keys(engine)
+    if isinstance(spec, Mapping):
+        ignored += ignored_spec_keys(spec)
+    shape.update(ignored_keys=ignored, notes=notes)
     if model is not None:
         try:
             modelled = kv_bytes_per_token(model, engine, draft_config=draft_config)

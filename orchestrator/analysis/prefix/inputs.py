@@ -271,6 +271,13 @@ def coerce_sourced(
         ids_field = next(
             (k for k in ("prompt_token_ids", "token_ids") if data.get(k) is not None), None
         )
+        both = data.get("prompt_token_ids") is not None and data.get("token_ids") is not None
+        if both and data["prompt_token_ids"] != data["token_ids"]:
+            raise ValueError(
+                f'{label}: has both "prompt_token_ids" and "token_ids", with different ids: '
+                "which one the engine reads depends on the entry point (vLLM's TokensPrompt "
+                'reads "prompt_token_ids", /inference/v1/generate reads "token_ids"); give one'
+            )
         if ids_field is not None and (prompt is not None or messages) and notes is not None:
             given = "prompt" if prompt is not None else "messages"
             notes.append(

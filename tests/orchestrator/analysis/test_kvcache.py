@@ -861,3 +861,66 @@ def test_check_reads_the_older_printed_count_by_version() -> None:
     assert old is not None and old["agrees"] is True and old["printed_formula"] == "blocks"
     new = check_against_engine(GPT_OSS_20B, eng, {**facts, "vllm_version": "0.32.0"})
     assert new is not None and new["agrees"] is False and new["printed_formula"] == "group-aware"
+
+
+# --- memory figures and a given bytes-per-token (trial of 2026-12-04) ---------------------
+
+
+@pytest.mark.parametrize(
+    ("memory", "engine", "loc"),
+    [
+        # the total alone: weights and peaks taken as 0 gave 72 GiB of KV cache on 80
+        ({"total_gpu_memory": 80}, {}, ("memory_gib", "peak_torch_memory")),
+        # a typo drops a figure: refused, naming it
+        (
+            {"total_gpu_memory": 80, "weights_memory": 15, "peak_activaton_memory": 4},
+            {},
+            ("memory_gib", "peak_activaton_memory"),
+        ),
+        ({"peak_torch_memory": 20}, {}, ("memory_gib", "total_gpu_memory")),
+        ({"available_kv_cache": float("nan")}, {}, ("memory_gib", "available_kv_cache")),
+        ({"available_kv_cache": -5}, {}, ("memory_gib", "available_kv_cache")),
+        ({"available_kv_cache": "10 GiB"}, {}, ("memory_gib", "available_kv_cache")),
+        # 0 is not "unset": vLLM refuses it (CacheConfig gpu_memory_utilization gt=0, le=1)
+        (
+            {"total_gpu_memory": 80, "peak_torch_memory": 20},
+            {"gpu_memory_utilization": 0},
+            ("engine", "gpu_memory_utilization"),
+        ),
+    ],
+)
+def test_memory_figures_that_would_inflate_the_estimate_are_refused(
+    memory: dict[str, Any], engine: dict[str, Any], loc: tuple[str, ...]
+) -> None:
+    with pytest.raises(KVConfigError) as info:
+        estimate_kv_cache(LLAMA, engine, memory, 8192)
+    assert info.value.loc == loc
+
+
+def test_memory_profile_follows_determine_available_memory() -> None:
+    """vllm/v1/worker/gpu_worker.py determine_available_memory: requested memory (total x
+    gpu_memory_utilization) minus the profile's torch peak and non-torch memory."""
+    est = estimate_kv_cache(
+        LLAMA,
+        {"gpu_memory_utilization": 0.5},
+        {
+            "total_gpu_memory": 80,
+            "weights_memory": 15,
+            "peak_activation_memory": 4,
+            "non_torch_memory": 1,
+        },
+        8192,
+    )
+    assert est["available_kv_bytes"] == int((80 * 0.5 - 15 - 4 - 1) * 2**30)
+
+
+def test_given_bytes_per_token_still_lists_unknown_keys_and_says_what_it_leaves_out() -> None:
+    engine = {
+        "speculative_config": {"method": "eagle", "model": "x", "num_speculative_tokens": 3},
+        "frobnicate": 1,
+    }
+    est = estimate_kv_cache(
+        None, engine, {"available_kv_cache": 10}, 8192, kv_bytes_per_token=131072
+    )
+    assert [k["key"] for k in est["ignored_keys"]] == ["frobnicate"]
+    assert any("speculative_config is not added" in n for n in est["notes"])

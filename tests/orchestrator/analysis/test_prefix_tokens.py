@@ -409,3 +409,15 @@ def test_handed_cases_have_no_resends(tiny_dir: Path) -> None:
     for name in ("clock_in_system_prompt.json", "tool_schema_key_order.json"):
         a = analyze_prefix(_case(name)["requests"], tiny_dir)
         assert a.resends == [] and not a.prediction_counts_generated_tokens
+
+
+def test_two_id_fields_that_disagree_are_refused_equal_ones_read() -> None:
+    """A body with ``prompt_token_ids`` (vLLM's TokensPrompt) and ``token_ids``
+    (``/inference/v1/generate``'s GenerateRequest) that differ: which one the engine
+    reads depends on the entry point, so no hit rate is made from either (trial of
+    2026-12-04: the shorter field won and the hit rate was 0)."""
+    ids = list(range(100, 164))
+    with pytest.raises(ValueError, match='both "prompt_token_ids" and "token_ids"'):
+        analyze_prefix([{"token_ids": ids, "prompt_token_ids": ids[:10]}, {"token_ids": ids}])
+    same = analyze_prefix([{"token_ids": ids, "prompt_token_ids": ids}, {"token_ids": ids}])
+    assert same.prompt_tokens == [64, 64] and same.shared_prefix_tokens == 64

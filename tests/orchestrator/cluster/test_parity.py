@@ -858,3 +858,60 @@ def test_upper_case_top_level_keys_are_environment_variables() -> None:
     assert {e["verdict"] for e in report["evaluations"] if e["field"] == "env.MASTER_ADDR"} == {
         "ok"
     }
+
+
+# --- a per-node rule without the node fact it needs (trial of 2026-12-04) -----------------
+
+
+def _unknowns(report: dict[str, Any], field: str) -> dict[str, dict[str, Any]]:
+    return {u["rule"]: u for u in report["unknown"] if u["field"] == field}
+
+
+def test_socket_ifname_without_the_nodes_interfaces_is_unknown_not_ok() -> None:
+    """NCCL_SOCKET_IFNAME=eth9 on both nodes (vllm-project/vllm#44878's shape) but no
+    interface list in the fingerprints: whether eth9 exists is unknown, never "ok"."""
+    nodes = [_ray_node(n, ip, {"NCCL_SOCKET_IFNAME": "eth9"}, []) for n, ip in _IPS]
+    for node in nodes:
+        del node["interfaces"]
+    report = check_parity(nodes, {"launch_env": {}})
+    assert report["verdict"] == "unknown"
+    exists = _unknowns(report, "env.NCCL_SOCKET_IFNAME")["socket_ifname_exists"]
+    assert set(exists["undecided"]) == {"a", "b"}
+    assert "interfaces were not captured" in exists["undecided"]["a"]
+    # one node's list is known and lacks eth9: that node blocks, whatever the other says
+    nodes[0]["interfaces"] = ["lo", "eth0"]
+    report = check_parity(nodes, {"launch_env": {}})
+    assert report["verdict"] == "blocked"
+    (finding,) = [m for m in report["mismatches"] if m["field"] == "env.NCCL_SOCKET_IFNAME"]
+    assert finding["odd_nodes"] == ["a"]
+
+
+def test_vllm_host_ip_without_the_nodes_ray_ip_is_unknown_not_ok() -> None:
+    """vLLM's run_cluster.sh: each node's VLLM_HOST_IP must be its own address; without
+    the node's Ray IP in its fingerprint that half of the rule cannot be decided."""
+    nodes = [
+        _ray_node(n, ip, {"VLLM_HOST_IP": f"10.0.0.{7 + i}"}, ["lo", "eth0"])
+        for i, (n, ip) in enumerate(_IPS)
+    ]
+    for node in nodes:
+        del node["ip"]
+    report = check_parity(nodes, {"launch_env": {}})
+    assert report["verdict"] == "unknown"
+    rule = _unknowns(report, "env.VLLM_HOST_IP")["vllm_host_ip"]
+    assert "Ray IP was not captured" in rule["undecided"]["b"]
+
+
+def test_a_socket_ifname_of_two_spaces_is_used_by_nccl() -> None:
+    """NCCL tests the raw value (``strlen(env) > 1``, src/misc/socket.cc): two spaces are
+    a prefix list that selects no interface, not "ignored"."""
+    nodes = [
+        _ray_node("a", "10.0.0.1", {"NCCL_SOCKET_IFNAME": "eth0"}, ["eth0"]),
+        _ray_node("b", "10.0.0.2", {"NCCL_SOCKET_IFNAME": "  "}, ["eth0"]),
+    ]
+    report = check_parity(nodes, {"launch_env": {}})
+    assert report["verdict"] == "blocked"
+    (finding,) = [m for m in report["mismatches"] if m["field"] == "env.NCCL_SOCKET_IFNAME"]
+    assert "b" in finding["odd_nodes"]
+
+
+_IPS = [("a", "10.0.0.1"), ("b", "10.0.0.2")]
