@@ -85,7 +85,7 @@ LAYERS: dict[str, Rule] = {
         "everything that imports Ray",
     ),
     _INTEGRATIONS: Rule(
-        (_INTEGRATIONS, _CORE, _EXPERIMENTS, _RUNS, _ANALYSIS),
+        (_INTEGRATIONS, _CORE, _EXPERIMENTS, _RUNS, _ANALYSIS, "jobs"),
         "exports to outside systems (MLflow); their clients deferred",
     ),
     "api": Rule(

@@ -9,10 +9,8 @@ unlike the API it takes any tracking URI MLflow takes (``http(s)://``, ``sqlite:
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Annotated, NoReturn
-from urllib.parse import urlsplit
 
 import typer
 from rich.console import Console
@@ -22,7 +20,11 @@ from orchestrator.cli.runtime import Runtime
 from orchestrator.core.db import unit_of_work
 from orchestrator.core.errors import VlabError
 from orchestrator.core.settings import get_settings
-from orchestrator.integrations.mlflow_export import ExportReport, export_experiment, redact_uri
+from orchestrator.integrations.mlflow_export import (
+    ExportReport,
+    export_experiment,
+    tracking_uri_problem,
+)
 
 export_app = typer.Typer(
     help="Export an experiment's runs to another system (MLflow).", no_args_is_help=True
@@ -64,7 +66,7 @@ def export_mlflow(
     uri = (tracking_uri or settings.mlflow.tracking_uri or "").strip()
     if not uri:
         _fail("no tracking URI: give --tracking-uri (or set MLFLOW_TRACKING_URI)")
-    problem = check_cli_tracking_uri(uri)
+    problem = tracking_uri_problem(uri)
     if problem:
         _fail(problem)
     rt = Runtime(settings)
@@ -87,33 +89,6 @@ def export_mlflow(
     finally:
         rt.stop()
     print_report(report)
-
-
-#: The tracking-URI schemes MLflow's client stores take (``databricks`` has no ``://``).
-_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks", "file")
-_ACCEPTED = (
-    "http(s)://host[:port], sqlite:///path.db, postgresql://..., mysql://..., databricks, "
-    "or file:///path (MLflow 3 refuses file:// stores unless MLFLOW_ALLOW_FILE_STORE=true)"
-)
-
-
-def check_cli_tracking_uri(uri: str) -> str | None:
-    """Why ``uri`` is no tracking URI MLflow takes (None when it is one): no scheme, or one
-    MLflow has no store for. Checked before MLflow is loaded, so the answer is one line."""
-    scheme = urlsplit(uri).scheme.lower()
-    base = scheme.split("+", 1)[0]  # postgresql+psycopg2://, mysql+pymysql:// ...
-    if uri.lower() == "databricks" or (base in _SCHEMES and "://" in uri):
-        if base == "file" and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in (
-            "true",
-            "1",
-        ):
-            return (
-                f"tracking URI {redact_uri(uri)!r}: MLflow 3 refuses file:// stores unless "
-                "MLFLOW_ALLOW_FILE_STORE=true; use sqlite:///path.db or an http(s):// server"
-            )
-        return None
-    why = f"the scheme {scheme}:// is not one MLflow takes" if scheme else "it has no scheme"
-    return f"not a tracking URI ({why}): give {_ACCEPTED}"
 
 
 def _fail(message: str) -> NoReturn:

@@ -42,6 +42,14 @@ class ApiSettings(BaseModel):
         "open, like /healthz",
     )
 
+    @field_validator("metrics_token")
+    @classmethod
+    def _metrics_token_not_blank(cls, value: SecretStr | None) -> SecretStr | None:
+        # an empty token would let `Authorization: Bearer ` (empty) in
+        if value is not None and not value.get_secret_value().strip():
+            raise ValueError("is empty: give a token, or unset it to leave /metrics open")
+        return value
+
 
 #: A container image reference, Docker's grammar (distribution/reference ``reference.go``):
 #: ``[host[:port]/]path[:tag][@algorithm:hex]``, lower-case path components.

@@ -35,7 +35,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
 from sqlalchemy.orm import Session
@@ -144,12 +144,46 @@ def _is_http(uri: str) -> bool:
     return urlsplit(uri).scheme.lower() in ("http", "https")
 
 
+#: The tracking-URI schemes MLflow's client stores take (``databricks`` has no ``://``).
+_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks", "file")
+_ACCEPTED = (
+    "http(s)://host[:port], sqlite:///path.db, postgresql://..., mysql://..., databricks, "
+    "or file:///path (MLflow 3 refuses file:// stores unless MLFLOW_ALLOW_FILE_STORE=true)"
+)
+
+
+def tracking_uri_problem(uri: str) -> str | None:
+    """Why ``uri`` is no tracking URI MLflow takes (None when it is one): no scheme, one
+    MLflow has no store for, or a path with ``.``/``..`` segments (they would walk out
+    of an allowed prefix). Checked before MLflow is loaded, so the answer is one line."""
+    scheme = urlsplit(uri).scheme.lower()
+    base = scheme.split("+", 1)[0]  # postgresql+psycopg2://, mysql+pymysql:// ...
+    path = unquote(urlsplit(uri).path)
+    if any(seg in (".", "..") for seg in re.split(r"[/\\]", path)):
+        return (
+            f"tracking URI {redact_uri(uri)!r}: a path with '.' or '..' segments is not "
+            "accepted: give the path without them"
+        )
+    if uri.lower() == "databricks" or (base in _SCHEMES and "://" in uri):
+        if base == "file" and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in (
+            "true",
+            "1",
+        ):
+            return (
+                f"tracking URI {redact_uri(uri)!r}: MLflow 3 refuses file:// stores unless "
+                "MLFLOW_ALLOW_FILE_STORE=true; use sqlite:///path.db or an http(s):// server"
+            )
+        return None
+    why = f"the scheme {scheme}:// is not one MLflow takes" if scheme else "it has no scheme"
+    return f"not a tracking URI ({why}): give {_ACCEPTED}"
+
+
 def check_api_tracking_uri(uri: str | None, settings: MlflowSettings) -> str:
     """The tracking URI an API request may export to: ``uri``, else the configured one.
 
     The API accepts ``http(s)`` tracking servers only, unless
     ``settings.allow_local_stores`` also allows stores on the service's own disk or a
-    database (``file://``, ``sqlite://``, a path, ``postgresql://`` ...): otherwise an API
+    database (``file://``, ``sqlite://``, ``postgresql://`` ...): otherwise an API
     user could make the service write files wherever it may. With
     ``settings.allowed_uri_prefixes`` set, the URI must start with one of them.
 
@@ -168,7 +202,9 @@ def check_api_tracking_uri(uri: str | None, settings: MlflowSettings) -> str:
         raise refuse(
             "no tracking URI: give tracking_uri, or set VLAB_MLFLOW__TRACKING_URI", "missing"
         )
+    problem = tracking_uri_problem(chosen)
     parts = urlsplit(chosen)
+    known = not problem or "not one MLflow takes" not in problem
     if _is_http(chosen):
         try:
             host = parts.hostname
@@ -177,7 +213,7 @@ def check_api_tracking_uri(uri: str | None, settings: MlflowSettings) -> str:
             host = None
         if not host:
             raise refuse("an http(s) tracking URI needs a host (and a numeric port)", "uri")
-    elif not settings.allow_local_stores:
+    elif not settings.allow_local_stores and known:
         what = f"{parts.scheme}:// stores" if parts.scheme else "paths"
         raise refuse(
             "the API exports to http(s) MLflow tracking servers only; "
@@ -186,6 +222,8 @@ def check_api_tracking_uri(uri: str | None, settings: MlflowSettings) -> str:
             "on the command line takes any URI)",
             "uri_scheme_refused",
         )
+    if problem is not None:  # an unknown scheme, dot segments, a file:// MLflow refuses
+        raise refuse(problem, "uri")
     prefixes = settings.allowed_uri_prefixes
     if prefixes and not any(chosen.startswith(p) for p in prefixes):
         raise refuse(

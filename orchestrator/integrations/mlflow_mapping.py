@@ -4,7 +4,9 @@ Pure functions over the stored run (:class:`RunHead`), its summary metrics and i
 ``/metrics`` samples; :mod:`orchestrator.integrations.mlflow_export` sends the result.
 
 - **params**: the resolved engine arguments (``engine_args.<name>``: the run's
-  ``engine_args``, what ``vllm serve`` was started with after vLLM's own defaults), the
+  ``engine_args``, what ``vllm serve`` was started with after vLLM's own defaults; not
+  the launch-time ones, ``host``, ``port``, ``model`` ..., nor argparse's ``==SUPPRESS==``
+  placeholders), the
   requested layout (``layout.<key>``: ``tensor_parallel_size``, ``pipeline_parallel_size``,
   ``devices`` ...), the layout the run got (``placement.nnodes``, ``placement.devices``,
   ``placement.devices_per_node``, ``placement.resource``, ``placement.policy`` ...; absent
@@ -38,6 +40,7 @@ Pure functions over the stored run (:class:`RunHead`), its summary metrics and i
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import re
@@ -46,6 +49,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from jobs.engine import RESERVED_ENGINE_ARGS
 from orchestrator.analysis.compare import METRICS
 from orchestrator.core.models import Run
 from orchestrator.runs.timeseries import Point
@@ -207,7 +211,13 @@ def run_params(head: RunHead) -> tuple[dict[str, str], list[str]]:
     """The MLflow params of a run (see the module docstring) and the keys whose value was
     cut to MLflow's 6,000 characters. Keys sanitised by :func:`mlflow_key`; two names that
     sanitise alike keep the first, the later get ``_2``, ``_3`` ..."""
-    raw: list[tuple[str, Any]] = [(f"engine_args.{k}", v) for k, v in head.engine_args.items()]
+    raw: list[tuple[str, Any]] = [
+        (f"engine_args.{k}", v)
+        for k, v in head.engine_args.items()
+        # launch-time arguments (host, port, model name...: their resolved defaults are not
+        # what the engine got) and argparse's SUPPRESS sentinel (no value at all)
+        if k not in RESERVED_ENGINE_ARGS and v != argparse.SUPPRESS
+    ]
     raw += [(f"layout.{k}", v) for k, v in head.layout.items()]
     raw += placement_params(head.placement)
     raw += [(f"workload.{k}", v) for k, v in head.workload.items()]

@@ -382,3 +382,53 @@ def test_overlays_set_images_and_devices() -> None:
     (cpu_group,) = cpu["spec"]["workerGroupSpecs"]
     assert "nvidia.com/gpu" not in repr(cpu)
     assert "tolerations" not in cpu_group["template"]["spec"]
+
+
+def _user_step() -> str:
+    """The Dockerfile's RUN step that creates the non-root user, as one shell command."""
+    text = DOCKERFILE.read_text()
+    start = text.index("RUN if getent passwd")
+    end = text.index("\n\n", start)
+    return text[start + len("RUN ") : end].replace("\\\n", " ")  # as Docker joins lines
+
+
+@pytest.mark.parametrize("taken_by", ["ubuntu", None])
+def test_the_user_step_frees_uid_1000_on_ubuntu_24_04(tmp_path: Path, taken_by: str | None) -> None:
+    """Ubuntu 24.04 images (nvidia/cuda:*-ubuntu24.04, the CUDA base) ship a user
+    `ubuntu` with uid 1000, and `useradd --uid 1000` then stops the build ("UID 1000 is
+    not unique"; trial of 2026-12-04). The step runs here against stand-ins of getent,
+    userdel, useradd, mkdir and chown that keep a passwd file (no image is built)."""
+    passwd = tmp_path / "passwd"
+    passwd.write_text(f"{taken_by}:x:1000:1000::/home/{taken_by}:/bin/bash\n" if taken_by else "")
+    calls = tmp_path / "calls"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stubs = {
+        "getent": f'grep -E "^[^:]*:[^:]*:$2:" {passwd} || exit 2',
+        "userdel": f'echo "userdel $*" >> {calls}; sed -i "/^$2:/d" {passwd}',
+        "useradd": (
+            f'echo "useradd $*" >> {calls}; uid=$3; '
+            f'if grep -qE "^[^:]*:[^:]*:$uid:" {passwd}; then '
+            'echo "useradd: UID $uid is not unique" >&2; exit 4; fi; '
+            f'echo "$6:x:$uid:$uid::/home/$6:/bin/bash" >> {passwd}'
+        ),
+        "mkdir": f'echo "mkdir $*" >> {calls}',
+        "chown": f'echo "chown $*" >> {calls}',
+    }
+    for name, body in stubs.items():
+        path = bin_dir / name
+        path.write_text(f"#!/bin/bash\n{body}\n")
+        path.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "VLAB_UID": "1000"}
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", _user_step()],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert passwd.read_text().splitlines() == ["vlab:x:1000:1000::/home/vlab:/bin/bash"]
+    log = calls.read_text()
+    assert ("userdel --remove ubuntu" in log) == (taken_by == "ubuntu")
+    assert "useradd --create-home --uid 1000 --shell /bin/bash vlab" in log

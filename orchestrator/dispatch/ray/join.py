@@ -277,6 +277,28 @@ def _gcs_host_port(address: str) -> tuple[str, int] | None:
     return (host, port) if host and 0 < port < 65536 else None
 
 
+#: HTTP/2's client connection preface and an empty SETTINGS frame (RFC 9113 section 3.4).
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def _speaks_http2(sock: socket.socket) -> bool:
+    """Whether the server on ``sock`` answers HTTP/2's preface with a SETTINGS frame, as
+    every gRPC server (Ray's GCS) does; a TLS GCS (``RAY_USE_TLS``) is not probed."""
+    if (os.environ.get("RAY_USE_TLS") or "").strip().lower() in ("1", "true"):
+        return True
+    try:
+        sock.sendall(_H2_PREFACE)
+        head = b""
+        while len(head) < 9:
+            chunk = sock.recv(9 - len(head))
+            if not chunk:
+                return False
+            head += chunk
+    except OSError:
+        return False
+    return head[3] == 0x04  # frame type SETTINGS
+
+
 def check_gcs_reachable(address: str, timeout_s: float = GCS_CONNECT_TIMEOUT_S) -> None:
     """Resolve and TCP-connect to the GCS that ``address`` names, within ``timeout_s``.
 
@@ -311,6 +333,13 @@ def check_gcs_reachable(address: str, timeout_s: float = GCS_CONNECT_TIMEOUT_S) 
         sock.settimeout(timeout_s)
         try:
             sock.connect(sockaddr)
+            if not _speaks_http2(sock):
+                raise RayClusterError(
+                    f"{where}: what answers there is not a Ray GCS (it does not speak "
+                    "HTTP/2, the protocol of Ray's gRPC; Redis, Postgres or a web server "
+                    "on that port?): give the head's GCS address, `ray start --head "
+                    "--port` (default 6379), not the Ray Client (10001) or dashboard port"
+                )
             return
         except ConnectionRefusedError:
             last = "connection refused"

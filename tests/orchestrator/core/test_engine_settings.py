@@ -137,3 +137,13 @@ def test_image_needs_the_python_inside_it_and_no_per_node_paths() -> None:
             image_uri="acme/engine:1",
             python_by_node={"10.0.0.2": "/opt/x/bin/python"},
         )
+
+
+@pytest.mark.parametrize("blank", ["", "   "])
+def test_an_empty_metrics_token_is_refused_not_an_open_door(
+    monkeypatch: pytest.MonkeyPatch, blank: str
+) -> None:
+    """Trial of 2026-12-04: VLAB_API__METRICS_TOKEN= (set, empty) let an empty bearer in."""
+    monkeypatch.setenv("VLAB_API__METRICS_TOKEN", blank)
+    with pytest.raises(ValidationError, match="is empty"):
+        Settings()

@@ -374,3 +374,73 @@ def test_unresolvable_gcs_host_is_refused_before_ray_init(
 @pytest.mark.parametrize("address", ["auto", "local", "", "ray://h:10001", "hostonly"])
 def test_gcs_check_skips_addresses_without_host_and_port(address: str) -> None:
     join.check_gcs_reachable(address, 0.5)  # nothing to check: no error, no network
+
+
+def _one_shot_server(reply: bytes | None) -> tuple[int, Any]:
+    """A TCP server that reads what the client sends first, then answers ``reply`` (None:
+    says nothing) once."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            conn.recv(64)
+            if reply is not None:
+                conn.sendall(reply)
+            conn.recv(64)  # hold the connection until the client is done
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv.getsockname()[1], srv
+
+
+#: what a gRPC server (Ray's GCS) answers HTTP/2's preface with: its SETTINGS frame
+_H2_SETTINGS = b"\x00\x00\x06\x04\x00\x00\x00\x00\x00\x00\x03\x00\x00\x00\x64"
+
+
+def test_a_grpc_server_passes_the_gcs_check() -> None:
+    port, srv = _one_shot_server(_H2_SETTINGS)
+    with srv:
+        join.check_gcs_reachable(f"127.0.0.1:{port}", 3)
+
+
+@pytest.mark.parametrize(
+    ("reply", "what"),
+    [
+        (b"-ERR unknown command 'PRI', with args beginning with: \r\n", "Redis"),
+        (b"HTTP/1.1 400 Bad Request\r\n\r\n", "a web server"),
+        (None, "a server that says nothing"),
+    ],
+)
+def test_a_port_that_is_not_a_ray_gcs_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, reply: bytes | None, what: str
+) -> None:
+    """Trial of 2026-12-04: RAY_ADDRESS at Redis's 6379 (Ray's default GCS port, a likely
+    mix-up) hung `vlab up` in ray.init's retries with no line of ours."""
+    _no_ray_init(monkeypatch)
+    port, srv = _one_shot_server(reply)
+    with srv, pytest.raises(RayClusterError) as caught:
+        join.init_ray(f"127.0.0.1:{port}", connect_timeout_s=2)
+    text = str(caught.value)
+    assert text.startswith(f"cannot join the Ray cluster at 127.0.0.1:{port} (RAY_ADDRESS): ")
+    assert "not a Ray GCS" in text and "\n" not in text, what
+
+
+def test_the_project_database_port_is_not_a_ray_gcs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real non-Ray service: the Postgres the tests use over TCP (CI's DATABASE_URL)."""
+    import os
+
+    from sqlalchemy.engine import make_url
+
+    if not os.environ.get("DATABASE_URL"):
+        pytest.skip("DATABASE_URL unset: the tests' Postgres is embedded (no TCP port)")
+    url = make_url(os.environ["DATABASE_URL"])
+    if not url.port and not url.host:
+        pytest.skip("DATABASE_URL names no TCP address")
+    _no_ray_init(monkeypatch)
+    with pytest.raises(RayClusterError, match="not a Ray GCS"):
+        join.init_ray(f"{url.host or '127.0.0.1'}:{url.port or 5432}", connect_timeout_s=3)

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session
 
+from jobs.engine import RESERVED_ENGINE_ARGS
 from orchestrator.core.errors import (
     ExportRequestInvalidError,
     MlflowExperimentDeletedError,
@@ -113,7 +114,18 @@ def test_demo_experiment_round_trips(db_session: Session, tmp_path: Path) -> Non
             assert "vlab.variable" not in tags and tags["vlab.is_baseline"] == "true"
         # params: every resolved engine argument (317 in vLLM 0.32.0's list), the layout
         # asked for and the one the run got
-        assert sum(k.startswith("engine_args.") for k in params) == len(run.engine_args)
+        # less the launch-time ones (host, port: not what the engine got) and argparse's
+        # ==SUPPRESS== placeholders (trial of 2026-12-04)
+        shown = {
+            k
+            for k, v in run.engine_args.items()
+            if k not in RESERVED_ENGINE_ARGS and v != "==SUPPRESS=="
+        }
+        assert {k.removeprefix("engine_args.") for k in params if k.startswith("engine_args.")} == {
+            mlflow_key(k) for k in shown
+        }
+        assert "engine_args.port" not in params and "engine_args.host" not in params
+        assert "==SUPPRESS==" not in params.values()
         apc = "true" if run.name == "apc-on" else "false"
         assert params["engine_args.enable_prefix_caching"] == apc
         assert params["engine_args.max_model_len"] == "2048"
@@ -372,7 +384,7 @@ def test_keys_are_what_mlflow_accepts(name: str, key: str) -> None:
     _validate_metric_name(key)
 
 
-def test_uri_policy_of_the_api() -> None:
+def test_uri_policy_of_the_api(monkeypatch: pytest.MonkeyPatch) -> None:
     strict = MlflowSettings()
     assert check_api_tracking_uri("https://mlflow.example.com", strict) == (
         "https://mlflow.example.com"
@@ -386,6 +398,10 @@ def test_uri_policy_of_the_api() -> None:
         with pytest.raises(ExportRequestInvalidError):
             check_api_tracking_uri(bad, strict)
     local = MlflowSettings(allow_local_stores=True, tracking_uri="sqlite:////tmp/m.db")
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    with pytest.raises(ExportRequestInvalidError, match="MLFLOW_ALLOW_FILE_STORE"):
+        check_api_tracking_uri("file:///tmp/mlruns", local)  # MLflow 3 refuses it too
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     assert check_api_tracking_uri("file:///tmp/mlruns", local) == "file:///tmp/mlruns"
     assert check_api_tracking_uri(None, local) == "sqlite:////tmp/m.db"
     fenced = MlflowSettings(allowed_uri_prefixes=["https://mlflow.internal/"])
@@ -394,6 +410,22 @@ def test_uri_policy_of_the_api() -> None:
         with pytest.raises(ExportRequestInvalidError):
             check_api_tracking_uri(outside, fenced)
     assert redact_uri("https://u:p@h.example:8443/x") == "https://h.example:8443/x"
+    # trial of 2026-12-04: "../" walked out of an allowed folder and the store was written
+    fenced_local = MlflowSettings(
+        allow_local_stores=True, allowed_uri_prefixes=["sqlite:////srv/mlflow/"]
+    )
+    assert check_api_tracking_uri("sqlite:////srv/mlflow/team.db", fenced_local)
+    for escape in (
+        "sqlite:////srv/mlflow/../escape.db",
+        "sqlite:////srv/mlflow/%2e%2e/escape.db",
+        "sqlite:////srv/mlflow/./x/../../escape.db",
+        "https://mlflow.internal/team/../../admin",
+    ):
+        with pytest.raises(ExportRequestInvalidError, match="'..' segments"):
+            check_api_tracking_uri(escape, fenced_local)
+    # a scheme MLflow has no store for is named as such, not as "a local store"
+    with pytest.raises(ExportRequestInvalidError, match="not one MLflow takes"):
+        check_api_tracking_uri("bogus://x", strict)
 
 
 def test_unknown_numbers_are_named_not_zero() -> None:
