@@ -202,12 +202,15 @@ def test_timings_match_the_scripted_stream(fake_vllm: FakeVllmChatServer) -> Non
     assert rec.index == 0 and not rec.warmup
     assert rec.prompt_tokens == PROMPT_TOKENS and rec.output_tokens == n
     assert rec.ttft_s is not None and rec.e2el_s is not None and rec.tpot_s is not None
-    # the role-only first chunk (empty content) does not count as the first token
-    assert ttft - 0.005 <= rec.ttft_s <= ttft + 0.12
+    # the role-only first chunk (empty content) does not count as the first token: the
+    # lower bounds are the server's sleeps (they hold on any machine); the upper bounds
+    # only catch gross errors, with room for a loaded CI machine's scheduling delays
+    # (a 0.12 s margin failed there); which chunk is counted is pinned by the gap count
+    assert ttft - 0.005 <= rec.ttft_s <= ttft + 1.0
     assert len(rec.itl_s) == n - 1
-    assert all(itl - 0.03 <= gap <= itl + 0.12 for gap in rec.itl_s)
+    assert all(itl - 0.03 <= gap <= itl + 1.0 for gap in rec.itl_s)
     assert rec.e2el_s == pytest.approx(rec.ttft_s + sum(rec.itl_s), abs=1e-9)
-    assert ttft + (n - 1) * itl - 0.005 <= rec.e2el_s <= ttft + (n - 1) * itl + 0.25
+    assert ttft + (n - 1) * itl - 0.005 <= rec.e2el_s <= ttft + (n - 1) * itl + 2.0
     assert rec.tpot_s == pytest.approx((rec.e2el_s - rec.ttft_s) / (n - 1))
     assert 0.0 <= rec.start_s <= 1.0
 
@@ -292,19 +295,31 @@ def test_connection_refused_gives_failed_records() -> None:
 
 
 def test_cancel_stops_dispatch_and_aborts_in_flight(fake_vllm: FakeVllmChatServer) -> None:
+    """Cancelled once request 0 has finished and the two slots hold 5 s requests (the
+    server saw a third arrival): the cancel follows the requests, not a timer, so a
+    loaded machine cannot make request 0 late for it (seen in a CI run)."""
     cancel = threading.Event()
+    cancelled_at: list[float] = []
     requests = [_req(0, ttft=0.05)] + [_req(i, ttft=5.0) for i in range(1, 10)]
-    timer = threading.Timer(0.4, cancel.set)
-    timer.start()
-    t0 = time.perf_counter()
-    try:
-        records = asyncio.run(
-            run_load(fake_vllm.base_url, "tiny", requests, concurrency=2, cancel=cancel)
-        )
-    finally:
-        timer.cancel()
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 2.0  # in-flight 5 s requests were aborted
+
+    def cancel_when_both_slots_hold_slow_requests() -> None:
+        deadline = time.monotonic() + 60
+        while len(fake_vllm.arrivals) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)  # both slow requests are streaming
+        cancelled_at.append(time.perf_counter())
+        cancel.set()
+
+    watcher = threading.Thread(target=cancel_when_both_slots_hold_slow_requests, daemon=True)
+    watcher.start()
+    records = asyncio.run(
+        run_load(fake_vllm.base_url, "tiny", requests, concurrency=2, cancel=cancel)
+    )
+    ended = time.perf_counter()
+    watcher.join(timeout=5)
+    assert cancelled_at, "the two slow requests never arrived"
+    # the in-flight 5 s requests were aborted, not waited for
+    assert ended - cancelled_at[0] < 4.0
     assert [r.index for r in records] == [0]  # only what finished
     assert sorted(fake_vllm.arrivals) == [0, 1, 2]  # nothing dispatched after the cancel
 
