@@ -293,15 +293,20 @@ def _headers(line: str) -> tuple[list[re.Match[str]], int]:
     return kept, skipped
 
 
+def _split_dedup(line: str) -> tuple[str, int | None]:
+    """``line`` (decoded, without ANSI codes) without Ray's ``[repeated Nx across
+    cluster]`` suffix, and N (None when it has none)."""
+    if "across cluster]" not in line:
+        return line, None
+    dm = _DEDUP_RE.search(line)
+    if dm is None:
+        return line, None
+    return line[: dm.start()] + line[dm.end() :], int(dm.group("n"))
+
+
 def split_line(index: int, raw: str) -> list[LogRecord]:
     """The records of one physical line (see :func:`split_records`)."""
-    line = strip_ansi(decode_line(raw))
-    repeat: int | None = None
-    if "across cluster]" in line:
-        dm = _DEDUP_RE.search(line)
-        if dm is not None:
-            repeat = int(dm.group("n"))
-            line = line[: dm.start()] + line[dm.end() :]
+    line, repeat = _split_dedup(strip_ansi(decode_line(raw)))
     if "Ray deduplicates logs by default" in line:
         line = _HINT_RE.sub("", line)
     headers, skipped = _headers(line)
@@ -362,8 +367,7 @@ def dedup_count(raw: str) -> int | None:
     """N of Ray's ``[repeated Nx across cluster]`` on physical line ``raw``, or None."""
     if "across cluster]" not in raw:
         return None
-    dm = _DEDUP_RE.search(strip_ansi(decode_line(raw)))
-    return int(dm.group("n")) if dm is not None else None
+    return _split_dedup(strip_ansi(decode_line(raw)))[1]
 
 
 #: The start of a line that can only be the rest of a number cut by a wrap: digits
@@ -399,9 +403,7 @@ def continuation(rec: LogRecord, raw: str) -> str | None:
     a container timestamp in front of each piece: they are removed, and so is Ray's
     dedup suffix: :func:`dedup_count` reads it).
     """
-    line = strip_ansi(decode_line(raw))
-    if "across cluster]" in line:
-        line = _DEDUP_RE.sub("", line)
+    line, _ = _split_dedup(strip_ansi(decode_line(raw)))
     if _headers(line)[0]:
         return None
     m = _LEADING_PREFIX_RE.match(line)

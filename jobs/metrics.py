@@ -439,18 +439,18 @@ def summarize_samples(
     first, last = samples[0].values, samples[-1].values
 
     for unit_suffix in ("", "_blocks"):
-        queries = _delta(first, last, f"prefix_cache_queries{unit_suffix}")
-        hits = _delta(first, last, f"prefix_cache_hits{unit_suffix}")
-        if queries is not None:
-            out[f"prefix_cache_queries{unit_suffix}_delta"] = queries
-        if hits is not None:
-            out[f"prefix_cache_hits{unit_suffix}_delta"] = hits
+        deltas: list[float | None] = []
         for key in (f"prefix_cache_queries{unit_suffix}", f"prefix_cache_hits{unit_suffix}"):
-            if notes is not None and key in first and key in last and last[key] < first[key]:
+            d = _delta(first, last, key)
+            deltas.append(d)
+            if d is not None:
+                out[f"{key}_delta"] = d
+            elif notes is not None and key in first and key in last:  # it went down
                 notes.append(
                     f"{key} went down from {first[key]:g} to {last[key]:g} between the "
                     "first and last scrapes (a server restart?): no delta, no hit rate"
                 )
+        queries, hits = deltas
         if queries and hits is not None:
             rate_key = "prefix_cache_hit_rate" + unit_suffix
             out[rate_key] = hits / queries

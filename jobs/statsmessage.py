@@ -77,7 +77,7 @@ def _number(value: str) -> float | None:
     m = _NUM_RE.match(value)
     if m is None:
         return None
-    num = float(m.group("num").replace(",", ""))
+    num = float(m.group("num"))
     return num if math.isfinite(num) else None
 
 

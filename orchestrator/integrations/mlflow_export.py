@@ -152,20 +152,26 @@ _ACCEPTED = (
 )
 
 
+def _scheme_known(uri: str) -> bool:
+    """Whether MLflow has a store for ``uri``'s scheme (``databricks`` has no ``://``)."""
+    base = urlsplit(uri).scheme.lower().split("+", 1)[0]  # postgresql+psycopg2:// ...
+    return uri.lower() == "databricks" or (base in _SCHEMES and "://" in uri)
+
+
 def tracking_uri_problem(uri: str) -> str | None:
     """Why ``uri`` is no tracking URI MLflow takes (None when it is one): no scheme, one
     MLflow has no store for, or a path with ``.``/``..`` segments (they would walk out
     of an allowed prefix). Checked before MLflow is loaded, so the answer is one line."""
     scheme = urlsplit(uri).scheme.lower()
-    base = scheme.split("+", 1)[0]  # postgresql+psycopg2://, mysql+pymysql:// ...
+    is_file = scheme.split("+", 1)[0] == "file"
     path = unquote(urlsplit(uri).path)
     if any(seg in (".", "..") for seg in re.split(r"[/\\]", path)):
         return (
             f"tracking URI {redact_uri(uri)!r}: a path with '.' or '..' segments is not "
             "accepted: give the path without them"
         )
-    if uri.lower() == "databricks" or (base in _SCHEMES and "://" in uri):
-        if base == "file" and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in (
+    if _scheme_known(uri):
+        if is_file and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in (
             "true",
             "1",
         ):
@@ -204,7 +210,7 @@ def check_api_tracking_uri(uri: str | None, settings: MlflowSettings) -> str:
         )
     problem = tracking_uri_problem(chosen)
     parts = urlsplit(chosen)
-    known = not problem or "not one MLflow takes" not in problem
+    unknown_scheme = bool(parts.scheme) and not _scheme_known(chosen)
     if _is_http(chosen):
         try:
             host = parts.hostname
@@ -213,7 +219,7 @@ def check_api_tracking_uri(uri: str | None, settings: MlflowSettings) -> str:
             host = None
         if not host:
             raise refuse("an http(s) tracking URI needs a host (and a numeric port)", "uri")
-    elif not settings.allow_local_stores and known:
+    elif not settings.allow_local_stores and not unknown_scheme:
         what = f"{parts.scheme}:// stores" if parts.scheme else "paths"
         raise refuse(
             "the API exports to http(s) MLflow tracking servers only; "

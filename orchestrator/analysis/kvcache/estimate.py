@@ -159,7 +159,7 @@ def available_kv_bytes(memory_gib: Mapping[str, Any], engine: Mapping[str, Any])
         raise KVConfigError(
             ("memory_gib", unknown[0]), f"not a memory figure (known: {', '.join(MEMORY_KEYS)})"
         )
-    figures = {k: _gib(k, v) for k, v in memory_gib.items() if v is not None}
+    figures = {k: _figure(k, v) for k, v in memory_gib.items() if v is not None}
     if "available_kv_cache" in figures:
         return max(0, int(figures["available_kv_cache"] * GIB))
     if "total_gpu_memory" not in figures:
@@ -174,7 +174,7 @@ def available_kv_bytes(memory_gib: Mapping[str, Any], engine: Mapping[str, Any])
             "taken as 0, the weights' memory would count as KV cache",
         )
     raw_util = engine.get("gpu_memory_utilization")
-    util = 0.9 if raw_util is None else _gib("gpu_memory_utilization", raw_util, "engine")
+    util = 0.9 if raw_util is None else _figure("gpu_memory_utilization", raw_util, "engine")
     if not 0 < util <= 1:
         raise KVConfigError(("engine", "gpu_memory_utilization"), f"must be in (0, 1], got {util}")
     if "peak_torch_memory" in figures:
@@ -196,7 +196,7 @@ MEMORY_KEYS = (
 )
 
 
-def _gib(key: str, value: Any, where: str = "memory_gib") -> float:
+def _figure(key: str, value: Any, where: str = "memory_gib") -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise KVConfigError((where, key), f"must be a finite number, got {value!r}")
     if value < 0:
