@@ -10,6 +10,8 @@ nothing, but streams exactly like vLLM's OpenAI server (``vllm/entrypoints/opena
   late by the event loop's timer granularity (~1 ms) at most when the process
   keeps up. Its own lateness is counted (:meth:`StubServer.stats`,
   ``emit_lag_*``) so a benchmark can tell the stub's error from the client's.
+  Connections have Nagle off (:mod:`jobs.stubsocket` says why), so a write
+  leaves when it is made, on kept-alive connections too.
 - it sends ``max_completion_tokens`` (else ``max_tokens``, else 16) tokens,
   as with ``ignore_eos``: the length never depends on the content.
 
@@ -105,8 +107,9 @@ from typing import Any
 import uvicorn
 
 from jobs.stubengine import PrefixCache, Slots, prompt_token_list
+from jobs.stubsocket import listen_socket, no_delay, url
 
-__all__ = ["DEFAULT_MAX_TOKENS", "StubServer", "main"]
+__all__ = ["DEFAULT_MAX_TOKENS", "StubServer", "listen_socket", "main"]
 
 DEFAULT_MAX_TOKENS = 16
 """Tokens sent when a request gives neither ``max_completion_tokens`` nor ``max_tokens``."""
@@ -584,7 +587,7 @@ class StubServer:
                 self.stop()
                 raise RuntimeError("stub server thread did not start")
             time.sleep(0.005)
-        self._base_url = _url(self.host, self._sock.getsockname()[1])
+        self._base_url = url(self.host, self._sock.getsockname()[1])
 
     def _start_process(self, timeout_s: float) -> None:
         cmd = [sys.executable, "-m", "jobs.stubserver"]
@@ -699,20 +702,6 @@ class StubServer:
         self.stop()
 
 
-def _url(host: str, port: int) -> str:
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
-
-
-def listen_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket (connections queue in its backlog until uvicorn accepts)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    return sock
-
-
 def _uvicorn_config(app: _StubApp) -> uvicorn.Config:
     return uvicorn.Config(
         app,
@@ -782,9 +771,8 @@ def main(argv: list[str] | None = None, sock: socket.socket | None = None) -> No
         report_cached_tokens=not args.no_cached_tokens,
         block_size=args.block_size,
     )
-    if sock is None:
-        sock = listen_socket(args.host, args.port)
-    print(_READY_PREFIX + _url(args.host, sock.getsockname()[1]), flush=True)
+    sock = listen_socket(args.host, args.port) if sock is None else no_delay(sock)
+    print(_READY_PREFIX + url(args.host, sock.getsockname()[1]), flush=True)
     server = uvicorn.Server(_uvicorn_config(app))
     try:
         server.run(sockets=[sock])
