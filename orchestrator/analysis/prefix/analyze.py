@@ -18,7 +18,12 @@ from orchestrator.analysis.prefix.inputs import coerce_sourced
 from orchestrator.analysis.prefix.patterns import TEMPLATE_DATE
 from orchestrator.analysis.prefix.prediction import predict_hit_rate, shared_prefix_length
 from orchestrator.analysis.prefix.rendering import RequestError, load_tokenizer, render
-from orchestrator.analysis.prefix.resend import RETOKENIZATION, find_resends, resent_as_tokens
+from orchestrator.analysis.prefix.resend import (
+    RETOKENIZATION,
+    find_resends,
+    previous_turns,
+    resent_as_tokens,
+)
 from orchestrator.analysis.prefix.schemas import (
     DEFAULT_BLOCK_SIZE,
     Advice,
@@ -302,6 +307,26 @@ def _today_strings() -> set[str]:
     return out | {x.lstrip("0") for x in out} | {x.replace(" 0", " ") for x in out}
 
 
+def _generated_not_counted(reqs: Sequence[PrefixRequest]) -> list[int]:
+    """The requests whose answer the prediction leaves out although a later request builds
+    on it: resent by a later chat turn, or extended by a later prompt (:func:`previous_turns`),
+    and given without ``generated_token_ids``."""
+    return sorted({j for j, _ in previous_turns(reqs).values() if not reqs[j].generated_token_ids})
+
+
+def _left_out_note(left_out: list[int], where: Sequence[str]) -> str:
+    shown = ", ".join(where[j] for j in left_out[:5]) + (
+        f" and {len(left_out) - 5} more" if len(left_out) > 5 else ""
+    )
+    return (
+        f"The predicted hit rate leaves out what {len(left_out)} request(s) generated "
+        f"({shown}): a later request resends or extends them, but their generated token ids "
+        "were not given. The engine caches the blocks of what it generated too, so those "
+        "later requests may hit more than predicted (give generated_token_ids, or a vLLM "
+        "response with return_token_ids, to count them)."
+    )
+
+
 def _vocab_limit(model_dir: str | Path | None, tok: Any) -> int | None:
     """The largest token id vLLM accepts: ``max(tokenizer.max_token_id, vocab_size - 1)``
     (``vllm/renderers/base.py`` ``validate_token_ids``); None when neither is known."""
@@ -442,10 +467,9 @@ def analyze_prefix(
         )
     _check_ids(reqs, where, _vocab_limit(model_dir, tok))
     rendered = _render_all(reqs, tok, add_generation_prompt, where)
-    toks = [r.token_ids for r in rendered]
-    lengths = [len(t) for t in toks]
-    shared = shared_prefix_length(toks)
+    lengths = [len(r.token_ids) for r in rendered]
     prediction = _predict(rendered, reqs, block_size)
+    shared = prediction.shared_prefix_tokens  # headline and details: one computation
     divergence, clusters = _split(rendered, reqs, block_size)
     causes, advice, after_all, state = _follow_causes(
         reqs, rendered, (divergence, clusters), prediction, tok, add_generation_prompt, block_size
@@ -455,9 +479,11 @@ def analyze_prefix(
     if after_resend is not None:
         after_all = after_resend
         _mark_plan(advice, prediction)
-    reusable = block_size * (min(shared, min(lengths) - 1) // block_size) if lengths else 0
     notes = _notes(reqs, rendered, tok, add_generation_prompt) if tok is not None else []
     notes[:0] = input_notes
+    left_out = _generated_not_counted(reqs)
+    if left_out:
+        notes.append(_left_out_note(left_out, where))
     if skipped:
         notes.append(
             f"{len(skipped)} request(s) could not be compared and are left out of every "
@@ -476,7 +502,7 @@ def analyze_prefix(
         prompt_tokens=lengths,
         shared_prefix_tokens=shared,
         shared_prefix_blocks=shared // block_size,
-        reusable_prefix_tokens=max(0, reusable),
+        reusable_prefix_tokens=prediction.reusable_prefix_tokens,
         divergence=divergence,
         clusters=clusters,
         causes=causes,
@@ -484,7 +510,16 @@ def analyze_prefix(
         prediction_counts_generated_tokens=any(q.generated_token_ids for q in reqs),
         advice=advice,
         predicted_hit_rate_after_advice=after_all.hit_rate if after_all else None,
+        predicted_hit_rate_after_plan=max(
+            (
+                a.predicted_hit_rate_after
+                for a in advice
+                if a.raises_hit_rate and a.predicted_hit_rate_after is not None
+            ),
+            default=None,
+        ),
         resends=[x for x, _ in resends],
+        generated_tokens_not_counted=left_out,
         not_compared=skipped,
         notes=notes,
     )

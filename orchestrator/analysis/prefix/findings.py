@@ -130,6 +130,9 @@ def hit_rate_finding(
             "the server counted at least twice the tokens the request list holds"
         )
         extra_q = excess_h = None
+    left_out = sm.get("generated_tokens_not_counted")
+    if isinstance(left_out, list) and left_out:
+        evidence["generated_tokens_not_counted"] = list(left_out)
     pressure = _pressure(preempt, kv_peak, waiting)
     if diff < 0:
         return _below(predicted, measured, evidence, preempt, kv_peak, pressure)
@@ -219,9 +222,15 @@ def _above(
     may_preempt = (preempt or 0) > 0 or (
         preempt is None and (full or (kv_peak is None and (waiting or 0) > 0))
     )
+    left_out = evidence.get("generated_tokens_not_counted") or []
     other = (
         "blocks cached before the run (warm-up, an earlier run: was the prefix cache reset?) "
-        "or generated tokens reused by later turns"
+        + (
+            f"or the answers of {len(left_out)} request(s) that later turns resend: the "
+            "prediction leaves them out (their generated token ids were not given)"
+            if left_out
+            else "or generated tokens reused by later turns"
+        )
     )
     recompute_action = (
         "do not credit prefix caching with the excess: lower max_num_seqs (or give the KV "
@@ -301,7 +310,13 @@ def _found(
 
 def summarize(analysis: PrefixAnalysis) -> dict[str, Any]:
     """The part of an analysis a run keeps (``engine_info.prefix_analysis``), JSON-safe:
-    ``predicted_hit_rate`` (0-1), ``queries_tokens``/``hits_tokens`` (predicted),
+    ``predicted_hit_rate`` (0-1), ``queries_tokens``/``hits_tokens`` (predicted), and
+    ``hits_tokens`` split by where the hit blocks come from, the sums of the per-request
+    figures (they add up to ``hits_tokens``): ``hits_shared_prefix_tokens`` (the prefix every
+    request shares), ``hits_prompt_tokens`` (earlier prompts only some requests share),
+    ``hits_generated_tokens`` (tokens earlier requests generated, where given);
+    ``generated_tokens_not_counted`` (the requests whose answer a later one builds on
+    without its generated ids: what the prediction leaves out),
     ``shared_prefix_tokens``/``shared_prefix_blocks``/``reusable_prefix_tokens``,
     ``block_size``, ``num_requests``, ``cause`` (the cause of the plan's last change, else
     the first actionable cause), ``causes`` (every cause found, prompt order),
@@ -309,11 +324,16 @@ def summarize(analysis: PrefixAnalysis) -> dict[str, Any]:
     the plan: the change, or the changes to make together, that raise the predicted hit
     rate; None when no change does; the advisor shows it as the change to make first),
     ``advice_all`` (every change with its cumulative predicted hit rate and
-    ``raises_hit_rate``), ``predicted_hit_rate_after_advice``, ``notes``,
+    ``raises_hit_rate``), ``predicted_hit_rate_after_plan`` (with the changes ``advice``
+    names: the figure to show beside it), ``predicted_hit_rate_after_advice`` (with every
+    simulated change), ``notes``,
     ``prediction_counts_generated_tokens``, ``not_compared`` (requests left out) and
-    ``resends``: ``{"count", "retokenized", "reusable_tokens", "lost_tokens", "first"}``
-    over the multi-turn resends (``retokenized``: those whose tokens differ from the
-    cached ones while the text is the same; ``lost_tokens``: summed where known;
+    ``resends``: ``{"count", "retokenized", "reusable_tokens",
+    "reusable_tokens_in_prediction", "lost_tokens", "first"}`` over the multi-turn resends
+    (sums of the :class:`Resend` figures; ``retokenized``: those whose tokens differ from the
+    cached ones while the text is the same; ``reusable_tokens_in_prediction``: the part the
+    predicted hit rate counts, the rest assumes answers the tokenizer's way;
+    ``lost_tokens``: summed where known;
     ``first``: the first re-tokenized one), None without resends."""
     first = analysis.causes[0] if analysis.causes else analysis.divergence
     plan = [a for a in analysis.advice if a.raises_hit_rate]
@@ -333,6 +353,10 @@ def summarize(analysis: PrefixAnalysis) -> dict[str, Any]:
         "predicted_hit_rate": analysis.prediction.hit_rate,
         "queries_tokens": analysis.prediction.queries_tokens,
         "hits_tokens": analysis.prediction.hits_tokens,
+        "hits_shared_prefix_tokens": analysis.prediction.hits_shared_prefix_tokens,
+        "hits_prompt_tokens": analysis.prediction.hits_prompt_tokens,
+        "hits_generated_tokens": analysis.prediction.hits_generated_tokens,
+        "generated_tokens_not_counted": list(analysis.generated_tokens_not_counted),
         "shared_prefix_tokens": analysis.shared_prefix_tokens,
         "shared_prefix_blocks": analysis.shared_prefix_blocks,
         "reusable_prefix_tokens": analysis.reusable_prefix_tokens,
@@ -343,6 +367,7 @@ def summarize(analysis: PrefixAnalysis) -> dict[str, Any]:
         "divergence": first.model_dump(mode="json") if first else None,
         "advice": text,
         "advice_all": [a.model_dump(mode="json") for a in analysis.advice],
+        "predicted_hit_rate_after_plan": analysis.predicted_hit_rate_after_plan,
         "predicted_hit_rate_after_advice": analysis.predicted_hit_rate_after_advice,
         "notes": list(analysis.notes),
         "prediction_counts_generated_tokens": analysis.prediction_counts_generated_tokens,
@@ -363,6 +388,9 @@ def _resend_summary(analysis: PrefixAnalysis) -> dict[str, Any] | None:
         "count": len(analysis.resends),
         "retokenized": len(retok),
         "reusable_tokens": sum(r.reusable_tokens for r in analysis.resends),
+        "reusable_tokens_in_prediction": sum(
+            r.reusable_tokens_in_prediction for r in analysis.resends
+        ),
         "lost_tokens": sum(r.lost_tokens or 0 for r in analysis.resends),
         "first": retok[0].model_dump(mode="json") if retok else None,
     }

@@ -52,6 +52,11 @@ def predict_hit_rate(
         generated: per request, the token ids the engine generated for it (None or empty:
             unknown, only its prompt blocks are counted).
 
+    One pass computes every figure: each request's hit tokens split by where the blocks
+    come from (the prefix all prompts share, earlier prompts, tokens an earlier request
+    generated), and the totals as their sums, so a headline never disagrees with the
+    requests it sums.
+
     Returns:
         :class:`HitRatePrediction` (tokens; ``hit_rate`` = hits / queries, 0 when empty).
 
@@ -60,13 +65,19 @@ def predict_hit_rate(
     """
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
+    shared = shared_prefix_length(token_lists)
+    shortest = min((len(t) for t in token_lists), default=0)
+    reusable = block_size * (max(0, min(shared, shortest - 1)) // block_size)
     nodes: dict[tuple[int, tuple[int, ...]], int] = {}
     owner: list[int] = []
+    from_generated: list[bool] = []  # the block was first cached holding generated tokens
     per: list[RequestPrediction] = []
+    counted: list[int] = []
     for j, toks in enumerate(token_lists):
         n = len(toks)
         parent = -1
         hit_blocks = 0
+        generated_blocks = 0
         reused: int | None = None
         for b in range(max(0, (n - 1)) // block_size):
             node = nodes.get((parent, tuple(toks[b * block_size : (b + 1) * block_size])))
@@ -74,8 +85,11 @@ def predict_hit_rate(
                 break
             parent = node
             hit_blocks += 1
+            generated_blocks += from_generated[node]
             reused = owner[node]
         gen = list(generated[j] or []) if generated is not None and j < len(generated) else []
+        if gen:
+            counted.append(j)
         held = [*toks, *gen][: n + len(gen) - 1] if gen else list(toks)
         parent = -1
         for b in range(len(held) // block_size):
@@ -85,10 +99,17 @@ def predict_hit_rate(
                 node = len(owner)
                 nodes[key] = node
                 owner.append(j)
+                from_generated.append((b + 1) * block_size > n)
             parent = node
+        cached = hit_blocks * block_size
         per.append(
             RequestPrediction(
-                index=j, prompt_tokens=n, cached_tokens=hit_blocks * block_size, reused_from=reused
+                index=j,
+                prompt_tokens=n,
+                cached_tokens=cached,
+                reused_from=reused,
+                cached_shared_prefix_tokens=min(cached, reusable),
+                cached_generated_tokens=generated_blocks * block_size,
             )
         )
     queries = sum(p.prompt_tokens for p in per)
@@ -99,4 +120,7 @@ def predict_hit_rate(
         hits_tokens=hits,
         hit_rate=hits / queries if queries else 0.0,
         per_request=per,
+        shared_prefix_tokens=shared,
+        reusable_prefix_tokens=reusable,
+        generated_tokens_counted=counted,
     )

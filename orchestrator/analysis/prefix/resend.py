@@ -215,6 +215,11 @@ def check_resend(
         reusable_tokens=reusable,
         reusable_tokens_if_stable=if_stable,
         lost_tokens=None if if_stable is None else max(0, if_stable - reusable),
+        reusable_tokens_in_prediction=(
+            reusable
+            if how == "generated_token_ids"
+            else min(reusable, block_size * (len(rendered[j].token_ids) // block_size))
+        ),
         divergence=divergence,
     )
     return resend, held

@@ -8,6 +8,7 @@ named ``*_chars`` (characters) or ``*_blocks`` (KV cache blocks); hit rates are 
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
@@ -214,23 +215,98 @@ class PrefixCluster(BaseModel):
 
 class RequestPrediction(BaseModel):
     """Predicted prefix cache use of one request: ``prompt_tokens`` queried, ``cached_tokens``
-    hit (whole blocks, tokens), ``reused_from``: the earlier request whose blocks it reuses."""
+    hit (whole blocks, tokens), ``reused_from``: the earlier request whose blocks it reuses.
+
+    ``cached_tokens`` is split by where the blocks it hits come from (tokens, whole blocks,
+    the three parts add up to ``cached_tokens``): ``cached_shared_prefix_tokens``: the
+    prefix every request of the list shares (:attr:`HitRatePrediction.reusable_prefix_tokens`;
+    0 for the first request, which has nothing to hit); ``cached_generated_tokens``: blocks
+    first cached from tokens an earlier request *generated* (its ``generated_token_ids``,
+    resent by this one); ``cached_prompt_tokens``: the rest, blocks of earlier prompts that
+    only some requests share (a conversation's earlier turns, a cluster's longer prefix).
+    """
 
     index: int
     prompt_tokens: int
     cached_tokens: int
     reused_from: int | None = None
+    cached_shared_prefix_tokens: int = 0
+    cached_generated_tokens: int = 0
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def cached_prompt_tokens(self) -> int:
+        """Hit tokens from earlier prompts beyond the prefix all requests share."""
+        return self.cached_tokens - self.cached_shared_prefix_tokens - self.cached_generated_tokens
+
+    @model_validator(mode="after")
+    def _parts_add_up(self) -> RequestPrediction:
+        parts = (self.cached_shared_prefix_tokens, self.cached_generated_tokens)
+        if min(parts) < 0 or sum(parts) > self.cached_tokens:
+            raise ValueError(
+                f"request {self.index}: the parts of cached_tokens ({self.cached_tokens}) do not "
+                f"add up: shared prefix {parts[0]}, generated {parts[1]}"
+            )
+        return self
 
 
 class HitRatePrediction(BaseModel):
     """Predicted ``vllm:prefix_cache_hits`` / ``vllm:prefix_cache_queries`` (tokens) of a
-    workload sent in order to a fresh engine with an unbounded cache; ``hit_rate`` in [0, 1]."""
+    workload sent in order to a fresh engine with an unbounded cache; ``hit_rate`` in [0, 1].
+
+    The figures are those of ``per_request``, summed (a validator refuses any other):
+    ``queries_tokens`` = sum of ``prompt_tokens``, ``hits_tokens`` = sum of
+    ``cached_tokens``, and ``hits_tokens`` split as each request's is:
+    ``hits_shared_prefix_tokens`` + ``hits_prompt_tokens`` + ``hits_generated_tokens``.
+    ``shared_prefix_tokens``: the token prefix common to every prompt of the list;
+    ``reusable_prefix_tokens``: what of it each request after the first hits, ``block_size
+    * (min(shared, shortest - 1) // block_size)`` tokens, so ``hits_shared_prefix_tokens``
+    = ``reusable_prefix_tokens * (requests - 1)``. ``generated_tokens_counted``: the
+    requests whose generated token ids were given, so the blocks of their answers are
+    counted (nothing of any other request's answer is).
+    """
 
     block_size: int
     queries_tokens: int
     hits_tokens: int
     hit_rate: float
     per_request: list[RequestPrediction]
+    shared_prefix_tokens: int = 0
+    reusable_prefix_tokens: int = 0
+    generated_tokens_counted: list[int] = Field(default_factory=list)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def hits_shared_prefix_tokens(self) -> int:
+        """Hit tokens in the prefix every request shares (sum over ``per_request``)."""
+        return sum(p.cached_shared_prefix_tokens for p in self.per_request)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def hits_prompt_tokens(self) -> int:
+        """Hit tokens in earlier prompts beyond that prefix (sum over ``per_request``)."""
+        return sum(p.cached_prompt_tokens for p in self.per_request)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def hits_generated_tokens(self) -> int:
+        """Hit tokens in blocks earlier requests generated (sum over ``per_request``)."""
+        return sum(p.cached_generated_tokens for p in self.per_request)
+
+    @model_validator(mode="after")
+    def _sums_are_the_details(self) -> HitRatePrediction:
+        queries = sum(p.prompt_tokens for p in self.per_request)
+        hits = sum(p.cached_tokens for p in self.per_request)
+        rate = hits / queries if queries else 0.0
+        if (self.queries_tokens, self.hits_tokens) != (queries, hits) or not math.isclose(
+            self.hit_rate, rate, rel_tol=1e-9, abs_tol=1e-12
+        ):
+            raise ValueError(
+                f"the prediction's totals ({self.hits_tokens} hits / {self.queries_tokens} "
+                f"queries, rate {self.hit_rate}) are not those of its requests ({hits} / "
+                f"{queries}, rate {rate})"
+            )
+        return self
 
 
 class Advice(BaseModel):
@@ -283,7 +359,12 @@ class Resend(BaseModel):
     blocks of that this request can hit, ``block_size * (min(matching, cached, prompt - 1)
     // block_size)``; ``reusable_tokens_if_stable``: the same had the answer come back as
     the cached tokens (None when the resent text differs from the cached text, so no
-    tokenization could match); ``lost_tokens`` = the difference. ``divergence``: where the
+    tokenization could match); ``lost_tokens`` = the difference.
+    ``reusable_tokens_in_prediction``: of ``reusable_tokens``, what the hit-rate prediction
+    counts: all of them with ``generated_token_ids``; with ``tokenizer`` only the whole
+    blocks of ``previous``'s prompt, because the answer's own encoding is an assumption
+    about what the model generated, not a fact (the prediction for ``request`` hits at
+    least this many tokens). ``divergence``: where the
     two first differ and why, located in this request (``locations[1]``) and in the
     cached sequence (``locations[0]``: source ``generated_token_ids`` for generated
     tokens); None when the resend matches all the cache holds.
@@ -298,6 +379,7 @@ class Resend(BaseModel):
     reusable_tokens: int
     reusable_tokens_if_stable: int | None = None
     lost_tokens: int | None = 0
+    reusable_tokens_in_prediction: int = 0
     divergence: Divergence | None = None
 
 
@@ -320,8 +402,19 @@ class PrefixAnalysis(BaseModel):
     ``generated_token_ids`` are given: ``prediction_counts_generated_tokens``); ``advice``:
     one change per cause, with the cumulative hit rate predicted after it, in prompt order;
     ``raises_hit_rate`` marks the plan (the steps to make together).
-    ``predicted_hit_rate_after_advice``: with every simulated change applied.
+    ``predicted_hit_rate_after_advice``: with every simulated change applied;
+    ``predicted_hit_rate_after_plan``: with the plan's changes applied (the steps marked
+    ``raises_hit_rate``: the figure to show beside the plan; None without a plan).
     ``resends``: every later turn that resends an earlier answer (:class:`Resend`).
+    ``generated_tokens_not_counted``: what the prediction leaves out: the requests whose
+    answer a later request resends (or whose prompt a later one extends) without their
+    ``generated_token_ids``: the engine caches what it generated there too, so those
+    later requests may hit more than predicted (a note says so).
+
+    Headline and details come from one computation: ``shared_prefix_tokens`` and
+    ``reusable_prefix_tokens`` are the prediction's own (:class:`HitRatePrediction`), whose
+    totals are the sums of its ``per_request`` figures, generated tokens included where
+    given.
     ``not_compared``: requests left out (text without a tokenizer, prompt embeddings).
     ``notes``: facts about the rendering worth knowing (tools the chat template does not
     render, a date the chat template writes itself, requests left out).
@@ -342,7 +435,9 @@ class PrefixAnalysis(BaseModel):
     prediction_counts_generated_tokens: bool = False
     advice: list[Advice]
     predicted_hit_rate_after_advice: float | None = None
+    predicted_hit_rate_after_plan: float | None = None
     resends: list[Resend] = Field(default_factory=list)
+    generated_tokens_not_counted: list[int] = Field(default_factory=list)
     not_compared: list[NotCompared] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
 
