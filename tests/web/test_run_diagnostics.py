@@ -70,6 +70,14 @@ def test_diagnostics_of_a_healthy_run(page: Page, live_server: str, diagnosed: d
     expect(page.locator("#kv-verdict")).to_contain_text("Agrees")
     predicted = diagnosed["analysis"]["predicted_hit_rate"]
     expect(page.locator("#predicted-hit-rate")).to_contain_text(f"{predicted * 100:.1f} %")
+    # the headline's hits, split as the per-request predictions are (they add up)
+    a = diagnosed["analysis"]
+    parts = ("hits_shared_prefix_tokens", "hits_prompt_tokens", "hits_generated_tokens")
+    assert sum(a[k] for k in parts) == a["hits_tokens"] > 0
+    expect(page.locator("#predicted-hits")).to_contain_text(
+        f"{a['hits_tokens']:,} of {a['queries_tokens']:,} prompt tokens: "
+        f"{a['hits_shared_prefix_tokens']:,} in the prefix all requests share"
+    )
 
 
 def test_a_finding_appears_when_the_hit_rate_collapses(
