@@ -359,17 +359,32 @@ class FireBrief(BaseModel):
 
 
 class Regression(BaseModel):
-    """A metric that got worse than in the previous completed sweep (95 % interval)."""
+    """A metric that got worse than in the previous completed sweep (95 % interval).
+
+    Capacity: ``reference_value`` / ``value`` are the mean capacities, None where a sweep
+    found only a bound (``at least``/``below``); then the interval is one-sided (``ci_low``
+    None) and ``statement`` says it with the bounds (``lower: at most 0.25x (at least 24
+    -> below 6 requests/s)``)."""
 
     variant: str
     metric: str
     unit: str
-    reference_value: float
-    value: float
+    reference_value: float | None
+    value: float | None
     ratio: float | None
     ci_low: float | None
     ci_high: float | None
     ci_of: str | None
+    statement: str | None = None
+
+
+class Withheld(BaseModel):
+    """A metric the regression check gave no verdict on: a flag of a compared run taints
+    it (token bursts, a warm prefix cache: ``orchestrator.analysis.trust``)."""
+
+    variant: str
+    metric: str
+    reason: str | None
 
 
 class FireOut(FireBrief):
@@ -382,6 +397,10 @@ class FireOut(FireBrief):
     comparison: str
     compared_with: dict[str, Any] | None
     regressions: list[Regression]
+    withheld: list[Withheld] = Field(
+        default_factory=list,
+        description="metrics with no verdict: flagged untrustworthy for a compared run",
+    )
 
 
 class ScheduleOut(BaseModel):

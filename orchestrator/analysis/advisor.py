@@ -41,6 +41,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from orchestrator.analysis.prefix import hit_rate_finding
+from orchestrator.analysis.trust import BURSTY, TTFT_LAG_MS
 
 #: Rollback order of every finding code (lower first).
 RANK: dict[str, int] = {
@@ -71,8 +72,6 @@ OOM_PATTERNS = re.compile(
     re.IGNORECASE,
 )
 
-#: At or above this share of inter-token gaps under 0.1 ms, streamed tokens came in bursts.
-BURSTY = 0.5
 #: Below this measured hit rate (0-1), prefix caching "has no effect".
 LOW_HIT_RATE = 0.05
 #: Measured below ``predicted - FAR`` or above ``predicted + FAR`` is "far" (absolute, 0-1;
@@ -225,7 +224,7 @@ def run_findings(
                     "arrived in bursts, so the client's ITL and TPOT understate decode time"
                     + (
                         f" and its TTFT is {gap:.0f} ms above the server's"
-                        if gap is not None and gap > 20
+                        if gap is not None and gap > TTFT_LAG_MS
                         else ""
                     )
                 ),
@@ -417,7 +416,7 @@ def gain_without_hits(variants: Sequence[Mapping[str, Any]]) -> list[Advice]:
             continue
         by = {m["metric"]: m for m in v.get("metrics", [])}
         hit = by.get("prefix_cache_hit_rate")
-        if hit is None or hit["variant"] >= LOW_HIT_RATE:
+        if hit is None or hit.get("variant") is None or hit["variant"] >= LOW_HIT_RATE:
             continue
         gains = {
             k: by[k]

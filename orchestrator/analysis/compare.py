@@ -61,15 +61,24 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, Field
 
+from orchestrator.analysis.trust import USABLE_STATUSES, SidesTrust, sides_trust
+
 Direction = Literal["lower_is_better", "higher_is_better", "neutral"]
-Verdict = Literal["better", "worse", "higher", "lower", "no clear difference", "insufficient data"]
+Verdict = Literal[
+    "better",
+    "worse",
+    "higher",
+    "lower",
+    "no clear difference",
+    "insufficient data",
+    "untrusted",
+    "not applicable",
+]
 Level = Literal["request", "run"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
-#: Run statuses whose data is compared; other runs are ignored.
-USABLE_STATUSES = frozenset({"succeeded"})
 #: A side needs at least this many values of a request-level metric for a CI.
 MIN_REQUEST_VALUES = 2
 #: A run-level CI needs at least this many repeats on *each* side.
@@ -98,7 +107,10 @@ class RunData(BaseModel):
     ``cache_contamination``: the status of the run's warm-cache check
     (``engine_info["cache_contamination"]["status"]``, :mod:`jobs.cachecheck`):
     ``"contaminated"`` when its measured phase began on a warm prefix cache; None when
-    the run has no check.
+    the run has no check. ``not_applicable``: metric -> why the run cannot have it
+    (``{"prefix_cache_hit_rate": "off"}``, :func:`orchestrator.analysis.trust.not_applicable_of`).
+    ``goodput_objectives``: the latencies its goodput counts (``["ttft", "tpot"]``; None:
+    unknown). What these flags taint: :mod:`orchestrator.analysis.trust`.
     """
 
     run_id: str
@@ -110,6 +122,8 @@ class RunData(BaseModel):
     devices: int = Field(1, ge=1)
     changed: dict[str, Any] = Field(default_factory=dict)
     cache_contamination: Literal["clean", "contaminated", "unknown"] | None = None
+    not_applicable: dict[str, str] = Field(default_factory=dict)
+    goodput_objectives: list[str] | None = None
 
 
 class ChangedVariable(BaseModel):
@@ -212,19 +226,23 @@ class MetricComparison(BaseModel):
     or in some draw, of the difference (``ci_of="difference"``); all three are
     None when no CI could be computed. ``n_requests``: measured successful
     requests with a value, both sides (None for run-level metrics).
-    ``trustworthy``: False when a compared run measured on a warm prefix cache
-    (:func:`warm_cache_runs`); ``untrusted_reason`` says which runs. The numbers are
-    kept, the ratio is not to be believed.
+    ``trustworthy``: False when a finding flags the metric for a compared run (token
+    bursts for TPOT/ITL, a warm prefix cache, ...: :mod:`orchestrator.analysis.trust`);
+    ``untrusted_reason`` names the runs and why. Such a row keeps its values (shown
+    greyed) and has verdict ``untrusted``: no ratio, difference or interval.
+    ``not_applicable``: the sides that cannot have the metric (``{"reference": "off"}``:
+    prefix caching off has no hit rate, never 0); their value is None and the verdict
+    ``not applicable``, with no ratio, difference or interval.
     """
 
     metric: str
     unit: str
     direction: Direction
     level: Level
-    reference: float
-    variant: float
+    reference: float | None
+    variant: float | None
     ratio: float | None
-    difference: float
+    difference: float | None
     ci_low: float | None = None
     ci_high: float | None = None
     ci_of: Literal["ratio", "difference"] | None = None
@@ -237,6 +255,7 @@ class MetricComparison(BaseModel):
     verdict: Verdict
     trustworthy: bool = True
     untrusted_reason: str | None = None
+    not_applicable: dict[str, str] = Field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -256,31 +275,6 @@ def finite_float(x: Any) -> float | None:
 def usable_runs(runs: Iterable[RunData]) -> list[RunData]:
     """The runs whose data is compared (status in :data:`USABLE_STATUSES`)."""
     return [r for r in runs if r.status in USABLE_STATUSES]
-
-
-def warm_cache_runs(runs: Iterable[RunData]) -> list[str]:
-    """Ids of the compared runs (:func:`usable_runs`) whose warm-cache check found a
-    warm prefix cache (``cache_contamination == "contaminated"``)."""
-    return [r.run_id for r in usable_runs(runs) if r.cache_contamination == "contaminated"]
-
-
-def warm_cache_reason(
-    variant_runs: Iterable[RunData], reference_runs: Iterable[RunData]
-) -> str | None:
-    """Why a comparison of these runs is not trustworthy, or None."""
-    var, ref = warm_cache_runs(variant_runs), warm_cache_runs(reference_runs)
-    sides = [
-        f"{side} run(s) {', '.join(ids)}"
-        for side, ids in (("variant", var), ("reference", ref))
-        if ids
-    ]
-    if not sides:
-        return None
-    return (
-        "measured on a warm prefix cache (" + "; ".join(sides) + "): the prefix cache reset "
-        "before their measured requests left blocks, so their numbers include cache hits "
-        "the other side may not have had"
-    )
 
 
 def measured_requests(run: RunData) -> list[dict[str, Any]]:
@@ -621,8 +615,11 @@ def compare_variant(
         for higher-is-better, ``lower`` for neutral ones; entirely above -> the
         opposite; otherwise ``"no clear difference"``.
 
-    Every row is ``trustworthy=False`` (with ``untrusted_reason``) when a compared run
-    on either side measured on a warm prefix cache (:func:`warm_cache_reason`).
+    No verdict from an untrustworthy number: a metric a flag of a compared run taints
+    (:mod:`orchestrator.analysis.trust`: token bursts for TPOT/ITL, a warm prefix cache
+    for every metric, ...) is ``trustworthy=False`` with ``untrusted_reason``, verdict
+    ``untrusted`` and no ratio, difference or interval. A run-level metric a side cannot
+    have (prefix caching off) is a ``not applicable`` row, its value None, never 0.
 
     Raises:
         ValueError: ``n_boot`` < 1 or ``confidence`` outside (0, 1).
@@ -645,23 +642,21 @@ def compare_variant(
             if res is None:
                 continue
             effects, n_ref_req, n_var_req = res
+            counts = (ref_side.n_repeats, var_side.n_repeats, n_ref_req, n_var_req)
             for spec, eff in zip(specs, effects, strict=True):
-                row = _comparison(
-                    spec,
-                    eff,
-                    confidence,
-                    ref_side.n_repeats,
-                    var_side.n_repeats,
-                    n_ref_req,
-                    n_var_req,
-                )
+                row = _comparison(spec, eff, confidence, *counts)
                 if row is not None:
                     out.append(row)
 
+    trust = sides_trust(variant_runs, reference_runs)
     for spec in METRICS:
         if spec.level != "run":
             continue
         rv, vv = _run_values(reference_runs, spec.name), _run_values(variant_runs, spec.name)
+        na = trust.not_applicable(spec.name)
+        if na:
+            out.append(_not_applicable(spec, rv, vv, na, confidence))
+            continue
         if rv.size == 0 or vv.size == 0:
             continue
         eff = run_effect(rng, rv, vv, n_boot, confidence)
@@ -671,10 +666,42 @@ def compare_variant(
 
     order = {m.name: i for i, m in enumerate(METRICS)}
     out.sort(key=lambda c: order[c.metric])
-    reason = warm_cache_reason(variant_runs, reference_runs)
-    if reason is not None:
-        out = [c.model_copy(update={"trustworthy": False, "untrusted_reason": reason}) for c in out]
-    return out
+    return [_withhold(c, trust) for c in out]
+
+
+#: What an untrusted or not-applicable row does not carry: no number that compares.
+_NO_VERDICT = {"ratio": None, "difference": None, "ci_low": None, "ci_high": None, "ci_of": None}
+
+
+def _withhold(row: MetricComparison, trust: SidesTrust) -> MetricComparison:
+    """``row`` without its verdict when a flag of a compared run taints its metric."""
+    reason = trust.reason(row.metric)
+    if reason is None:
+        return row
+    update: dict[str, Any] = {"trustworthy": False, "untrusted_reason": reason}
+    if row.verdict != "not applicable":
+        update.update(_NO_VERDICT, verdict="untrusted")
+    return row.model_copy(update=update)
+
+
+def _not_applicable(
+    spec: MetricSpec, rv: FloatArray, vv: FloatArray, na: dict[str, str], confidence: float
+) -> MetricComparison:
+    """The row of a run-level metric a side cannot have: that side's value None, no verdict."""
+    return MetricComparison(
+        metric=spec.name,
+        unit=spec.unit,
+        direction=spec.direction,
+        level=spec.level,
+        reference=None if "reference" in na or rv.size == 0 else float(rv.mean()),
+        variant=None if "variant" in na or vv.size == 0 else float(vv.mean()),
+        confidence=confidence,
+        n_reference_repeats=int(rv.size),
+        n_variant_repeats=int(vv.size),
+        verdict="not applicable",
+        not_applicable=na,
+        **_NO_VERDICT,
+    )
 
 
 def level_estimates(

@@ -29,9 +29,8 @@ from orchestrator.analysis.compare import (
     run_effect,
     side_of,
     usable_runs,
-    warm_cache_reason,
-    warm_cache_runs,
 )
+from orchestrator.analysis.trust import na_text, warm_cache_reason, warm_cache_runs
 
 
 class Finding(BaseModel):
@@ -86,6 +85,26 @@ def _classes(runs: Sequence[RunData]) -> set[str | None]:
 
 def _ci_list(eff: Effect) -> list[float] | None:
     return list(eff.ci) if eff.ci else None
+
+
+def _hit_rate_rise(hit: MetricComparison | None) -> float | None:
+    """How far the hit rate rose: the difference, or from prefix caching off (no hit
+    rate, ``not applicable``) the variant's hit rate; None when it cannot be said or a
+    flag withholds it."""
+    if hit is None or not hit.trustworthy:
+        return None
+    if hit.difference is not None:
+        return hit.difference
+    if set(hit.not_applicable) == {"reference"} and hit.variant is not None:
+        return hit.variant
+    return None
+
+
+def _hit_text(hit: MetricComparison, side: str) -> str:
+    value = hit.reference if side == "reference" else hit.variant
+    if side in hit.not_applicable or value is None:
+        return na_text(hit.not_applicable.get(side, "unknown"))
+    return f"{value:.2f}"
 
 
 #: Equivalence margin for "E2EL did not move": the ratio's whole CI inside it.
@@ -164,7 +183,8 @@ def findings(
     for variant, comps in comparisons_by_variant.items():
         by = _by_metric(comps)
         hit, e2el = by.get("prefix_cache_hit_rate"), by.get("median_e2el_ms")
-        if hit is not None and e2el is not None and hit.difference >= 0.2:
+        rise = _hit_rate_rise(hit)
+        if hit is not None and e2el is not None and rise is not None and rise >= 0.2:
             if e2el.ci_of == "ratio" and e2el.ci_low is not None and e2el.ci_high is not None:
                 # "barely moved" needs evidence: the whole interval within +-20 %; a wide
                 # interval means the runs cannot tell, which is no finding
@@ -178,8 +198,9 @@ def findings(
                         severity="info",
                         variant=variant,
                         message=(
-                            f"prefix cache hit rate rose from {hit.reference:.2f} to "
-                            f"{hit.variant:.2f} but median E2EL barely moved: decode or "
+                            f"prefix cache hit rate rose from {_hit_text(hit, 'reference')} "
+                            f"to {_hit_text(hit, 'variant')} but median E2EL barely moved: "
+                            "decode or "
                             "queueing dominates E2E latency; prefill savings don't show "
                             "end to end"
                         ),
@@ -188,6 +209,7 @@ def findings(
                             "prefix_cache_hit_rate_reference": hit.reference,
                             "prefix_cache_hit_rate_variant": hit.variant,
                             "prefix_cache_hit_rate_difference": hit.difference,
+                            "prefix_cache_hit_rate_not_applicable": hit.not_applicable or None,
                             "median_e2el_ms_reference": e2el.reference,
                             "median_e2el_ms_variant": e2el.variant,
                             "median_e2el_ms_ratio": e2el.ratio,

@@ -24,6 +24,12 @@ from orchestrator.analysis.capacity import CapacityRepeat, compare_capacity
 from orchestrator.analysis.compare import ChangedVariable, RunData, VariantRef, compare_variant
 from orchestrator.analysis.export import runs_table, to_csv_bytes, to_parquet_bytes
 from orchestrator.analysis.findings import findings
+from orchestrator.analysis.trust import (
+    not_applicable_of,
+    objectives_of_capacity,
+    objectives_of_slos,
+    trust_of,
+)
 from orchestrator.cluster.placement import reserved_devices
 from orchestrator.core.models import Experiment, Run
 from orchestrator.core.repositories import RunRepository
@@ -77,7 +83,7 @@ def comparison(session: Session, experiment_id: str, *, n_boot: int = 2000) -> d
     exp: Experiment = get_experiment(session, experiment_id)
     runs = list(exp.runs)
     data = runs_as_data(session, runs)
-    capacities = capacity_repeats(runs) if has_capacity(exp) else None
+    capacities = capacity_repeats(runs, data) if has_capacity(exp) else None
     example: dict[str, Run] = {}
     for r in runs:
         example.setdefault(r.name, r)
@@ -162,17 +168,29 @@ def has_capacity(exp: Experiment) -> bool:
     return bool((exp.spec or {}).get("capacity")) or any(r.capacity is not None for r in exp.runs)
 
 
-def capacity_repeats(runs: list[Run]) -> dict[str, list[CapacityRepeat]]:
-    """Stored runs as :class:`CapacityRepeat` (status, ``runs.capacity``, devices reserved),
-    by variant name in the order of ``runs``; the comparison uses succeeded ones only."""
+def capacity_repeats(
+    runs: list[Run], data: dict[str, list[RunData]]
+) -> dict[str, list[CapacityRepeat]]:
+    """Stored runs as :class:`CapacityRepeat` (status, ``runs.capacity``, devices reserved,
+    why its capacity is not to be trusted: :mod:`orchestrator.analysis.trust` of the run in
+    ``data``, :func:`runs_as_data`), by variant name in the order of ``runs``; the
+    comparison uses succeeded ones only."""
+    by_id = {d.run_id: d for ds in data.values() for d in ds}
     out: dict[str, list[CapacityRepeat]] = defaultdict(list)
     for r in runs:
+        doc = r.capacity if isinstance(r.capacity, dict) else None
+        known = by_id.get(r.id)
         out[r.name].append(
             CapacityRepeat(
                 run_id=r.id,
                 status=r.status,
                 capacity=r.capacity,
                 devices=reserved_devices(r.layout),
+                untrusted=(
+                    trust_of(known, objectives_of_capacity(doc)).reason("capacity")
+                    if known is not None and doc is not None
+                    else None
+                ),
             )
         )
     return out
@@ -212,8 +230,11 @@ def export(session: Session, experiment_id: str, fmt: str) -> bytes:
 def runs_as_data(session: Session, runs: list[Run]) -> dict[str, list[RunData]]:
     """Stored runs as :class:`RunData` (metrics, measured requests of succeeded runs), by name.
 
-    A succeeded run with prefix caching off counts ``prefix_cache_hit_rate`` as 0 (the
-    engine made no prefix-cache queries, so none is stored), so APC off -> on compares.
+    A run with prefix caching off has no prefix cache hit rate (the engine made no
+    prefix-cache queries, so none is stored): it is ``not_applicable`` (``"off"``), never
+    0, and compares as ``n/a (off)`` with no verdict. ``goodput_objectives``: the
+    latencies the experiment's goodput ``slos`` count (what token bursts taint,
+    :mod:`orchestrator.analysis.trust`).
 
     Returns ``{variant name: [RunData, ...]}`` in the order of ``runs``.
     """
@@ -222,14 +243,7 @@ def runs_as_data(session: Session, runs: list[Run]) -> dict[str, list[RunData]]:
     data: dict[str, list[RunData]] = defaultdict(list)
     for r in runs:
         run_metrics = dict(metrics.get(r.id, {}))
-        if (
-            r.status == "succeeded"
-            and (r.engine_args or {}).get("enable_prefix_caching") is False
-            and "prefix_cache_hit_rate" not in run_metrics
-        ):
-            # prefix caching off: the engine makes no prefix-cache queries, so the
-            # stored metric is absent (no 0/0); for comparisons the hit rate is 0
-            run_metrics["prefix_cache_hit_rate"] = 0.0
+        slos = (r.experiment.spec or {}).get("slos")
         data[r.name].append(
             RunData(
                 run_id=r.id,
@@ -243,6 +257,8 @@ def runs_as_data(session: Session, runs: list[Run]) -> dict[str, list[RunData]]:
                 cache_contamination=((r.engine_info or {}).get("cache_contamination") or {}).get(
                     "status"
                 ),
+                not_applicable=not_applicable_of(r.engine_args),
+                goodput_objectives=sorted(objectives_of_slos(slos)),
             )
         )
     return data

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator.analysis.capacity import (
     UNITS,
+    CapacityComparison,
     CapacityRepeat,
     capacity_regression,
     compare_capacity,
@@ -288,19 +289,25 @@ def sweep_regressions(
     Shape: ``{"comparison": "not_fired" | "pending" | "no_previous" | "compared",
     "compared_with": {"fire_time", "experiment_id"} | None, "regressions":
     [{"variant", "metric", "unit", "reference_value", "value", "ratio", "ci_low",
-    "ci_high", "ci_of"}]}``. ``pending`` while the sweep has unfinished runs.
+    "ci_high", "ci_of", "statement"}], "withheld": [{"variant", "metric", "reason"}]}``.
+    ``pending`` while the sweep has unfinished runs.
     For each variant name in both sweeps, the new runs (variant side) are
     compared with the previous sweep's runs of that name (reference side) by
     :func:`orchestrator.analysis.compare.compare_variant` (hierarchical bootstrap, 95 %);
-    a metric whose verdict is ``worse`` is a regression. Capacity under SLOs too:
+    a metric whose verdict is ``worse`` is a regression. A metric a flag of either
+    sweep's runs taints (token bursts, a warm prefix cache: :mod:`orchestrator.analysis.
+    trust`) has no verdict and is listed in ``withheld`` with the reason, never as a
+    regression. Capacity under SLOs too:
     where both sweeps' runs of a variant stored capacity searches, the new
     capacity is compared with the previous one by
     :func:`orchestrator.analysis.capacity.compare_capacity` and a ``lower`` verdict
-    (the whole bracket interval of the ratio below 1) is a regression with
+    (the ratio's interval, or its upper bound when a sweep found only a bound, below 1;
+    ``reference_value``/``value`` None where a side has no mean capacity, ``statement``
+    with the bounds) is a regression with
     ``metric`` ``"capacity"``, ``unit`` the search variable's (``requests/s`` or
     ``concurrent requests``) and ``ci_of`` ``"ratio"``. Computed on read.
     """
-    empty: dict[str, Any] = {"compared_with": None, "regressions": []}
+    empty: dict[str, Any] = {"compared_with": None, "regressions": [], "withheld": []}
     if fire.status != "fired" or fire.experiment_id is None:
         return {"comparison": "not_fired", **empty}
     exps = ExperimentRepository(session)
@@ -316,11 +323,17 @@ def sweep_regressions(
     if prev_exp is None or prev_fire is None:
         return {"comparison": "no_previous", **empty}
     new, old = runs_as_data(session, list(exp.runs)), runs_as_data(session, list(prev_exp.runs))
-    new_caps, old_caps = capacity_repeats(list(exp.runs)), capacity_repeats(list(prev_exp.runs))
-    regressions = []
+    new_caps = capacity_repeats(list(exp.runs), new)
+    old_caps = capacity_repeats(list(prev_exp.runs), old)
+    regressions: list[dict[str, Any]] = []
+    withheld: list[dict[str, Any]] = []
     for variant in [v["name"] for v in exp.variants if v["name"] in old]:
         for c in compare_variant(new.get(variant, []), old[variant], n_boot=n_boot, seed=0):
-            if c.verdict == "worse":
+            if not c.trustworthy:
+                withheld.append(
+                    {"variant": variant, "metric": c.metric, "reason": c.untrusted_reason}
+                )
+            elif c.verdict == "worse":
                 regressions.append(
                     {
                         "variant": variant,
@@ -332,12 +345,17 @@ def sweep_regressions(
                         "ci_low": c.ci_low,
                         "ci_high": c.ci_high,
                         "ci_of": c.ci_of,
+                        "statement": None,
                     }
                 )
         if not (_searched(new_caps.get(variant, [])) and _searched(old_caps.get(variant, []))):
             continue
         cap = compare_capacity(new_caps[variant], old_caps[variant])
-        if capacity_regression(cap):
+        if not cap.trustworthy:
+            withheld.append(
+                {"variant": variant, "metric": "capacity", "reason": cap.untrusted_reason}
+            )
+        elif capacity_regression(cap):
             regressions.append(
                 {
                     "variant": variant,
@@ -349,13 +367,23 @@ def sweep_regressions(
                     "ci_low": cap.ci_low,
                     "ci_high": cap.ci_high,
                     "ci_of": "ratio",
+                    "statement": _capacity_statement(cap),
                 }
             )
     return {
         "comparison": "compared",
         "compared_with": {"fire_time": prev_fire.fire_time, "experiment_id": prev_exp.id},
         "regressions": regressions,
+        "withheld": withheld,
     }
+
+
+def _capacity_statement(cap: CapacityComparison) -> str:
+    """``lower: at most 0.25x (at least 24 -> below 6 requests/s)``: the verdict with the
+    bounds each sweep showed."""
+    return (
+        f"{cap.statement} ({cap.bounds.get('reference')} -> {cap.bounds.get('variant')} {cap.unit})"
+    )
 
 
 def _searched(repeats: list[CapacityRepeat]) -> bool:

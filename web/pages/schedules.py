@@ -122,11 +122,16 @@ def _regression_row(reg: dict[str, Any]) -> dict[str, Any]:
         **reg,
         "label": metric_label(spec) if spec else reg["metric"],
         "display_unit": "%" if reg["unit"] == "fraction" else reg["unit"],
-        "reference_shown": reg["reference_value"] * scale,
-        "value_shown": reg["value"] * scale,
+        # None where a sweep showed only a bound for its capacity (see ``statement``)
+        "reference_shown": _scaled(reg.get("reference_value"), scale),
+        "value_shown": _scaled(reg.get("value"), scale),
         # a CI of the difference is in the metric's unit; of the ratio, unitless
         "ci_scale": scale if reg["ci_of"] == "difference" else 1.0,
     }
+
+
+def _scaled(value: float | None, scale: float) -> float | None:
+    return None if value is None else value * scale
 
 
 def _regressions_key(session: Session, fire: ScheduleFire) -> tuple[Any, ...]:
@@ -176,6 +181,13 @@ def fire_view(session: Session, sched: Schedule, fire: ScheduleFire) -> dict[str
         "comparison": check["comparison"],
         "compared_with": compared_with,
         "regressions": [_regression_row(r) for r in check["regressions"]],
+        # metrics a flag of a compared run taints: no verdict, never a regression
+        "withheld": [
+            {**w, "label": metric_label(METRICS_BY_NAME[w["metric"]])}
+            if w["metric"] in METRICS_BY_NAME
+            else {**w, "label": w["metric"]}
+            for w in check.get("withheld", [])
+        ],
     }
 
 

@@ -1,0 +1,368 @@
+"""Which numbers give no verdict: the one table of what each flag on a run taints.
+
+A number a finding flags for a run is kept (shown greyed, with the reason) but gives
+no verdict anywhere: not in a comparison row (:func:`orchestrator.analysis.compare.
+compare_variant`), a ladder cell, a CLI table, a chart or a scheduled regression check.
+Every consumer asks this module; none keeps its own list.
+
+Flags of a run (:func:`run_trust`) and of a capacity step (:func:`step_untrusted`):
+
+- ``token_bursts``: at least :data:`BURSTY` of the run's inter-token gaps were under
+  :data:`BURST_GAP_S` (``itl_burst_fraction``, :func:`jobs.segment.itl_burst_fraction`,
+  or the same share computed from the requests' ``itl_s`` when the metric is absent):
+  the chunks queued in the API server and were flushed together, so the client's TPOT
+  and ITL do not measure decoding (the advisor's ``token_bursts`` finding). Taints
+  TPOT, ITL and what is computed from them: output tokens/s per user (1000 / TPOT,
+  or output tokens / (E2EL - TTFT) at a capacity step), goodput whose objectives
+  include TPOT, a capacity search that checked TPOT or ITL.
+- ``client_ttft_lag``: token bursts and the client's mean TTFT more than
+  :data:`TTFT_LAG_MS` above the server's (``mean_ttft_client_minus_server_ms``, the
+  same finding says so): TTFT and what is computed from it.
+- ``warm_cache``: the run's warm-cache check (:mod:`jobs.cachecheck`) says its measured
+  requests began on a warm prefix cache (``cache_contamination == "contaminated"``):
+  every number of the run (latencies and the prefix cache hit rate first, and through
+  them throughput, goodput, queueing and capacity).
+- ``client_limited`` (a capacity step's verdict): the load generator could not deliver
+  the step's load, so none of that step's numbers decides anything.
+
+Not applicable is not a taint and never 0: :data:`NOT_APPLICABLE` names what a run
+cannot have (the prefix cache hit rate of a run with prefix caching off); such a
+metric compares as ``n/a (off)``, with no verdict and no interval.
+
+Metric names: the comparison's (``median_tpot_ms``, ``p99_itl_ms``, ``mean_tpot_ms``,
+``prefix_cache_hit_rate`` ...), the capacity documents' (``tpot_ms``, ``itl_ms``,
+``output_tokens_per_s_per_user``) and ``capacity`` (a run's capacity search).
+
+Pure: no database, no HTTP.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+#: Inter-token gaps shorter than this (s) arrived in one burst (``jobs.segment.BURST_GAP_S``).
+BURST_GAP_S = 1e-4
+#: At or above this share of inter-token gaps under :data:`BURST_GAP_S`, tokens came in bursts.
+BURSTY = 0.5
+#: With token bursts, a client TTFT this much (ms) above the server's flags TTFT too.
+TTFT_LAG_MS = 20.0
+
+#: Every number of the run (or step).
+ALL = "*"
+#: The latency quantities (per request: TTFT, TPOT, ITL, E2EL).
+LATENCY = frozenset({"ttft", "tpot", "itl", "e2el"})
+
+#: What each flag taints, as quantities (:func:`quantities` maps a metric to its own).
+TAINTS: dict[str, frozenset[str]] = {
+    "token_bursts": frozenset({"tpot", "itl"}),
+    "client_ttft_lag": frozenset({"ttft"}),
+    "warm_cache": frozenset({ALL}),
+    "client_limited": frozenset({ALL}),
+}
+
+#: Metrics computed from others, by the quantities they are computed from.
+DERIVED: dict[str, frozenset[str]] = {
+    "ttft_ms": frozenset({"ttft"}),  # capacity objectives and step percentiles
+    "tpot_ms": frozenset({"tpot"}),
+    "itl_ms": frozenset({"itl"}),
+    "e2el_ms": frozenset({"e2el"}),
+    # the Pareto chart's x: 1000 / mean TPOT, or output tokens / (E2EL - TTFT) at a step
+    "output_tokens_per_s_per_user": frozenset({"tpot", "ttft", "e2el"}),
+}
+#: Metrics computed from the goodput objectives of the run (all latencies when unknown).
+GOODPUT = frozenset({"request_goodput", "goodput_fraction"})
+#: A run's capacity search: computed from the objectives it checked.
+CAPACITY = "capacity"
+
+#: What a run cannot have, by metric: (engine argument that must not be False, why).
+NOT_APPLICABLE: dict[str, tuple[str, str]] = {
+    "prefix_cache_hit_rate": ("enable_prefix_caching", "off"),
+}
+
+_STAT = re.compile(r"(?:mean|median|std|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el)_ms")
+
+
+def quantities(
+    metric: str,
+    goodput_objectives: Collection[str] | None = None,
+    capacity_objectives: Collection[str] | None = None,
+) -> frozenset[str]:
+    """The quantities ``metric`` is computed from (``median_tpot_ms`` -> ``{"tpot"}``;
+    goodput and capacity: their objectives, all latencies when unknown; else the
+    metric itself)."""
+    m = _STAT.fullmatch(metric)
+    if m:
+        return frozenset({m.group(1)})
+    if metric in DERIVED:
+        return DERIVED[metric]
+    if metric in GOODPUT or metric == CAPACITY:
+        objs = goodput_objectives if metric in GOODPUT else capacity_objectives
+        if objs is None:
+            return LATENCY | {metric}
+        return frozenset(_objective_quantity(o) for o in objs) | {metric}
+    return frozenset({metric})
+
+
+def _objective_quantity(name: str) -> str:
+    """``tpot_ms`` / ``tpot`` -> ``tpot``; ``goodput`` -> the latencies' stand-in."""
+    base = name.removesuffix("_ms")
+    return base if base in LATENCY else name
+
+
+def objectives_of_capacity(doc: Mapping[str, Any] | None) -> frozenset[str] | None:
+    """The latency quantities a capacity search checked (``goodput``: all of them);
+    None without a document or checks."""
+    names: set[str] = set()
+    for step in (doc or {}).get("steps") or []:
+        for c in (step.get("checks") or []) if isinstance(step, Mapping) else []:
+            if isinstance(c, Mapping) and isinstance(c.get("metric"), str):
+                names.add(c["metric"])
+    if not names:
+        return None
+    out = {_objective_quantity(n) for n in names}
+    return frozenset((out - {"goodput"}) | (LATENCY if "goodput" in out else set()))
+
+
+def objectives_of_slos(slos: Mapping[str, Any] | None) -> frozenset[str]:
+    """The latency quantities of an experiment's goodput ``slos`` (``{"tpot_ms": 50}``)."""
+    return frozenset(_objective_quantity(k) for k, v in (slos or {}).items() if v is not None)
+
+
+def _finite(x: Any) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return None
+    f = float(x)
+    return f if math.isfinite(f) else None
+
+
+def burst_fraction(requests: Iterable[Mapping[str, Any]]) -> float | None:
+    """Share of the inter-token gaps under :data:`BURST_GAP_S` over successful measured
+    requests (as :func:`jobs.segment.itl_burst_fraction`); None without any gap."""
+    gaps = [
+        g
+        for q in requests
+        if q.get("success") and not q.get("warmup")
+        for g in (_finite(x) for x in (q.get("itl_s") or []))
+        if g is not None
+    ]
+    if not gaps:
+        return None
+    return sum(1 for g in gaps if g < BURST_GAP_S) / len(gaps)
+
+
+@dataclass(frozen=True)
+class RunTrust:
+    """One run's flags (flag -> evidence), what it cannot have (metric -> why) and the
+    objectives its goodput and capacity search are computed from."""
+
+    run_id: str
+    flags: Mapping[str, str] = field(default_factory=dict)
+    not_applicable: Mapping[str, str] = field(default_factory=dict)
+    goodput_objectives: frozenset[str] | None = None
+    capacity_objectives: frozenset[str] | None = None
+
+    def reason(self, metric: str) -> str | None:
+        """Why ``metric`` of this run gives no verdict (the flags that taint it), or None."""
+        q = quantities(metric, self.goodput_objectives, self.capacity_objectives)
+        hits = [
+            text for flag, text in self.flags.items() if ALL in TAINTS[flag] or TAINTS[flag] & q
+        ]
+        return "; ".join(hits) if hits else None
+
+
+def run_trust(
+    run_id: str,
+    metrics: Mapping[str, Any],
+    *,
+    requests: Sequence[Mapping[str, Any]] | None = None,
+    cache_contamination: str | None = None,
+    not_applicable: Mapping[str, str] | None = None,
+    goodput_objectives: Collection[str] | None = None,
+    capacity_objectives: Collection[str] | None = None,
+) -> RunTrust:
+    """A run's flags from its summary ``metrics`` (``itl_burst_fraction``,
+    ``mean_ttft_client_minus_server_ms``; the burst share from ``requests`` when the
+    metric is absent), its warm-cache status and what it cannot have
+    (:func:`not_applicable_of`)."""
+    flags: dict[str, str] = {}
+    burst = _finite(metrics.get("itl_burst_fraction"))
+    if burst is None and requests:
+        burst = burst_fraction(requests)
+    if burst is not None and burst >= BURSTY:
+        flags["token_bursts"] = (
+            f"token bursts: {burst:.0%} of inter-token gaps under 0.1 ms, so the client's "
+            "TPOT and ITL do not measure decoding"
+        )
+        lag = _finite(metrics.get("mean_ttft_client_minus_server_ms"))
+        if lag is not None and lag > TTFT_LAG_MS:
+            flags["client_ttft_lag"] = (
+                f"token bursts: the client's TTFT is {lag:.0f} ms above the server's"
+            )
+    if cache_contamination == "contaminated":
+        flags["warm_cache"] = (
+            "measured on a warm prefix cache: the reset before its measured requests left "
+            "blocks, so its numbers include cache hits the other side may not have had"
+        )
+    return RunTrust(
+        run_id=run_id,
+        flags=flags,
+        not_applicable=dict(not_applicable or {}),
+        goodput_objectives=None if goodput_objectives is None else frozenset(goodput_objectives),
+        capacity_objectives=(
+            None if capacity_objectives is None else frozenset(capacity_objectives)
+        ),
+    )
+
+
+def not_applicable_of(engine_args: Mapping[str, Any] | None) -> dict[str, str]:
+    """What a run with these engine arguments cannot have: ``{"prefix_cache_hit_rate":
+    "off"}`` when ``enable_prefix_caching`` is False (:data:`NOT_APPLICABLE`)."""
+    args = engine_args or {}
+    return {m: why for m, (arg, why) in NOT_APPLICABLE.items() if args.get(arg) is False}
+
+
+class RunLike(Protocol):
+    """What :func:`trust_of` reads of a run (:class:`orchestrator.analysis.compare.RunData`)."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def metrics(self) -> Mapping[str, float]: ...
+    @property
+    def requests(self) -> Sequence[Mapping[str, Any]]: ...
+    @property
+    def cache_contamination(self) -> str | None: ...
+    @property
+    def not_applicable(self) -> Mapping[str, str]: ...
+    @property
+    def goodput_objectives(self) -> Collection[str] | None: ...
+
+
+#: Run statuses whose data is compared; other runs are ignored.
+USABLE_STATUSES = frozenset({"succeeded"})
+
+
+def sides_trust(variant: Iterable[RunLike], reference: Iterable[RunLike]) -> SidesTrust:
+    """The flags of both sides' compared runs (status in :data:`USABLE_STATUSES`)."""
+    return SidesTrust(
+        [trust_of(r) for r in variant if r.status in USABLE_STATUSES],
+        [trust_of(r) for r in reference if r.status in USABLE_STATUSES],
+    )
+
+
+def warm_cache_runs(runs: Iterable[RunLike]) -> list[str]:
+    """Ids of the compared runs whose warm-cache check found a warm prefix cache."""
+    return [
+        r.run_id
+        for r in runs
+        if r.status in USABLE_STATUSES and r.cache_contamination == "contaminated"
+    ]
+
+
+def warm_cache_reason(
+    variant_runs: Iterable[RunLike], reference_runs: Iterable[RunLike]
+) -> str | None:
+    """Why a comparison of these runs is not trustworthy (a warm prefix cache), or None."""
+    var, ref = warm_cache_runs(variant_runs), warm_cache_runs(reference_runs)
+    sides = [
+        f"{side} run(s) {', '.join(ids)}"
+        for side, ids in (("variant", var), ("reference", ref))
+        if ids
+    ]
+    if not sides:
+        return None
+    return (
+        "measured on a warm prefix cache (" + "; ".join(sides) + "): the prefix cache reset "
+        "before their measured requests left blocks, so their numbers include cache hits "
+        "the other side may not have had"
+    )
+
+
+def trust_of(run: RunLike, capacity_objectives: Collection[str] | None = None) -> RunTrust:
+    """:func:`run_trust` of a :class:`orchestrator.analysis.compare.RunData`."""
+    return run_trust(
+        run.run_id,
+        run.metrics,
+        requests=run.requests,
+        cache_contamination=run.cache_contamination,
+        not_applicable=run.not_applicable,
+        goodput_objectives=run.goodput_objectives,
+        capacity_objectives=capacity_objectives,
+    )
+
+
+def trust_of_doc(run: Mapping[str, Any], slos: Mapping[str, Any] | None = None) -> RunTrust:
+    """:func:`run_trust` of a run as the API gives it (``GET /api/v1/experiments/{id}``'s
+    ``runs``: ``id``, ``metrics``, ``engine_info``, ``engine_args``, ``capacity``);
+    ``slos``: the experiment spec's goodput objectives."""
+    info = run.get("engine_info") or {}
+    warm = info.get("cache_contamination") if isinstance(info, Mapping) else None
+    return run_trust(
+        str(run.get("id")),
+        run.get("metrics") or {},
+        cache_contamination=warm.get("status") if isinstance(warm, Mapping) else None,
+        not_applicable=not_applicable_of(run.get("engine_args")),
+        goodput_objectives=objectives_of_slos(slos),
+        capacity_objectives=objectives_of_capacity(run.get("capacity")),
+    )
+
+
+@dataclass(frozen=True)
+class SidesTrust:
+    """The compared runs of both sides of a comparison (usable runs only)."""
+
+    variant: Sequence[RunTrust]
+    reference: Sequence[RunTrust]
+
+    def reason(self, metric: str) -> str | None:
+        """Why a comparison of ``metric`` gives no verdict: each flagged run, by side."""
+        parts = []
+        for side, runs in (("variant", self.variant), ("reference", self.reference)):
+            for r in runs:
+                why = r.reason(metric)
+                if why:
+                    parts.append(f"{side} run {r.run_id}: {why}")
+        return "; ".join(parts) if parts else None
+
+    def not_applicable(self, metric: str) -> dict[str, str]:
+        """``{"reference": "off"}``: the sides where a run cannot have ``metric``."""
+        out = {}
+        for side, runs in (("variant", self.variant), ("reference", self.reference)):
+            why = next((r.not_applicable[metric] for r in runs if metric in r.not_applicable), None)
+            if why is not None:
+                out[side] = why
+        return out
+
+
+def na_text(why: str) -> str:
+    """How a not-applicable value reads: ``n/a (off)``."""
+    return f"n/a ({why})"
+
+
+def step_untrusted(step: Mapping[str, Any], unit: str = "req/s") -> str | None:
+    """Why a capacity step's numbers decide nothing (a ``client_limited`` step: the load
+    generator could not deliver its load), or None."""
+    if step.get("verdict") != "client_limited":
+        return None
+    sig = step.get("signals")
+    sig = sig if isinstance(sig, Mapping) else {}
+    asked, arrived = _finite(sig.get("asked_rate")), _finite(sig.get("arrived_rate"))
+    text = "client-limited: the load generator could not deliver this load"
+    if asked is not None and arrived is not None:
+        text += f" ({arrived:.3g} of the {asked:.3g} {unit} asked arrived)"
+    return text
+
+
+def ceiling_text(doc: Mapping[str, Any] | None, unit: str = "req/s") -> str | None:
+    """``the load generator's ceiling here is 120 req/s`` from a capacity document's
+    ``client_ceiling``; None when unknown."""
+    ceiling = _finite((doc or {}).get("client_ceiling"))
+    if ceiling is None:
+        return None
+    return f"the load generator's ceiling here is {ceiling:.3g} {unit}"
