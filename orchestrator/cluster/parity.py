@@ -70,6 +70,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.cluster.parity_copy import copy_checks, ifname_problem, interfaces_of
 from orchestrator.cluster.parity_env import (
     NodeEnv,
     is_env_name,
@@ -528,8 +529,23 @@ def _finding(
     for _, v in failing:
         for node, reason in (v.get("problems") or {}).items():
             problems[node] = f"{problems[node]}; {reason}" if node in problems else reason
+    copies = copy_checks(
+        field,
+        values,
+        dict(zip(ctx.names, ctx.nodes, strict=True)),
+        ctx.launch_env,
+        ctx.launch_source,
+        _display,
+    )
+    for node, items in copies.items():  # what copying the others' value would do here
+        if node not in primary["odd_nodes"] and node not in problems:
+            continue
+        told = "; ".join(item["message"] for item in items)
+        problems[node] = f"{problems[node]}; {told}" if node in problems else told
     if problems:
         entry["problems"] = problems
+    if copies:
+        entry["copy_check"] = copies
     if field.startswith("env."):
         var = field.removeprefix("env.")
         unset = [n for n, v in values.items() if v is None]
@@ -554,7 +570,7 @@ def _per_node_problems(
     nodes = dict(zip(ctx.names, ctx.nodes, strict=True))
     if field.endswith("_SOCKET_IFNAME"):
         for name, spec in values.items():
-            ifaces = _interfaces(nodes[name])
+            ifaces = interfaces_of(nodes[name])
             if spec is None or not _is_set(var, spec):
                 continue
             if ifaces is None:
@@ -563,7 +579,7 @@ def _per_node_problems(
                     "selects one is unknown"
                 )
                 continue
-            problem = _ifname_problem(var, spec, ifaces)
+            problem = ifname_problem(var, spec, ifaces)
             if problem:
                 problems[name] = problem
     elif field == "env.VLLM_HOST_IP":
@@ -597,51 +613,6 @@ def _per_node_problems(
 
 
 # --------------------------------------------------------------------------- per node
-
-
-def _interfaces(node: Mapping[str, Any]) -> list[str] | None:
-    raw = node.get("interfaces", node.get("network_interfaces"))
-    if raw is None:
-        return None
-    if isinstance(raw, Mapping):
-        return [str(k) for k in raw]
-    names = []
-    for item in raw:
-        if isinstance(item, Mapping):
-            names.append(str(item.get("name") or item.get("ifname") or ""))
-        else:
-            names.append(str(item))
-    return names
-
-
-def _ifname_problem(var: str, spec: str, ifaces: list[str]) -> str | None:
-    """Why ``spec`` selects no usable interface on a node with ``ifaces``, or ``None``.
-
-    NCCL (``NCCL_SOCKET_IFNAME``): comma list of prefixes; ``=name`` is exact;
-    a leading ``^`` excludes the listed ones. Others (``GLOO_SOCKET_IFNAME``,
-    ``TP_SOCKET_IFNAME``...): comma list of exact names, all used. NCCL and Gloo
-    ignore a value under 2 characters and auto-detect (NCCL src/misc/socket.cc
-    ``ncclFindInterfaces``: ``strlen(env) > 1``; torch ProcessGroupGloo.cpp
-    ``create_default``: ``ifnameEnv->size() > 1``): no problem then.
-    """
-    if var.startswith(("NCCL_", "GLOO_")) and len(str(spec)) <= 1:
-        return None  # the raw length, as NCCL and Gloo test it (not stripped)
-    spec = str(spec).strip()
-    if var.startswith("NCCL_"):
-        exclude = spec.startswith("^")
-        items = [i.strip() for i in spec.lstrip("^").split(",") if i.strip()]
-
-        def hit(iface: str) -> bool:
-            return any(iface == i[1:] if i.startswith("=") else iface.startswith(i) for i in items)
-
-        chosen = [i for i in ifaces if hit(i) != exclude]
-        if not chosen:
-            return f"{var}={spec!r} selects no interface among {ifaces}"
-        return None
-    missing = [i.strip() for i in spec.split(",") if i.strip() and i.strip() not in ifaces]
-    if missing:
-        return f"{var} names {missing} not among {ifaces}"
-    return None
 
 
 def _check_world_size(

@@ -193,7 +193,10 @@ class ParityRow:
     """One finding of a parity report, ready for the table.
 
     ``values``: per node name the text shown; ``odd``: the nodes whose value is
-    the odd one out (highlighted); ``problems``: per node (or ``cluster``) why.
+    the odd one out (highlighted); ``problems``: per node (or ``cluster``) why;
+    ``copies``: per node that lacks the setting without a problem of its own (the
+    majority lacks it), whether copying the value set elsewhere would work there (the
+    finding's ``copy_check``; an odd node's problem already says it).
     """
 
     field: str
@@ -202,6 +205,7 @@ class ParityRow:
     values: dict[str, str]
     odd: list[str]
     problems: dict[str, str] = dataclasses.field(default_factory=dict)
+    copies: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _short(value: Any) -> str:
@@ -245,6 +249,11 @@ def parity_rows(report: dict[str, Any]) -> list[ParityRow]:
                 values=values,
                 odd=odd,
                 problems={str(k): str(v) for k, v in (finding.get("problems") or {}).items()},
+                copies={
+                    str(node): "; ".join(str(i.get("message", "")) for i in items)
+                    for node, items in (finding.get("copy_check") or {}).items()
+                    if str(node) not in (finding.get("problems") or {})
+                },
             )
         )
     rows.sort(key=lambda r: r.severity != "blocking")
