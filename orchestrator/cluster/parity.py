@@ -167,10 +167,14 @@ def check_parity(nodes: list[dict[str, Any]], launch: dict[str, Any] | None = No
         the nodes where it was not captured. Optional keys: ``problems`` ({node:
         reason} of every failing rule), ``unset_on`` and ``not_captured_on`` (env
         fields), ``launch_value`` and ``launch_source`` (when the launching
-        environment sets the variable). A verdict is ``{"rule", "check",
-        "severity", "verdict": "ok" | "blocking" | "warning" | "unknown" |
-        "ignored", "why"}`` plus ``odd_nodes``, ``problems``, ``not_captured_on`` or
-        ``note`` where they apply.
+        environment sets the variable), ``copy_check`` (env fields and
+        ``engine_env``: for each node that lacks the setting while another node or the
+        launching environment has it, whether that value would work on this node,
+        :func:`orchestrator.cluster.parity_copy.copy_checks`; its ``message`` is also
+        appended to the node's ``problems`` entry where the node has one or is odd).
+        A verdict is ``{"rule", "check", "severity", "verdict": "ok" | "blocking" |
+        "warning" | "unknown" | "ignored", "why"}`` plus ``odd_nodes``, ``problems``,
+        ``not_captured_on`` or ``note`` where they apply.
 
         A model-directory finding is per node: ``{"node", "field": "model_files",
         "missing_model_path": path}`` when the directory is absent (plus

@@ -79,6 +79,15 @@ ids the engine generated for it: then their blocks are cached too (vLLM hashes
 ``all_token_ids``), and a later turn that resends exactly those tokens hits them. It is
 therefore the best hit rate the engine can reach for this request list.
 
+Headlines are the sums of their details (one computation, :func:`predict_hit_rate`):
+``hits_tokens`` is the sum of the per-request hits, each split by where its blocks come
+from (the prefix every request shares, earlier prompts only some share, tokens an earlier
+request generated), and so are the totals; ``shared_prefix_tokens`` /
+``reusable_prefix_tokens`` are the prediction's own. What the prediction leaves out is
+named: the requests whose answer a later request resends without its generated ids
+(``generated_tokens_not_counted``, with a note), and of each resend's reusable tokens the
+part the prediction counts (``reusable_tokens_in_prediction``).
+
 Modules (each imports only the ones above it):
 
 - :mod:`~orchestrator.analysis.prefix.schemas`: the models in and out, :data:`CauseKind`,
