@@ -320,10 +320,11 @@ def _left_out_note(left_out: list[int], where: Sequence[str]) -> str:
     )
     return (
         f"The predicted hit rate leaves out what {len(left_out)} request(s) generated "
-        f"({shown}): a later request resends or extends them, but their generated token ids "
-        "were not given. The engine caches the blocks of what it generated too, so those "
-        "later requests may hit more than predicted (give generated_token_ids, or a vLLM "
-        "response with return_token_ids, to count them)."
+        f"({shown}): a later request continues each (an assistant message after its "
+        "messages, or a longer prompt), but its generated token ids were not given. The "
+        "engine caches the blocks of what it generated too: where the continuation resends "
+        "exactly those tokens, the later request hits more than predicted (give "
+        "generated_token_ids, or a vLLM response with return_token_ids, to count them)."
     )
 
 
