@@ -5,15 +5,25 @@ per user across an experiment's runs.
 
 Inputs are stored documents as plain dicts, read defensively (a field may be missing):
 ``runs.capacity`` is ``jobs.capacity.CapacityResult.model_dump(mode="json")``
-(``variable``, ``status`` found | below_min | at_least_max | uncertain |
-steps_exhausted, ``capacity``, ``interval`` [highest pass, lowest fail],
-``binding_slo``, ``steps`` [{``index``, ``load``, ``requests``, ``failed``,
-``duration_s``, ``percentiles`` {metric: {"p50": ms, ...}}, ``goodput``,
-``output_tokens_per_s``, ``output_tokens_per_s_per_user``, ``signals``, ``checks``
+(``variable``, ``status`` found | below_min | at_least_max | client_limited |
+uncertain | steps_exhausted, ``capacity``, ``interval`` [highest pass, lowest fail],
+``client_ceiling`` (req/s the load generator sustains there), ``binding_slo``,
+``steps`` [{``index``, ``load``, ``requests``, ``failed``, ``duration_s``,
+``percentiles`` {metric: {"p50": ms, ...}}, ``goodput``, ``output_tokens_per_s``,
+``output_tokens_per_s_per_user``, ``signals`` (``asked_rate``, ``arrived_rate``,
+``client_cpu``, ``client_workers``, the queue and lag figures), ``checks``
 [{``metric``, ``percentile``, ``objective``, ``value``, ``ci_low``, ``ci_high``,
-``verdict``}], ``saturated``, ``verdict``}], ``note``); the comparison document's
-per-variant ``capacity`` member is :mod:`orchestrator.analysis`'s. Nothing here
-computes a capacity: a search whose status is not ``found`` shows no capacity figure.
+``verdict``}], ``saturated``, ``saturation_evidence``, ``stationary``,
+``warmup_requests``, ``measured_s``, ``verdict`` pass | fail | uncertain |
+client_limited}], ``note``); the comparison document's per-variant ``capacity``
+member is :mod:`orchestrator.analysis`'s. Nothing here computes a capacity: a search
+whose status is not ``found`` shows no capacity figure. Fields newer than a document
+are read with ``.get`` (older documents lack them).
+
+No verdict from an untrustworthy number (:mod:`orchestrator.analysis.trust`): a
+``client_limited`` step's checks and chart points carry no pass/fail (the load did not
+arrive); "bound by saturation" is said only with the server's evidence, shown; a run
+whose tokens/s per user a flag taints has no point in the Pareto chart.
 
 Pure: no database, no HTTP (the pages hand in what the repositories and services read).
 """
@@ -24,6 +34,8 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from orchestrator.analysis.trust import step_untrusted
 
 #: Display names of the SLO metrics (docs/ARCHITECTURE.md terms).
 METRIC_LABELS = {
@@ -42,6 +54,7 @@ STATUS_TEXT = {
     "found": "found",
     "below_min": "below the lowest load tried",
     "at_least_max": "at least the highest load tried",
+    "client_limited": "at least the highest load the load generator delivered",
     "uncertain": "unknown: uncertain",
     "steps_exhausted": "unknown: steps exhausted",
 }
@@ -140,12 +153,39 @@ def binding_objective(doc: Mapping[str, Any]) -> dict[str, Any] | None:
     return same_metric[0] if len(same_metric) == 1 else None
 
 
+def saturation_evidence(doc: Mapping[str, Any]) -> list[str]:
+    """The server's evidence of saturation (waiting queue growth, KV cache full,
+    preemptions, errors) of the lowest failing saturated step; [] when none was stored
+    (older searches stored none)."""
+    failing = [
+        s
+        for s in _steps(doc)
+        if s.get("verdict") == "fail" and s.get("saturated") and _num(s.get("load")) is not None
+    ]
+    for step in sorted(failing, key=lambda s: _num(s.get("load")) or 0.0):
+        evidence = step.get("saturation_evidence")
+        if isinstance(evidence, list) and evidence:
+            return [str(e) for e in evidence]
+    return []
+
+
 def binding_text(doc: Mapping[str, Any]) -> str | None:
     """The SLO that binds first, in words (``TTFT p99 ≤ 500 ms``; ``saturated``: the
-    lowest failing step failed on saturation alone); the stored text when it names no
-    checked objective; None when the search names none."""
+    lowest failing step failed on saturation alone, said as the server saturating only
+    with its evidence); the stored text when it names no checked objective; None when
+    the search names none."""
     if doc.get("binding_slo") == "saturated":
-        return "saturation (the server saturated before any objective failed)"
+        evidence = saturation_evidence(doc)
+        if evidence:
+            return (
+                "saturation: the server saturated before any objective failed ("
+                + "; ".join(evidence)
+                + ")"
+            )
+        return (
+            "a saturation signal without server evidence: the search stored none (it may "
+            "be the load generator's own lag, not the server)"
+        )
     o = binding_objective(doc)
     if o is not None:
         return str(o["label"])
@@ -175,11 +215,15 @@ def summary(doc: Mapping[str, Any]) -> dict[str, Any]:
     interval = list(doc.get("interval") or [None, None]) + [None, None]
     low, high = _num(interval[0]), _num(interval[1])
     cap = _num(doc.get("capacity"))
+    client_ceiling = _num(doc.get("client_ceiling"))
     binding = binding_text(doc)
     loads = [v for v in (_num(s.get("load")) for s in steps) if v is not None]
 
     def load(v: float | None) -> str:
         return f"{fmt_load(v, variable)} {unit}".strip()
+
+    def rate(v: float) -> str:  # the load generator's ceiling is a request rate
+        return f"{fmt_load(v, 'request_rate')} req/s"
 
     n = len(steps)
     tried = f"{n} load step{'' if n == 1 else 's'}"
@@ -207,6 +251,21 @@ def summary(doc: Mapping[str, Any]) -> dict[str, Any]:
         sentence = (
             f"At least {load(highest)}: the highest load tried met every SLO; the boundary "
             f"is above the search range ({tried})."
+        )
+        if client_ceiling is not None:
+            sentence += f" The load generator's ceiling here is {rate(client_ceiling)}."
+    elif status == "client_limited":
+        headline = f"at least {load(low)}" if low is not None else "unknown"
+        ceiling = (
+            f"the load generator's ceiling here is {rate(client_ceiling)}"
+            if client_ceiling is not None
+            else "the load generator's ceiling here was not measured"
+        )
+        start = f"At least {load(low)}" if low is not None else "Unknown: no load passed"
+        sentence = (
+            f"{start}; {ceiling}: the search reached a load the load generator could not "
+            f"deliver, so the server's boundary was not measured ({tried}). Scale the load "
+            "generator out (more workers, or on other nodes) to measure beyond it."
         )
     elif status == "uncertain":
         last = next((s for s in reversed(steps) if s.get("verdict") == "uncertain"), None)
@@ -243,6 +302,8 @@ def summary(doc: Mapping[str, Any]) -> dict[str, Any]:
         "low": low,
         "high": high,
         "binding": binding,
+        "saturation_evidence": saturation_evidence(doc),
+        "client_ceiling": client_ceiling,
         "steps": n,
         "note": doc.get("note"),
     }
@@ -268,9 +329,15 @@ def step_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     "duration_s", "cells": {(metric, pct): {"value", "ci_low", "ci_high", "verdict",
     "objective"}}, "goodput", "goodput_check", "output_tokens_per_s",
     "output_tokens_per_s_per_user", "kv_cache_usage_max", "waiting_first",
-    "waiting_last", "waiting_max", "dispatch_lag_p99_ms", "saturated", "verdict"}``."""
+    "waiting_last", "waiting_max", "dispatch_lag_p99_ms", "asked_rate", "arrived_rate",
+    "client_cpu", "client_workers", "saturated", "saturation_evidence", "stationary",
+    "warmup_requests", "measured_s", "untrusted", "verdict"}``.
+
+    A ``client_limited`` step (``untrusted``: why) keeps its values, but its cells and
+    goodput carry no verdict: the load did not arrive, so nothing passed or failed."""
     rows = []
     for i, step in enumerate(_steps(doc)):
+        untrusted = step_untrusted(step, VARIABLE_UNITS["request_rate"])
         checks = {(str(c["metric"]), c.get("percentile")): c for c in _checks(step)}
         cells: dict[tuple[str, str], dict[str, Any]] = {}
         for metric, pcts in (step.get("percentiles") or {}).items():
@@ -284,12 +351,14 @@ def step_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
                 value=_num(c.get("value")) if cell["value"] is None else cell["value"],
                 ci_low=_num(c.get("ci_low")),
                 ci_high=_num(c.get("ci_high")),
-                verdict=c.get("verdict"),
+                verdict=None if untrusted else c.get("verdict"),
                 objective=_num(c.get("objective")),
             )
         raw_signals = step.get("signals")
         signals: dict[str, Any] = raw_signals if isinstance(raw_signals, dict) else {}
-        good = checks.get(("goodput", None))
+        good = None if untrusted else checks.get(("goodput", None))
+        evidence = step.get("saturation_evidence")
+        workers = signals.get("client_workers")
         rows.append(
             {
                 "index": step.get("index", i),
@@ -307,7 +376,18 @@ def step_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "waiting_last": _num(signals.get("waiting_last")),
                 "waiting_max": _num(signals.get("waiting_max")),
                 "dispatch_lag_p99_ms": _num(signals.get("dispatch_lag_p99_ms")),
+                "asked_rate": _num(signals.get("asked_rate")),
+                "arrived_rate": _num(signals.get("arrived_rate")),
+                "client_cpu": _num(signals.get("client_cpu")),
+                "client_workers": workers if isinstance(workers, int) else None,
                 "saturated": step.get("saturated"),
+                "saturation_evidence": (
+                    [str(e) for e in evidence] if isinstance(evidence, list) else []
+                ),
+                "stationary": step.get("stationary"),
+                "warmup_requests": step.get("warmup_requests"),
+                "measured_s": _num(step.get("measured_s")),
+                "untrusted": untrusted,
                 "verdict": str(step.get("verdict") or ""),
             }
         )
@@ -322,7 +402,8 @@ def curves(doc: Mapping[str, Any], *, label: str | None = None) -> dict[str, Any
     "series": [{"percentile", "checked", "points": [{"x", "y", "lo", "hi", "verdict",
     "step"}]}]}]}``: one chart per objective metric (goodput: the fraction of requests
     within the objectives); per chart a series per percentile with an objective (its
-    bootstrap interval as ``lo``/``hi``, the step's verdict on that objective) and, for
+    bootstrap interval as ``lo``/``hi``, the step's verdict on that objective; a
+    client-limited step's points: verdict ``client_limited``, no interval) and, for
     context, the other stored percentiles (``checked`` false, no interval). Points are
     sorted by load; a re-measured step is a point of its own.
     """
@@ -356,6 +437,7 @@ def curves(doc: Mapping[str, Any], *, label: str | None = None) -> dict[str, Any
         x = _num(step.get("load"))
         if x is None:
             continue
+        limited = step_untrusted(step) is not None  # no pass/fail, no interval
         for c in _checks(step):
             target = charts.get(str(c["metric"]))
             if target is None:
@@ -369,9 +451,9 @@ def curves(doc: Mapping[str, Any], *, label: str | None = None) -> dict[str, Any
                 {
                     "x": x,
                     "y": value,
-                    "lo": _num(c.get("ci_low")),
-                    "hi": _num(c.get("ci_high")),
-                    "verdict": c.get("verdict"),
+                    "lo": None if limited else _num(c.get("ci_low")),
+                    "hi": None if limited else _num(c.get("ci_high")),
+                    "verdict": "client_limited" if limited else c.get("verdict"),
                     "step": step.get("index", i),
                 }
             )
@@ -530,18 +612,25 @@ def pareto(runs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """The Pareto chart document of an experiment.
 
     ``runs``: ``{"run_id", "variant", "repeat_index", "devices", "metrics",
-    "capacity"}`` of its succeeded runs. Returns ``{"points": [{"run_id", "variant",
-    "label", "x", "y", "throughput", "devices", "source", "frontier"}], "frontier":
-    [labels, by tokens/s per user], "variants": [names], "missing": [labels without a
-    point]}``.
+    "capacity", "untrusted"}`` of its succeeded runs (``untrusted``: why a flag of the
+    run taints its tokens/s per user or throughput, :mod:`orchestrator.analysis.trust`;
+    such a run has no point: 1000 / a TPOT from token bursts is no user's speed).
+    Returns ``{"points": [{"run_id", "variant", "label", "x", "y", "throughput",
+    "devices", "source", "frontier"}], "frontier": [labels, by tokens/s per user],
+    "variants": [names], "missing": [labels without a point], "untrusted": [{"run_id",
+    "label", "reason"}]}``.
     """
     points: list[dict[str, Any]] = []
     missing: list[str] = []
     variants: list[str] = []
+    untrusted: list[dict[str, Any]] = []
     for r in runs:
         label = f"{r['variant']} #{int(r.get('repeat_index') or 0) + 1}"
         if r["variant"] not in variants:
             variants.append(str(r["variant"]))
+        if r.get("untrusted"):
+            untrusted.append({"run_id": r["run_id"], "label": label, "reason": r["untrusted"]})
+            continue
         p = pareto_point(r.get("metrics") or {}, r.get("capacity"), int(r.get("devices") or 1))
         if p is None:
             missing.append(label)
@@ -556,6 +645,7 @@ def pareto(runs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "frontier": [p["label"] for p in frontier],
         "variants": variants,
         "missing": missing,
+        "untrusted": untrusted,
     }
 
 
@@ -563,12 +653,14 @@ def capacity_cell(member: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """A variant's ladder cell from its comparison ``capacity`` member
     (:class:`orchestrator.analysis.capacity.CapacityComparison` dumped: ``ratio``,
     ``ci_low``, ``ci_high``, ``verdict``, ``per_device_*``, ``variable``, ``unit``,
-    ``reference_capacity``, ``capacity``, ``reason``, ``notes``); None when the member is
-    absent or null."""
+    ``reference_capacity``, ``capacity``, ``reason``, ``notes``, and where the document
+    has them ``statement``, ``per_device_statement``, ``bounds``, ``client_ceiling``,
+    ``trustworthy``, ``untrusted_reason``); None when the member is absent or null."""
     if not isinstance(member, Mapping):
         return None
     variable = str(member.get("variable") or "request_rate")
     notes = member.get("notes")
+    bounds, ceiling = member.get("bounds"), member.get("client_ceiling")
     return {
         "verdict": str(member.get("verdict") or "unknown"),
         "ratio": _num(member.get("ratio")),
@@ -584,4 +676,10 @@ def capacity_cell(member: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "unit": str(member.get("unit") or VARIABLE_UNITS.get(variable, "")),
         "reason": member.get("reason"),
         "notes": [str(n) for n in notes] if isinstance(notes, list) else [],
+        "statement": member.get("statement"),
+        "per_device_statement": member.get("per_device_statement"),
+        "bounds": dict(bounds) if isinstance(bounds, Mapping) else {},
+        "client_ceiling": dict(ceiling) if isinstance(ceiling, Mapping) else {},
+        "trustworthy": member.get("trustworthy", True) is not False,
+        "untrusted_reason": member.get("untrusted_reason"),
     }

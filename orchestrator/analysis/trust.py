@@ -248,12 +248,14 @@ class RunLike(Protocol):
 USABLE_STATUSES = frozenset({"succeeded"})
 
 
+def level_trust(runs: Iterable[RunLike]) -> list[RunTrust]:
+    """The flags of a level's compared runs (status in :data:`USABLE_STATUSES`)."""
+    return [trust_of(r) for r in runs if r.status in USABLE_STATUSES]
+
+
 def sides_trust(variant: Iterable[RunLike], reference: Iterable[RunLike]) -> SidesTrust:
-    """The flags of both sides' compared runs (status in :data:`USABLE_STATUSES`)."""
-    return SidesTrust(
-        [trust_of(r) for r in variant if r.status in USABLE_STATUSES],
-        [trust_of(r) for r in reference if r.status in USABLE_STATUSES],
-    )
+    """The flags of both sides' compared runs (:func:`level_trust`)."""
+    return SidesTrust(level_trust(variant), level_trust(reference))
 
 
 def warm_cache_runs(runs: Iterable[RunLike]) -> list[str]:
@@ -322,22 +324,32 @@ class SidesTrust:
 
     def reason(self, metric: str) -> str | None:
         """Why a comparison of ``metric`` gives no verdict: each flagged run, by side."""
-        parts = []
-        for side, runs in (("variant", self.variant), ("reference", self.reference)):
-            for r in runs:
-                why = r.reason(metric)
-                if why:
-                    parts.append(f"{side} run {r.run_id}: {why}")
+        parts = [
+            why
+            for side, runs in (("variant", self.variant), ("reference", self.reference))
+            if (why := runs_reason(runs, metric, f"{side} "))
+        ]
         return "; ".join(parts) if parts else None
 
     def not_applicable(self, metric: str) -> dict[str, str]:
         """``{"reference": "off"}``: the sides where a run cannot have ``metric``."""
         out = {}
         for side, runs in (("variant", self.variant), ("reference", self.reference)):
-            why = next((r.not_applicable[metric] for r in runs if metric in r.not_applicable), None)
+            why = runs_not_applicable(runs, metric)
             if why is not None:
                 out[side] = why
         return out
+
+
+def runs_reason(runs: Iterable[RunTrust], metric: str, label: str = "") -> str | None:
+    """Why ``metric`` of these runs gives no verdict (``run <id>: <why>`` each), or None."""
+    parts = [f"{label}run {r.run_id}: {why}" for r in runs if (why := r.reason(metric))]
+    return "; ".join(parts) if parts else None
+
+
+def runs_not_applicable(runs: Iterable[RunTrust], metric: str) -> str | None:
+    """Why these runs cannot have ``metric`` (``off``), or None."""
+    return next((r.not_applicable[metric] for r in runs if metric in r.not_applicable), None)
 
 
 def na_text(why: str) -> str:

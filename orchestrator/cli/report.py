@@ -9,9 +9,11 @@ from typing import Any
 import httpx
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
+from orchestrator.analysis.trust import RunTrust, SidesTrust, na_text, trust_of_doc
 from orchestrator.core.auth import client_auth_headers
 from orchestrator.core.states import ACTIVE
 
@@ -75,15 +77,32 @@ def describe_change(run: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in (run.get("changes") or {}).items())
 
 
-def _fmt(metrics: dict[str, float] | None, key: str, scale: float, fmt: str) -> str:
+def _fmt(
+    metrics: dict[str, float] | None,
+    key: str,
+    scale: float,
+    fmt: str,
+    trust: RunTrust | None = None,
+) -> str:
+    """A run's metric; ``n/a (off)`` when the run cannot have it; a value a flag of the run
+    taints is dimmed and marked ``(flagged)`` (:mod:`orchestrator.analysis.trust`)."""
+    if trust is not None and key in trust.not_applicable:
+        return na_text(trust.not_applicable[key])
     if not metrics or key not in metrics:
         return "-"
-    return fmt.format(metrics[key] * scale)
+    text = fmt.format(metrics[key] * scale)
+    if trust is not None and trust.reason(key):
+        return f"[dim]{text} (flagged)[/dim]"
+    return text
 
 
 def result_table(exp: dict[str, Any]) -> Table:
     """One row per run (repeat); the last column compares TTFT p50 with the run's reference
-    run (the same repeat of the reference variant)."""
+    run (the same repeat of the reference variant).
+
+    A value a flag of its run taints (token bursts for TPOT, a warm prefix cache) is
+    dimmed and marked ``(flagged)``, and gives no ratio (the caption names the flags); the
+    hit rate of a run with prefix caching off reads ``n/a (off)``."""
     table = Table(title=f"results: {exp['name']} (model {exp['model_id']})")
     table.add_column("run")
     table.add_column("rep", justify="right")
@@ -93,19 +112,38 @@ def result_table(exp: dict[str, Any]) -> Table:
         table.add_column(header, justify="right")
     table.add_column("TTFT p50 vs reference", justify="right")
     metrics = {r["id"]: r.get("metrics") or {} for r in exp["runs"]}
+    slos = (exp.get("spec") or {}).get("slos")
+    trusts = {r["id"]: trust_of_doc(r, slos) for r in exp["runs"]}
+    flagged: dict[str, str] = {}
     for run in exp["runs"]:
         m = run.get("metrics") or {}
-        ref = metrics.get(run.get("reference_run_id") or "", {})
+        trust = trusts[run["id"]]
+        ref_id = run.get("reference_run_id") or ""
+        ref = metrics.get(ref_id, {})
         ratio = "-"
         if m.get("median_ttft_ms") and ref.get("median_ttft_ms"):
-            ratio = ttft_ratio_text(m["median_ttft_ms"], ref["median_ttft_ms"])
+            why = SidesTrust([trust], [trusts[ref_id]] if ref_id in trusts else []).reason(
+                "median_ttft_ms"
+            )
+            ratio = (
+                "[dim]flagged: no ratio[/dim]"
+                if why
+                else ttft_ratio_text(m["median_ttft_ms"], ref["median_ttft_ms"])
+            )
+        for _, key, *_rest in RESULT_COLUMNS:
+            if m.get(key) is not None and (why := trust.reason(key)):
+                flagged.setdefault(f"{run['name']} #{run.get('repeat_index', 0)}", why)
         table.add_row(
             run["name"],
             str(run.get("repeat_index", 0)),
             describe_change(run),
             run["status"] + (" (partial)" if run.get("partial") else ""),
-            *[_fmt(m, key, scale, fmt) for _, key, scale, fmt in RESULT_COLUMNS],
+            *[_fmt(m, key, scale, fmt, trust) for _, key, scale, fmt in RESULT_COLUMNS],
             ratio,
+        )
+    if flagged:
+        table.caption = "flagged (no verdict from these values): " + "; ".join(
+            f"{name}: {why}" for name, why in flagged.items()
         )
     return table
 
@@ -218,20 +256,7 @@ def comparison_table(comp: dict[str, Any]) -> Table:
         for m in v["metrics"]:
             if m["metric"] not in KEY_COMPARISONS:
                 continue
-            ci = "-"
-            if m.get("ci_low") is not None and m.get("ci_of") == "ratio":
-                ci = f"[{m['ci_low']:.2f}, {m['ci_high']:.2f}]"
-            table.add_row(
-                v["variant"],
-                v["reference"],
-                changed,
-                m["metric"],
-                f"{m['reference']:.3g}" if m.get("reference") is not None else "-",
-                f"{m['variant']:.3g}" if m.get("variant") is not None else "-",
-                f"{m['ratio']:.2f}" if m.get("ratio") is not None else "-",
-                ci,
-                m["verdict"],
-            )
+            table.add_row(v["variant"], v["reference"], changed, *metric_row(m))
             changed = ""
         for row in capacity_rows(v.get("capacity")):
             table.add_row(v["variant"], v["reference"], changed, *row)
@@ -242,6 +267,43 @@ def comparison_table(comp: dict[str, Any]) -> Table:
                 "searches' brackets (highest pass .. lowest fail), not a 95 % CI"
             )
     return table
+
+
+def metric_row(m: dict[str, Any]) -> tuple[str, ...]:
+    """A comparison row's ``(metric, reference, variant value, ratio, interval, verdict)``.
+
+    No verdict from an untrustworthy number: a row flagged for a run (``trustworthy``
+    false, verdict ``untrusted``: token bursts for TPOT, a warm prefix cache) shows its
+    values dimmed, no ratio, no interval and ``untrusted: <reason>``; a side that cannot
+    have the metric reads ``n/a (off)`` and the verdict ``not applicable``. An older
+    server's flagged row with a verdict still gets none here."""
+    na = m.get("not_applicable") or {}
+
+    def value(side: str) -> str:
+        if side in na:
+            return na_text(str(na[side]))
+        x = _finite(m.get(side))
+        return f"{x:.3g}" if x is not None else "-"
+
+    if m.get("verdict") == "not applicable" or na:
+        return (m["metric"], value("reference"), value("variant"), "-", "-", "not applicable")
+    if m.get("trustworthy") is False or m.get("verdict") == "untrusted":
+        why = escape(str(m.get("untrusted_reason") or "flagged untrustworthy"))
+        dim = [f"[dim]{value(side)}[/dim]" for side in ("reference", "variant")]
+        return (m["metric"], *dim, "-", "-", f"[dim]untrusted: {why}[/dim]")
+    ci = "-"
+    lo, hi = _finite(m.get("ci_low")), _finite(m.get("ci_high"))
+    if lo is not None and hi is not None and m.get("ci_of") == "ratio":
+        ci = f"[{lo:.2f}, {hi:.2f}]"
+    ratio = _finite(m.get("ratio"))
+    return (
+        m["metric"],
+        value("reference"),
+        value("variant"),
+        f"{ratio:.2f}" if ratio is not None else "-",
+        ci,
+        str(m.get("verdict")),
+    )
 
 
 def _finite(x: Any) -> float | None:
@@ -256,22 +318,48 @@ def _num(x: Any, fmt: str = "{:.3g}") -> str:
     return fmt.format(f) if f is not None else "–"
 
 
+def _backed(verdict: str, lo: float | None, hi: float | None) -> bool:
+    """Whether the interval carries the verdict: higher needs a lower end above 1, lower an
+    upper end below 1, no change both ends around 1 (one-sided verdicts have one end)."""
+    if verdict == "higher":
+        return lo is not None and lo > 1.0
+    if verdict == "lower":
+        return hi is not None and hi < 1.0
+    if verdict == "no_change":
+        return lo is not None and hi is not None and lo <= 1.0 <= hi
+    return False
+
+
 def capacity_rows(cap: dict[str, Any] | None) -> list[tuple[str, ...]]:
     """The comparison table's capacity rows for a variant's ``capacity`` member:
     ``(metric, reference, variant value, ratio, interval, verdict)`` each; none for None.
 
     Always a ``capacity (<unit>)`` row; a ``capacity per device`` row too when the
-    sides reserve different device counts (the per-device ratio then differs)."""
+    sides reserve different device counts (the per-device ratio then differs). A side
+    that found only a bound shows it (``at least 24``, ``below 1``) and the interval is
+    one-sided (``at least 2.86 (one-sided)``); the verdict is the document's
+    ``statement`` (``higher: at least 2.86x``) and never stands without the end of the
+    interval that carries it (``unknown (no ratio)``); ``untrusted`` names the flag."""
     if not cap:
         return []
     unit = cap.get("unit") or "unknown unit"
+    raw_bounds = cap.get("bounds")
+    bounds: dict[str, Any] = raw_bounds if isinstance(raw_bounds, dict) else {}
 
-    def verdict_text(key: str, ratio_key: str, lo_key: str, hi_key: str) -> str:
-        text = str(cap.get(key) or "unknown").replace("_", " ")
-        measured = all(_finite(cap.get(k)) is not None for k in (ratio_key, lo_key, hi_key))
-        if text != "unknown" and not measured:
-            return "unknown (no ratio)"  # never a verdict without the number behind it
-        return f"unknown ({cap['reason']})" if text == "unknown" and cap.get("reason") else text
+    def verdict_text(key: str, lo_key: str, hi_key: str, statement_key: str) -> str:
+        text = str(cap.get(key) or "unknown")
+        if text == "untrusted":
+            return f"untrusted ({escape(str(cap.get('untrusted_reason') or 'flagged'))})"
+        if text in ("higher", "lower", "no_change"):
+            if not _backed(text, _finite(cap.get(lo_key)), _finite(cap.get(hi_key))):
+                return "unknown (no ratio)"  # never a verdict without the number behind it
+            return str(cap.get(statement_key) or text.replace("_", " "))
+        return f"unknown ({escape(str(cap['reason']))})" if cap.get("reason") else "unknown"
+
+    def side(value_key: str, bound_key: str) -> str:
+        if _finite(cap.get(value_key)) is not None or bound_key not in bounds:
+            return _num(cap.get(value_key))
+        return str(bounds[bound_key])
 
     binding = cap.get("binding_slo") or {}
     metric = f"capacity ({unit})"
@@ -280,22 +368,27 @@ def capacity_rows(cap: dict[str, Any] | None) -> list[tuple[str, ...]]:
 
     def interval(lo: Any, hi: Any) -> str:
         flo, fhi = _finite(lo), _finite(hi)
-        if flo is None or fhi is None:
-            return "–"
-        return f"bracket [{flo:.2f}, {fhi:.2f}]"
+        if flo is not None and fhi is not None:
+            return f"bracket [{flo:.2f}, {fhi:.2f}]"
+        if flo is not None:
+            return f"at least {flo:.2f} (one-sided)"
+        if fhi is not None:
+            return f"at most {fhi:.2f} (one-sided)"
+        return "–"
 
     rows: list[tuple[str, ...]] = [
         (
             metric,
-            _num(cap.get("reference_capacity")),
-            _num(cap.get("capacity")),
+            side("reference_capacity", "reference"),
+            side("capacity", "variant"),
             _num(cap.get("ratio"), "{:.2f}"),
             interval(cap.get("ci_low"), cap.get("ci_high")),
-            verdict_text("verdict", "ratio", "ci_low", "ci_high"),
+            verdict_text("verdict", "ci_low", "ci_high", "statement"),
         )
     ]
     devices = cap.get("devices") or {}
-    if devices.get("reference") != devices.get("variant") and cap.get("per_device_ratio"):
+    per_device = cap.get("per_device_ratio") or cap.get("per_device_statement")
+    if devices.get("reference") != devices.get("variant") and per_device:
         rows.append(
             (
                 f"capacity per device ({devices.get('reference')} -> {devices.get('variant')})",
@@ -305,13 +398,72 @@ def capacity_rows(cap: dict[str, Any] | None) -> list[tuple[str, ...]]:
                 interval(cap.get("per_device_ci_low"), cap.get("per_device_ci_high")),
                 verdict_text(
                     "per_device_verdict",
-                    "per_device_ratio",
                     "per_device_ci_low",
                     "per_device_ci_high",
+                    "per_device_statement",
                 ),
             )
         )
     return rows
+
+
+def run_capacity_table(exp: dict[str, Any]) -> Table | None:
+    """Each run's capacity search in words (None when no run searched): status, capacity
+    or the bound it showed, the binding SLO (``saturated`` only with the server's
+    evidence), client-limited steps and the load generator's ceiling."""
+    runs = [r for r in exp.get("runs", []) if isinstance(r.get("capacity"), dict)]
+    if not runs:
+        return None
+    table = Table(title="capacity under SLOs, per run")
+    for col in ("run", "rep", "status", "capacity", "binds", "load generator"):
+        table.add_column(col)
+    for run in runs:
+        doc = run["capacity"]
+        unit = CAPACITY_UNITS.get(str(doc.get("variable")), "")
+        lo, hi = (list(doc.get("interval") or []) + [None, None])[:2]
+        status = str(doc.get("status") or "-")
+        cap = _finite(doc.get("capacity"))
+        if status == "found" and cap is not None:
+            shown = f"{cap:.3g} {unit}"
+        elif status in ("at_least_max", "client_limited") and _finite(lo) is not None:
+            shown = f"at least {_finite(lo):.3g} {unit}"
+        elif status == "below_min" and _finite(hi) is not None:
+            shown = f"below {_finite(hi):.3g} {unit}"
+        else:
+            shown = "unknown"
+        steps = [s for s in doc.get("steps") or [] if isinstance(s, dict)]
+        limited = [s for s in steps if s.get("verdict") == "client_limited"]
+        ceiling = _finite(doc.get("client_ceiling"))
+        client = []
+        if ceiling is not None:
+            client.append(f"ceiling here {ceiling:.3g} req/s")
+        if limited:
+            client.append(f"{len(limited)} client-limited step(s): no verdict from them")
+        table.add_row(
+            run["name"],
+            str(run.get("repeat_index", 0)),
+            status.replace("_", " "),
+            shown,
+            _binding(doc, steps),
+            "; ".join(client) or "-",
+        )
+    return table
+
+
+#: The unit of a capacity, by search variable.
+CAPACITY_UNITS = {"request_rate": "req/s", "concurrency": "concurrent requests"}
+
+
+def _binding(doc: dict[str, Any], steps: list[dict[str, Any]]) -> str:
+    """The binding SLO; ``saturated`` says the server saturated only with its evidence."""
+    binding = doc.get("binding_slo")
+    if binding != "saturated":
+        return str(binding or "-")
+    for s in steps:
+        evidence = s.get("saturation_evidence")
+        if s.get("saturated") and isinstance(evidence, list) and evidence:
+            return "server saturated: " + "; ".join(str(e) for e in evidence)
+    return "saturation signal without server evidence"
 
 
 def print_results(
@@ -319,6 +471,9 @@ def print_results(
 ) -> None:
     console = console or Console()
     console.print(result_table(exp))
+    capacity = run_capacity_table(exp)
+    if capacity is not None:
+        console.print(capacity)
     if api and len(exp.get("variants", [])) > 1:
         resp = httpx.get(
             f"{api}/api/v1/experiments/{exp['id']}/comparison",

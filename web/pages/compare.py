@@ -57,6 +57,7 @@ from orchestrator.analysis.compare import (
     finite_float,
 )
 from orchestrator.analysis.service import runs_as_data
+from orchestrator.analysis.trust import SidesTrust, na_text, trust_of
 from orchestrator.core.db import unit_of_work
 from orchestrator.core.models import Run
 from orchestrator.core.repositories import RunRepository
@@ -239,6 +240,9 @@ class Cell:
     ``source``: ``"bootstrap"`` (from :func:`compare_variant`), ``"point"`` (no
     per-request records or a metric one side lacks in the comparison: a point
     ratio of the stored summary metrics, no interval) or ``"reference"``.
+    ``untrusted_reason``: why a flag of this run or the reference taints the metric
+    (:mod:`orchestrator.analysis.trust`): verdict ``untrusted``, no ratio, no interval;
+    ``na``: ``n/a (off)`` when this run cannot have the metric.
     """
 
     value: float | None = None
@@ -250,6 +254,8 @@ class Cell:
     verdict: str | None = None
     source: str | None = None
     n_requests: int | None = None
+    untrusted_reason: str | None = None
+    na: str | None = None
 
     def value_interval(self, reference: float | None) -> tuple[float, float] | None:
         """The interval on the value scale: ratio CI x reference, or reference + difference CI."""
@@ -263,8 +269,11 @@ class Cell:
 
 
 def _cell(comp: MetricComparison) -> Cell:
+    why = comp.not_applicable.get("variant")
     return Cell(
         value=comp.variant,
+        untrusted_reason=comp.untrusted_reason,
+        na=na_text(why) if why else None,
         ratio=comp.ratio,
         difference=comp.difference,
         ci_low=comp.ci_low,
@@ -296,30 +305,44 @@ def compare_runs(data: Sequence[RunData], ref: int, n_boot: int) -> list[dict[st
             if i != ref and run.status == "succeeded":
                 found = compare_variant([run], [reference], n_boot=n_boot, seed=SEED)
                 comps[i] = {c.metric: c for c in found}
+    ref_trust = trust_of(reference)
     ref_values: dict[str, float | None] = {}
     for name in names:
         from_comp = next((c[name].reference for c in comps.values() if name in c), None)
         ref_values[name] = (
             from_comp if from_comp is not None else finite_float(reference.metrics.get(name))
         )
+        if name in ref_trust.not_applicable:
+            ref_values[name] = None  # prefix caching off: no hit rate, never 0
     out: list[dict[str, Cell]] = []
     for i, run in enumerate(data):
         cells: dict[str, Cell] = {}
         if run.status != "succeeded":
             out.append(cells)
             continue
+        mine = trust_of(run)
         for name in names:
             if i == ref:
-                cells[name] = Cell(value=ref_values[name], source="reference")
+                off = ref_trust.not_applicable.get(name)
+                cells[name] = Cell(
+                    value=ref_values[name],
+                    source="reference",
+                    untrusted_reason=ref_trust.reason(name),
+                    na=na_text(off) if off else None,
+                )
                 continue
             comp = comps.get(i, {}).get(name)
             if comp is not None:
                 cells[name] = _cell(comp)
                 continue
-            value = finite_float(run.metrics.get(name))
-            cell = Cell(value=value)
+            off = mine.not_applicable.get(name)
+            value = None if off else finite_float(run.metrics.get(name))
+            cell = Cell(value=value, na=na_text(off) if off else None)
             base = ref_values[name]
-            if ref_ok and value is not None and base is not None:
+            why = SidesTrust([mine], [ref_trust]).reason(name)
+            if ref_ok and why is not None and value is not None:
+                cell.verdict, cell.untrusted_reason = "untrusted", why
+            elif ref_ok and value is not None and base is not None:
                 cell.ratio = value / base if base > 0 else None
                 cell.difference = value - base
                 cell.verdict = "insufficient data"
@@ -552,6 +575,7 @@ def build_context(session: Session, sel: _Selection) -> tuple[dict[str, Any], in
                 "ci_high": _r(c.ci_high),
                 "ci_of": c.ci_of,
                 "verdict": c.verdict,
+                "untrusted_reason": c.untrusted_reason,
             }
             series.append({k: v for k, v in point.items() if v is not None})
         chart_values[name] = series

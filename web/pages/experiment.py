@@ -35,6 +35,14 @@ from orchestrator.analysis.compare import (
     level_estimates,
 )
 from orchestrator.analysis.service import comparison, experiment_advice, runs_as_data
+from orchestrator.analysis.trust import (
+    level_trust,
+    na_text,
+    objectives_of_capacity,
+    runs_not_applicable,
+    runs_reason,
+    trust_of,
+)
 from orchestrator.core.db import unit_of_work
 from orchestrator.core.models import Experiment
 from orchestrator.core.repositories import ExperimentRepository
@@ -127,6 +135,17 @@ def _ci_on_scale(reference: float, row: dict[str, Any]) -> tuple[float | None, f
     return reference + lo, reference + hi
 
 
+def _na(row: dict[str, Any] | None, side: str) -> str | None:
+    """``n/a (off)`` when the comparison row says ``side`` cannot have the metric."""
+    why = ((row or {}).get("not_applicable") or {}).get(side)
+    return na_text(why) if why else None
+
+
+def _na_own(flags: list[Any], metric: str) -> str | None:
+    why = runs_not_applicable(flags, metric)
+    return na_text(why) if why else None
+
+
 def _build(session: Session, exp: Experiment) -> dict[str, Any]:
     """Comparison, ladder rows and chart document of one experiment (see module docstring)."""
     runs = list(exp.runs)
@@ -168,6 +187,7 @@ def _build(session: Session, exp: Experiment) -> dict[str, Any]:
         comp = compared.get(name)
         rows = {m["metric"]: m for m in (comp or {}).get("metrics", [])}
         changes = _changes(v, entry)
+        flags = level_trust(data.get(name, []))
         cells = []
         for metric, heading in KEY_METRICS:
             spec = METRICS_BY_NAME[metric]
@@ -181,6 +201,10 @@ def _build(session: Session, exp: Experiment) -> dict[str, Any]:
                     "row": row,
                     "own": mine,
                     "baseline": ref is None,
+                    # the level's own value: greyed without its interval when flagged
+                    "untrusted": runs_reason(flags, metric),
+                    "na": _na(row, "variant") or _na_own(flags, metric),
+                    "reference_na": _na(row, "reference"),
                 }
             )
         ladder.append(
@@ -220,13 +244,17 @@ def _build(session: Session, exp: Experiment) -> dict[str, Any]:
                     ci_high=hi,
                     ci_source="vs reference" if lo is not None else None,
                     verdict=row["verdict"],
+                    untrusted_reason=row.get("untrusted_reason"),
                 )
             elif mine is not None:
+                why = runs_reason(flags, spec.name)
                 point.update(
                     value=mine["value"],
-                    ci_low=mine["ci_low"],
-                    ci_high=mine["ci_high"],
-                    ci_source="own" if mine["ci_low"] is not None else None,
+                    ci_low=None if why else mine["ci_low"],
+                    ci_high=None if why else mine["ci_high"],
+                    ci_source="own" if mine["ci_low"] is not None and not why else None,
+                    verdict="untrusted" if why else None,
+                    untrusted_reason=why,
                 )
             chart_points[spec.name].append(point)
     chart = {
@@ -273,21 +301,40 @@ def _capacity(
         entry["capacity"] = cell
         entry["capacity_notes"] = (
             ([f"capacity unknown: {cell['reason']}"] if cell["reason"] else [])
+            + (
+                [f"capacity not compared: {cell['untrusted_reason']}"]
+                if cell["untrusted_reason"]
+                else []
+            )
             + [f"capacity: {n}" for n in cell["notes"]]
             if cell
             else []
         )
-        if cell and entry["reference"] and cell["reference_capacity"] is not None:
+        shown = cell and (
+            cell["reference_capacity"] is not None
+            or cell["bounds"].get("reference") not in (None, "unknown")
+        )
+        if cell and shown and entry["reference"]:
             reference_capacity.setdefault(entry["reference"], cell)
     for entry in ladder:
         ref_cell = reference_capacity.get(entry["name"])
         entry["own_capacity"] = None
-        if ref_cell:
+        if ref_cell:  # a found capacity, or the bound it showed ("at least 24")
             entry["own_capacity"] = {
                 "value": ref_cell["reference_capacity"],
+                "text": ref_cell["bounds"].get("reference"),
                 "unit": ref_cell["unit"],
             }
     metrics = {d.run_id: d for ds in data.values() for d in ds}
+
+    def pareto_taint(run_id: str, capacity: dict[str, Any] | None) -> str | None:
+        """Why a flag of the run taints its Pareto point (tokens/s per user from TPOT,
+        or its throughput), or None."""
+        if run_id not in metrics:
+            return None
+        trust = trust_of(metrics[run_id], objectives_of_capacity(capacity))
+        return trust.reason("output_tokens_per_s_per_user") or trust.reason("output_throughput")
+
     pareto = capacity_view.pareto(
         {
             "run_id": r.id,
@@ -296,6 +343,7 @@ def _capacity(
             "devices": metrics[r.id].devices if r.id in metrics else 1,
             "metrics": metrics[r.id].metrics if r.id in metrics else {},
             "capacity": r.capacity if isinstance(r.capacity, dict) else None,
+            "untrusted": pareto_taint(r.id, r.capacity if isinstance(r.capacity, dict) else None),
         }
         for r in runs
         if r.status == "succeeded"

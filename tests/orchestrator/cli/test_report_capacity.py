@@ -147,12 +147,15 @@ def test_the_capacity_interval_is_labelled_a_bracket_not_a_ci() -> None:
 def test_nan_prints_a_dash_and_no_verdict_without_a_ratio() -> None:
     nan = float("nan")
     (row,) = capacity_rows(_capacity(capacity=nan, ratio=nan, ci_low=nan, ci_high=2.1))
-    assert row[2] == "\u2013" and row[3] == "\u2013" and row[4] == "\u2013"
-    assert row[-1] == "unknown (no ratio)"
+    assert row[2] == "\u2013" and row[3] == "\u2013"
+    assert row[4] == "at most 2.10 (one-sided)"  # the end that is there, said as such
+    assert row[-1] == "unknown (no ratio)"  # "higher" needs a lower end above 1
     (row,) = capacity_rows(_capacity(ratio=None, ci_low=None, ci_high=None))
     assert row[-1] == "unknown (no ratio)" and "nan" not in " ".join(row).lower()
     (row,) = capacity_rows(_capacity(ratio=True))  # a bool is not a number
-    assert row[3] == "\u2013" and row[-1] == "unknown (no ratio)"
+    assert row[3] == "\u2013" and row[-1] == "higher"  # the interval carries the verdict
+    (row,) = capacity_rows(_capacity(ci_low=0.9))  # "higher" with an interval around 1
+    assert row[-1] == "unknown (no ratio)"
     # the per-device row the same way
     rows = capacity_rows(
         _capacity(
@@ -169,3 +172,48 @@ def test_nan_prints_a_dash_and_no_verdict_without_a_ratio() -> None:
 def test_unit_never_prints_none() -> None:
     (row,) = capacity_rows(_capacity(unit=None, variable=None))
     assert row[0].startswith("capacity (unknown unit)") and "None" not in row[0]
+
+
+def test_one_sided_capacity_row_states_the_bound() -> None:
+    cap = _capacity(
+        capacity=None,
+        ratio=None,
+        ci_low=24.0 / 8.4,
+        ci_high=None,
+        verdict="higher",
+        statement="higher: at least 2.86x",
+        bounds={"reference": "found 8 [8, 8.4]", "variant": "at least 24"},
+        reference_capacity=8.0,
+        per_device_ratio=None,
+    )
+    (row,) = capacity_rows(cap)
+    assert row[1] == "8" and row[2] == "at least 24"
+    assert row[3] == "\u2013" and row[4] == "at least 2.86 (one-sided)"
+    assert row[-1] == "higher: at least 2.86x"
+    lower = _capacity(
+        capacity=None,
+        ratio=None,
+        ci_low=None,
+        ci_high=0.25,
+        verdict="lower",
+        statement="lower: at most 0.25x",
+        bounds={"reference": "found 4 [4, 4.2]", "variant": "below 1"},
+    )
+    (row,) = capacity_rows(lower)
+    assert row[2] == "below 1" and row[4] == "at most 0.25 (one-sided)"
+    assert row[-1] == "lower: at most 0.25x"
+
+
+def test_untrusted_capacity_has_no_verdict() -> None:
+    cap = _capacity(
+        ratio=None,
+        ci_low=None,
+        ci_high=None,
+        verdict="untrusted",
+        trustworthy=False,
+        untrusted_reason="variant run v0: measured on a warm prefix cache",
+    )
+    (row,) = capacity_rows(cap)
+    assert row[3] == "\u2013" and row[4] == "\u2013"
+    assert row[-1] == "untrusted (variant run v0: measured on a warm prefix cache)"
+    assert "higher" not in " ".join(row)

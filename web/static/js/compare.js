@@ -152,7 +152,8 @@
                 } else {
                   lines.push(delta(m, p));
                   if (p.lo != null) lines.push(`95 % CI on the value scale: [${format(m, p.lo)}, ${format(m, p.hi)}]`);
-                  if (p.verdict) lines.push(`verdict: ${p.verdict}`);
+                  if (p.untrusted_reason) lines.push(`untrusted, no verdict: ${p.untrusted_reason}`);
+                  else if (p.verdict) lines.push(`verdict: ${p.verdict}`);
                 }
                 return lines;
               },

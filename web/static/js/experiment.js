@@ -8,7 +8,10 @@
   const select = document.getElementById("metric");
   const canvas = document.getElementById("chart");
   const empty = document.getElementById("chart-empty");
-  const VERDICT_COLOR = { better: "#1a7f37", worse: "#cf222e" };
+  // untrusted (a flagged value: no verdict) and n/a points are grey, never green or red
+  const VERDICT_COLOR = {
+    better: "#1a7f37", worse: "#cf222e", untrusted: "#8c959f", "not applicable": "#8c959f",
+  };
   let doc = readChartData(document);
   let chart = null;
 
@@ -102,7 +105,8 @@
                 } else {
                   lines.push("no interval");
                 }
-                if (p.verdict) lines.push(`verdict vs ${p.reference}: ${p.verdict}`);
+                if (p.untrusted_reason) lines.push(`untrusted, no verdict: ${p.untrusted_reason}`);
+                else if (p.verdict) lines.push(`verdict vs ${p.reference}: ${p.verdict}`);
                 return lines;
               },
             },
