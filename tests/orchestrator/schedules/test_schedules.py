@@ -28,6 +28,7 @@ from orchestrator.schedules.cron import next_fire_times
 from orchestrator.schedules.service import fire_due_schedules
 from tests.api.conftest import settings as settings  # noqa: F401 - fixture
 from tests.api.test_api import _finish, demo_spec
+from tests.api.test_untrusted_verdicts import _finish as finish_stub
 from tests.conftest import fresh_database
 
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)  # a Monday
@@ -377,3 +378,96 @@ def test_capacity_drop_is_a_regression(
     assert cap["reference_value"] == 8.0 and cap["value"] == 4.0
     assert cap["ratio"] == 0.5 and cap["ci_of"] == "ratio"
     assert cap["ci_low"] <= cap["ratio"] <= cap["ci_high"] < 1
+
+
+def _sweeps(
+    factory: sessionmaker[Session],
+    settings: Settings,  # noqa: F811
+    **template: Any,
+) -> tuple[Schedule, ScheduleFire, ScheduleFire]:
+    sched = make_schedule(factory, template=demo_spec(**template))
+    fire(factory, settings, T0 + timedelta(hours=1, seconds=1))
+    fire(factory, settings, T0 + timedelta(hours=2, seconds=1))
+    first, second = fires(factory, sched.id)
+    return sched, first, second
+
+
+def _run_ids(factory: sessionmaker[Session], f: ScheduleFire) -> list[tuple[str, str]]:
+    with factory() as s:
+        rows = s.execute(select(Run.id, Run.name).where(Run.experiment_id == f.experiment_id)).all()
+    return [(str(i), str(n)) for i, n in rows]
+
+
+def test_a_burst_tpot_is_withheld_never_a_regression(
+    client: TestClient,
+    factory: sessionmaker[Session],
+    settings: Settings,  # noqa: F811
+) -> None:
+    # the previous sweep's apc-on streamed in bursts (TPOT ~0 ms), the new one is paced
+    # (~4 ms): the raw numbers say "TPOT 100x worse"; the flag says the old ones measure
+    # nothing, so there is no verdict and no regression
+    sched, first, second = _sweeps(factory, settings, repeats=2)
+    for f in (first, second):
+        for rid, name in _run_ids(factory, f):
+            kind = "burst" if f is first and name == "apc-on" else "paced"
+            finish_stub(factory, rid, kind)
+    newest, _ = client.get(f"/api/v1/schedules/{sched.id}/fires").json()["items"]
+    assert newest["comparison"] == "compared"
+    flagged = {(r["variant"], r["metric"]) for r in newest["regressions"]}
+    for metric in ("median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms"):
+        assert ("apc-on", metric) not in flagged
+    withheld = {(w["variant"], w["metric"]): w["reason"] for w in newest["withheld"]}
+    assert "token bursts" in withheld[("apc-on", "median_tpot_ms")]
+    assert withheld[("apc-on", "median_tpot_ms")].startswith("reference run ")
+    assert ("baseline", "median_tpot_ms") not in withheld  # paced in both sweeps
+    assert not any(v == "baseline" for v, _ in flagged)  # same stub, same numbers
+    # the schedule page lists what was not checked and why
+    page = client.get(f"/schedules/{sched.id}").text
+    assert "not checked: flagged untrustworthy" in page and "token bursts" in page
+
+
+def test_a_one_sided_capacity_drop_is_a_regression_and_unknown_never(
+    client: TestClient,
+    factory: sessionmaker[Session],
+    settings: Settings,  # noqa: F811
+) -> None:
+    sched, first, second = _sweeps(factory, settings, repeats=1)
+    caps = {
+        # at least 24 before, found 8 now: lower, at most 8.4 / 24
+        (first.experiment_id, "apc-on"): {
+            **_capacity_doc(24.0, 24.0, 24.0),
+            "status": "client_limited",
+            "capacity": None,
+            "interval": [24.0, None],
+        },
+        (second.experiment_id, "apc-on"): _capacity_doc(8.0, 8.0, 8.4),
+        # at least 16 in both: nothing follows, no regression
+        (first.experiment_id, "baseline"): {
+            **_capacity_doc(16.0, 16.0, 16.0),
+            "status": "at_least_max",
+            "capacity": None,
+            "interval": [16.0, None],
+        },
+        (second.experiment_id, "baseline"): {
+            **_capacity_doc(4.0, 4.0, 4.0),
+            "status": "at_least_max",
+            "capacity": None,
+            "interval": [4.0, None],
+        },
+    }
+    for f in (first, second):
+        for rid, name in _run_ids(factory, f):
+            _finish(factory, rid, 0.05)
+            with factory() as s:
+                run = s.get(Run, rid)
+                assert run is not None
+                run.capacity = caps[(f.experiment_id, name)]
+                s.commit()
+    newest, _ = client.get(f"/api/v1/schedules/{sched.id}/fires").json()["items"]
+    (cap,) = [r for r in newest["regressions"] if r["metric"] == "capacity"]
+    assert cap["variant"] == "apc-on"
+    assert cap["reference_value"] is None and cap["value"] == 8.0
+    assert cap["ci_low"] is None and abs(cap["ci_high"] - 8.4 / 24.0) < 1e-9
+    assert cap["statement"] == "lower: at most 0.35x (at least 24 -> found 8 [8, 8.4] requests/s)"
+    page = client.get(f"/schedules/{sched.id}").text
+    assert "lower: at most 0.35x" in page
