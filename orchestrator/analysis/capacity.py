@@ -51,7 +51,9 @@ side's envelope has none: every ratio the searches' brackets, their bounds and t
 repeats' spread allow (not a bootstrap confidence interval). ``verdict``:
 
 - both ends: ``higher`` when ``ci_low > 1``, ``lower`` when ``ci_high < 1``, else
-  ``no_change``; an interval of no width is ``unknown`` (:data:`NO_BRACKET`);
+  ``no_change`` when both sides found a capacity and ``unknown`` when a side only
+  bracketed it (an unfinished search around 1 says nothing); an interval of no width is
+  ``unknown`` (:data:`NO_BRACKET`);
 - one end (a side is a bound): ``higher`` when ``ci_low > 1`` ("higher: at least
   2.86x", ``ci_high`` None), ``lower`` when ``ci_high < 1`` ("lower: at most 0.25x",
   ``ci_low`` None), else ``unknown``: the bound straddles 1, nothing follows;
@@ -456,13 +458,16 @@ def decide(
     ratio: float | None, lo: float | None, hi: float | None
 ) -> tuple[CapacityVerdict, str | None, str | None]:
     """(verdict, statement, reason when unknown) of a ratio interval ``[lo, hi]`` (an end
-    None: unbounded on that side; module docstring)."""
+    None: unbounded on that side; ``ratio``: the point estimate, only when both sides
+    found a capacity; module docstring)."""
     if lo is not None and hi is not None:
         if _no_width(lo, hi):
             return "unknown", None, NO_BRACKET
+        verdict: CapacityVerdict = "higher" if lo > 1 else "lower" if hi < 1 else "no_change"
+        if ratio is None and verdict == "no_change":  # a search that did not finish
+            return "unknown", None, f"the ratio is {_x(lo)} to {_x(hi)}, which does not exclude 1"
         point = f"{_x(ratio)} " if ratio is not None else ""
         span = f"[{lo:.2f}, {hi:.2f}]" if ratio is not None else f"{_x(lo)} to {_x(hi)}"
-        verdict: CapacityVerdict = "higher" if lo > 1 else "lower" if hi < 1 else "no_change"
         return verdict, f"{verdict.replace('_', ' ')}: {point}{span}", None
     if lo is not None:
         if lo > 1:

@@ -123,12 +123,17 @@ def test_a_repeat_with_a_bound_beside_found_ones_makes_the_side_a_bound() -> Non
     assert up.bound["reference"] == "upper"
     # the bracket so far of an uncertain / exhausted search counts as what it shows
     for status, bracket, verdict in (
-        ("uncertain", (2.0, 16.0), "no_change"),  # [2/4.2, 16/4] contains 1
+        ("uncertain", (2.0, 16.0), "unknown"),  # [2/4.2, 16/4] contains 1: unfinished
         ("steps_exhausted", (6.0, 9.0), "higher"),  # [6/4.2, 9/4]
     ):
         mixed = [rep(doc(8.0, 8.0, 8.4), i=0), rep(doc(None, *bracket, status=status), i=1)]
         other = compare_capacity(mixed, ref)
         assert other.verdict == verdict and other.ratio is None
+        if verdict == "unknown":
+            assert other.ci_low is None and other.ci_high is None
+            assert other.reason is not None
+            assert other.reason.startswith("the ratio is 0.48x to 4.00x, which does not exclude 1")
+            continue
         assert other.ci_low == pytest.approx(bracket[0] / 4.2)
         assert other.ci_high == pytest.approx(max(bracket[1], 8.4) / 4.0)
     # at least and below on one side disagree: that side bounds nothing
