@@ -124,6 +124,15 @@ def test_ratio_and_verdict_cells_agree_with_compare_variant(
         checked += 1
         point = _point(page, apc, metric)
         assert point["v"] == pytest.approx(comp.variant)
+        if comp.verdict == "not applicable":
+            # the hit rate with APC off: n/a on the reference, never 0; no ratio, no verdict
+            assert metric == "prefix_cache_hit_rate" and comp.reference is None
+            assert point["verdict"] == cell.get_attribute("data-verdict") == comp.verdict
+            expect(cell.locator(".vd")).to_have_text("not compared: n/a")
+            expect(cell.locator(".v")).to_have_text(f"{(comp.variant or 0) * 100:.1f} %")
+            expect(_cell(page, base, metric).locator(".v")).to_have_text("n/a (off)")
+            expect(_cell(page, base, metric).locator(".vd")).to_have_text("reference")
+            continue
         assert point["verdict"] == cell.get_attribute("data-verdict") == comp.verdict
         expect(cell.locator(".vd")).to_have_text(comp.verdict)
         if comp.ratio is not None:
@@ -143,15 +152,10 @@ def test_ratio_and_verdict_cells_agree_with_compare_variant(
     # with APC on, TTFT drops clearly on this data: a "better" verdict with its CI below 1
     assert comps["median_ttft_ms"].verdict == "better"
     expect(_cell(page, apc, "median_ttft_ms").locator(".vd")).to_have_class("vd better")
-    # APC off counts as a 0 hit rate: no ratio, the difference in percentage points instead;
-    # one run per side gives a run-level metric no interval
+    # APC off has no hit rate (never a 0 that compares): no ratio, no difference, no verdict
     hit = comps["prefix_cache_hit_rate"]
-    assert hit.reference == 0.0 and hit.ratio is None and hit.ci_low is None
-    hit_cell = _cell(page, apc, "prefix_cache_hit_rate")
-    expect(hit_cell.locator(".v")).to_have_text(f"{hit.variant * 100:.1f} %")
-    expect(hit_cell.locator(".d")).to_have_text(f"{hit.difference * 100:+.1f} pp")
-    expect(hit_cell.locator(".vd")).to_have_text("insufficient data")
-    expect(_cell(page, base, "prefix_cache_hit_rate").locator(".v")).to_have_text("0.0 %")
+    assert hit.verdict == "not applicable" and hit.not_applicable == {"reference": "off"}
+    assert hit.ratio is None and hit.difference is None and hit.ci_low is None
 
 
 def test_chart_has_one_bar_per_run_with_intervals(
@@ -247,10 +251,13 @@ def test_choosing_another_reference(
     cell = _cell(page, base, "median_ttft_ms")
     assert cell.get_attribute("data-verdict") == "worse"
     assert _point(page, base, "median_ttft_ms")["ratio"] == pytest.approx(ttft.ratio)
-    # the hit rate falls from about 90 % to 0: ratio 0 (APC on is now the reference)
+    # APC off has no hit rate: n/a, not a fall from 90 % to 0 (APC on is now the reference)
     hit = comps["prefix_cache_hit_rate"]
-    assert hit.ratio == 0.0
-    expect(_cell(page, base, "prefix_cache_hit_rate").locator(".d")).to_have_text("×0.00")
+    assert hit.verdict == "not applicable" and hit.ratio is None and hit.variant is None
+    hit_cell = _cell(page, base, "prefix_cache_hit_rate")
+    expect(hit_cell.locator(".v")).to_have_text("n/a (off)")
+    expect(hit_cell.locator(".vd")).to_have_text("not compared: n/a")
+    expect(hit_cell.locator(".d")).to_have_count(0)
 
 
 def test_120_runs_stay_usable(

@@ -215,18 +215,22 @@ def test_verdict_cells_match_the_comparison(
             expect(cell.locator(".verdict")).to_have_text("not compared")
             continue
         checked += 1
+        fmt = fmt_pct if m["unit"] == "fraction" else fmt_num
+        if m["verdict"] == "not applicable":
+            # the hit rate: APC off has none (n/a, never 0), so no ratio, no verdict
+            assert m["metric"] == "prefix_cache_hit_rate" and m["reference"] is None
+            assert m["not_applicable"] == {"reference": "off"} and m["ci_low"] is None
+            expect(cell).to_have_attribute("data-verdict", "not applicable")
+            expect(cell.locator(".verdict")).to_have_text("not compared: n/a")
+            expect(cell.locator(".val")).to_contain_text(f"{fmt(m['variant'])} vs n/a (off)")
+            expect(cell.locator(".ratio")).to_have_count(0)
+            continue
+        assert m["verdict"] != "untrusted"  # the real data's runs carry no flag
         expect(cell.locator(".verdict")).to_have_text(m["verdict"])
         expect(cell).to_have_attribute("data-verdict", m["verdict"])
-        fmt = fmt_pct if m["unit"] == "fraction" else fmt_num
         expect(cell.locator(".val")).to_contain_text(
             f"{fmt(m['variant'])} vs {fmt(m['reference'])}"
         )
-        if m["ci_of"] == "difference":
-            # the hit rate: 0 with APC off, so the ratio is undefined and the CI is of
-            # the difference (shown as a change in percentage points)
-            assert m["metric"] == "prefix_cache_hit_rate" and m["reference"] == 0.0
-            expect(cell.locator(".ratio")).to_contain_text("Δ")
-            continue
         assert m["ci_of"] == "ratio"
         expect(cell.locator(".ratio")).to_contain_text(
             f"{m['ratio']:.2f}× [{m['ci_low']:.2f}, {m['ci_high']:.2f}]"
@@ -274,7 +278,7 @@ def test_chart_has_one_point_per_level_with_cis_and_follows_the_select(
     ]
     assert data["points"][1]["yMin"] == pytest.approx(thr["reference"] * thr["ci_low"])
 
-    # hit rate: 0 on the baseline (APC off: no prefix-cache queries), apc-on's own value
+    # hit rate: none on the baseline (APC off: n/a, never 0), apc-on's own value
     # the select offers only metrics some level has: no goodput without SLOs
     offered = page.locator("#metric option").evaluate_all("os => os.map(o => o.value)")
     assert "median_ttft_ms" in offered and "prefix_cache_hit_rate" in offered
@@ -285,7 +289,7 @@ def test_chart_has_one_point_per_level_with_cis_and_follows_the_select(
         " === 'Prefix cache hit rate (%)'"
     )
     base, apc = _chart(page)["points"]
-    assert base["y"] == 0.0 and 0.5 < apc["y"] <= 1.0
+    assert base["y"] is None and 0.5 < apc["y"] <= 1.0
 
 
 def test_findings_empty_state_on_real_data(

@@ -73,14 +73,26 @@ def test_warm_cache_is_flagged_on_the_run_page(
     # the same flag in the run's JSON
     doc = page.request.get(f"{live_server}/api/v1/runs/{flagged['runs']['apc-on#0']}").json()
     assert doc["engine_info"]["cache_contamination"]["status"] == "contaminated"
-    # and in the experiment's comparison: every ratio of apc-on vs baseline is flagged
+    # and in the experiment's comparison: no metric of apc-on vs baseline has a verdict
     cmp = page.request.get(
         f"{live_server}/api/v1/experiments/{flagged['experiment_id']}/comparison"
     ).json()
     (apc,) = [v for v in cmp["variants"] if v["variant"] == "apc-on"]
     assert apc["metrics"] and not any(m["trustworthy"] for m in apc["metrics"])
-    assert f"variant run(s) {flagged['runs']['apc-on#0']}" in apc["metrics"][0]["untrusted_reason"]
+    assert all(
+        m["verdict"] in ("untrusted", "not applicable") and m["ratio"] is None
+        for m in apc["metrics"]
+    )
+    warm = f"variant run {flagged['runs']['apc-on#0']}: measured on a warm prefix cache"
+    assert warm in apc["metrics"][0]["untrusted_reason"]
     assert cmp["findings"][0]["code"] == "warm_cache_contamination"
+    # the ladder shows the values greyed with the reason, no verdict
+    page.goto(f"{live_server}/experiments/{flagged['experiment_id']}")
+    cell = page.locator('#ladder tr[data-variant="apc-on"] td[data-metric="median_ttft_ms"]')
+    expect(cell).to_have_attribute("data-verdict", "untrusted")
+    expect(cell.locator(".verdict")).to_have_text("untrusted: no verdict")
+    expect(cell).to_contain_text("measured on a warm prefix cache")
+    expect(cell.locator(".ratio")).to_have_count(0)
 
 
 def test_clean_run_shows_the_check_without_a_badge(
