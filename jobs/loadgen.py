@@ -407,6 +407,7 @@ async def run_load(
     clock_origin: float | None = None,
     duration_s: float | None = None,
     stop_when: Callable[[RequestRecord], bool] | None = None,
+    schedule_origin: float | None = None,
 ) -> list[RequestRecord]:
     """Send ``requests`` to the server, closed or open loop, and time each one.
 
@@ -424,7 +425,7 @@ async def run_load(
     1. open loop (``arrival_s`` set, measured requests only): wait until
        ``t_begin + arrival_s``, where ``t_begin`` is the moment the first
        non-warm-up request of the list came up for dispatch (the call's start
-       for a list without warm-ups); the due time is kept in the record's
+       for a list without warm-ups), or ``schedule_origin``; the due time is kept in the record's
        ``scheduled_s``. Warm-ups ignore ``arrival_s``.
     2. ``after`` set: wait until the earlier request with that ``index`` has
        finished, successfully or not. If no earlier request has that index
@@ -460,6 +461,8 @@ async def run_load(
             load stops at once, as for ``cancel`` (e.g. :func:`refused`: the
             server's port refused a connection, so the server is gone and every
             further request would only fail).
+        schedule_origin: a ``time.perf_counter()`` value to count open-loop
+            ``arrival_s`` from instead (several processes sharing one schedule).
 
     Returns:
         One :class:`~jobs.schemas.RequestRecord` per finished request, in
@@ -568,7 +571,7 @@ async def run_load(
                     return
                 measured = not request.warmup
                 if measured and t_begin is None:
-                    t_begin = time.perf_counter()
+                    t_begin = time.perf_counter() if schedule_origin is None else schedule_origin
                 scheduled_s: float | None = None
                 if measured and request.arrival_s is not None:
                     assert t_begin is not None
