@@ -169,3 +169,69 @@ def test_comparison_ladder_and_cli_give_no_verdict_from_flagged_numbers(
     base_lines = [ln for ln in text.splitlines() if ln.lstrip("│ ").startswith("baseline")]
     assert len(base_lines) == 2 and all("n/a (off)" in ln for ln in base_lines)
     assert "flagged (no verdict from these values)" in " ".join(text.split())
+
+
+def _client_limited_doc() -> dict[str, Any]:
+    """A search (with the fields of issue #22's capacity search) that passed 40 req/s and
+    reached the load generator's ceiling at 60: at least 40, ceiling 45 req/s."""
+    doc = capacity_documents()["apc-on"]
+    passed, limited, saturated = (dict(s) for s in doc["steps"][:3])
+    passed.update(index=0, load=40.0, verdict="pass", saturated=None)
+    limited.update(
+        index=1,
+        load=60.0,
+        verdict="client_limited",
+        saturated=None,
+        signals={**limited["signals"], "asked_rate": 60.0, "arrived_rate": 44.0,
+                 "client_cpu": 0.97, "client_workers": 1},
+    )  # fmt: skip
+    saturated.update(
+        index=2,
+        load=50.0,
+        verdict="fail",
+        saturated="waiting requests grew",
+        saturation_evidence=["waiting queue grew 0 -> 35", "KV cache 96 % full"],
+    )
+    return {
+        **doc,
+        "status": "client_limited",
+        "capacity": None,
+        "interval": [40.0, None],
+        "client_ceiling": 45.0,
+        "binding_slo": "saturated",
+        "steps": [passed, limited, saturated],
+    }
+
+
+def test_client_limited_search_on_the_run_and_experiment_pages(
+    client: TestClient, session_factory: sessionmaker[Session]
+) -> None:
+    body = client.post("/api/v1/experiments", json=demo_spec(repeats=1)).json()
+    ids = {r["name"]: r["id"] for r in body["runs"]}
+    _finish(session_factory, ids["baseline"], "paced", capacity=_capacity_doc("baseline"))
+    _finish(session_factory, ids["apc-on"], "paced", capacity=_client_limited_doc())
+
+    page = client.get(f"/runs/{ids['apc-on']}").text
+    assert 'id="capacity-value">at least 40.0 req/s<' in page
+    assert "the load generator&#39;s ceiling here is 45.0 req/s" in page
+    assert "Scale the load generator out" in page
+    # saturation is said with the server's evidence, shown
+    assert (
+        "the server saturated before any objective failed (waiting queue grew 0 -&gt; 35; "
+        "KV cache 96 % full)" in page
+    )
+    assert "server saturated: waiting queue grew 0 -&gt; 35; KV cache 96 % full" in page
+    # the client-limited step: no verdict, why, and the load that arrived
+    assert "could not deliver this load (44 of the 60 req/s asked arrived)" in page
+    assert "44.00 / 60.00" in page
+
+    comp = client.get(f"/api/v1/experiments/{body['id']}/comparison").json()
+    cap = comp["variants"][0]["capacity"]
+    assert cap["verdict"] == "higher" and cap["ci_high"] is None
+    assert cap["statement"] == "higher: at least 18.2x"  # 40 / 2.2
+    assert cap["client_ceiling"] == {"reference": None, "variant": 45.0}
+    parser = _Cells()
+    parser.feed(client.get(f"/experiments/{body['id']}").text)
+    attrs, text = parser.cells[("apc-on", "capacity")]
+    assert attrs["data-verdict"] == "higher"
+    assert text.startswith("at least 40 vs 2.10") and f"≥ {40.0 / 2.2:.1f}×" in text
