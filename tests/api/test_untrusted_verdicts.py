@@ -6,6 +6,7 @@ CLI's tables (issue #22: "ratio 0.00 [0.00, 0.78] better" and "better [0.90, 0.9
 
 from __future__ import annotations
 
+import json
 from html.parser import HTMLParser
 from typing import Any
 
@@ -150,6 +151,19 @@ def test_comparison_ladder_and_cli_give_no_verdict_from_flagged_numbers(
     assert attrs["data-verdict"] == "untrusted" and "higher" not in text
     # the Pareto chart has no point from 1000 / a burst TPOT
     assert 'id="pareto-untrusted"' in page.text
+    # the metric chart: apc-on's TPOT point is grey (no verdict) and has no interval
+    start = page.text.index('<script type="application/json" id="chart-data">')
+    chart = json.loads(
+        page.text[page.text.index(">", start) + 1 : page.text.index("</script>", start)]
+    )
+    (tpot_chart,) = [m for m in chart["metrics"] if m["name"] == "median_tpot_ms"]
+    _, apc_point = tpot_chart["points"]
+    assert apc_point["verdict"] == "untrusted" and apc_point["ci_low"] is None
+    assert "token bursts" in apc_point["untrusted_reason"]
+    # the compare page (any runs side by side): the same cell without a verdict
+    run_ids = [r["id"] for r in body["runs"] if r["repeat_index"] == 0]
+    compare = client.get(f"/compare?run={run_ids[0]}&run={run_ids[1]}").text
+    assert "untrusted: no verdict" in compare and "token bursts" in compare
 
     # the CLI: the comparison table and the per-run table
     def render(table: Any) -> str:
