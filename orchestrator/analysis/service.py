@@ -25,6 +25,7 @@ from orchestrator.analysis.compare import ChangedVariable, RunData, VariantRef, 
 from orchestrator.analysis.export import runs_table, to_csv_bytes, to_parquet_bytes
 from orchestrator.analysis.findings import findings
 from orchestrator.analysis.trust import (
+    burst_fraction,
     not_applicable_of,
     objectives_of_capacity,
     objectives_of_slos,
@@ -234,7 +235,8 @@ def runs_as_data(session: Session, runs: list[Run]) -> dict[str, list[RunData]]:
     prefix-cache queries, so none is stored): it is ``not_applicable`` (``"off"``), never
     0, and compares as ``n/a (off)`` with no verdict. ``goodput_objectives``: the
     latencies the experiment's goodput ``slos`` count (what token bursts taint,
-    :mod:`orchestrator.analysis.trust`).
+    :mod:`orchestrator.analysis.trust`); ``itl_burst_fraction`` is computed from the
+    requests when the stored metrics lack it (runs stored before the runner recorded it).
 
     Returns ``{variant name: [RunData, ...]}`` in the order of ``runs``.
     """
@@ -243,6 +245,12 @@ def runs_as_data(session: Session, runs: list[Run]) -> dict[str, list[RunData]]:
     data: dict[str, list[RunData]] = defaultdict(list)
     for r in runs:
         run_metrics = dict(metrics.get(r.id, {}))
+        reqs = requests.get(r.id, [])
+        if "itl_burst_fraction" not in run_metrics and reqs:
+            # runs stored before the runner recorded it: once here, not per comparison
+            burst = burst_fraction(reqs)
+            if burst is not None:
+                run_metrics["itl_burst_fraction"] = burst
         slos = (r.experiment.spec or {}).get("slos")
         data[r.name].append(
             RunData(
@@ -251,7 +259,7 @@ def runs_as_data(session: Session, runs: list[Run]) -> dict[str, list[RunData]]:
                 repeat_index=r.repeat_index,
                 status=r.status,
                 metrics=run_metrics,
-                requests=requests.get(r.id, []),
+                requests=reqs,
                 devices=reserved_devices(r.layout),
                 changed=dict(r.changes),
                 cache_contamination=((r.engine_info or {}).get("cache_contamination") or {}).get(
