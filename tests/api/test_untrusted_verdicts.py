@@ -249,3 +249,21 @@ def test_client_limited_search_on_the_run_and_experiment_pages(
     attrs, text = parser.cells[("apc-on", "capacity")]
     assert attrs["data-verdict"] == "higher"
     assert text.startswith("at least 40 vs 2.10") and f"≥ {40.0 / 2.2:.1f}×" in text
+
+
+def test_a_flagged_reference_level_shows_its_value_greyed_without_an_interval(
+    client: TestClient, session_factory: sessionmaker[Session]
+) -> None:
+    body = client.post("/api/v1/experiments", json=demo_spec(repeats=2)).json()
+    for r in body["runs"]:
+        _finish(session_factory, r["id"], "burst" if r["name"] == "baseline" else "paced")
+    parser = _Cells()
+    parser.feed(client.get(f"/experiments/{body['id']}").text)
+    attrs, text = parser.cells[("baseline", "median_tpot_ms")]
+    assert attrs["data-flagged"] == "true" and "untrusted: run " in text
+    assert "[" not in text  # its own bootstrap interval is not shown
+    attrs, text = parser.cells[("baseline", "median_ttft_ms")]
+    assert "data-flagged" not in attrs and "[" in text  # TTFT is not flagged: its interval
+    # and the variant's TPOT against a flagged reference: no verdict either
+    attrs, text = parser.cells[("apc-on", "median_tpot_ms")]
+    assert attrs["data-verdict"] == "untrusted" and "reference run" in text
