@@ -1,77 +1,59 @@
-"""Capacity under SLOs: the highest load one server sustains while every objective holds.
+"""Capacity under SLOs: the highest load one server sustains, in steady state, while every
+objective holds.
 
 The search drives load steps on one running server (the runner owns the server and
-the load; this module only decides). For each step the runner replays the same
-request list (same order, prefix cache reset before the step's measured requests)
-at one load level, and hands the step's measured records and server signals to
-:meth:`CapacitySearch.record`. The search:
+the load; this module only decides). For each step the runner asks for the step's
+plan (:meth:`CapacitySearch.plan`: how many requests, how long, which part is warm-up;
+:mod:`jobs.steadystate`), replays the first requests of the same request list (same
+order, prefix cache reset before the step) at that load, and hands the step's records
+and server signals to :meth:`CapacitySearch.record`. The search:
 
-- decides each step **pass / fail / uncertain** from the step's own percentile and
-  its distribution-free interval: an objective passes when the interval's upper end is at or
-  under it, fails when the lower end is over it; a straddling interval is measured
-  again (once, by default) and stays ``uncertain`` if it still straddles: the
-  search then stops and reports ``uncertain`` rather than guess;
+- decides each step **pass / fail / uncertain / client_limited** from its measured part
+  (the warm-up part excluded): every objective's percentile and its distribution-free
+  interval (:mod:`jobs.slochecks`: it passes when the interval's upper end is at or
+  under the objective, fails when the lower end is over it), whether the queue was
+  **stationary** (:mod:`jobs.steadystate`), whether the load that was asked for arrived
+  (the load generator's limits) and the server's own evidence of saturation;
 - narrows to the boundary: ``min`` first (a failure there: capacity below ``min``),
   then ``max`` (a pass there: capacity at least ``max``), then bisects between the
-  highest passing and the lowest failing load (geometric midpoint for request
-  rates, integer midpoint for concurrency) until the bracket's relative width is
-  within ``tolerance`` or ``max_steps`` is spent;
-- stops early when the server is saturated (waiting requests growing through the
-  step, client dispatch lag, failed requests): that step fails as ``saturated``
-  and nothing above it is tried.
+  highest passing load and the lowest failing (or client-limited) one (geometric
+  midpoint for request rates, integer midpoint for concurrency) until the bracket's
+  relative width is within ``tolerance`` or ``max_steps`` is spent;
+- never goes above what the load generator can deliver: above a known
+  ``client_ceiling`` (req/s, calibrated against the stub on the same node) it measures
+  nothing, and after a ``client_limited`` step it only searches below that load.
 
 The result (:class:`CapacityResult`) is the highest passing load with the bracket
 ``[highest pass, lowest fail]`` as its interval, the SLO that binds first (the one
-that failed at the lowest load), and every step.
+that failed at the lowest load), the load generator's ceiling when known, and every step.
 
-Decision details (the rules :class:`CapacitySearch` applies):
+The step's verdict (:mod:`jobs.capacity_step`, whose docstring has the rules): a step
+passes only when every objective holds at its confidence and the queue was stationary
+over the measured part; it fails on an objective or on server evidence of saturation
+(failed requests, the server's waiting queue or the requests due and not done growing);
+it is ``client_limited`` when the load generator could not deliver the load asked for
+(never blamed on the server); anything it cannot tell is ``uncertain``.
 
-- **Per-request values** (:func:`step_values`): TTFT, TPOT, ITL and E2EL in ms as
-  ``vllm bench serve`` defines them (``jobs.loadgen``): percentiles over the
-  successful requests (ITL pools every gap of every successful request; TPOT covers
-  requests with more than one output token). Failed requests count in the step's
-  ``failed``, in the saturation rule and in goodput (a failed request is never good).
-- **Percentile interval**: ``numpy.percentile`` (linear) of the step's values, and a
-  distribution-free interval from order statistics (:func:`percentile_interval`: the
-  count of values under the true percentile is binomial), ``ci_low`` / ``ci_high`` at
-  ``confidence``. Where no order statistic reaches that confidence the end is
-  ``None``: a p99 objective over fewer than 368 requests (95 %, two-sided) has no upper end, so
-  such a step can fail but never pass (a bootstrap would pass it whenever the few
-  values happen to sit under the objective). An objective whose metric has no value
-  at a step with successful requests (TPOT when every request has one output token)
-  passes, as vLLM's goodput counts such a TPOT as 0; with no successful request at
-  all it fails. Latencies that are missing, negative or not finite make the request
-  failed (never a number). A step with no measured request is ``uncertain``.
-- **Goodput**: the fraction of the step's requests (failed ones included) whose
-  TTFT, TPOT and E2EL are each at or under that metric's strictest objective (ITL
-  is not a per-request value; vLLM's ``--goodput`` ignores it too); the Wilson score
-  interval of that fraction (:func:`proportion_interval`); passes when ``ci_low >= goodput``,
-  fails when ``ci_high < goodput``.
-- **Re-measurement**: a step that is ``uncertain`` is measured again at the same load
-  (up to ``remeasure`` times); each re-measurement is a step of its own whose checks
-  pool the records of every measurement at that load (``measurements`` says how
-  many), so the interval narrows instead of the search picking the luckiest of
-  several independent tries.
-- **Saturation** (the step fails with ``saturated`` set, whatever its checks say):
-  failed requests over :data:`SATURATION_FAILED_FRACTION` (5 %) of the step; for
-  ``request_rate`` only, the server's waiting queue grew through the step
-  (``waiting_last - waiting_first`` over ``max(1, 5 % of the step's requests)`` and
-  ``waiting_max > 0``: below capacity the queue at two instants differs by O(1)
-  requests, above it it grows by ``(1 - mu/lambda) * N`` over ``N`` arrivals, so
-  5 % of ``N`` flags an arrival rate ~5 % over the service rate; in a closed loop
-  the queue is bounded by the concurrency, so it is no sign of overload there); for
-  ``request_rate`` only, the client's dispatch lag (``start_s - scheduled_s``)
-  p99 over ``max(50 ms, two mean inter-arrival gaps)``: the client could not offer
-  the nominal rate.
+- **Re-measurement**: an ``uncertain`` step is measured again at the same load (up to
+  ``remeasure`` times); each re-measurement is a step of its own whose checks pool the
+  records of every measurement at that load, and whose steadiness pools their queue
+  growth (``measurements`` says how many), so the evidence accumulates instead of the
+  search picking the luckiest of several tries.
 - **Search**: loads for ``concurrency`` are integers (``ceil(min)``, ``floor(max)``,
   integer midpoints; done when ``hi - lo <= 1``); for ``request_rate`` the midpoint
-  is geometric and it is done when ``(hi - lo) / lo <= tolerance``.
+  is geometric and it is done when ``(hi - lo) / lo <= tolerance``. ``hi`` is the
+  lowest failing load, or the lowest client-limited one when that is lower.
 - **Status**: ``found`` (``capacity`` = highest passing load, interval ``(lo, hi)``);
   ``below_min`` (``min`` failed; interval ``(None, min)``); ``at_least_max``
-  (``max`` passed; interval ``(max, None)``); ``uncertain`` (a step stayed
-  uncertain; interval = the bracket so far); ``steps_exhausted`` (``max_steps``
-  spent before the bracket narrowed to the tolerance; interval = the bracket).
-  Only ``found`` has a ``capacity``: anything else is unknown, never a guess.
+  (``max`` passed; interval ``(max, None)``); ``client_limited`` (the search reached
+  loads the load generator could not deliver before any failed; interval
+  ``(highest pass or None, None)``: "at least X", with ``client_ceiling`` and the way
+  out in ``note``); ``uncertain`` (a step stayed uncertain; interval = the bracket so
+  far); ``steps_exhausted`` (``max_steps`` spent before the bracket narrowed to the
+  tolerance; interval = the bracket). Only ``found`` has a ``capacity``: anything else
+  is unknown, never a guess.
+- **client_ceiling**: the lowest arrived rate of a client-limited step (observed here),
+  else the calibrated ceiling given to the search; None when unknown.
 - **binding_slo**: at the lowest failing load, the failing objective with the
   largest excess over its objective (value / objective; goodput: objective / value),
   named ``"<metric>:<percentile>"`` (``"ttft_ms:p99"``) or ``"goodput"``; a step
@@ -83,14 +65,36 @@ Pure: no I/O, no clock, no randomness.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from statistics import NormalDist
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
+
+from jobs.capacity_step import CapacityStep, StepSignals, decide
+from jobs.slochecks import (
+    SLOCheck,
+    SLOMetric,
+    StepValues,
+    excess,
+    interval_end,
+    min_requests_to_pass,
+    percentile_interval,
+    percentile_of,
+    proportion_interval,
+    slo_name,
+    step_values,
+)
+from jobs.steadystate import (
+    MIN_CLOSED_LOOP_REQUESTS,
+    MIN_MEASURED_ARRIVALS,
+    Growth,
+    StepPlan,
+    analyze,
+    min_measured,
+    plan_step,
+    unloaded_time,
+)
 
 if TYPE_CHECKING:  # jobs.schemas imports this module
     from jobs.schemas import RequestRecord
@@ -101,6 +105,7 @@ __all__ = [
     "CapacitySpec",
     "CapacityStep",
     "SLOCheck",
+    "StepPlan",
     "StepSignals",
     "StepValues",
     "min_requests_to_pass",
@@ -112,42 +117,19 @@ __all__ = [
 ]
 
 CapacityVariable = Literal["request_rate", "concurrency"]
-SLOMetric = Literal["ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"]
-Verdict = Literal["pass", "fail", "uncertain"]
-SearchStatus = Literal["found", "below_min", "at_least_max", "uncertain", "steps_exhausted"]
+Verdict = Literal["pass", "fail", "uncertain", "client_limited"]
+SearchStatus = Literal[
+    "found", "below_min", "at_least_max", "uncertain", "steps_exhausted", "client_limited"
+]
 
-SATURATION_FAILED_FRACTION = 0.05
-"""A step with more failed requests than this fraction is saturated."""
-
-SATURATION_WAITING_FRACTION = 0.05
-"""Waiting-queue growth through a step, as a fraction of its requests, that means overload."""
-
-DISPATCH_LAG_FLOOR_MS = 50.0
-"""Dispatch lag p99 under this is never saturation (client timer jitter)."""
-
-REPORTED_PERCENTILES = ("p50", "p90", "p99")
-"""Percentiles every step reports per metric (besides those the objectives name)."""
-
-_PERCENTILE_NAME = re.compile(r"^p(\d+(?:\.\d+)?)$")
-_METRICS: tuple[SLOMetric, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
-
-
-def percentile_of(name: str) -> float:
-    """The percentile a name means: ``"p99"`` -> 99.0, ``"p99.9"`` -> 99.9.
-
-    Raises:
-        ValueError: not ``p<number>`` with the number in (0, 100) (p100 is the maximum:
-            no interval can bound it).
-    """
-    match = _PERCENTILE_NAME.match(name)
-    value = float(match.group(1)) if match else -1.0
-    if not 0.0 < value < 100.0:
-        raise ValueError(f"percentile name must be like p50, p99 or p99.9, got {name!r}")
-    return value
+WAY_OUT = (
+    "to measure beyond it, run more load-generator worker processes, put the load "
+    "generator on another node, or lower max"
+)
 
 
 class CapacitySpec(BaseModel):
-    """What to search: objectives, the load variable and its range.
+    """What to search: objectives, the load variable and its range, how long steps last.
 
     ``slos``: per metric (``ttft_ms``, ``tpot_ms``, ``itl_ms``, ``e2el_ms``) a map of
     percentile name (``p50``, ``p90``, ``p99``, ``p99.9``) to the objective in ms, e.g.
@@ -155,10 +137,17 @@ class CapacitySpec(BaseModel):
     least fraction of a step's requests that meet every per-request objective (the
     objectives' values, as ``vllm bench serve --goodput`` counts them).
 
+    Steady state (:mod:`jobs.steadystate`): a step lasts ``max(min_step_s,
+    step_time_factor * unloaded request time)`` seconds, at most ``max_step_s``, and
+    sends at least ``requests_per_step`` requests (a floor, not the length); its first
+    ``warmup_fraction`` is warm-up, excluded from the decision; requests unfinished
+    ``max_drain_s`` after its last arrival are cut (counted failed).
+
     Raises (validation):
         ValueError: no objective at all, a percentile name that is not ``p<number>``,
-            a non-positive objective, ``min > max``, or (concurrency) no integer in
-            ``[min, max]``.
+            a non-positive objective, ``min > max``, (concurrency) no integer in
+            ``[min, max]``, ``max_step_s < min_step_s``, or ``max_drain_s`` under the
+            largest TTFT/E2EL objective (a cut request must be over every objective).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -170,9 +159,24 @@ class CapacitySpec(BaseModel):
     max: StrictFloat = Field(gt=0.0)
     tolerance: StrictFloat = Field(0.05, gt=0.0, le=1.0, description="relative bracket width")
     max_steps: StrictInt = Field(12, ge=2, le=64)
-    requests_per_step: int | None = Field(None, ge=10, le=100_000)
+    requests_per_step: int | None = Field(
+        None, ge=10, le=100_000, description="the fewest requests a step sends (a floor)"
+    )
     confidence: float = Field(0.95, gt=0.5, lt=1.0)
-    remeasure: int = Field(1, ge=0, le=3, description="extra measurements of a straddling step")
+    remeasure: int = Field(1, ge=0, le=3, description="extra measurements of an uncertain step")
+    min_step_s: StrictFloat = Field(
+        10.0, ge=0.5, le=3600.0, description="the shortest step, seconds of arrivals"
+    )
+    step_time_factor: StrictFloat = Field(
+        20.0, ge=1.0, le=1000.0, description="a step lasts at least this many unloaded requests"
+    )
+    max_step_s: StrictFloat = Field(120.0, ge=0.5, le=3600.0, description="the longest step")
+    warmup_fraction: StrictFloat = Field(
+        0.2, ge=0.05, le=0.5, description="the first part of a step, excluded as warm-up"
+    )
+    max_drain_s: StrictFloat = Field(
+        30.0, gt=0.0, le=3600.0, description="seconds after a step's last arrival before a cut"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> CapacitySpec:
@@ -194,58 +198,28 @@ class CapacitySpec(BaseModel):
             raise ValueError(f"capacity min {self.min} is over max {self.max}")
         if self.variable == "concurrency" and math.ceil(self.min) > math.floor(self.max):
             raise ValueError(f"no integer concurrency within [{self.min}, {self.max}]")
+        if self.max_step_s < self.min_step_s:
+            raise ValueError(
+                f"max_step_s ({self.max_step_s:g} s) is under min_step_s ({self.min_step_s:g} s):"
+                " no step could last long enough to reach a steady state"
+            )
+        latency = [o for m in ("ttft_ms", "e2el_ms") for o in self.slos.get(m, {}).values()]  # type: ignore[call-overload]
+        if latency and self.max_drain_s * 1000.0 < max(latency):
+            raise ValueError(
+                f"max_drain_s ({self.max_drain_s:g} s) is under the largest TTFT/E2EL objective "
+                f"({max(latency) / 1000:g} s): a request cut after it must be over every objective"
+            )
         return self
 
-
-class StepSignals(BaseModel):
-    """Server and client signals of one step (``None``: not observed).
-
-    ``waiting_first`` / ``waiting_last``: ``vllm:num_requests_waiting`` when the step's
-    first request was sent and when its last one was sent (end of dispatch);
-    ``waiting_max`` the most seen in between. ``dispatch_lag_p99_ms``: open loop, the
-    p99 of ``start_s - scheduled_s`` (computed from the records when not given).
-    """
-
-    waiting_first: float | None = None
-    waiting_last: float | None = None
-    waiting_max: float | None = None
-    kv_cache_usage_max: float | None = None
-    dispatch_lag_p99_ms: float | None = None
-
-
-class SLOCheck(BaseModel):
-    """One objective at one step: the percentile, its interval and the verdict."""
-
-    metric: SLOMetric | Literal["goodput"]
-    percentile: str | None = None
-    objective: float
-    value: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    verdict: Verdict
-
-
-class CapacityStep(BaseModel):
-    """One load step as measured (re-measurements are steps of their own)."""
-
-    index: int
-    load: float
-    requests: int
-    failed: int
-    duration_s: float | None = None
-    percentiles: dict[str, dict[str, float]] = Field(default_factory=dict)
-    goodput: float | None = None
-    output_tokens_per_s: float | None = Field(None, description="the step's output tokens / s")
-    output_tokens_per_s_per_user: float | None = Field(
-        None, description="mean over requests of output tokens / (E2EL - TTFT): tokens/s/user"
-    )
-    signals: StepSignals = Field(default_factory=StepSignals)
-    checks: list[SLOCheck] = Field(default_factory=list)
-    saturated: str | None = None
-    verdict: Verdict
-    measurements: int = Field(
-        1, description="measurements at this load whose records the checks pooled"
-    )
+    def needed_measured(self) -> int:
+        """Measured requests a step needs to ever pass: the objectives' percentiles
+        (:func:`~jobs.slochecks.min_requests_to_pass`) and the steadiness test."""
+        closed = self.variable == "concurrency"
+        need = MIN_CLOSED_LOOP_REQUESTS if closed else MIN_MEASURED_ARRIVALS
+        for objectives in self.slos.values():
+            for name in objectives:
+                need = max(need, min_requests_to_pass(percentile_of(name), self.confidence))
+        return need
 
 
 class CapacityResult(BaseModel):
@@ -256,231 +230,58 @@ class CapacityResult(BaseModel):
     capacity: float | None = None
     interval: tuple[float | None, float | None] = (None, None)
     binding_slo: str | None = None
+    client_ceiling: float | None = Field(
+        None, description="req/s the load generator sustains here (observed or calibrated)"
+    )
     steps: list[CapacityStep] = Field(default_factory=list)
     note: str | None = None
-
-
-@dataclass
-class StepValues:
-    """Per-request values of one step's measured requests (ms; warm-ups excluded).
-
-    ``ttft_ms``, ``tpot_ms``, ``e2el_ms``: one per successful request that has it;
-    ``itl_ms``: every gap of every successful request; ``per_request``: for each
-    measured request (failed ones too) its ``(ttft, tpot, e2el)`` in ms (``None``
-    for a failed request; TPOT ``0`` with at most one output token, as vLLM's
-    goodput); ``dispatch_lag_ms``: ``start_s - scheduled_s`` of open-loop requests.
-    """
-
-    requests: int = 0
-    failed: int = 0
-    output_tokens: int = 0
-    ttft_ms: list[float] = field(default_factory=list)
-    tpot_ms: list[float] = field(default_factory=list)
-    itl_ms: list[float] = field(default_factory=list)
-    e2el_ms: list[float] = field(default_factory=list)
-    per_request: list[tuple[float, float, float] | None] = field(default_factory=list)
-    dispatch_lag_ms: list[float] = field(default_factory=list)
-    tokens_per_s_per_user: list[float] = field(default_factory=list)
-
-    def extend(self, other: StepValues) -> None:
-        """Pool ``other`` into this one (re-measurements at one load)."""
-        self.requests += other.requests
-        self.failed += other.failed
-        self.output_tokens += other.output_tokens
-        for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "per_request"):
-            getattr(self, name).extend(getattr(other, name))
-        self.dispatch_lag_ms.extend(other.dispatch_lag_ms)
-        self.tokens_per_s_per_user.extend(other.tokens_per_s_per_user)
-
-    def metric(self, name: str) -> list[float]:
-        """The values of ``ttft_ms`` / ``tpot_ms`` / ``itl_ms`` / ``e2el_ms``."""
-        values: list[float] = getattr(self, name)
-        return values
-
-
-def step_values(records: Sequence[RequestRecord]) -> StepValues:
-    """Per-request values (ms) of a step's records, ``vllm bench serve`` definitions.
-
-    Warm-up records are ignored. A request is successful when ``success`` is set and it
-    has a TTFT and an E2EL (as :func:`jobs.loadgen.summarize`); any other is failed.
-    TPOT = ``(E2EL - TTFT) / (output_tokens - 1)`` as recorded in ``tpot_s``; ITL the
-    recorded gaps. Source: vLLM ``vllm/benchmarks/serve.py`` ``calculate_metrics``.
-    """
-    out = StepValues()
-    for r in records:
-        if r.warmup:
-            continue
-        out.requests += 1
-        if r.scheduled_s is not None:
-            out.dispatch_lag_ms.append((r.start_s - r.scheduled_s) * 1000.0)
-        if not (r.success and r.ttft_s is not None and r.e2el_s is not None):
-            out.failed += 1
-            out.per_request.append(None)
-            continue
-        ttft, e2el = _finite_ms(r.ttft_s), _finite_ms(r.e2el_s)
-        if ttft is None or e2el is None:  # a value that cannot be a latency: not measured
-            out.failed += 1
-            out.per_request.append(None)
-            continue
-        out.ttft_ms.append(ttft)
-        out.e2el_ms.append(e2el)
-        tpot = _finite_ms(r.tpot_s)
-        if tpot is not None:
-            out.tpot_ms.append(tpot)
-        out.itl_ms.extend(g for g in (_finite_ms(gap) for gap in r.itl_s) if g is not None)
-        out.per_request.append((ttft, tpot or 0.0, e2el))
-        tokens = r.output_tokens or 0
-        out.output_tokens += tokens
-        if tokens and e2el > ttft:
-            out.tokens_per_s_per_user.append(tokens / ((e2el - ttft) / 1000.0))
-    return out
-
-
-def _finite_ms(value_s: float | None) -> float | None:
-    """Seconds to ms; ``None`` for a missing, negative or non-finite value."""
-    if value_s is None or not math.isfinite(value_s) or value_s < 0:
-        return None
-    return value_s * 1000.0
-
-
-def percentile_interval(
-    sorted_values: np.ndarray, q: float, confidence: float
-) -> tuple[float | None, float | None]:
-    """Distribution-free interval of the ``q``-th percentile from order statistics.
-
-    The number of values under the true percentile is Binomial(n, q/100), so the
-    ``l``-th smallest value is at or under it with probability P(B >= l) and the
-    ``u``-th at or over it with probability P(B <= u - 1). The interval is the widest
-    ``l`` and narrowest ``u`` that keep each tail within ``(1 - confidence) / 2``.
-    ``None`` where no order statistic reaches that confidence: a p99 over 20 values
-    has no upper bound (it can only fail, never pass); 368 values are needed at
-    95 %. No resampling: a bootstrap of a high percentile of few values never goes
-    above their maximum and passes far too often.
-    """
-    n = len(sorted_values)
-    if n == 0:
-        return None, None
-    p = q / 100.0
-    alpha = (1.0 - confidence) / 2.0
-    k = np.arange(n + 1, dtype=float)
-    log_pmf = (
-        math.lgamma(n + 1)
-        - np.array([math.lgamma(x + 1) + math.lgamma(n - x + 1) for x in k])
-        + k * math.log(p)
-        + (n - k) * math.log1p(-p)
-    )
-    cdf = np.cumsum(np.exp(log_pmf))
-    below = int(np.count_nonzero(cdf[:n] <= alpha))  # l = below: P(B <= l - 1) <= alpha
-    low = float(sorted_values[below - 1]) if below >= 1 else None
-    reach = np.flatnonzero(cdf[:n] >= 1.0 - alpha)  # u - 1 = first j with P(B <= j) >= 1-a
-    high = float(sorted_values[int(reach[0])]) if reach.size else None
-    return low, high
-
-
-def min_requests_to_pass(q: float, confidence: float) -> int:
-    """The fewest values whose :func:`percentile_interval` of the ``q``-th percentile has
-    an upper end: ``1 - (q/100)**n >= 1 - (1 - confidence) / 2``. With fewer, a step can
-    fail that objective but never pass it (p99 at 95 %: 368; p90: 36; p50: 6)."""
-    alpha = (1.0 - confidence) / 2.0
-    return max(1, math.ceil(math.log(alpha) / math.log(q / 100.0) - 1e-9))
-
-
-def proportion_interval(good: int, n: int, confidence: float) -> tuple[float, float]:
-    """Wilson score interval of a proportion (good of n), two-sided at ``confidence``."""
-    z = NormalDist().inv_cdf(1.0 - (1.0 - confidence) / 2.0)
-    phat = good / n
-    denom = 1.0 + z * z / n
-    centre = (phat + z * z / (2 * n)) / denom
-    half = z * math.sqrt(phat * (1 - phat) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def _check_percentile(
-    metric: SLOMetric,
-    name: str,
-    objective: float,
-    values: StepValues,
-    confidence: float,
-) -> SLOCheck:
-    data = np.sort(np.asarray(values.metric(metric), dtype=float))
-    check = SLOCheck(metric=metric, percentile=name, objective=objective, verdict="uncertain")
-    if data.size == 0:  # no value: pass when requests succeeded (a TPOT with one token)
-        if values.requests == 0:
-            return check  # nothing measured: no verdict
-        check.verdict = "pass" if values.requests > values.failed else "fail"
-        return check
-    q = percentile_of(name)
-    check.value = float(np.percentile(data, q))
-    check.ci_low, check.ci_high = percentile_interval(data, q, confidence)
-    if check.ci_high is not None and check.ci_high <= objective:
-        check.verdict = "pass"
-    elif check.ci_low is not None and check.ci_low > objective:
-        check.verdict = "fail"
-    return check
-
-
-def _good(values: StepValues, slos: dict[SLOMetric, dict[str, float]]) -> np.ndarray:
-    """0/1 per measured request: every per-request objective met (failed: 0)."""
-    limits = {m: min(objs.values()) for m, objs in slos.items() if objs and m != "itl_ms"}
-    position = {"ttft_ms": 0, "tpot_ms": 1, "e2el_ms": 2}
-    good = [
-        1.0
-        if row is not None and all(row[position[m]] <= limit for m, limit in limits.items())
-        else 0.0
-        for row in values.per_request
-    ]
-    return np.asarray(good, dtype=float)
-
-
-def _check_goodput(objective: float, good: np.ndarray, confidence: float) -> SLOCheck:
-    check = SLOCheck(metric="goodput", objective=objective, verdict="uncertain")
-    if good.size == 0:
-        return check  # nothing measured: no verdict
-    check.value = float(good.mean())
-    check.ci_low, check.ci_high = proportion_interval(int(good.sum()), good.size, confidence)
-    check.verdict = (
-        "pass"
-        if check.ci_low >= objective
-        else "fail"
-        if check.ci_high < objective
-        else "uncertain"
-    )
-    return check
-
-
-def _excess(check: SLOCheck) -> float:
-    if check.value is None:
-        return math.inf
-    if check.metric == "goodput":
-        return check.objective / check.value if check.value > 0 else math.inf
-    return check.value / check.objective
-
-
-def _end(value: float | None) -> str:
-    """An interval end for a note: ``None`` is unbounded (too few requests to bound it)."""
-    return "unbounded" if value is None else f"{value:.4g}"
-
-
-def _name(check: SLOCheck) -> str:
-    return "goodput" if check.metric == "goodput" else f"{check.metric}:{check.percentile}"
 
 
 class CapacitySearch:
     """The capacity search, one step at a time (see the module docstring for the rules).
 
-    Drive it with ``while (load := search.next_load()) is not None: ...
-    search.record(load, records, signals, duration_s)``, then :meth:`result`; or use
-    :func:`run_search`. Deterministic given the records (no randomness).
+    Drive it with ``while (load := search.next_load()) is not None: plan =
+    search.plan(load); ...; search.record(load, records, signals, duration_s, plan=plan)``,
+    then :meth:`result`; or use :func:`run_search`. Deterministic given the records.
+
+    Args:
+        spec: what to search.
+        client_ceiling: req/s the load generator sustains for this workload where it runs
+            (calibrated); the search measures nothing above it. None: unknown.
+        unloaded_s: one request's time on an idle server (the warm-ups'); None: the
+            first step gives it.
+        available: requests in the run's request list (None: unlimited).
+        floor: the fewest requests a step sends (default ``requests_per_step``), raised
+            to what the objectives and the steadiness test need.
+        in_flight: the open loop's in-flight cap (the workload's ``concurrency``).
     """
 
-    def __init__(self, spec: CapacitySpec) -> None:
+    def __init__(
+        self,
+        spec: CapacitySpec,
+        *,
+        client_ceiling: float | None = None,
+        unloaded_s: float | None = None,
+        available: int | None = None,
+        floor: int | None = None,
+        in_flight: int | None = None,
+    ) -> None:
         self.spec = spec
+        self.client_ceiling = client_ceiling
+        self.unloaded_s = unloaded_s
+        self._available = available
+        self._floor = max(
+            floor or spec.requests_per_step or 0, min_measured(spec, spec.needed_measured())
+        )
+        self._in_flight = in_flight or 1_000_000
         self._steps: list[CapacityStep] = []
         self._lo: float | None = None  # highest passing load
         self._hi: float | None = None  # lowest failing load
+        self._cl: float | None = None  # lowest client-limited load
+        self._observed: float | None = None  # lowest arrived rate of a client-limited step
         self._binding: str | None = None  # at the lowest failing load
         self._pending: float | None = None  # a load to measure again
-        self._pooled: dict[float, tuple[int, StepValues]] = {}
+        self._pooled: dict[float, tuple[int, StepValues, list[Growth]]] = {}
         self._status: SearchStatus | None = None
         self._note: str | None = None
         self._tried_max = False
@@ -488,6 +289,14 @@ class CapacitySearch:
             self._min, self._max = float(math.ceil(spec.min)), float(math.floor(spec.max))
         else:
             self._min, self._max = spec.min, spec.max
+            if client_ceiling is not None and client_ceiling < self._max:
+                self._max = max(self._min, client_ceiling)  # nothing above the ceiling
+                if client_ceiling < self._min:
+                    self._finish(
+                        "client_limited",
+                        f"the load generator's ceiling here ({client_ceiling:.4g} req/s, "
+                        f"calibrated) is under min ({self._min:g}); {WAY_OUT}",
+                    )
 
     # -- driving ------------------------------------------------------------------------
 
@@ -495,14 +304,11 @@ class CapacitySearch:
         """The next load to measure (requests/s, or an integer concurrency); None: done."""
         if self._status is not None:
             return None
-        if (
-            self._pending is None
-            and self._tried_max
-            and self._lo is not None
-            and self._hi is not None
-            and self._converged(self._lo, self._hi)
-        ):  # narrowed enough, even on the last allowed step
-            self._finish("found", None)
+        upper = self._upper()
+        lo = self._lo
+        ready = self._pending is None and self._tried_max
+        if ready and lo is not None and upper is not None and self._converged(lo, upper):
+            self._finish_bracket()  # narrowed enough, even on the last allowed step
             return None
         if len(self._steps) >= self.spec.max_steps:
             self._finish("steps_exhausted", f"max_steps ({self.spec.max_steps}) spent")
@@ -513,22 +319,24 @@ class CapacitySearch:
             return self._min
         if not self._tried_max:
             if self._max == self._min:  # one load only: the min step decided it all
-                self._finish("at_least_max", None)
+                self._finish_top(self._min)
                 return None
             return self._max
-        lo, hi = self._lo, self._hi
-        assert lo is not None and hi is not None  # min passed and max failed
-        if self._converged(lo, hi):
-            self._finish("found", None)
-            return None
+        assert lo is not None and upper is not None  # min passed, max did not
         if self.spec.variable == "concurrency":
-            return float((int(lo) + int(hi)) // 2)
-        return math.sqrt(lo * hi)
+            return float((int(lo) + int(upper)) // 2)
+        return math.sqrt(lo * upper)
 
-    def _converged(self, lo: float, hi: float) -> bool:
-        if self.spec.variable == "concurrency":
-            return hi - lo <= 1
-        return (hi - lo) / lo <= self.spec.tolerance
+    def plan(self, load: float) -> StepPlan:
+        """How the step at ``load`` is driven (:func:`jobs.steadystate.plan_step`)."""
+        return plan_step(
+            self.spec,
+            load,
+            unloaded_s=self.unloaded_s,
+            available=self._available,
+            floor=self._floor,
+            in_flight=self._in_flight,
+        )
 
     def record(
         self,
@@ -536,15 +344,22 @@ class CapacitySearch:
         records: Sequence[RequestRecord],
         signals: StepSignals,
         duration_s: float | None = None,
+        *,
+        plan: StepPlan | None = None,
+        cut: bool = False,
     ) -> CapacityStep:
         """Decide one measured step at ``load`` and move the search on.
 
         Args:
             load: the load measured (the value :meth:`next_load` gave).
-            records: the step's measured :class:`~jobs.schemas.RequestRecord` (warm-ups
-                are ignored).
-            signals: the server's and client's signals during the step.
-            duration_s: the step's measured wall time (for the throughputs).
+            records: every record of the step, its warm-up part included (records
+                marked ``warmup`` before the step are ignored).
+            signals: the server's and client's signals during the step (``client_cpu``
+                and ``client_workers`` from the runner; the rest is derived here).
+            duration_s: the step's wall time (for the throughputs).
+            plan: how the step was driven (default :meth:`plan` of ``load``).
+            cut: the step was cut ``drain_s`` after its last arrival; its planned
+                requests without a record count as failed.
 
         Returns:
             The step as stored (also in :meth:`result`'s ``steps``).
@@ -554,12 +369,58 @@ class CapacitySearch:
         """
         if self._status is not None:
             raise RuntimeError("the capacity search is over")
-        own = step_values(records)
-        count, pooled = self._pooled.get(load, (0, StepValues()))
+        plan = plan or self.plan(load)
+        dyn = analyze(
+            records,
+            plan,
+            client_cpu=signals.client_cpu,
+            client_workers=signals.client_workers,
+            client_ceiling=self.client_ceiling,
+        )
+        if not self._steps:  # the first step's first request found the server idle
+            self.unloaded_s = unloaded_time(records, "min") or self.unloaded_s
+        own = step_values(dyn.measured)
+        unfinished = 0
+        if cut and plan.variable == "request_rate":
+            unfinished = max(0, plan.requests - sum(1 for r in records if not r.warmup))
+            own.requests += unfinished
+            own.failed += unfinished
+            own.per_request.extend([None] * unfinished)
+        count, pooled, growth = self._pooled.get(load, (0, StepValues(), []))
         pooled.extend(own)
+        if dyn.growth is not None and dyn.too_short is None:
+            growth.append(dyn.growth)
         count += 1
-        self._pooled[load] = (count, pooled)
-        step = self._step(load, own, pooled, count, signals, duration_s)
+        self._pooled[load] = (count, pooled, growth)
+        signals = signals.model_copy(
+            update={
+                "asked_rate": dyn.asked_rate,
+                "arrived_rate": dyn.arrived_rate,
+                "completed_rate": dyn.completed_rate,
+                "client_lag_p90_ms": dyn.client_lag_p90_ms,
+                "slot_wait_p90_ms": dyn.slot_wait_p90_ms,
+                "queue_growth": dyn.growth.growth if dyn.growth else None,
+                "dispatch_lag_p99_ms": signals.dispatch_lag_p99_ms
+                if signals.dispatch_lag_p99_ms is not None
+                else (
+                    float(np.percentile(own.dispatch_lag_ms, 99)) if own.dispatch_lag_ms else None
+                ),
+            }
+        )
+        step = decide(
+            self.spec,
+            len(self._steps),
+            load,
+            plan,
+            dyn,
+            own,
+            pooled,
+            count,
+            growth,
+            signals,
+            duration_s,
+            cut,
+        )
         self._steps.append(step)
         self._advance(load, step, count)
         return step
@@ -574,6 +435,8 @@ class CapacitySearch:
             interval: tuple[float | None, float | None] = (None, self._min)
         elif status == "at_least_max":
             interval = (self._max, None)
+        elif status == "client_limited":
+            interval = (self._lo, None)
         else:
             interval = (self._lo, self._hi)
         note = self._note if self._status is not None else "the search has not finished"
@@ -583,118 +446,45 @@ class CapacitySearch:
             capacity=capacity,
             interval=interval,
             binding_slo=self._binding,
+            client_ceiling=self._ceiling(),
             steps=list(self._steps),
             note=note,
         )
 
     # -- deciding -----------------------------------------------------------------------
-
-    def _step(
-        self,
-        load: float,
-        own: StepValues,
-        pooled: StepValues,
-        count: int,
-        signals: StepSignals,
-        duration_s: float | None,
-    ) -> CapacityStep:
-        index = len(self._steps)
-        if signals.dispatch_lag_p99_ms is None and own.dispatch_lag_ms:
-            lag = float(np.percentile(own.dispatch_lag_ms, 99))
-            signals = signals.model_copy(update={"dispatch_lag_p99_ms": lag})
-        checks: list[SLOCheck] = []
-        for metric in _METRICS:
-            for name, objective in self.spec.slos.get(metric, {}).items():
-                checks.append(
-                    _check_percentile(metric, name, objective, pooled, self.spec.confidence)
-                )
-        good = _good(pooled, self.spec.slos)
-        if self.spec.goodput is not None:
-            checks.append(_check_goodput(self.spec.goodput, good, self.spec.confidence))
-        saturated = self._saturation(load, own, signals)
-        verdicts = {c.verdict for c in checks}
-        verdict: Verdict = (
-            "uncertain"
-            if pooled.requests == 0  # nothing measured (no request, or warm-up only)
-            else "fail"
-            if saturated or "fail" in verdicts
-            else "uncertain"
-            if "uncertain" in verdicts
-            else "pass"
-        )
-        own_good = _good(own, self.spec.slos)
-        return CapacityStep(
-            index=index,
-            load=load,
-            requests=own.requests,
-            failed=own.failed,
-            duration_s=duration_s,
-            percentiles=self._percentiles(own),
-            goodput=float(own_good.mean()) if own_good.size else None,
-            output_tokens_per_s=own.output_tokens / duration_s if duration_s else None,
-            output_tokens_per_s_per_user=(
-                float(np.mean(own.tokens_per_s_per_user)) if own.tokens_per_s_per_user else None
-            ),
-            signals=signals,
-            checks=checks,
-            saturated=saturated,
-            verdict=verdict,
-            measurements=count,
-        )
-
-    def _percentiles(self, values: StepValues) -> dict[str, dict[str, float]]:
-        out: dict[str, dict[str, float]] = {}
-        for metric in _METRICS:
-            data = values.metric(metric)
-            if not data:
-                continue
-            names = sorted(
-                {*REPORTED_PERCENTILES, *self.spec.slos.get(metric, {})}, key=percentile_of
-            )
-            out[metric] = {n: float(np.percentile(data, percentile_of(n))) for n in names}
-        return out
-
-    def _saturation(self, load: float, values: StepValues, signals: StepSignals) -> str | None:
-        """Why the step counts as saturated (None: it does not); rules in the module doc."""
-        if values.requests and values.failed > SATURATION_FAILED_FRACTION * values.requests:
-            return f"{values.failed} of {values.requests} requests failed"
-        if self.spec.variable != "request_rate":
-            return None
-        first, last, most = signals.waiting_first, signals.waiting_last, signals.waiting_max
-        if first is not None and last is not None and most is not None and most > 0:
-            threshold = max(1.0, SATURATION_WAITING_FRACTION * values.requests)
-            if last - first > threshold:
-                return (
-                    f"waiting requests grew from {first:g} to {last:g} through the step "
-                    f"(threshold {threshold:g})"
-                )
-        lag = signals.dispatch_lag_p99_ms
-        if lag is not None:
-            threshold = max(DISPATCH_LAG_FLOOR_MS, 2 * 1000.0 / load)
-            if lag > threshold:
-                return f"client dispatch lag p99 {lag:.1f} ms over {threshold:.1f} ms"
-        return None
-
     def _advance(self, load: float, step: CapacityStep, count: int) -> None:
         if step.verdict == "uncertain":
             if count <= self.spec.remeasure:
                 self._pending = load
                 return
-            straddling = [c for c in step.checks if c.verdict == "uncertain"]
-            what = "; ".join(
-                f"{_name(c)} interval [{_end(c.ci_low)}, {_end(c.ci_high)}] "
+            why = [
+                f"{slo_name(c)} interval [{interval_end(c.ci_low)}, {interval_end(c.ci_high)}] "
                 f"straddles {c.objective:g}"
-                for c in straddling
-            )
+                for c in step.checks
+                if c.verdict == "uncertain"
+            ]
+            if step.stationary is not True and step.stationarity:
+                why.append(f"steadiness {step.stationarity}")
+            what = "; ".join(why) or "nothing measured"
             self._finish("uncertain", f"at load {load:g} after {count} measurement(s): {what}")
             return
         self._pending = None
+        if step.verdict == "client_limited":
+            self._cl = load if self._cl is None else min(self._cl, load)
+            arrived = step.signals.arrived_rate
+            seen = arrived if arrived is not None and arrived > 0 else None
+            if seen is not None:
+                self._observed = seen if self._observed is None else min(self._observed, seen)
+            if load == self._max:
+                self._tried_max = True
+            if self._lo is None:
+                self._finish("client_limited", None)
+            return
         if step.verdict == "pass":
             self._lo = load if self._lo is None else max(self._lo, load)
-        else:
-            if self._hi is None or load < self._hi:
-                self._hi = load
-                self._binding = self._binding_of(step)
+        elif self._hi is None or load < self._hi:
+            self._hi = load
+            self._binding = self._binding_of(step)
         if load == self._min and not self._tried_max:
             if step.verdict == "fail":
                 self._finish("below_min", f"the objectives fail at min load {load:g}")
@@ -702,16 +492,60 @@ class CapacitySearch:
         if load == self._max:
             self._tried_max = True
             if step.verdict == "pass":
-                self._finish("at_least_max", f"every objective holds at max load {load:g}")
+                self._finish_top(load)
+
+    def _upper(self) -> float | None:
+        """The bracket's upper end: the lowest failing or client-limited load."""
+        ends = [x for x in (self._hi, self._cl) if x is not None]
+        return min(ends) if ends else None
+
+    def _converged(self, lo: float, hi: float) -> bool:
+        if self.spec.variable == "concurrency":
+            return hi - lo <= 1
+        return (hi - lo) / lo <= self.spec.tolerance
+
+    def _finish_top(self, load: float) -> None:
+        """The highest load the search may try passed: ``max``, or the ceiling under it."""
+        if self._max < self.spec.max and self.spec.variable == "request_rate":
+            self._finish("client_limited", None)
+        else:
+            self._finish("at_least_max", f"every objective holds at max load {load:g}")
+
+    def _finish_bracket(self) -> None:
+        """The bracket narrowed to the tolerance: found, unless its top is client-limited."""
+        if self._hi is not None and (self._cl is None or self._hi <= self._cl):
+            self._finish("found", None)
+        else:
+            self._finish("client_limited", None)
+
+    def _ceiling(self) -> float | None:
+        return self._observed if self._observed is not None else self.client_ceiling
+
+    def _client_note(self) -> str:
+        unit = "req/s" if self.spec.variable == "request_rate" else "in flight"
+        ceiling = self._ceiling()
+        if self._observed is not None:
+            step = next(s for s in self._steps if s.verdict == "client_limited")
+            source = (
+                f"observed: at {step.load:g} {unit} the load generator sent "
+                f"{step.signals.arrived_rate or 0:.4g} req/s ({step.client_limit})"
+            )
+        else:
+            source = "calibrated against the stub server on this node"
+        head = f"at least {self._lo:g} {unit}" if self._lo is not None else "no step passed"
+        where = f"{ceiling:.4g} req/s" if ceiling is not None else "unknown"
+        return f"{head}; the load generator's ceiling here is {where} ({source}); {WAY_OUT}"
 
     def _binding_of(self, step: CapacityStep) -> str:
         failed = [c for c in step.checks if c.verdict == "fail"]
         if not failed:
             return "saturated"
-        return _name(max(failed, key=_excess))
+        return slo_name(max(failed, key=excess))
 
     def _finish(self, status: SearchStatus, note: str | None) -> None:
         self._status = status
+        if status == "client_limited" and note is None:
+            note = self._client_note()
         if note is not None:
             self._note = note
         elif status == "found":
@@ -721,21 +555,30 @@ class CapacitySearch:
 
 def run_search(
     spec: CapacitySpec,
-    step: Callable[[float], tuple[Sequence[RequestRecord], StepSignals, float | None]],
+    step: Callable[[StepPlan], tuple[Sequence[RequestRecord], StepSignals, float | None]],
+    *,
+    client_ceiling: float | None = None,
+    unloaded_s: float | None = None,
+    in_flight: int | None = None,
 ) -> CapacityResult:
-    """Run a whole capacity search: ``step(load)`` measures one step.
+    """Run a whole capacity search: ``step(plan)`` measures one step.
 
     Args:
         spec: what to search.
-        step: measures one step at ``load`` (requests/s, or an integer concurrency as a
-            float) and returns ``(records, signals, duration_s)``: the step's measured
-            records, its signals, and its wall time in seconds (or None).
+        step: measures one step as planned (``plan.load``: requests/s, or an integer
+            concurrency as a float; ``plan.requests``, ``plan.span_s``...) and returns
+            ``(records, signals, duration_s)``: all the step's records, its signals, and
+            its wall time in seconds (or None).
+        client_ceiling, unloaded_s, in_flight: as :class:`CapacitySearch`.
 
     Returns:
         The :class:`CapacityResult` (``len(result.steps)`` steps were measured).
     """
-    search = CapacitySearch(spec)
+    search = CapacitySearch(
+        spec, client_ceiling=client_ceiling, unloaded_s=unloaded_s, in_flight=in_flight
+    )
     while (load := search.next_load()) is not None:
-        records, signals, duration_s = step(load)
-        search.record(load, records, signals, duration_s)
+        plan = search.plan(load)
+        records, signals, duration_s = step(plan)
+        search.record(load, records, signals, duration_s, plan=plan)
     return search.result()

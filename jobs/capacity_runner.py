@@ -3,20 +3,30 @@
 :mod:`jobs.runner` calls :func:`drive` for a segment whose
 :attr:`~jobs.schemas.RunSegment.capacity` is set, after the segment's warm-ups, on
 the server the batch already started. :class:`jobs.capacity.CapacitySearch` decides
-each next load; for every step this module:
+each next load and plans its step (:mod:`jobs.steadystate`: how many requests, how
+long, which part is warm-up); for every step this module:
 
 1. resets the prefix cache (``reset``: the runner's ``POST /reset_prefix_cache``,
    which fails the run when a reset fails while prefix caching may be on);
-2. replays **the same request list in the same order** (:func:`step_requests`: the
-   segment's measured requests, ``capacity.requests_per_step`` of them when set,
-   see :func:`capacity_workload`) at the step's load: for ``request_rate`` the
-   workload's arrival (``constant`` or ``poisson``, its seed) recomputed at that rate,
-   in flight at most the workload's ``concurrency``; for ``concurrency`` a closed loop
-   at that many requests in flight;
+2. replays **the first requests of the same request list in the same order**
+   (:func:`step_requests`; the list is built once, long enough for the longest step:
+   :func:`capacity_workload`, so no prompt repeats within a step) at the step's load:
+   for ``request_rate`` ``plan.requests`` of them at the workload's arrival
+   (``constant`` or ``poisson``, its seed) recomputed at that rate and scaled so that the
+   warm-up and the measured part each offer exactly that rate
+   (:func:`jobs.steadystate.scale_schedule`), in flight at most the workload's
+   ``concurrency``; for ``concurrency`` a closed loop at that many requests in flight,
+   dispatching for ``plan.span_s`` seconds;
 3. measures it through ``measure`` (the runner's measured phase: ``before`` scrape,
-   a ``/metrics`` scrape every interval, ``after`` scrape), hands the step's records
-   and its server signals (:func:`step_signals`) to the search, and reports
+   a ``/metrics`` scrape every interval, ``after`` scrape; the step is cut
+   ``plan.drain_s`` after its last arrival, and the load generator's CPU time is
+   measured), hands all the step's records, its server signals (:func:`step_signals`)
+   and the client's CPU to the search, marks the step's warm-up records ``warmup``
+   (:func:`mark_step_warmup`: excluded from the run's summary) and reports
    ``"capacity step 3: 4.2 req/s"`` then the step's verdict.
+
+``unloaded_s`` (the warm-ups' median E2EL) and ``client_ceiling`` (req/s the load
+generator sustains where it runs, when calibrated; None: unknown) go to the search.
 
 The engine is watched as in any run: a death, an unresponsive server or a cancel
 sets the runner's ``abandon`` event; the step in progress is then cut short and not
@@ -36,14 +46,28 @@ No I/O of its own: the runner passes the callbacks.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+import contextlib
+import math
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from jobs import metrics
 from jobs.capacity import CapacityResult, CapacitySearch, CapacitySpec, CapacityStep, StepSignals
 from jobs.schemas import ChatRequest, MetricSample, RequestRecord, WorkloadSpec
+from jobs.steadystate import (
+    CLOSED_LOOP_REQUESTS_PER_SLOT_S,
+    MAX_LIST_REQUESTS,
+    StepPlan,
+    is_step_warmup,
+    measured_wall,
+    min_measured,
+    scale_schedule,
+    step_origin,
+    unloaded_time,
+)
 from jobs.workload import arrival_offsets
 
 
@@ -53,8 +77,13 @@ class StepMeasurement:
 
     ``duration_s``: seconds of the step's measured phase; ``samples``: its scrapes
     (``before``, ``during``..., ``after``); ``histograms``: the latency histograms of
-    its ``before`` and ``after`` scrapes; ``step``: what the search made of it (None
-    for a step cut short).
+    its ``before`` and ``after`` scrapes; ``client_cpu_s``: CPU seconds the load
+    generator used during the phase, summed over its ``client_workers`` processes
+    (None: not measured); ``cut``: the phase was cut at its ``cut_after_s`` limit
+    (requests still in flight have no record); ``measured_s``: seconds from the first
+    start to the last end of the records not marked ``warmup`` (the run's throughputs'
+    time); ``step``: what the search made of it (None for a step cut short by the run's
+    end).
     """
 
     records: list[RequestRecord]
@@ -63,11 +92,61 @@ class StepMeasurement:
     histograms: dict[str, dict[str, metrics.Histogram]] = field(default_factory=dict)
     load: float = 0.0
     step: CapacityStep | None = None
+    client_cpu_s: float | None = None
+    client_workers: int | None = None
+    cut: bool = False
+    measured_s: float | None = None
 
 
-#: ``measure(requests, concurrency, label) -> StepMeasurement``: one measured phase
-#: (``label``: ``"capacity step 3: 4.2 req/s"``, for progress reports).
-Measure = Callable[[list[ChatRequest], int, str], Awaitable[StepMeasurement]]
+@dataclass(frozen=True)
+class StepLimits:
+    """Time limits of one step's measured phase, seconds from its start: no dispatch
+    after ``dispatch_s`` (a closed loop's length; None: the list's end), and the phase
+    cut (in-flight requests aborted) at ``cut_after_s`` (None: never)."""
+
+    dispatch_s: float | None = None
+    cut_after_s: float | None = None
+
+
+class PhaseCut:
+    """The cancel event of a measured phase with a time limit: set when ``abandon`` is
+    (the run's end), or ``cut_after_s`` seconds after :meth:`start` (then ``fired``:
+    the phase was cut, its requests in flight aborted). Looked at every
+    :data:`CUT_POLL_S` seconds, in the event loop."""
+
+    def __init__(self, abandon: threading.Event, cut_after_s: float) -> None:
+        self.event = threading.Event()
+        self.fired = False
+        self._abandon = abandon
+        self._cut_after_s = cut_after_s
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._watch(time.perf_counter() + self._cut_after_s))
+
+    async def _watch(self, deadline: float) -> None:
+        while not self.event.is_set():
+            if self._abandon.is_set():
+                self.event.set()
+            elif time.perf_counter() >= deadline:
+                self.fired = True
+                self.event.set()
+            else:
+                await asyncio.sleep(CUT_POLL_S)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+CUT_POLL_S = 0.05
+"""Seconds between two looks at a phase's time limit."""
+
+#: ``measure(requests, concurrency, label, limits) -> StepMeasurement``: one measured
+#: phase (``label``: ``"capacity step 3: 4.2 req/s"``, for progress reports).
+Measure = Callable[[list[ChatRequest], int, str, StepLimits], Awaitable[StepMeasurement]]
 #: ``reset(step_number)``: reset the prefix cache before a step (raises to end the run).
 Reset = Callable[[int], Awaitable[None]]
 
@@ -84,12 +163,31 @@ class SearchOutcome:
     cut_short: bool
 
 
+def step_floor(workload: WorkloadSpec, capacity: CapacitySpec) -> int:
+    """The fewest requests a step sends: ``requests_per_step`` (default the workload's
+    ``num_requests``), raised to what the objectives and the steadiness test need."""
+    floor = capacity.requests_per_step or workload.num_requests
+    return max(floor, min_measured(capacity, capacity.needed_measured()))
+
+
+def list_length(workload: WorkloadSpec, capacity: CapacitySpec) -> int:
+    """Requests the run's list holds: enough for the longest step (``request_rate``: the
+    floor, or ``max * max_step_s`` arrivals; ``concurrency``: sized for
+    :data:`~jobs.steadystate.CLOSED_LOOP_REQUESTS_PER_SLOT_S` per slot at ``max`` for
+    ``max_step_s``), at most :data:`~jobs.steadystate.MAX_LIST_REQUESTS`."""
+    if capacity.variable == "concurrency":
+        longest = capacity.max * capacity.max_step_s * CLOSED_LOOP_REQUESTS_PER_SLOT_S
+    else:
+        longest = capacity.max * capacity.max_step_s + 1
+    return min(MAX_LIST_REQUESTS, max(step_floor(workload, capacity), math.ceil(longest)))
+
+
 def capacity_workload(workload: WorkloadSpec, capacity: CapacitySpec) -> WorkloadSpec:
     """The workload whose request list the steps replay: ``num_requests`` is
-    ``capacity.requests_per_step`` when set (kind ``replay`` keeps its bodies)."""
-    if capacity.requests_per_step is None or workload.kind == "replay":
+    :func:`list_length` (kind ``replay`` keeps its bodies)."""
+    if workload.kind == "replay":
         return workload
-    return workload.model_copy(update={"num_requests": capacity.requests_per_step})
+    return workload.model_copy(update={"num_requests": list_length(workload, capacity)})
 
 
 def step_label(capacity: CapacitySpec, load: float) -> str:
@@ -100,36 +198,45 @@ def step_label(capacity: CapacitySpec, load: float) -> str:
 
 
 def step_requests(
-    capacity: CapacitySpec, workload: WorkloadSpec, measured: list[ChatRequest], load: float
+    workload: WorkloadSpec, measured: list[ChatRequest], plan: StepPlan
 ) -> tuple[list[ChatRequest], int]:
-    """The step's request list (same requests, same order) and its in-flight limit.
+    """The step's request list (the first ones of ``measured``, same order) and its
+    in-flight limit.
 
-    ``request_rate``: ``arrival_s`` from :func:`jobs.workload.arrival_offsets` of the
-    workload at ``request_rate = load`` (same seed: a Poisson step is the same gap
-    pattern scaled), in flight at most ``workload.concurrency``. ``concurrency``:
-    closed loop (``arrival_s`` None) with ``round(load)`` in flight.
+    ``request_rate``: ``plan.requests`` requests, ``arrival_s`` from
+    :func:`jobs.workload.arrival_offsets` of the workload at ``request_rate = load``
+    (same seed: a Poisson step is the same gap pattern scaled) through
+    :func:`jobs.steadystate.scale_schedule`, in flight at most ``workload.concurrency``.
+    ``concurrency``: closed loop (``arrival_s`` None) over the list, ``round(load)`` in
+    flight (the runner stops dispatching after ``plan.span_s``).
     """
-    if capacity.variable == "concurrency":
-        return [r.model_copy(update={"arrival_s": None}) for r in measured], max(1, round(load))
-    at_rate = workload.model_copy(update={"request_rate": float(load)})
-    arrivals = arrival_offsets(at_rate, len(measured))
+    if plan.variable == "concurrency":
+        closed = [r.model_copy(update={"arrival_s": None}) for r in measured[: plan.requests]]
+        return closed, plan.in_flight
+    chosen = measured[: plan.requests]
+    at_rate = workload.model_copy(update={"request_rate": float(plan.load)})
+    raw = [float(a or 0.0) for a in arrival_offsets(at_rate, len(chosen))]
+    arrivals = scale_schedule(raw, plan)
     requests = [
-        r.model_copy(update={"arrival_s": a}) for r, a in zip(measured, arrivals, strict=True)
+        r.model_copy(update={"arrival_s": a}) for r, a in zip(chosen, arrivals, strict=True)
     ]
     return requests, workload.concurrency
 
 
-def step_signals(samples: list[MetricSample], records: list[RequestRecord]) -> StepSignals:
-    """The server and client signals of one step.
+def step_signals(
+    samples: list[MetricSample], records: list[RequestRecord], plan: StepPlan | None = None
+) -> StepSignals:
+    """The server's signals of one step (the client's are derived by the search).
 
     ``waiting_first`` / ``waiting_last``: ``num_requests_waiting`` at the step's ``during``
-    scrapes nearest its first and its last dispatch (scrapes' ``t_s`` and records'
-    ``start_s`` are offsets on the same run clock): the queue when the last request was
-    sent, not after it drained (the last scrape of a step comes after the queue has
-    emptied, so it would never show growth); ``waiting_max`` the most seen in the step's
-    scrapes (:data:`jobs.metrics.SAMPLE_KEYS`); ``kv_cache_usage_max``
-    (0-1) likewise; ``dispatch_lag_p99_ms``: p99 (linear interpolation) of ``start_s -
-    scheduled_s`` over the open-loop records, in ms. ``None`` where nothing was observed.
+    scrapes nearest the first and the last dispatch of its measured part (``plan``'s
+    warm-up excluded; scrapes' ``t_s`` and records' ``start_s`` are offsets on the same
+    run clock): the queue when the last request was sent, not after it drained (the last
+    scrape of a step comes after the queue has emptied, so it would never show growth);
+    ``waiting_max`` the most seen in the step's scrapes (:data:`jobs.metrics.SAMPLE_KEYS`);
+    ``kv_cache_usage_max`` (0-1) likewise; ``preemptions``: the ``num_preemptions``
+    counter's growth from the step's first scrape to its last. ``None`` where nothing
+    was observed.
     """
     during = [s for s in samples if s.phase == "during"]
     queue = [
@@ -139,8 +246,11 @@ def step_signals(samples: list[MetricSample], records: list[RequestRecord]) -> S
     ]
     waiting = [w for _, w in queue]
     kv = [s.values["kv_cache_usage"] for s in during if "kv_cache_usage" in s.values]
+    preempted = [s.values["num_preemptions"] for s in samples if "num_preemptions" in s.values]
     measured = [r for r in records if not r.warmup]
-    lags = [(r.start_s - r.scheduled_s) * 1000.0 for r in measured if r.scheduled_s is not None]
+    origin = step_origin(measured, plan) if plan is not None else None
+    if plan is not None and origin is not None:
+        measured = [r for r in measured if not is_step_warmup(r, plan, origin)]
     first_t = min((r.start_s for r in measured), default=None)
     last_t = max((r.start_s for r in measured), default=None)
 
@@ -156,8 +266,22 @@ def step_signals(samples: list[MetricSample], records: list[RequestRecord]) -> S
         waiting_last=nearest(last_t, waiting[-1] if waiting else None),
         waiting_max=max(waiting) if waiting else None,
         kv_cache_usage_max=max(kv) if kv else None,
-        dispatch_lag_p99_ms=float(np.percentile(lags, 99)) if lags else None,
+        preemptions=max(0.0, preempted[-1] - preempted[0]) if len(preempted) >= 2 else None,
     )
+
+
+def mark_step_warmup(records: list[RequestRecord], plan: StepPlan) -> list[RequestRecord]:
+    """The step's records with those of its warm-up part marked ``warmup`` (the run's
+    summary then leaves them out, as the search did)."""
+    origin = step_origin(records, plan)
+    if origin is None:
+        return records
+    return [
+        r.model_copy(update={"warmup": True})
+        if not r.warmup and is_step_warmup(r, plan, origin)
+        else r
+        for r in records
+    ]
 
 
 def kept_step(steps: list[StepMeasurement], cut_short: bool) -> int | None:
@@ -214,14 +338,26 @@ async def drive(
     reset: Reset,
     report: Callable[[str], None],
     stopped: Callable[[], bool],
+    unloaded_s: float | None = None,
+    client_ceiling: float | None = None,
 ) -> SearchOutcome:
     """Run the search's steps (see the module docstring); return its outcome.
 
     ``measured``: the segment's measured requests (built from
     :func:`capacity_workload`); ``stopped()``: True once the runner abandoned the load
-    (cancel, dead or silent engine). Exceptions of ``measure`` and ``reset`` propagate.
+    (cancel, dead or silent engine); ``unloaded_s``: one request's time on the idle
+    server (:func:`warmup_time`; None: the first step gives it); ``client_ceiling``:
+    req/s the load generator sustains for this workload where it runs (None: unknown).
+    Exceptions of ``measure`` and ``reset`` propagate.
     """
-    search = CapacitySearch(capacity)
+    search = CapacitySearch(
+        capacity,
+        client_ceiling=client_ceiling,
+        unloaded_s=unloaded_s,
+        available=len(measured),
+        floor=step_floor(workload, capacity),
+        in_flight=workload.concurrency,
+    )
     steps: list[StepMeasurement] = []
     cut_short = False
     while not stopped():
@@ -234,15 +370,26 @@ async def drive(
         if stopped():
             cut_short = True
             break
-        requests, in_flight = step_requests(capacity, workload, measured, load)
+        plan = search.plan(load)
+        requests, in_flight = step_requests(workload, measured, plan)
+        closed = plan.variable == "concurrency"
+        limits = StepLimits(
+            dispatch_s=plan.span_s if closed else None, cut_after_s=plan.span_s + plan.drain_s
+        )
         report(label)
-        m = await measure(requests, in_flight, label)
+        m = await measure(requests, in_flight, label, limits)
         m.load = load
         steps.append(m)
         if stopped():  # the step was cut short: no measurement
             cut_short = True
             break
-        m.step = search.record(load, m.records, step_signals(m.samples, m.records), m.duration_s)
+        signals = step_signals(m.samples, m.records, plan)
+        if m.client_cpu_s is not None and m.duration_s > 0:
+            signals.client_cpu = m.client_cpu_s / m.duration_s
+            signals.client_workers = m.client_workers or 1
+        m.step = search.record(load, m.records, signals, m.duration_s, plan=plan, cut=m.cut)
+        m.records = mark_step_warmup(m.records, plan)
+        m.measured_s = measured_wall([r for r in m.records if not r.warmup])
         report(f"{label}: {m.step.verdict}")
     else:
         cut_short = True
@@ -251,3 +398,9 @@ async def drive(
         why = "the search was cut short (the run was cancelled or its server stopped)"
         result = result.model_copy(update={"note": f"{result.note}; {why}" if result.note else why})
     return SearchOutcome(result, steps, kept_step(steps, cut_short), cut_short)
+
+
+def warmup_time(records: Sequence[RequestRecord]) -> float | None:
+    """One request's time on the idle server: the median E2EL of the successful warm-ups
+    (sent one at a time before the search)."""
+    return unloaded_time([r for r in records if r.warmup], "median")

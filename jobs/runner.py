@@ -80,8 +80,8 @@ from typing import Any
 
 import httpx
 
-from jobs import capacity_runner, engineevents, enginelog, loadgen, metrics
-from jobs.capacity_runner import StepMeasurement
+from jobs import capacity_runner, enginelog, loadgen, metrics, runresult
+from jobs.capacity_runner import PhaseCut, StepLimits, StepMeasurement
 from jobs.engine import EngineCancelledError, EngineDiedError, EngineError, EngineServer
 from jobs.modelgen import load_tokenizer
 from jobs.schemas import (
@@ -97,8 +97,6 @@ from jobs.schemas import (
 from jobs.segment import (
     Segment,
     Status,
-    parse_engine_log,
-    thin,
 )
 from jobs.workload import build_requests, request_list_hash
 
@@ -492,46 +490,11 @@ class _Batch:
             last.engine_log = server.log_text()
 
     def _result(self, seg: Segment) -> RunResult:
-        if self.server is not None and seg.engine_info.get("server_reused") is not None:
-            # The segment ran on the server: server facts, isolation, log facts.
-            reused = bool(seg.engine_info["server_reused"])
-            seg.engine_info["cache_isolation"] = (
-                "reset_prefix_cache" if reused else "server_restart"
-            )
-            seg.engine_info["server_run_id"] = self.server_run_id
-            log = seg.engine_log or self.server.log_text()
-            info = parse_engine_log(log)
-            info["startup_facts"] = enginelog.startup_facts(log)
-            info["stats_lines"] = thin(enginelog.parse_stats_lines(log)[seg.stats_before :])
-            t_end = seg.t_end if seg.t_end is not None else time.perf_counter()
-            wall_t0 = time.time() - (time.perf_counter() - seg.t0)  # events' clock: t_s 0
-            at_end = bool(seg.engine_log)  # read at t_end: a later time is another clock's
-            info.update(engineevents.segment_info(log, wall_t0, t_end - seg.t0, not reused, at_end))
-            seg.engine_info = {**info, **self.server_info, **seg.engine_info}
-        elif self.server is not None and "pgid" in self.server_info:
-            seg.engine_info.setdefault("pgid", self.server_info["pgid"])
-        end = seg.t_end if seg.t_end is not None else time.perf_counter()
-        seg.timings["total_s"] = max(0.0, end - seg.t0)
-        status: Status = seg.status or "failed"
+        result = runresult.segment_result(seg, self.server, self.server_info, self.server_run_id)
         if not seg.done_reported:
             seg.done_reported = True
-            self.report(seg, "done", status)
-        partial = seg.partial
-        if partial:
-            seg.engine_info["partial"] = True
-        return RunResult(
-            run_id=seg.run_id,
-            status=status,
-            error=seg.error,
-            partial=partial,
-            metrics=seg.metrics,
-            requests=seg.records,
-            samples=seg.samples,
-            engine_log=seg.engine_log,
-            engine_info=seg.engine_info,
-            timings=seg.timings,
-            capacity=seg.capacity_result,
-        )
+            self.report(seg, "done", result.status)
+        return result
 
     # -- async part ---------------------------------------------------------------------
 
@@ -624,11 +587,16 @@ class _Batch:
         abandon: threading.Event,
         stop_when: Callable[[RequestRecord], bool],
         message: str,
+        limits: StepLimits | None = None,
     ) -> StepMeasurement:
         """One measured phase: scrape ``before``, drive ``requests`` while a background
         task scrapes every interval (``during``), scrape ``after``. The scrapes are
         appended to ``seg.samples`` too; then the phase's warm-cache check
-        (:meth:`Segment.check_cache`)."""
+        (:meth:`Segment.check_cache`). ``limits``: a capacity step's dispatch length and
+        cut (:class:`~jobs.capacity_runner.PhaseCut`); the load generator's CPU time (its
+        event-loop thread) is measured."""
+        limits = limits or StepLimits()
+        cut = PhaseCut(abandon, limits.cut_after_s) if limits.cut_after_s else None
         seg.measured_done, seg.measured_total = 0, len(requests)
         first_sample = len(seg.samples)
         seg.histograms = {}
@@ -641,7 +609,9 @@ class _Batch:
                 self._scrape_loop(client, base_url, seg, stop_scraping, abandon)
             )
             self.report(seg, "measuring", message, 0, len(requests))
-            t_measure = time.perf_counter()
+            t_measure, cpu = time.perf_counter(), time.thread_time()
+            if cut is not None:
+                cut.start()
             try:
                 records = await loadgen.run_load(
                     base_url,
@@ -650,20 +620,25 @@ class _Batch:
                     concurrency=concurrency,
                     timeout_s=self.job.request_timeout_s,
                     on_record=lambda record: self._on_measured_record(seg, record),
-                    cancel=abandon,
+                    cancel=cut.event if cut is not None else abandon,
                     clock_origin=seg.t0,
-                    duration_s=seg.workload.duration_s,
+                    duration_s=limits.dispatch_s or seg.workload.duration_s,
                     stop_when=stop_when,
                 )
             finally:
-                measure_s = time.perf_counter() - t_measure
+                measure_s, cpu = time.perf_counter() - t_measure, time.thread_time() - cpu
+                if cut is not None:
+                    await cut.stop()
                 stop_scraping.set()
                 with contextlib.suppress(asyncio.CancelledError):
                     await scraper
             if seg.unresponsive is None and seg.dead is None and not seg.refused:
                 await self._sample(client, base_url, seg, "after")
         seg.check_cache(records, first_sample, self.job.launch.engine_args)
-        return StepMeasurement(records, measure_s, seg.samples[first_sample:], dict(seg.histograms))
+        step = StepMeasurement(records, measure_s, seg.samples[first_sample:], dict(seg.histograms))
+        step.client_cpu_s, step.client_workers = cpu, 1
+        step.cut = cut is not None and cut.fired
+        return step
 
     async def _drive_capacity(
         self,
@@ -685,10 +660,12 @@ class _Batch:
                 await self._reset_cache(server, seg, True, "the previous capacity step's")
 
         async def measure(
-            requests: list[ChatRequest], in_flight: int, label: str
+            requests: list[ChatRequest], in_flight: int, label: str, limits: StepLimits
         ) -> StepMeasurement:
             seg.step_label = label  # every report of the step says which step it is
-            return await self._measure(server, seg, requests, in_flight, abandon, stop_when, label)
+            return await self._measure(
+                server, seg, requests, in_flight, abandon, stop_when, label, limits
+            )
 
         outcome = await capacity_runner.drive(
             seg.capacity,
@@ -698,6 +675,8 @@ class _Batch:
             reset=reset,
             report=lambda message: self.report(seg, "measuring", message),
             stopped=abandon.is_set,
+            unloaded_s=capacity_runner.warmup_time(seg.records),
+            client_ceiling=None,  # unknown until the load generator is calibrated here
         )
         seg.keep_capacity(outcome)
 

@@ -240,7 +240,7 @@ class Segment:
         definitions, per class, ITL bursts), ``/metrics`` deltas and gauges over the
         phase's scrapes, and the latency-histogram deltas between its ``before`` and
         ``after`` scrapes."""
-        records, measure_s = step.records, step.duration_s
+        records, measure_s = step.records, step.measured_s or step.duration_s
         if records and measure_s > 0:
             self.metrics.update(loadgen.summarize(records, measure_s, goodput_slos_ms=self.slos))
             self.metrics.update(per_class_metrics(records, measure_s, self.slos))
