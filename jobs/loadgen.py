@@ -22,9 +22,11 @@ How requests are driven (:class:`~jobs.schemas.ChatRequest` fields):
 - dispatch is always in list order, and ``duration_s`` can cut the measured
   phase short.
 
-HTTP goes through aiohttp, the library ``vllm bench serve`` uses too: one
-session whose keep-alive pool holds up to ``concurrency`` connections, no
-settings from the environment (proxies), and ``timeout_s`` per request.
+HTTP goes through :mod:`jobs.sseclient` (plain ``http://``, keep-alive connections
+reused, at most ``concurrency`` of them; lines parsed and timed where the bytes
+arrive, which costs about half the CPU of aiohttp's stream reader, the transport of
+``vllm bench serve``), no settings from the environment (proxies), and ``timeout_s``
+per request. Several processes sharing one schedule: :mod:`jobs.loadpool`.
 
 Metric definitions follow ``vllm bench serve`` (vLLM ``vllm/benchmarks/serve.py``,
 ``calculate_metrics`` and ``benchmark``; request timing in
@@ -86,10 +88,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import aiohttp
 import numpy as np
 
 from jobs.schemas import ChatRequest, RequestRecord
+from jobs.sseclient import ConnectionPool
 
 __all__ = [
     "CHAT_PATH",
@@ -118,8 +120,6 @@ _PROTECTED_FIELDS = frozenset(
     {"model", "stream", "stream_options", "messages", "prompt", "max_tokens"}
 )
 
-_JSON_HEADERS = {"Content-Type": "application/json"}
-
 CONNECTION_REFUSED = "connection refused"
 """Start of a failed record's ``error`` when the server's port refused the connection."""
 
@@ -127,8 +127,7 @@ CONNECTION_REFUSED = "connection refused"
 def _is_refused(exc: BaseException) -> bool:
     if isinstance(exc, ConnectionRefusedError):
         return True
-    os_error = getattr(exc, "os_error", None)  # aiohttp.ClientConnectorError
-    return isinstance(os_error, OSError) and os_error.errno == errno.ECONNREFUSED
+    return isinstance(exc, OSError) and exc.errno == errno.ECONNREFUSED
 
 
 def refused(record: RequestRecord) -> bool:
@@ -294,8 +293,7 @@ def _record_fields(
 
 
 async def _one_request(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    pool: ConnectionPool,
     model: str,
     request: ChatRequest,
     *,
@@ -309,7 +307,6 @@ async def _one_request(
     ``on_start`` gets the ``time.perf_counter()`` value the timing starts from.
     """
     completions = request.prompt is not None
-    url = base_url + (COMPLETIONS_PATH if completions else CHAT_PATH)
     body = _request_body(model, request)
     start = time.perf_counter()
     if on_start is not None:
@@ -319,40 +316,18 @@ async def _one_request(
     try:
         async with asyncio.timeout(timeout_s):
             data = _json_bytes(body)  # in the try: a body that is not JSON fails the request
-            async with session.post(url, data=data, headers=_JSON_HEADERS) as resp:
-                if resp.status != 200:
-                    raw = await resp.read()
-                    detail = raw.decode("utf-8", "replace").strip()
-                    raise _RequestFailed(f"HTTP {resp.status}: {detail}")
-                # Lines are split here from whatever one read brought (StreamReader.readline()
-                # costs more per line and refuses lines over 128 KiB); a line's arrival is the
-                # read that brought its end, and lines that arrive in one read arrive together.
-                # The body is read to its end (after [DONE] too): a response read to its end
-                # gives its connection back for the next request (breaking off closes it).
-                stream = resp.content
-                head: list[bytes] = []  # the start of a line whose end has not arrived
-                while chunk := await stream.readany():
-                    now = time.perf_counter()
-                    if b"\n" not in chunk:
-                        head.append(chunk)
-                        continue
-                    if head:
-                        head.append(chunk)
-                        chunk = b"".join(head)
-                        head.clear()
-                    lines = chunk.split(b"\n")
-                    if tail := lines.pop():
-                        head.append(tail)
-                    for line in lines:
-                        if line:  # not the blank line between events
-                            parser.feed(line, now)
-                if head:
-                    parser.feed(b"".join(head), time.perf_counter())
+            # each line reaches the parser when the read that brought its end arrives; the
+            # body is read to its end (after [DONE] too), so the connection is kept alive
+            path = COMPLETIONS_PATH if completions else CHAT_PATH
+            resp = await pool.post(path, data, parser.feed)
+            if resp.status != 200:
+                detail = resp.body.decode("utf-8", "replace").strip()
+                raise _RequestFailed(f"HTTP {resp.status}: {detail}")
     except _RequestFailed as exc:
         error = str(exc)[:_MAX_ERROR_CHARS]
     except TimeoutError:
         error = f"timeout after {timeout_s:g} s"
-    except (aiohttp.ClientError, OSError, ValueError, TypeError) as exc:  # bad JSON or usage
+    except (OSError, ValueError, TypeError) as exc:  # refused, cut, bad JSON or usage
         error = _error_text(exc)
         if _is_refused(exc):
             error = f"{CONNECTION_REFUSED}: {error}"[:_MAX_ERROR_CHARS]
@@ -475,8 +450,8 @@ async def run_load(
         for a single request's failure.
 
     Raises:
-        ValueError: ``concurrency < 1``, ``timeout_s <= 0`` or ``duration_s``
-            not a positive finite number.
+        ValueError: ``concurrency < 1``, ``timeout_s <= 0``, ``duration_s``
+            not a positive finite number, or ``base_url`` not ``http://``.
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -532,22 +507,16 @@ async def run_load(
     def finished_at(pos: int) -> Callable[[], bool]:
         return lambda: state[pos] >= _FINISHED
 
-    # One session whose pool holds up to ``concurrency`` keep-alive connections (dispatch
-    # never has more requests in flight, so no request waits for the pool). aiohttp's own
-    # timeouts are off: ``timeout_s`` applies per request (``asyncio.timeout``), connect
-    # to last byte. No proxy or other settings from the environment (``trust_env``).
-    connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=0)
-    session = aiohttp.ClientSession(
-        connector=connector, timeout=aiohttp.ClientTimeout(), trust_env=False
-    )
-    async with session:
+    # Keep-alive connections, reused: dispatch never has more than ``concurrency`` requests
+    # in flight, so no more connections than that. ``timeout_s`` applies per request
+    # (``asyncio.timeout``), connect to last byte. No proxy or other environment settings.
+    async with ConnectionPool(base) as pool:
 
         async def send(pos: int, scheduled_s: float | None) -> None:
             nonlocal in_flight
             try:
                 record = await _one_request(
-                    session,
-                    base,
+                    pool,
                     model,
                     requests[pos],
                     timeout_s=timeout_s,
