@@ -5,11 +5,13 @@ The engine python is a test double that serves the project's stub server
 (FIFO), each for a fixed ``ttft + (n - 1) * itl``. With 4 output tokens, TTFT 40 ms
 and ITL 40 ms a request holds a slot 160 ms; in a closed loop at concurrency ``c`` no
 request waits for a slot while ``c <= slots``, and from ``slots + 1`` on some wait a
-whole service time (TTFT about 200 ms), so a p99 TTFT objective of 110 ms holds
+whole service time (TTFT about 200 ms), so a p90 TTFT objective of 110 ms holds
 exactly up to ``slots`` (with room for a busy machine's overhead).
-The search's own accuracy is tested in ``tests/jobs/test_capacity.py``; here: the
-runner's steps (reset, same request list, progress, signals), the result and the run's
-kept records, and a dead engine failing the run.
+The search's own accuracy is tested in ``tests/jobs/test_capacity.py`` and
+``tests/jobs/test_capacity_steady.py``; here: the runner's steps (reset, the same
+request list's first requests, the plan's length and warm-up, progress, signals, the
+load asked and arrived, the client's CPU, the drain cut), the result and the run's
+kept records, and a dead engine failing the run. Steps are short (``min_step_s`` 1 s).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import stat
 import sys
 from pathlib import Path
 
-from jobs.capacity import CapacitySpec
+import pytest
+
+from jobs.capacity import CapacitySpec, StepPlan
 from jobs.capacity_runner import step_signals
 from jobs.runner import execute_batch
 from jobs.schemas import (
@@ -97,14 +101,11 @@ def _closed(**kw: object) -> WorkloadSpec:
     return WorkloadSpec.model_validate(doc)
 
 
-#: p90 over 40 requests a step: the order-statistic interval bounds it both ways
-#: (a p99 would need ~300 requests to ever pass)
-CONCURRENCY = CapacitySpec(
-    slos={"ttft_ms": {"p90": 110}}, variable="concurrency", min=1, max=8, remeasure=0
-)
-#: p50: decided on 20 requests a step
-CONCURRENCY_P50 = CapacitySpec(
-    slos={"ttft_ms": {"p50": 110}}, variable="concurrency", min=1, max=8, remeasure=0
+SHORT = {"min_step_s": 1.0, "step_time_factor": 1.0, "max_step_s": 20.0, "remeasure": 0}
+#: p90: ~46 requests a step (the order-statistic interval bounds it both ways; a p99
+#: would need ~370 requests to ever pass)
+CONCURRENCY = CapacitySpec.model_validate(
+    {"slos": {"ttft_ms": {"p90": 110}}, "variable": "concurrency", "min": 1, "max": 8} | SHORT
 )
 
 
@@ -123,26 +124,39 @@ def test_capacity_segment_finds_the_slots_of_the_stub(tmp_path: Path, tiny_model
     assert cap.status == "succeeded", cap.error
     result = cap.capacity
     assert result is not None and result.variable == "concurrency"
-    assert result.status == "found", result
+    trace = [(s.load, s.verdict, s.requests, s.stationarity) for s in result.steps]
+    assert result.status == "found", trace
     assert result.capacity == 2.0 and result.interval == (2.0, 3.0)
     assert result.binding_slo is not None and result.binding_slo.startswith("ttft_ms")
     loads = [s.load for s in result.steps]
     assert loads[:2] == [1.0, 8.0] and set(loads) >= {2.0, 3.0}
-    assert all(s.requests == 40 for s in result.steps)  # the same list every step
-    assert {s.load: s.verdict for s in result.steps}[2.0] == "pass"
-    assert {s.load: s.verdict for s in result.steps}[3.0] == "fail"
+    verdicts = {s.load: s.verdict for s in result.steps}
+    assert verdicts[2.0] == "pass" and verdicts[3.0] == "fail"
+    # a step lasts long enough for the p90 objective (36 measured) after its warm-up
+    # when nobody waits (a step that queues has fewer, and fails on them)
+    assert all(s.warmup_requests > 0 for s in result.steps), trace
+    passed = [s for s in result.steps if s.verdict == "pass"]
+    assert all(s.requests >= 36 and s.stationary is True for s in passed), trace
     # the stub's /metrics: busy slots and the FIFO queue, seen during the steps
     at_8 = next(s for s in result.steps if s.load == 8.0)
     assert at_8.signals.waiting_max is not None and at_8.signals.waiting_max > 0
+    # the load generator's CPU is measured in every step (one process)
+    assert all(s.signals.client_cpu is not None for s in result.steps)
+    assert all(s.signals.client_workers == 1 for s in result.steps)
 
-    # the run keeps the step at the capacity as its measured requests and summary
-    measured = [r for r in cap.requests if not r.warmup]
-    assert [r.index for r in measured] == list(range(40))
-    assert cap.engine_info["capacity_steps"] == len(result.steps)
+    # the run keeps the step at the capacity as its records: the first requests of the
+    # list in order, its warm-up part marked (left out of the summary)
     kept = result.steps[cap.engine_info["capacity_kept_step"]]
     assert kept.load == 2.0 and kept.verdict == "pass"
-    assert cap.metrics["completed"] == 40
-    assert cap.metrics["p99_ttft_ms"] < 110
+    step_records = [r for r in cap.requests if r.index >= 0]
+    assert [r.index for r in step_records] == list(range(len(step_records)))
+    measured = [r for r in step_records if not r.warmup]
+    assert len(measured) == kept.requests and len(step_records) - len(measured) == (
+        kept.warmup_requests
+    )
+    assert cap.engine_info["capacity_steps"] == len(result.steps)
+    assert cap.metrics["completed"] == kept.requests
+    assert cap.metrics["p90_ttft_ms"] < 110
     assert cap.metrics["capacity"] == 2.0
     assert (cap.metrics["capacity_low"], cap.metrics["capacity_high"]) == (2.0, 3.0)
     assert "capacity_per_device" not in cap.metrics  # the orchestrator knows the devices
@@ -168,31 +182,42 @@ def test_capacity_segment_finds_the_slots_of_the_stub(tmp_path: Path, tiny_model
 def test_capacity_over_request_rate_drives_open_loop_steps(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
-    spec = CapacitySpec(
-        slos={"ttft_ms": {"p50": 300}},
-        min=4,
-        max=64,
-        tolerance=0.5,
-        max_steps=6,
-        requests_per_step=12,
-        remeasure=0,
+    # 8 slots of 160 ms: 50 req/s. Steps of 64 requests (the floor) at 16 req/s, more
+    # at higher loads; the step at 128 req/s is overloaded and cut 1 s after its last
+    # arrival (max_drain_s)
+    spec = CapacitySpec.model_validate(
+        {"slos": {"ttft_ms": {"p50": 300}}, "min": 16, "max": 128, "tolerance": 0.5}
+        | {"max_steps": 3, "max_drain_s": 1.0}
+        | SHORT
     )
-    workload = _closed(arrival="constant", request_rate=1.0, concurrency=64, num_requests=40)
+    workload = _closed(arrival="constant", request_rate=1.0, concurrency=256, num_requests=12)
     job = _job(
         tmp_path,
         tiny_model_dir,
         _stub_engine(tmp_path),
         [RunSegment(run_id="rate", workload=workload, capacity=spec)],
+        engine_args={"stub_slots": 8},
     )
     (run,) = execute_batch(job)
     assert run.status == "succeeded", run.error
     result = run.capacity
     assert result is not None and result.variable == "request_rate"
-    assert result.steps and result.steps[0].load == 4.0
-    assert all(s.requests == 12 for s in result.steps)  # requests_per_step
-    assert all(4.0 <= s.load <= 64.0 for s in result.steps)
+    trace = [(s.load, s.verdict, s.requests, s.stationarity, s.saturated) for s in result.steps]
+    first, top = result.steps[0], result.steps[1]
+    assert (first.load, top.load) == (16.0, 128.0), trace
+    # requests_per_step (default num_requests, 12) is a floor raised to 64: a steady state
+    assert first.requests + first.warmup_requests == 64
+    assert first.verdict == "pass" and first.stationary is True, trace
+    # the load asked and the load that arrived, in every step
+    for s in result.steps:
+        assert s.signals.asked_rate == pytest.approx(s.load, rel=0.01)
+        assert s.signals.arrived_rate is not None and s.signals.arrived_rate > 0
+        assert s.signals.client_cpu is not None and s.signals.client_cpu < 0.9
+    assert top.verdict == "fail" and top.saturated, trace
+    assert top.client_limit is None and top.saturation_evidence
     measured = [r for r in run.requests if not r.warmup]
-    assert len(measured) == 12
+    kept = result.steps[run.engine_info["capacity_kept_step"]]
+    assert len(measured) == kept.requests
     # open loop: every request had a due time, from the step's own rate
     assert all(r.scheduled_s is not None for r in measured)
     assert run.engine_info["request_list_hash"]
@@ -206,12 +231,17 @@ def test_capacity_over_request_rate_drives_open_loop_steps(
 def test_engine_dying_mid_search_fails_the_run_and_keeps_what_was_measured(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
-    # the fake engine answers 1 warm-up + 30 requests, then dies (in the search's 2nd step)
+    # the fake engine answers 1 warm-up + 64 requests (the first step: the floor at
+    # 20 req/s) + 10, then dies (in the search's 2nd step)
+    spec = CapacitySpec.model_validate(
+        {"slos": {"ttft_ms": {"p50": 500}}, "min": 20, "max": 100} | SHORT
+    )
+    workload = _closed(arrival="constant", request_rate=1.0, concurrency=16, num_requests=20)
     job = _job(
         tmp_path,
         tiny_model_dir,
-        _fake_engine(tmp_path, die_after=31),
-        [RunSegment(run_id="dies", workload=_closed(num_requests=20), capacity=CONCURRENCY_P50)],
+        _fake_engine(tmp_path, die_after=1 + 64 + 10),
+        [RunSegment(run_id="dies", workload=workload, capacity=spec)],
         engine_args={},
     )
     (run,) = execute_batch(job)
@@ -239,3 +269,21 @@ def test_step_signals_read_the_queue_at_the_last_dispatch_not_after_it_drained()
     ]
     signals = step_signals(samples, records)
     assert (signals.waiting_first, signals.waiting_last, signals.waiting_max) == (0.0, 20.0, 20.0)
+    # with the step's plan, the queue is read from its measured part (after the warm-up)
+    plan = StepPlan(
+        load=10.0,
+        variable="request_rate",
+        requests=21,
+        span_s=2.0,
+        warmup_requests=10,
+        warmup_s=1.0,
+        drain_s=30.0,
+        in_flight=64,
+    )
+    due = [r.model_copy(update={"scheduled_s": r.start_s}) for r in records]
+    assert step_signals(samples, due, plan).waiting_first == 10.0
+    counters = [
+        MetricSample(t_s=t, phase=p, values={"num_preemptions": n})  # type: ignore[arg-type]
+        for t, p, n in [(0.0, "before", 3.0), (1.0, "during", 5.0), (4.0, "after", 9.0)]
+    ]
+    assert step_signals(counters, records).preemptions == 6.0
