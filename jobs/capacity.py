@@ -170,7 +170,7 @@ class CapacitySpec(BaseModel):
     step_time_factor: StrictFloat = Field(
         20.0, ge=1.0, le=1000.0, description="a step lasts at least this many unloaded requests"
     )
-    max_step_s: StrictFloat = Field(120.0, ge=0.5, le=3600.0, description="the longest step")
+    max_step_s: StrictFloat = Field(300.0, ge=0.5, le=3600.0, description="the longest step")
     warmup_fraction: StrictFloat = Field(
         0.2, ge=0.05, le=0.5, description="the first part of a step, excluded as warm-up"
     )

@@ -34,6 +34,7 @@ from orchestrator.core.models import Experiment, Run
 from orchestrator.core.repositories import ExperimentRepository, RunRepository
 from orchestrator.core.settings import Settings
 from orchestrator.core.states import RunStatus
+from orchestrator.experiments.capacity_spec import search_time_bound
 from orchestrator.experiments.cluster_view import ClusterView
 from orchestrator.experiments.config_check import engine_resolver, remembered_checks
 from orchestrator.experiments.engine_catalog import EngineArgCatalog
@@ -287,6 +288,9 @@ def _store_experiment(session: Session, c: _Checked, catalog: EngineArgCatalog) 
         experiment.spec = {**experiment.spec, "pinned_engine_args": plan.pinned}
     if model.resolution:
         experiment.spec = {**experiment.spec, "model_resolution": model.resolution}
+    if spec.capacity is not None:  # how long each run's search can take, at most
+        bound = search_time_bound(spec.capacity, len(plan.runs))
+        experiment.spec = {**experiment.spec, "capacity_estimate": bound}
     repo = ExperimentRepository(session)
     repo.add(experiment)
     _store_runs(session, experiment, plan.runs, model, catalog, hasher, {})
@@ -372,7 +376,7 @@ def _store_runs(
     return stored
 
 
-_SPEC_FACTS = ("pinned_engine_args", "model_resolution")
+_SPEC_FACTS = ("pinned_engine_args", "model_resolution", "capacity_estimate")
 
 
 def add_variant(

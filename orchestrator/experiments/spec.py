@@ -27,7 +27,8 @@ Each variant runs ``repeats`` times; repeats are interleaved
 ``capacity`` (a :class:`jobs.capacity.CapacitySpec`) makes every run of the experiment
 a capacity search under SLOs: a measurement setting like the goodput ``slos``, the same
 for every run (the ladder's levels included), never a variable: a factor or variant
-cannot change it, nor the workload field the search drives (:func:`capacity_errors`).
+cannot change it, nor the workload field the search drives, and its steps must be able
+to reach a steady state (:mod:`orchestrator.experiments.capacity_spec`).
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from jobs.capacity import CapacitySpec, min_requests_to_pass, percentile_of
+from jobs.capacity import CapacitySpec
 from jobs.schemas import WorkloadSpec
 from orchestrator.cluster.placement import reserved_devices
+from orchestrator.experiments.capacity_spec import capacity_errors, capacity_spec_problems
 from orchestrator.experiments.pathpolicy import MAX_MODEL_CHARS
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.=:,\- ]{0,99}$"
@@ -253,83 +255,6 @@ class GoodputSLOs(BaseModel):
         """``{"ttft"|"tpot"|"e2el": ms}`` for :func:`jobs.loadgen.summarize`."""
         pairs = (("ttft", self.ttft_ms), ("tpot", self.tpot_ms), ("e2el", self.e2el_ms))
         return {k: float(v) for k, v in pairs if v is not None}
-
-
-#: Arrivals each capacity variable can drive.
-CAPACITY_ARRIVALS: dict[str, tuple[str, ...]] = {
-    "request_rate": ("constant", "poisson"),
-    "concurrency": ("closed",),
-}
-#: Most concurrency a workload allows (:class:`jobs.schemas.WorkloadSpec`).
-_MAX_CONCURRENCY = 4096
-_MAX_REQUEST_RATE = 100_000.0
-
-
-def capacity_spec_problems(capacity: CapacitySpec) -> list[str]:
-    """What is wrong with a capacity search in an experiment (field named in each), or [].
-
-    On top of :class:`jobs.capacity.CapacitySpec`'s own rules (an objective, percentile
-    names, objectives above 0, ``min`` not over ``max``): a metric in ``slos`` names at
-    least one percentile; ``min`` is below ``max`` (a search needs a range); for
-    ``concurrency`` both are whole numbers up to 4096, for ``request_rate`` ``max`` is at
-    most 100000 requests/s (the workload's own limits).
-    """
-    problems: list[str] = [
-        f'capacity.slos.{metric}: give at least one percentile, e.g. {{"p99": 500}}'
-        for metric, objectives in capacity.slos.items()
-        if not objectives
-    ]
-    if capacity.min >= capacity.max:
-        problems.append(
-            f"capacity.min ({capacity.min:g}) must be below capacity.max ({capacity.max:g})"
-        )
-    if capacity.variable == "concurrency":
-        for name in ("min", "max"):
-            value = getattr(capacity, name)
-            if not float(value).is_integer() or value > _MAX_CONCURRENCY:
-                problems.append(
-                    f"capacity.{name} ({value:g}): concurrency is a whole number of requests "
-                    f"in flight, 1 to {_MAX_CONCURRENCY}"
-                )
-    elif capacity.max > _MAX_REQUEST_RATE:
-        problems.append(
-            f"capacity.max ({capacity.max:g}): at most {_MAX_REQUEST_RATE:g} requests/s"
-        )
-    return problems
-
-
-def capacity_driven_paths(capacity: CapacitySpec, workload: WorkloadSpec) -> dict[str, str]:
-    """Workload paths a capacity search sets itself in every step: ``{path: why}``.
-
-    The search variable (``workload.request_rate`` or ``workload.concurrency``), and
-    ``workload.num_requests`` when ``requests_per_step`` sets each step's request count
-    (not for kind ``replay``, whose list is the replayed bodies).
-    """
-    driven = {
-        f"workload.{capacity.variable}": f"the capacity search drives {capacity.variable} "
-        f"from {capacity.min:g} to {capacity.max:g}"
-    }
-    if capacity.requests_per_step is not None and workload.kind != "replay":
-        driven["workload.num_requests"] = (
-            f"capacity.requests_per_step ({capacity.requests_per_step}) sets each step's "
-            "request count"
-        )
-    return driven
-
-
-def capacity_workload_problem(capacity: CapacitySpec, workload: WorkloadSpec) -> str | None:
-    """Why a run with ``workload`` cannot search ``capacity.variable``, or None.
-
-    ``request_rate`` drives an open loop: arrival ``constant`` or ``poisson``;
-    ``concurrency`` a closed loop: arrival ``closed``.
-    """
-    allowed = CAPACITY_ARRIVALS[capacity.variable]
-    if workload.arrival not in allowed:
-        return (
-            f"a capacity search over {capacity.variable} needs workload arrival "
-            f"{' or '.join(repr(a) for a in allowed)}, not {workload.arrival!r}"
-        )
-    return None
 
 
 class ExperimentSpec(BaseModel):
@@ -715,65 +640,6 @@ def expand(spec: ExperimentSpec) -> Expansion:
     if spec.capacity is not None:
         errors += capacity_errors(spec.capacity, list(planned.values()), locs)
     return list(planned.values()), errors
-
-
-def capacity_errors(
-    capacity: CapacitySpec, variants: list[PlannedVariant], locs: dict[str, list[str | int]]
-) -> list[dict[str, Any]]:
-    """Problems of a capacity search with the experiment's runs (``locs``: each variant's
-    location in the submitted document).
-
-    Each run's workload must fit the search variable
-    (:func:`capacity_workload_problem`; reported where the workload's arrival is set:
-    the baseline, or the variant whose change broke it), and no variant may change a
-    path the search sets itself (:func:`capacity_driven_paths`): it would measure
-    nothing different.
-    """
-    errors: list[dict[str, Any]] = []
-    too_few: dict[tuple[str, str], str] = {}
-    for v in variants:
-        n = capacity.requests_per_step or v.config.workload.num_requests
-        for metric, objectives in capacity.slos.items():
-            for name in objectives:
-                need = min_requests_to_pass(percentile_of(name), capacity.confidence)
-                if n < need and (metric, name) not in too_few:
-                    too_few[(metric, name)] = (
-                        f"a {name} objective at {capacity.confidence:.0%} confidence needs at "
-                        f"least {need} measured requests a step to ever pass; {v.name}'s steps "
-                        f"have {n} (raise capacity.requests_per_step or workload.num_requests, "
-                        "or use a lower percentile)"
-                    )
-    for (slo_metric, slo_name), msg in too_few.items():
-        errors.append(
-            {
-                "loc": ["body", "capacity", "slos", slo_metric, slo_name],
-                "msg": msg,
-                "type": "capacity_too_few_requests",
-            }
-        )
-    problems = {v.name: capacity_workload_problem(capacity, v.config.workload) for v in variants}
-    for v in variants:
-        loc = locs.get(v.name, ["body"])
-        problem = problems[v.name]
-        if problem and (v.reference is None or not problems.get(v.reference)):
-            where = (
-                [*loc, "workload", "arrival"]
-                if v.reference is None
-                else [*loc, "changes", *[p for p in v.changes if p.startswith("workload.")][:1]]
-            )
-            errors.append({"loc": where, "msg": f"{v.name}: {problem}", "type": "capacity_arrival"})
-        driven = capacity_driven_paths(capacity, v.config.workload)
-        for path in v.changes:
-            if path in driven:
-                errors.append(
-                    {
-                        "loc": [*loc, "changes", path],
-                        "msg": f"{v.name} changes {path}, which {driven[path]}: the runs would "
-                        "measure nothing different",
-                        "type": "capacity_driven",
-                    }
-                )
-    return errors
 
 
 def execution_order(

@@ -214,8 +214,8 @@ def test_a_step_lasts_the_minimum_duration_and_requests_per_step_is_a_floor() ->
     assert slow.requests == 80 and slow.span_s == pytest.approx(79 / 2)
     assert slow.warmup_requests == 16 and slow.warmup_s == pytest.approx(8.0)
     assert fast.drain_s == 30.0 and fast.short is None
-    capped = CapacitySearch(spec, unloaded_s=10.0).plan(50)  # 200 s wanted, 120 allowed
-    assert capped.span_s == pytest.approx(120) and capped.short and "max_step_s" in capped.short
+    capped = CapacitySearch(spec, unloaded_s=20.0).plan(50)  # 400 s wanted, 300 allowed
+    assert capped.span_s == pytest.approx(300) and capped.short and "max_step_s" in capped.short
     listed = CapacitySearch(spec, unloaded_s=0.5, available=300).plan(50)
     assert listed.requests == 300 and listed.short and "request list" in listed.short
 

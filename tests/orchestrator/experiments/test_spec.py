@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from orchestrator.experiments.capacity_spec import search_time_bound
 from orchestrator.experiments.spec import (
     ExperimentSpec,
     RunConfig,
@@ -412,12 +413,52 @@ def test_ladder_measures_capacity_at_every_level() -> None:
 
 
 def test_steps_too_small_for_an_objective_are_refused() -> None:
-    # a p99 at 95 % needs 368 requests a step to ever pass: the default 16 would only fail
+    # a p99 at 95 % needs 368 measured requests a step to ever pass: at 0.5 req/s a step
+    # of at most max_step_s (300 s) holds 120 after its warm-up
     p99 = {"slos": {"ttft_ms": {"p99": 500}}, "min": 0.5, "max": 8}
     _, errors = expand(capacity_spec(p99))
     assert [(e["loc"], e["type"]) for e in errors] == [
         (["body", "capacity", "slos", "ttft_ms", "p99"], "capacity_too_few_requests")
     ]
-    assert "at least 368" in errors[0]["msg"]
+    assert "at least 368" in errors[0]["msg"] and "holds 120" in errors[0]["msg"]
+    # requests_per_step is a floor: raising it does not help at that rate
     _, errors = expand(capacity_spec({**p99, "requests_per_step": 400}))
-    assert errors == []
+    assert [e["type"] for e in errors] == ["capacity_too_few_requests"]
+    # a higher min does: 461 requests at 2 req/s arrive in 230 s
+    assert expand(capacity_spec({**p99, "min": 2}))[1] == []
+
+
+def test_steps_that_cannot_reach_a_steady_state_are_refused() -> None:
+    # max_step_s under min_step_s: no step could last long enough
+    with pytest.raises(ValidationError, match="max_step_s"):
+        capacity_spec({**CAPACITY, "min_step_s": 60, "max_step_s": 30})
+    # the floor of requests at min takes longer than max_step_s
+    _, errors = expand(capacity_spec({**CAPACITY, "requests_per_step": 2000}))
+    assert [(e["loc"], e["type"]) for e in errors] == [
+        (["body", "capacity", "max_step_s"], "capacity_no_steady_state")
+    ]
+    assert "2000 requests" in errors[0]["msg"] and "3998 s" in errors[0]["msg"]
+    # the request list cannot hold the shortest step at max
+    _, errors = expand(capacity_spec({**CAPACITY, "max": 4000, "min_step_s": 10}))
+    assert [(e["loc"], e["type"]) for e in errors] == [
+        (["body", "capacity", "max"], "capacity_no_steady_state")
+    ]
+    assert "40001 requests" in errors[0]["msg"]
+    # a replay too short for a step's requests
+    bodies = [{"messages": [{"role": "user", "content": f"q{i}"}]} for i in range(30)]
+    replay = {**OPEN_LOOP, "kind": "replay", "replay": bodies}
+    _, errors = expand(
+        capacity_spec(
+            baseline={"engine_args": {"enable_prefix_caching": False}, "workload": replay}
+        )
+    )
+    assert {e["type"] for e in errors} == {"capacity_no_steady_state"}
+    assert any("replay's 30 bodies" in e["msg"] for e in errors)
+
+
+def test_the_search_time_bound() -> None:
+    s = capacity_spec({**CAPACITY, "max_steps": 10, "max_step_s": 60, "max_drain_s": 20})
+    assert s.capacity is not None
+    bound = search_time_bound(s.capacity, runs=4)
+    assert bound["run_s_max"] == 10 * (60 + 20) and bound["experiment_s_max"] == 4 * 800
+    assert "at most 10 steps" in bound["note"]
