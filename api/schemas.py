@@ -54,6 +54,11 @@ class ExperimentCreated(BaseModel):
     id: str
     url: str
     runs: list[RunBrief]
+    capacity_estimate: dict[str, Any] | None = Field(
+        None,
+        description="a capacity experiment: the longest its searches can take, in seconds "
+        "(steps_max, step_s_max, drain_s_max, run_s_max, runs, experiment_s_max, note)",
+    )
 
 
 class RunOut(BaseModel):

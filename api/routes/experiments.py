@@ -86,13 +86,15 @@ def create_experiment(
     environment cannot list its arguments; 503 ``submissions_busy`` (with
     ``Retry-After``) when too many submissions are being checked already
     (``VLAB_SUBMISSIONS__*``). No database connection is held while vLLM checks
-    the configurations.
+    the configurations. A capacity experiment's answer says how long its searches can
+    take at most (``capacity_estimate``, also kept in the experiment's ``spec``).
     """
     exp = accept_experiment(session, settings, body)
     return ExperimentCreated(
         id=exp.id,
         url=str(request.url_for("get_experiment", experiment_id=exp.id)),
         runs=[run_brief(request, r) for r in sorted(exp.runs, key=lambda r: r.sequence)],
+        capacity_estimate=(exp.spec or {}).get("capacity_estimate"),
     )
 
 
