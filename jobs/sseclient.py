@@ -204,11 +204,14 @@ class _Connection(asyncio.Protocol):
                     raise BadResponse(f"bad chunk size {line[:40]!r}") from None
                 if size < 0:
                     raise BadResponse(f"bad chunk size {line[:40]!r}")
-                if size:
+                if not size:
+                    self._state = _TRAILER
+                elif data[pos + size : pos + size + 2] == b"\r\n":  # the whole chunk is here
+                    self._body(data[pos : pos + size], now)
+                    pos += size + 2
+                else:
                     self._left = size
                     self._state = _DATA
-                else:
-                    self._state = _TRAILER
             elif not line:  # _TRAILER: the blank line that ends the message
                 self._end(now)
 
