@@ -12,6 +12,9 @@ The ramp: steps of ``step_s`` seconds (and at least ``min_step_requests`` reques
 ``start_rate``, then ``growth`` times faster, until a step is not sustained, the rate
 passes ``max_rate`` or the time budget ends; then the bracket between the last
 sustained rate and the first failing one is halved (geometrically) while time is left.
+A rate that fails is measured once more (``retries``) and counts as sustained if that
+passes: a stall of a shared machine fails one short step, a client that cannot keep up
+fails both. Every measurement is kept in ``steps``.
 A step is **sustained** (:func:`judge_step`) when all of these hold:
 
 - every request succeeded;
@@ -75,6 +78,9 @@ class ClientCeiling(BaseModel):
 
     ceiling_rps: float | None = Field(
         description="highest sustained rate, req/s; None: not even the lowest rate tried"
+    )
+    failed_rps: float | None = Field(
+        None, description="lowest rate that failed every measurement, req/s; None: none did"
     )
     at_least: bool = Field(description="no rate failed: the true ceiling is higher")
     limit: str | None = Field(description="what failed at the lowest failing rate")
@@ -185,6 +191,7 @@ async def measure_ceiling(
     max_lag_p99_ms: float = 25.0,
     max_cpu: float = 0.9,
     refine: float = 1.15,
+    retries: int = 1,
     stub_ttft_s: float = 0.001,
     stub_itl_s: float = 0.001,
     timeout_s: float = 30.0,
@@ -204,6 +211,8 @@ async def measure_ceiling(
         budget_s: seconds of ramp at most (the pool's and the stub's start excluded).
         min_arrived_fraction, max_lag_p99_ms, max_cpu: the rules of :func:`judge_step`.
         refine: halve the bracket while the failing rate / the sustained one exceeds it.
+        retries: measurements more of a rate that failed (a stall of a busy machine
+            fails one short step; a client that cannot keep up fails every one).
         stub_ttft_s, stub_itl_s: the stub's timing (near zero: the client's limit alone).
         timeout_s: per request.
 
@@ -230,13 +239,19 @@ async def measure_ceiling(
         deadline = time.perf_counter() + budget_s
 
         async def step(rate: float) -> CeilingStep | None:
+            """Measure ``rate`` (again after a failure, ``retries`` times); the last
+            measurement, sustained if any was. None: no time left for all of them."""
             n = max(min_step_requests, math.ceil(rate * step_s))
-            if time.perf_counter() + n / rate + 0.2 > deadline and steps:
-                return None  # no time left for it
-            got = await _run_step(stub, pool, requests, rate, n, timeout_s)
-            s = _evidence(got, rate, n, min_arrived_fraction, max_lag_p99_ms, max_cpu)
-            steps.append(s)
-            return s
+            if time.perf_counter() + (1 + retries) * (n / rate + 0.2) > deadline and steps:
+                return None  # no time left for every measurement it may need
+            last: CeilingStep | None = None
+            for _ in range(1 + retries):
+                got = await _run_step(stub, pool, requests, rate, n, timeout_s)
+                last = _evidence(got, rate, n, min_arrived_fraction, max_lag_p99_ms, max_cpu)
+                steps.append(last)
+                if last.sustained:
+                    break
+            return last
 
         ok: float | None = None  # highest sustained rate
         bad: float | None = None  # lowest failing rate
@@ -266,11 +281,12 @@ async def measure_ceiling(
                 ok = mid
             else:
                 bad = mid
-        failing = [s for s in steps if not s.sustained]
-        lowest_fail = min(failing, key=lambda s: s.asked_rate) if failing else None
+        # the last measurement at the lowest rate that failed every time
+        lowest_fail = next((s for s in reversed(steps) if s.asked_rate == bad), None)
         cpus = pool.cpus if pool is not None else [sorted(os.sched_getaffinity(0))]
         return ClientCeiling(
             ceiling_rps=ok,
+            failed_rps=bad,
             at_least=bad is None,
             limit="; ".join(lowest_fail.limits) if lowest_fail is not None else None,
             stub_limited=lowest_fail is not None and _stub_busy(lowest_fail, max_cpu),

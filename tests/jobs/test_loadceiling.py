@@ -42,11 +42,13 @@ def test_arrival_rates_from_due_times_and_starts() -> None:
 
 
 def test_a_rate_beyond_the_client_gives_a_finite_ceiling_with_its_evidence() -> None:
-    got = asyncio.run(measure_ceiling(REQUESTS, start_rate=200, growth=2, max_rate=1e6, budget_s=4))
+    got = asyncio.run(measure_ceiling(REQUESTS, start_rate=200, growth=2, max_rate=1e6, budget_s=5))
     failing = [s for s in got.steps if not s.sustained]
     assert failing and not got.at_least and got.limit, got
-    lowest_fail = min(s.asked_rate for s in failing)
-    assert got.ceiling_rps is None or got.ceiling_rps < lowest_fail < 1e6
+    assert got.failed_rps is not None and got.failed_rps < 1e6
+    assert got.ceiling_rps is None or got.ceiling_rps < got.failed_rps
+    # a failed rate was measured twice (a stall of a busy machine fails one short step)
+    assert sum(s.asked_rate == got.failed_rps for s in got.steps) == 2
     top = got.at_ceiling()
     if top is not None:  # the evidence of the ceiling's step holds the rules
         assert top.asked_rate == got.ceiling_rps
@@ -61,7 +63,7 @@ def test_a_rate_beyond_the_client_gives_a_finite_ceiling_with_its_evidence() -> 
 def test_a_ramp_that_reaches_max_rate_is_a_lower_bound() -> None:
     got = asyncio.run(measure_ceiling(REQUESTS, start_rate=20, max_rate=40, budget_s=5))
     assert got.ceiling_rps == 40 and got.at_least and got.limit is None
-    assert [s.asked_rate for s in got.steps] == [20, 32, 40]
+    assert sorted({s.asked_rate for s in got.steps}) == [20, 32, 40]
 
 
 def test_a_saturated_client_over_two_workers_has_no_ceiling_and_says_why() -> None:
