@@ -22,8 +22,10 @@ A step is **sustained** (:func:`judge_step`) when all of these hold:
   least ``min_arrived_fraction`` (95 %) of the asked rate (from their due times);
 - the dispatch lag p99 (``start_s - scheduled_s``; slots never bind: the cap is the
   step's request count) is at most ``max_lag_p99_ms``;
-- no load-generator process used more than ``max_cpu`` of a core (its CPU seconds
-  over its wall seconds): a saturated process lags next.
+- no load-generator process needed more than ``max_cpu`` of a core: its CPU seconds
+  for the step over the step's seconds of arrivals. A short step can look sustained
+  while its responses are parsed after its last arrival; a process that needs more
+  than a core per second of arrivals cannot keep that up.
 
 The ceiling is the highest sustained rate; ``at_least`` says none failed (the ramp
 stopped at ``max_rate`` or the budget), so the true ceiling is higher. Each step keeps
@@ -65,7 +67,9 @@ class CeilingStep(BaseModel):
     failed: int
     dispatch_lag_p99_ms: float | None
     client_cpu_s: float = Field(description="CPU seconds of every load-generator process")
-    busiest_cpu: float = Field(description="highest CPU seconds / wall seconds of one process")
+    busiest_cpu: float = Field(
+        description="highest CPU seconds of one process per second of arrivals (n / rate)"
+    )
     cpu_per_request_ms: float | None
     stub_cpu: float | None = Field(None, description="the stub's CPU seconds / wall seconds")
     wall_s: float
@@ -141,7 +145,7 @@ def judge_step(
     if lag_p99_ms is not None and lag_p99_ms > max_lag_p99_ms:
         limits.append(f"dispatch lag p99 {lag_p99_ms:.1f} ms > {max_lag_p99_ms:g} ms")
     if busiest_cpu >= max_cpu:
-        limits.append(f"client CPU {busiest_cpu:.0%} of a core")
+        limits.append(f"client CPU {busiest_cpu:.0%} of a core per second of arrivals")
     return limits
 
 
@@ -340,7 +344,10 @@ def _evidence(
     failed = sum(not r.success for r in got.records) + (n - len(got.records))
     lags = [w.dispatch_lag_p99_ms for w in got.workers if w.dispatch_lag_p99_ms is not None]
     lag = max(lags) if lags else None
-    busiest = max((w.cpu_s / w.wall_s for w in got.workers if w.wall_s > 0), default=0.0)
+    # CPU per second of arrivals, not of wall time: a short step's responses can be parsed
+    # after its last arrival (the kernel buffers them), so a process that needs more than
+    # a core per second of arrivals keeps up for a step and falls behind in steady state
+    busiest = max((w.cpu_s for w in got.workers), default=0.0) * rate / n
     limits = judge_step(
         asked,
         arrived,

