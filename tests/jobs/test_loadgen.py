@@ -20,6 +20,7 @@ The end-to-end test against a real vLLM server lives elsewhere.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import math
 import socket
@@ -850,3 +851,21 @@ def test_summarize_dispatch_lag() -> None:
     assert got["mean_dispatch_lag_ms"] == pytest.approx(7.0)
     assert got["max_dispatch_lag_ms"] == pytest.approx(10.0)
     assert "mean_dispatch_lag_ms" not in summarize(RECORDS, 1.0)
+
+
+def test_the_heap_before_a_load_is_frozen_while_it_runs(stub: StubServer) -> None:
+    # a full collection of a big heap stops the loop for tens of ms: what exists before the
+    # load is kept out of the collector's scans while it runs, and given back after
+    frozen: list[int] = []
+    requests = [_stub_req(i, max_tokens=2) for i in range(3)]
+    asyncio.run(
+        run_load(
+            stub.base_url,
+            "m",
+            requests,
+            concurrency=1,
+            on_record=lambda _: frozen.append(gc.get_freeze_count()),
+        )
+    )
+    assert len(frozen) == 3 and min(frozen) > 1000
+    assert gc.get_freeze_count() == 0
