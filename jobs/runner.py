@@ -35,10 +35,13 @@ carries the ``run_id`` it is about):
       too (``partial``): its numbers are no valid measurement;
    c. a segment with ``capacity`` runs a capacity search instead of b.: load
       steps on the same server, each after a prefix cache reset, replaying the
-      same request list at the step's load with ``/metrics`` scraped as in b.,
-      progress ``"capacity step 3: 4.2 req/s"`` (:mod:`jobs.capacity_runner`,
-      which says which step's records the run keeps); the engine is watched as
-      in b., and the run fails only when no request of any step succeeded;
+      first requests of the same request list at the step's load for as long as
+      the search planned (a steady state; cut ``drain_s`` after its last
+      arrival), with ``/metrics`` scraped as in b. and the load generator's CPU
+      time measured, progress ``"capacity step 3: 4.2 req/s"``
+      (:mod:`jobs.capacity_runner`, which says which step's records the run
+      keeps); the engine is watched as in b., and the run fails only when no
+      request of any step succeeded;
 
 4. stop the server, always [``stopping``], and finish the last results [``done``].
 

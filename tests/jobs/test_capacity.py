@@ -538,11 +538,14 @@ def test_capacity_search_finds_the_rate_capacity_of_the_stub(rate_stub: StubServ
     # objective: base TTFT + S / 2 at p90; above the capacity the queue grows (the
     # steadiness rule fails the step) and the TTFTs with it
     spec = CapacitySpec.model_validate(
-        {"slos": {"ttft_ms": {"p90": 50 + 100}}, "min": 20, "max": 200, "tolerance": 0.1}
-        | {"min_step_s": 2.0, "max_drain_s": 5.0}
+        {"slos": {"ttft_ms": {"p90": 50 + 100}}, "min": 20, "max": 160, "tolerance": 0.1}
+        | {"min_step_s": 2.0, "step_time_factor": 5.0, "max_drain_s": 2.0}
     )
     result = run_search(spec, stub_step(rate_stub.base_url, "request_rate", 0, 4))
-    trace = [(round(s.load, 1), s.verdict, s.stationarity, s.client_limit) for s in result.steps]
+    trace = "\n".join(
+        f"{s.load:.1f} {s.verdict}: {s.stationarity}; {s.client_limit}; {s.saturated}"
+        for s in result.steps
+    )
     assert result.status == "found", trace
     assert result.capacity is not None
     assert abs(result.capacity / truth - 1) <= 0.1, trace
