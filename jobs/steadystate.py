@@ -402,29 +402,58 @@ def _growth(due: np.ndarray, ends: np.ndarray, t_w: float, t_e: float, arrivals:
     )
 
 
-def _full_share(
-    starts: np.ndarray, ends: np.ndarray, cap: int, a: np.ndarray, b: np.ndarray
-) -> np.ndarray:
-    """For each interval ``[a, b]``: the share of it during which at least ``cap`` requests
-    were in flight (``starts`` / ``ends`` sorted)."""
+def _server_blocked(
+    load: Sequence[RequestRecord], starts: np.ndarray, ends: np.ndarray, cap: int
+) -> list[tuple[float, float]]:
+    """The intervals during which the client could not send for the server's sake: at
+    least ``cap`` requests in flight, or the next request in list order waiting for its
+    conversation's previous turn to finish (dispatch is in list order, so the requests
+    behind it wait too). Disjoint and sorted."""
+    spans: list[tuple[float, float]] = []
     events = np.unique(np.concatenate([starts, ends]))
-    if events.size == 0:
-        return np.zeros_like(a)
-    in_flight = _count_at(starts, events) - _count_at(ends, events)
-    full = (in_flight >= cap).astype(float)
-    # time full from events[0] up to each event (the level holds until the next event)
-    widths = np.diff(events)
-    cum = np.concatenate([[0.0], np.cumsum(full[:-1] * widths)])
+    if events.size:
+        in_flight = _count_at(starts, events) - _count_at(ends, events)
+        for k in np.flatnonzero(in_flight[:-1] >= cap):
+            spans.append((float(events[k]), float(events[k + 1])))
+    done = {
+        (r.conversation, r.turn): _end(r)
+        for r in load
+        if r.conversation is not None and r.turn is not None
+    }
+    ordered = sorted(load, key=lambda r: r.start_s)
+    for before, r in zip([None, *ordered[:-1]], ordered, strict=True):
+        if r.conversation is None or r.turn is None or r.scheduled_s is None:
+            continue
+        previous = done.get((r.conversation, r.turn - 1))
+        head = max(r.scheduled_s, before.start_s if before is not None else r.scheduled_s)
+        if previous is not None and previous > head:
+            spans.append((head, min(previous, r.start_s)))
+    merged: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        elif b > a:
+            merged.append((a, b))
+    return merged
 
-    def full_until(t: np.ndarray) -> np.ndarray:
-        k = np.clip(np.searchsorted(events, t, side="right") - 1, 0, events.size - 1)
-        before = t < events[0]
-        out = cum[k] + full[k] * np.maximum(0.0, t - events[k])
-        return np.where(before, 0.0, out)
+
+def _blocked_share(spans: list[tuple[float, float]], a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """For each interval ``[a, b]``: the share of it covered by ``spans``."""
+    if not spans:
+        return np.zeros_like(a)
+    lo = np.array([x for x, _ in spans])
+    hi = np.array([y for _, y in spans])
+    cum = np.concatenate([[0.0], np.cumsum(hi - lo)])
+
+    def covered_until(t: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(lo, t, side="right")  # spans starting at or before t
+        last = np.maximum(k - 1, 0)
+        inside = np.maximum(0.0, np.minimum(t, hi[last]) - lo[last])
+        return np.where(k > 0, cum[last] + inside, 0.0)
 
     span = b - a
     with np.errstate(invalid="ignore", divide="ignore"):
-        share = np.where(span > 0, (full_until(b) - full_until(a)) / span, 0.0)
+        share = np.where(span > 0, (covered_until(b) - covered_until(a)) / span, 0.0)
     return np.clip(share, 0.0, 1.0)
 
 
@@ -495,7 +524,7 @@ def analyze(
         asked = len(when)
         out.asked_rate = (asked - 1) / length
         out.arrived_rate = max(0, arrived - 1) / length
-        _lags(out, starts, ends, plan, asked, arrived)
+        _lags(out, _server_blocked(load, starts, ends, plan.in_flight), plan, asked, arrived)
         out.growth = _growth(due, ends, t_w, t_e, asked)
         at = np.array([t_w, t_e])
         q_first, q_last = (_count_at(due, at) - _count_at(ends, at)).tolist()
@@ -520,18 +549,19 @@ def analyze(
 
 def _lags(
     out: StepDynamics,
-    starts: np.ndarray,
-    ends: np.ndarray,
+    blocked: list[tuple[float, float]],
     plan: StepPlan,
     asked: int,
     arrived: int,
 ) -> None:
-    """Client lag and slot wait of the open loop's measured requests; client limits."""
+    """Client lag and slot wait of the open loop's measured requests (a request's
+    lateness split by the share of it during which the server ``blocked`` sending);
+    client limits."""
     timed = [r for r in out.measured if r.scheduled_s is not None]
     due = np.array([r.scheduled_s for r in timed], dtype=float)
     sent = np.array([r.start_s for r in timed], dtype=float)
     late = np.maximum(0.0, sent - due)
-    share = _full_share(starts, ends, plan.in_flight, due, np.maximum(due, sent))
+    share = _blocked_share(blocked, due, np.maximum(due, sent))
     slot_wait, client_lag = late * share, late * (1.0 - share)
     out.client_lag_s, out.slot_wait_s = float(client_lag.sum()), float(slot_wait.sum())
     if late.size:
@@ -552,6 +582,6 @@ def _lags(
         )
     if out.slot_wait_p90_ms is not None and out.slot_wait_p90_ms > threshold:
         out.slot_wait_text = (
-            f"the in-flight cap ({plan.in_flight}) was full: slot wait p90 "
-            f"{out.slot_wait_p90_ms:.1f} ms"
+            f"the in-flight cap ({plan.in_flight}) was full or a conversation's previous "
+            f"turn unfinished: slot wait p90 {out.slot_wait_p90_ms:.1f} ms"
         )

@@ -328,3 +328,44 @@ def test_a_full_in_flight_cap_is_server_evidence_not_a_client_limit() -> None:
     assert step.signals.client_lag_p90_ms == pytest.approx(0.0, abs=1.0)
     assert step.signals.arrived_rate and step.signals.arrived_rate < 25  # of 40 asked
     assert step.signals.asked_rate == pytest.approx(40.0)
+
+
+def test_waiting_for_a_previous_turn_is_not_a_client_limit() -> None:
+    # multi-turn, turn by turn in list order: every turn 1 is due before its turn 0 has
+    # finished (5 s each), so it waits (and the requests behind it in list order): the
+    # server's time, not the load generator's
+    turns, e2el, load = 40, 5.0, 10.0
+    records = []
+    for i in range(2 * turns):
+        conversation, turn = i % turns, i // turns
+        due = i / load
+        sent = due if turn == 0 else max(due, conversation / load + e2el)
+        records.append(
+            RequestRecord(
+                index=i,
+                success=True,
+                start_s=sent,
+                scheduled_s=due,
+                ttft_s=0.1,
+                e2el_s=e2el,
+                output_tokens=TOKENS,
+                conversation=conversation,
+                turn=turn,
+            )
+        )
+    plan = StepPlan(
+        load=load,
+        variable="request_rate",
+        requests=2 * turns,
+        span_s=(2 * turns - 1) / load,
+        warmup_requests=16,
+        warmup_s=1.6,
+        drain_s=30.0,
+        in_flight=1000,
+        unloaded_s=e2el,
+    )
+    spec = CapacitySpec.model_validate({"slos": {"e2el_ms": {"p50": 30_000}}, "min": 1, "max": 20})
+    step = CapacitySearch(spec).record(load, records, StepSignals(), plan=plan)
+    assert step.verdict != "client_limited" and step.client_limit is None
+    assert step.signals.client_lag_p90_ms == pytest.approx(0.0, abs=1.0)
+    assert step.signals.slot_wait_p90_ms == pytest.approx(1000.0, abs=5.0)
