@@ -63,9 +63,11 @@ at least long enough for ``floor`` requests at ``load / unloaded_s`` per second.
 arrivals per second (``(A - 1) / (t_e - t_w)``), ``arrived_rate`` the requests that
 really went out (``start_s``) in the same window per second, ``completed_rate`` those
 that completed in it. A request's lateness ``start_s - scheduled_s`` is split by the
-share of its wait during which the in-flight cap (the workload's ``concurrency``) was
-full: that share is **slot wait** (the server held every slot: server evidence), the
-rest **client lag** (a free slot, and the load generator did not send).
+share of its wait during which the server blocked sending: the in-flight cap (the
+workload's ``concurrency``) full, or the next request in list order waiting for its
+conversation's previous turn to finish (dispatch is in list order). That share is
+**slot wait** (server evidence), the rest **client lag** (nothing but the load
+generator kept the request back).
 
 **Client limits** (the step is ``client_limited``: neither pass nor fail), any of:
 the arrived count falls short of the asked one by more than :data:`ARRIVAL_SHORTFALL`
