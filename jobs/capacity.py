@@ -380,8 +380,13 @@ class CapacitySearch:
         if not self._steps:  # the first step's first request found the server idle
             self.unloaded_s = unloaded_time(records, "min") or self.unloaded_s
         own = step_values(dyn.measured)
-        unfinished = 0
-        if cut and plan.variable == "request_rate":
+        if cut and dyn.client_limits:  # the requests not done may never have been sent
+            dyn.client_limits.append(
+                f"the step was cut {plan.drain_s:.3g} s after its last due arrival, with "
+                "requests not sent or not finished"
+            )
+            cut = False
+        elif cut and plan.variable == "request_rate":  # sent and not finished: failed
             unfinished = max(0, plan.requests - sum(1 for r in records if not r.warmup))
             own.requests += unfinished
             own.failed += unfinished

@@ -330,6 +330,11 @@ def test_a_step_cut_at_its_drain_limit_fails_with_its_unfinished_requests() -> N
     step = search.record(10, records, StepSignals(), plan=plan, cut=True)
     assert step.verdict == "fail" and step.saturated and "cut" in step.saturated
     assert step.failed >= 10
+    # a load generator that had not even sent them: its limit, not the server's
+    slow = _steady(plan, _noisy(50, 1), lag_ms=400)[: plan.requests - 10]
+    step = CapacitySearch(spec).record(10, slow, StepSignals(), plan=plan, cut=True)
+    assert step.verdict == "client_limited" and step.saturated is None
+    assert step.client_limit and "cut" in step.client_limit and step.failed == 0
 
 
 def test_the_search_is_deterministic() -> None:
