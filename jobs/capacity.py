@@ -122,6 +122,9 @@ SearchStatus = Literal[
     "found", "below_min", "at_least_max", "uncertain", "steps_exhausted", "client_limited"
 ]
 
+DEFAULT_DRAIN_S = 30.0
+"""A step's drain limit when ``max_drain_s`` is not set (and no objective is longer)."""
+
 WAY_OUT = (
     "to measure beyond it, run more load-generator worker processes, put the load "
     "generator on another node, or lower max"
@@ -141,7 +144,7 @@ class CapacitySpec(BaseModel):
     step_time_factor * unloaded request time)`` seconds, at most ``max_step_s``, and
     sends at least ``requests_per_step`` requests (a floor, not the length); its first
     ``warmup_fraction`` is warm-up, excluded from the decision; requests unfinished
-    ``max_drain_s`` after its last arrival are cut (counted failed).
+    :meth:`drain_s` after its last arrival are cut (counted failed).
 
     Raises (validation):
         ValueError: no objective at all, a percentile name that is not ``p<number>``,
@@ -174,8 +177,12 @@ class CapacitySpec(BaseModel):
     warmup_fraction: StrictFloat = Field(
         0.2, ge=0.05, le=0.5, description="the first part of a step, excluded as warm-up"
     )
-    max_drain_s: StrictFloat = Field(
-        30.0, gt=0.0, le=3600.0, description="seconds after a step's last arrival before a cut"
+    max_drain_s: StrictFloat | None = Field(
+        None,
+        gt=0.0,
+        le=3600.0,
+        description="seconds after a step's last arrival before a cut (default: 30, or the "
+        "largest TTFT/E2EL objective if longer)",
     )
 
     @model_validator(mode="after")
@@ -203,13 +210,27 @@ class CapacitySpec(BaseModel):
                 f"max_step_s ({self.max_step_s:g} s) is under min_step_s ({self.min_step_s:g} s):"
                 " no step could last long enough to reach a steady state"
             )
-        latency = [o for m in ("ttft_ms", "e2el_ms") for o in self.slos.get(m, {}).values()]  # type: ignore[call-overload]
-        if latency and self.max_drain_s * 1000.0 < max(latency):
+        latency_s = self._latency_objective_s()
+        if self.max_drain_s is not None and self.max_drain_s < latency_s:
             raise ValueError(
                 f"max_drain_s ({self.max_drain_s:g} s) is under the largest TTFT/E2EL objective "
-                f"({max(latency) / 1000:g} s): a request cut after it must be over every objective"
+                f"({latency_s:g} s): a request cut after it must be over every objective"
             )
         return self
+
+    def _latency_objective_s(self) -> float:
+        objectives = [
+            o for m, objs in self.slos.items() if m in ("ttft_ms", "e2el_ms") for o in objs.values()
+        ]
+        return max(objectives, default=0.0) / 1000.0
+
+    def drain_s(self) -> float:
+        """Seconds a step's requests may take after its last arrival before the step is
+        cut: ``max_drain_s``, by default :data:`DEFAULT_DRAIN_S` or the largest TTFT/E2EL
+        objective if longer (a cut request is then over every objective)."""
+        if self.max_drain_s is not None:
+            return self.max_drain_s
+        return max(DEFAULT_DRAIN_S, self._latency_objective_s())
 
     def needed_measured(self) -> int:
         """Measured requests a step needs to ever pass: the objectives' percentiles

@@ -19,7 +19,7 @@ each offer exactly rate ``L`` (:func:`scale_schedule`: a Poisson process conditi
 its count): the measured part asks for the step's load, not a random draw around it.
 For ``concurrency`` the step dispatches for ``d`` seconds (closed loop) and its first
 ``warmup_fraction * d`` seconds are the warm-up. A step whose requests are still
-unfinished ``drain_s = max(max_drain_s, 4 * unloaded_s)`` after its last arrival is cut
+unfinished ``drain_s = max(spec.drain_s(), 4 * unloaded_s)`` after its last arrival is cut
 there: the server had not finished them (saturation evidence).
 
 **Steadiness** (:func:`analyze`). The measured part runs from the first measured
@@ -210,7 +210,7 @@ def plan_step(
     """
     wanted = max(spec.min_step_s, spec.step_time_factor * (unloaded_s or 0.0))
     duration = min(spec.max_step_s, wanted)
-    drain = max(spec.max_drain_s, DRAIN_REQUEST_TIMES * (unloaded_s or 0.0))
+    drain = max(spec.drain_s(), DRAIN_REQUEST_TIMES * (unloaded_s or 0.0))
     short: str | None = None
     if wanted > spec.max_step_s:
         short = (

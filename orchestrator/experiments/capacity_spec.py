@@ -195,22 +195,24 @@ def steady_state_problems(
 
 def search_time_bound(capacity: CapacitySpec, runs: int) -> dict[str, Any]:
     """The longest a capacity search can take, in seconds: ``max_steps`` steps (the
-    re-measurements included), each at most ``max_step_s`` of arrivals and
-    ``max_drain_s`` of drain (or :data:`~jobs.steadystate.DRAIN_REQUEST_TIMES` unloaded
-    request times, if longer), for each of the experiment's ``runs``; the servers'
-    start-up, warm-ups and cache resets come on top."""
-    step = capacity.max_step_s + capacity.max_drain_s
+    re-measurements included), each at most ``max_step_s`` of arrivals and its drain
+    limit (:meth:`jobs.capacity.CapacitySpec.drain_s`, or
+    :data:`~jobs.steadystate.DRAIN_REQUEST_TIMES` unloaded request times if longer), for
+    each of the experiment's ``runs``; the servers' start-up, warm-ups and cache resets
+    come on top."""
+    drain = capacity.drain_s()
+    step = capacity.max_step_s + drain
     run = capacity.max_steps * step
     return {
         "steps_max": capacity.max_steps,
         "step_s_max": capacity.max_step_s,
-        "drain_s_max": capacity.max_drain_s,
+        "drain_s_max": drain,
         "run_s_max": run,
         "runs": runs,
         "experiment_s_max": run * runs,
         "note": (
             f"at most {capacity.max_steps} steps of at most {capacity.max_step_s:g} s of "
-            f"arrivals and {capacity.max_drain_s:g} s of drain (or "
+            f"arrivals and {drain:g} s of drain (or "
             f"{DRAIN_REQUEST_TIMES:g} unloaded request times, if longer) per run; server "
             "start-up, warm-ups and cache resets come on top"
         ),

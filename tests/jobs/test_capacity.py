@@ -220,6 +220,15 @@ def test_a_step_lasts_the_minimum_duration_and_requests_per_step_is_a_floor() ->
     assert listed.requests == 300 and listed.short and "request list" in listed.short
 
 
+def test_the_drain_limit_covers_every_objective() -> None:
+    # a spec stored before the steady-state fields existed still loads, and its steps
+    # are cut no sooner than its longest TTFT/E2EL objective
+    old = CapacitySpec.model_validate({"slos": {"e2el_ms": {"p50": 60_000}}, "min": 1, "max": 9})
+    assert old.drain_s() == 60.0 and old.min_step_s == 10.0 and old.max_step_s == 300.0
+    assert CapacitySpec.model_validate({**TTFT_SPEC, "min": 1, "max": 9}).drain_s() == 30.0
+    assert CapacitySearch(old, unloaded_s=20.0).plan(1).drain_s == 80.0  # 4 request times
+
+
 def test_concurrency_loads_are_integers_and_stop_at_adjacent_levels() -> None:
     spec = CapacitySpec.model_validate(
         {**TTFT_SPEC, "variable": "concurrency", "min": 1.5, "max": 40.7}
@@ -358,7 +367,7 @@ def test_record_after_the_end_and_bad_specs_raise() -> None:
         ({"slos": {"ttft_ms": {"q99": 100}}, "min": 1, "max": 10}, "q99"),
         ({**TTFT_SPEC, "variable": "concurrency", "min": 1.2, "max": 1.8}, "integer"),
         ({**TTFT_SPEC, "min": 1, "max": 10, "min_step_s": 20, "max_step_s": 10}, "max_step_s"),
-        ({"slos": {"e2el_ms": {"p50": 60_000}}, "min": 1, "max": 10}, "max_drain_s"),
+        ({"slos": {"e2el_ms": {"p50": 60_000}}, "min": 1, "max": 10, "max_drain_s": 30}, "drain"),
         ({**TTFT_SPEC, "min": 1, "max": 10, "warmup_fraction": 0.0}, "warmup_fraction"),
         ({**TTFT_SPEC, "min": 1, "max": 10, "min_step_s": 0.1}, "min_step_s"),
     ):
