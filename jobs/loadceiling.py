@@ -25,7 +25,9 @@ A step is **sustained** (:func:`judge_step`) when all of these hold:
 - no load-generator process needed more than ``max_cpu`` of a core: its CPU seconds
   for the step over the step's seconds of arrivals. A short step can look sustained
   while its responses are parsed after its last arrival; a process that needs more
-  than a core per second of arrivals cannot keep that up.
+  than a core per second of arrivals cannot keep that up;
+- the load generator and the stub together needed less than ``max_cpu`` of the cores
+  they may run on (a short step can borrow cores that a steady load would not have).
 
 The ceiling is the highest sustained rate; ``at_least`` says none failed (the ramp
 stopped at ``max_rate`` or the budget), so the true ceiling is higher. Each step keeps
@@ -71,7 +73,12 @@ class CeilingStep(BaseModel):
         description="highest CPU seconds of one process per second of arrivals (n / rate)"
     )
     cpu_per_request_ms: float | None
-    stub_cpu: float | None = Field(None, description="the stub's CPU seconds / wall seconds")
+    stub_cpu: float | None = Field(
+        None, description="the stub's CPU seconds per second of arrivals"
+    )
+    node_cpu: float | None = Field(
+        None, description="load generator and stub together, CPU seconds per second of arrivals"
+    )
     wall_s: float
     sustained: bool
     limits: list[str] = Field(default_factory=list, description="why it was not sustained")
@@ -134,8 +141,14 @@ def judge_step(
     min_arrived_fraction: float = 0.95,
     max_lag_p99_ms: float = 25.0,
     max_cpu: float = 0.9,
+    node_cpu: float | None = None,
+    cores: int | None = None,
 ) -> list[str]:
-    """Why a step was not sustained (module docstring); [] when it was."""
+    """Why a step was not sustained (module docstring); [] when it was.
+
+    ``busiest_cpu``: the busiest load-generator process's CPU seconds per second of
+    arrivals; ``node_cpu``: all of them and the stub together, on ``cores`` cores.
+    """
     limits: list[str] = []
     if failed:
         limits.append(f"{failed} of {requests} requests failed")
@@ -146,6 +159,10 @@ def judge_step(
         limits.append(f"dispatch lag p99 {lag_p99_ms:.1f} ms > {max_lag_p99_ms:g} ms")
     if busiest_cpu >= max_cpu:
         limits.append(f"client CPU {busiest_cpu:.0%} of a core per second of arrivals")
+    if node_cpu is not None and cores and node_cpu >= max_cpu * cores:
+        limits.append(
+            f"client and stub need {node_cpu:.2f} cores per second of arrivals, {cores} there"
+        )
     return limits
 
 
@@ -239,6 +256,7 @@ async def measure_ceiling(
                 os.sched_setaffinity(stub.pid, avoid_cpus)
         if own_pool is not None:
             await asyncio.to_thread(own_pool.start)
+        cores = _cores(pool, stub.pid)
         steps: list[CeilingStep] = []
         deadline = time.perf_counter() + budget_s
 
@@ -251,7 +269,7 @@ async def measure_ceiling(
             last: CeilingStep | None = None
             for _ in range(1 + retries):
                 got = await _run_step(stub, pool, requests, rate, n, timeout_s)
-                last = _evidence(got, rate, n, min_arrived_fraction, max_lag_p99_ms, max_cpu)
+                last = _evidence(got, rate, n, cores, min_arrived_fraction, max_lag_p99_ms, max_cpu)
                 steps.append(last)
                 if last.sustained:
                     break
@@ -334,6 +352,7 @@ def _evidence(
     run: tuple[LoadResult, float | None, float],
     rate: float,
     n: int,
+    cores: int,
     min_arrived_fraction: float,
     max_lag_p99_ms: float,
     max_cpu: float,
@@ -347,7 +366,10 @@ def _evidence(
     # CPU per second of arrivals, not of wall time: a short step's responses can be parsed
     # after its last arrival (the kernel buffers them), so a process that needs more than
     # a core per second of arrivals keeps up for a step and falls behind in steady state
-    busiest = max((w.cpu_s for w in got.workers), default=0.0) * rate / n
+    per_s = rate / n  # 1 / seconds of arrivals
+    busiest = max((w.cpu_s for w in got.workers), default=0.0) * per_s
+    stub_cpu = stub_cpu_s * per_s if stub_cpu_s is not None else None
+    node_cpu = (got.client_cpu_s + stub_cpu_s) * per_s if stub_cpu_s is not None else None
     limits = judge_step(
         asked,
         arrived,
@@ -358,8 +380,9 @@ def _evidence(
         min_arrived_fraction=min_arrived_fraction,
         max_lag_p99_ms=max_lag_p99_ms,
         max_cpu=max_cpu,
+        node_cpu=node_cpu,
+        cores=cores,
     )
-    stub_cpu = stub_cpu_s / wall if stub_cpu_s is not None and wall > 0 else None
     step = CeilingStep(
         asked_rate=asked,
         arrived_rate=arrived,
@@ -370,13 +393,28 @@ def _evidence(
         busiest_cpu=busiest,
         cpu_per_request_ms=got.cpu_per_request_ms(),
         stub_cpu=stub_cpu,
+        node_cpu=node_cpu,
         wall_s=wall,
         sustained=not limits,
         limits=limits,
     )
     if limits and _stub_busy(step, max_cpu):
-        step.limits.append(f"the stub used {stub_cpu:.0%} of a core: the client may go higher")
+        step.limits.append(
+            f"the stub needed {stub_cpu:.0%} of a core per second of arrivals: "
+            "the client may go higher"
+        )
     return step
+
+
+def _cores(pool: LoadPool | None, stub_pid: int | None) -> int:
+    """How many cores the load generator's processes and the stub may run on together."""
+    cpus = {c for w in (pool.cpus if pool is not None else []) for c in w}
+    if pool is None:
+        cpus |= os.sched_getaffinity(0)
+    if stub_pid is not None:
+        with contextlib.suppress(OSError):
+            cpus |= os.sched_getaffinity(stub_pid)
+    return len(cpus)
 
 
 def _stub_busy(step: CeilingStep, max_cpu: float) -> bool:

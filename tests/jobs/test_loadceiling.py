@@ -27,6 +27,9 @@ def test_judge_step_names_each_limit() -> None:
     assert judge_step(100, 99, 2, 50, None, 0.1) == ["2 of 50 requests failed"]
     assert judge_step(100, None, 0, 1, None, 0.1) == ["arrived unknown of 100.0 asked"]
     assert judge_step(100, 99, 0, 50, 30.0, 0.3, max_lag_p99_ms=50) == []
+    node = judge_step(100, 99, 0, 50, 3.0, 0.6, node_cpu=1.9, cores=2)
+    assert node == ["client and stub need 1.90 cores per second of arrivals, 2 there"]
+    assert judge_step(100, 99, 0, 50, 3.0, 0.6, node_cpu=1.7, cores=2) == []
 
 
 def test_arrival_rates_from_due_times_and_starts() -> None:
