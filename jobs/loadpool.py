@@ -353,6 +353,11 @@ class LoadPool:
         _check_args(concurrency, timeout_s, duration_s)
         if not self._procs:
             raise RuntimeError("LoadPool is not started")
+        for worker in self._procs:
+            if worker.proc.poll() is not None:
+                raise RuntimeError(
+                    f"load worker {worker.number} has exited (status {worker.proc.returncode})"
+                )
         t_call = time.perf_counter()
         origin = t_call if clock_origin is None else clock_origin
         if len({r.index for r in requests}) != len(requests):

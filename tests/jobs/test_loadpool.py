@@ -230,6 +230,8 @@ def test_a_worker_that_dies_fails_the_load(stub: StubServer) -> None:
                 asyncio.run(doomed.run(stub.base_url, "m", reqs, concurrency=50))
         finally:
             timer.cancel()
+        with pytest.raises(RuntimeError, match="load worker 1 has exited"):
+            asyncio.run(doomed.run(stub.base_url, "m", reqs, concurrency=50))
 
 
 def test_repeated_indexes_and_an_unstarted_pool_are_refused(
