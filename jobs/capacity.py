@@ -69,7 +69,15 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    model_validator,
+)
 
 from jobs.capacity_step import CapacityStep, StepSignals, decide
 from jobs.slochecks import (
@@ -167,6 +175,17 @@ class CapacitySpec(BaseModel):
     )
     confidence: float = Field(0.95, gt=0.5, lt=1.0)
     remeasure: int = Field(1, ge=0, le=3, description="extra measurements of an uncertain step")
+    load_workers: StrictInt = Field(
+        1,
+        ge=1,
+        le=32,
+        description="load-generator processes sharing each step's schedule (jobs.loadpool)",
+    )
+    calibrate_client: StrictBool = Field(
+        True,
+        description="request_rate: measure the load generator's ceiling against a stub on the "
+        "run's node before the search (jobs.loadceiling); steps above it are client_limited",
+    )
     min_step_s: StrictFloat = Field(
         10.0, ge=0.5, le=3600.0, description="the shortest step, seconds of arrivals"
     )

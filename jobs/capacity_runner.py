@@ -48,14 +48,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from jobs import metrics
 from jobs.capacity import CapacityResult, CapacitySearch, CapacitySpec, CapacityStep, StepSignals
+from jobs.loadceiling import measure_ceiling
+from jobs.loadpool import cores_off_engine
 from jobs.schemas import ChatRequest, MetricSample, RequestRecord, WorkloadSpec
 from jobs.steadystate import (
     CLOSED_LOOP_REQUESTS_PER_SLOT_S,
@@ -69,6 +73,8 @@ from jobs.steadystate import (
     unloaded_time,
 )
 from jobs.workload import arrival_offsets
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -398,6 +404,29 @@ async def drive(
         why = "the search was cut short (the run was cancelled or its server stopped)"
         result = result.model_copy(update={"note": f"{result.note}; {why}" if result.note else why})
     return SearchOutcome(result, steps, kept_step(steps, cut_short), cut_short)
+
+
+async def calibrate_client(
+    capacity: CapacitySpec, requests: list[ChatRequest], engine_binding: str | None
+) -> tuple[float | None, dict[str, Any]]:
+    """The load generator's ceiling for ``requests`` on this node, measured against a stub
+    (:func:`jobs.loadceiling.measure_ceiling`, ``capacity.load_workers`` processes, off the
+    engine's cores when ``engine_binding`` (``VLLM_CPU_OMP_THREADS_BIND``) names them),
+    and the calibration as stored (``engine_info["client_ceiling"]``).
+
+    The ceiling is None (unknown: each step's own watch still names a client limit) when
+    no rate failed (the true ceiling is above the ramp), when the stub rather than the
+    client ran out of CPU, or when the calibration could not run (its error is kept).
+    """
+    avoid = cores_off_engine(engine_binding)
+    try:
+        found = await measure_ceiling(requests, workers=capacity.load_workers, avoid_cpus=avoid)
+    except Exception as exc:  # noqa: BLE001 - a calibration that cannot run is unknown
+        logger.warning("load generator calibration failed: %s", exc)
+        return None, {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    if found.at_least or found.stub_limited:
+        return None, found.model_dump(mode="json")
+    return found.ceiling_rps, found.model_dump(mode="json")
 
 
 def warmup_time(records: Sequence[RequestRecord]) -> float | None:

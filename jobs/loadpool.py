@@ -65,7 +65,16 @@ from jobs.loadgen import run_load
 from jobs.loadworker import WorkerJob, WorkerReport, lag_stats_ms
 from jobs.schemas import ChatRequest, RequestRecord
 
-__all__ = ["LoadPool", "LoadResult", "WorkerReport", "assign", "run_load_workers", "worker_cpus"]
+__all__ = [
+    "LoadPool",
+    "LoadResult",
+    "WorkerReport",
+    "assign",
+    "cores_off_engine",
+    "engine_cpus",
+    "run_load_workers",
+    "worker_cpus",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +97,35 @@ class LoadResult(BaseModel):
     def cpu_per_request_ms(self) -> float | None:
         """Client CPU milliseconds per record; None without records."""
         return self.client_cpu_s * 1000.0 / len(self.records) if self.records else None
+
+
+def engine_cpus(binding: str | None) -> set[int] | None:
+    """The cores a CPU engine is bound to, from ``VLLM_CPU_OMP_THREADS_BIND`` (``"0-3"``,
+    ``"0-3|4-7"`` one list per rank, ``"0,2,5-6"``); None when it names no cores
+    (unset, ``auto``, ``all``, ``nobind``) or cannot be read."""
+    if not binding or not binding.strip() or binding.strip() in ("auto", "all", "nobind"):
+        return None
+    cores: set[int] = set()
+    try:
+        for part in binding.replace("|", ",").split(","):
+            lo, _, hi = part.strip().partition("-")
+            first, last = int(lo), int(hi) if hi else int(lo)
+            if first < 0 or last < first:
+                return None
+            cores.update(range(first, last + 1))
+    except ValueError:
+        return None
+    return cores or None
+
+
+def cores_off_engine(binding: str | None) -> set[int] | None:
+    """``avoid_cpus`` for a load generator beside an engine bound by ``binding``: the
+    engine's cores when this process may use others too; None (not pinned) when the
+    engine's cores are unknown or it holds every core this process may use."""
+    cores = engine_cpus(binding)
+    if cores is None or not (os.sched_getaffinity(0) - cores):
+        return None
+    return cores
 
 
 def worker_cpus(workers: int, avoid_cpus: Collection[int] | None) -> list[list[int] | None]:

@@ -86,6 +86,7 @@ import httpx
 from jobs import capacity_runner, enginelog, loadgen, metrics, runresult
 from jobs.capacity_runner import PhaseCut, StepLimits, StepMeasurement
 from jobs.engine import EngineCancelledError, EngineDiedError, EngineError, EngineServer
+from jobs.loadpool import cores_off_engine, run_load_workers
 from jobs.modelgen import load_tokenizer
 from jobs.schemas import (
     BatchJob,
@@ -97,10 +98,7 @@ from jobs.schemas import (
     RunResult,
     RunSegment,
 )
-from jobs.segment import (
-    Segment,
-    Status,
-)
+from jobs.segment import Segment, Status
 from jobs.workload import build_requests, request_list_hash
 
 logger = logging.getLogger(__name__)
@@ -613,13 +611,17 @@ class _Batch:
             )
             self.report(seg, "measuring", message, 0, len(requests))
             t_measure, cpu = time.perf_counter(), time.thread_time()
+            workers = seg.capacity.load_workers if seg.capacity is not None else 1
+            binding = self.job.launch.env.get("VLLM_CPU_OMP_THREADS_BIND")
             if cut is not None:
                 cut.start()
-            try:
-                records = await loadgen.run_load(
+            try:  # one process (in this one) or several, off the engine's cores when known
+                pooled = await run_load_workers(
                     base_url,
                     self.job.launch.served_model_name,
                     requests,
+                    workers=workers,
+                    avoid_cpus=cores_off_engine(binding) if workers > 1 else None,
                     concurrency=concurrency,
                     timeout_s=self.job.request_timeout_s,
                     on_record=lambda record: self._on_measured_record(seg, record),
@@ -628,6 +630,7 @@ class _Batch:
                     duration_s=limits.dispatch_s or seg.workload.duration_s,
                     stop_when=stop_when,
                 )
+                records = pooled.records
             finally:
                 measure_s, cpu = time.perf_counter() - t_measure, time.thread_time() - cpu
                 if cut is not None:
@@ -639,7 +642,9 @@ class _Batch:
                 await self._sample(client, base_url, seg, "after")
         seg.check_cache(records, first_sample, self.job.launch.engine_args)
         step = StepMeasurement(records, measure_s, seg.samples[first_sample:], dict(seg.histograms))
-        step.client_cpu_s, step.client_workers = cpu, 1
+        if not pooled.in_process:  # in this process: the event loop's thread only
+            cpu = pooled.client_cpu_s
+        step.client_cpu_s, step.client_workers = cpu, len(pooled.workers) or 1
         step.cut = cut is not None and cut.fired
         return step
 
@@ -679,9 +684,22 @@ class _Batch:
             report=lambda message: self.report(seg, "measuring", message),
             stopped=abandon.is_set,
             unloaded_s=capacity_runner.warmup_time(seg.records),
-            client_ceiling=None,  # unknown until the load generator is calibrated here
+            client_ceiling=await self._client_ceiling(seg),
         )
         seg.keep_capacity(outcome)
+
+    async def _client_ceiling(self, seg: Segment) -> float | None:
+        """The load generator's ceiling here (:func:`jobs.capacity_runner.calibrate_client`),
+        kept in ``engine_info["client_ceiling"]``."""
+        assert seg.capacity is not None
+        if seg.capacity.variable != "request_rate" or not seg.capacity.calibrate_client:
+            return None
+        self.report(seg, "measuring", "calibrating the load generator against a stub server")
+        binding = self.job.launch.env.get("VLLM_CPU_OMP_THREADS_BIND")
+        ceiling, seg.engine_info["client_ceiling"] = await capacity_runner.calibrate_client(
+            seg.capacity, seg.measured, binding
+        )
+        return ceiling
 
     async def _watch(self, server: EngineServer, seg: Segment, abandon: threading.Event) -> None:
         """Set ``abandon`` on the batch's cancel, or when a process of the engine is gone

@@ -20,7 +20,15 @@ from typing import Any
 import pytest
 
 from jobs.loadgen import run_load, summarize
-from jobs.loadpool import LoadPool, LoadResult, assign, run_load_workers, worker_cpus
+from jobs.loadpool import (
+    LoadPool,
+    LoadResult,
+    assign,
+    cores_off_engine,
+    engine_cpus,
+    run_load_workers,
+    worker_cpus,
+)
 from jobs.schemas import ChatRequest, RequestRecord
 from jobs.stubserver import StubServer
 
@@ -241,3 +249,17 @@ def test_repeated_indexes_and_an_unstarted_pool_are_refused(
         _run(pool, stub, [_req(0), _req(0)], concurrency=1)
     with pytest.raises(RuntimeError, match="not started"):
         asyncio.run(LoadPool(1).run(stub.base_url, "m", [_req(0)], concurrency=1))
+
+
+def test_the_engines_cores_are_read_from_its_cpu_binding() -> None:
+    assert engine_cpus("0-3") == {0, 1, 2, 3}
+    assert engine_cpus("0-1|4-5") == {0, 1, 4, 5}  # one list per rank
+    assert engine_cpus("0,2,5-6") == {0, 2, 5, 6}
+    for unknown in (None, "", "auto", "all", "nobind", "3-1", "0-x", "-1"):
+        assert engine_cpus(unknown) is None, unknown
+    mine = sorted(os.sched_getaffinity(0))
+    everything = f"0-{max(mine)}"
+    assert cores_off_engine(everything) is None  # no core left: not pinned
+    assert cores_off_engine("auto") is None
+    if len(mine) > 1:  # the engine on one core: the load generator avoids it
+        assert cores_off_engine(str(mine[0])) == {mine[0]}

@@ -101,7 +101,13 @@ def _closed(**kw: object) -> WorkloadSpec:
     return WorkloadSpec.model_validate(doc)
 
 
-SHORT = {"min_step_s": 1.0, "step_time_factor": 1.0, "max_step_s": 20.0, "remeasure": 0}
+SHORT = {
+    "min_step_s": 1.0,
+    "step_time_factor": 1.0,
+    "max_step_s": 20.0,
+    "remeasure": 0,
+    "calibrate_client": False,  # one test below calibrates (about 8 s a run)
+}
 #: p90: ~46 requests a step (the order-statistic interval bounds it both ways; a p99
 #: would need ~370 requests to ever pass)
 CONCURRENCY = CapacitySpec.model_validate(
@@ -189,6 +195,7 @@ def test_capacity_over_request_rate_drives_open_loop_steps(
         {"slos": {"ttft_ms": {"p50": 300}}, "min": 16, "max": 128, "tolerance": 0.5}
         | {"max_steps": 3, "max_drain_s": 1.0}
         | SHORT
+        | {"load_workers": 2}  # two load-generator processes share each step's schedule
     )
     workload = _closed(arrival="constant", request_rate=1.0, concurrency=256, num_requests=12)
     job = _job(
@@ -213,6 +220,7 @@ def test_capacity_over_request_rate_drives_open_loop_steps(
         assert s.signals.asked_rate == pytest.approx(s.load, rel=0.01)
         assert s.signals.arrived_rate is not None and s.signals.arrived_rate > 0
         assert s.signals.client_cpu is not None and s.signals.client_cpu < 0.9
+        assert s.signals.client_workers == 2
     assert top.verdict == "fail" and top.saturated, trace
     assert top.client_limit is None and top.saturation_evidence
     measured = [r for r in run.requests if not r.warmup]
@@ -225,6 +233,43 @@ def test_capacity_over_request_rate_drives_open_loop_steps(
         assert run.metrics["capacity"] == result.capacity
     else:
         assert "capacity" not in run.metrics
+    _assert_no_engine_left([run])
+
+
+def test_a_request_rate_search_calibrates_the_load_generator_first(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    # the stub engine (64 slots of 160 ms: 400 req/s) passes 16 and 32 req/s; before the
+    # first step the load generator is calibrated against a stub of its own, and the
+    # search is given what the calibration found
+    spec = CapacitySpec.model_validate(
+        {"slos": {"ttft_ms": {"p50": 400}}, "min": 16, "max": 32, "max_steps": 2}
+        | SHORT
+        | {"calibrate_client": True}
+    )
+    workload = _closed(arrival="constant", request_rate=1.0, concurrency=64, num_requests=12)
+    job = _job(
+        tmp_path,
+        tiny_model_dir,
+        _stub_engine(tmp_path),
+        [RunSegment(run_id="calibrated", workload=workload, capacity=spec)],
+        engine_args={"stub_slots": 64},
+    )
+    (run,) = execute_batch(job)
+    assert run.status == "succeeded", run.error
+    calibration = run.engine_info["client_ceiling"]
+    assert "error" not in calibration, calibration
+    assert calibration["workers"] == 1 and calibration["steps"]
+    for step in calibration["steps"]:  # each ramp step keeps its evidence
+        assert step["asked_rate"] > 0 and step["requests"] >= 20
+    given = (
+        None
+        if calibration["at_least"] or calibration["stub_limited"]
+        else calibration["ceiling_rps"]
+    )
+    assert run.capacity is not None
+    assert run.capacity.client_ceiling == given
+    assert run.capacity.status == "at_least_max", [(s.load, s.verdict) for s in run.capacity.steps]
     _assert_no_engine_left([run])
 
 
