@@ -128,6 +128,54 @@ def test_bytes_after_a_complete_response_close_the_connection() -> None:
     _run(go)
 
 
+def test_a_second_response_in_the_same_read_closes_the_connection() -> None:
+    async def go() -> None:
+        one = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+        done, _, conn = _feed(one + b"HTTP/1.1 2")  # a valid start: the parser would wait
+        assert done.result().status == 200
+        assert conn.transport.aborted  # type: ignore[union-attr]
+
+    _run(go)
+
+
+def test_a_close_ends_only_a_body_that_has_no_framing() -> None:
+    async def go() -> None:
+        # Connection: close with a Content-Length or chunks: a close before their end is
+        # a disconnection, not the end of the body
+        for head in (b"Content-Length: 100", b"Transfer-Encoding: chunked"):
+            reply = b"HTTP/1.1 200 OK\r\nConnection: close\r\n" + head + b"\r\n\r\n"
+            body = b"data: a\n\n" if b"Length" in head else b"9\r\ndata: a\n\n\r\n"
+            done, lines, conn = _feed(reply + body)
+            assert not done.done() and not conn.keep_alive
+            conn.connection_lost(None)
+            with pytest.raises(ServerDisconnected, match="not completed"):
+                done.result()
+            assert lines == [b"data: a"]
+        # a close before the head ended
+        done, _, conn = _feed(b"HTTP/1.1 200 OK\r\nContent-")
+        conn.connection_lost(None)
+        with pytest.raises(ServerDisconnected):
+            done.result()
+
+    _run(go)
+
+
+def test_a_head_longer_than_the_limit_is_refused() -> None:
+    async def go() -> None:
+        long_header = b"X-Big: " + b"a" * 70_000 + b"\r\n"
+        done, _, conn = _feed(b"HTTP/1.1 200 OK\r\n", long_header)
+        with pytest.raises(BadResponse, match="head too long"):
+            done.result()
+        assert conn.transport.aborted  # type: ignore[union-attr]
+        # a long body in the head's read is not a long head
+        body = b"x" * 70_000
+        head = f"HTTP/1.1 500 Err\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        done, _, _ = _feed(head + body)
+        assert done.result().status == 500 and done.result().body == body
+
+    _run(go)
+
+
 def test_an_exception_of_on_line_fails_the_request() -> None:
     async def go() -> None:
         conn = _Connection()

@@ -24,7 +24,7 @@ nothing else. :func:`join_cluster` therefore, before anything is placed:
    ``never`` it ships nothing and refuses a node that lacks anything.
 
 Why ``pip`` for the third-party packages and ``py_modules`` only for ours: ours are
-pure Python; ``numpy``, ``tokenizers``, ``pydantic-core`` and ``aiohttp`` are compiled
+pure Python; ``numpy``, ``tokenizers``, ``pydantic-core`` and ``httptools`` are compiled
 wheels, and only pip picks the wheel of each node's own platform and Python (copying
 this service's site-packages would break on an ``aarch64`` node). They are pinned to
 this service's versions because pydantic models cross the Ray boundary pickled. Ray
@@ -93,9 +93,10 @@ REMOTE_MODULES = (
 
 #: Distributions :data:`REMOTE_MODULES` import beyond Ray and the standard library
 #: (``tests/orchestrator/dispatch/test_join.py`` checks this against their imports);
-#: ``nvidia-ml-py`` is imported where present (NVML telemetry, else ``nvidia-smi``).
+#: ``nvidia-ml-py`` is imported where present (NVML telemetry, else ``nvidia-smi``);
+#: ``uvicorn`` runs the stub server the load generator is calibrated against (jobs.loadceiling).
 WORKER_REQUIREMENTS = (
-    "aiohttp",
+    "httptools",
     "httpx",
     "numpy",
     "nvidia-ml-py",
@@ -103,6 +104,7 @@ WORKER_REQUIREMENTS = (
     "pydantic",
     "pydantic-settings",
     "tokenizers",
+    "uvicorn",
 )
 
 #: pip options of the shipped environment: Ray's default adds ``--no-cache-dir``.
