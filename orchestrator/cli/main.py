@@ -371,6 +371,13 @@ def submit_spec(api: str, spec: dict[str, Any]) -> dict[str, Any] | None:
     console.print(f"experiment [bold]{created['id']}[/bold]: {created['url']}")
     for run in created["runs"]:
         console.print(f"  run {run['name']} (repeat {run['repeat_index']}): {run['url']}")
+    estimate = created.get("capacity_estimate")
+    if isinstance(estimate, dict) and estimate.get("experiment_s_max") is not None:
+        console.print(
+            f"capacity search: at most {estimate['experiment_s_max'] / 60:.0f} min of load in "
+            f"all ({estimate.get('note', '')})",
+            markup=False,
+        )
     return created
 
 

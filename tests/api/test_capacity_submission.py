@@ -6,8 +6,12 @@ The rules themselves are tested in ``tests/orchestrator/experiments/test_spec.py
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from fastapi.testclient import TestClient
 
+from orchestrator.cli import main as cli
 from tests.api.test_capacity_api import PROBLEM, capacity_spec
 
 
@@ -37,3 +41,16 @@ def test_steps_that_cannot_reach_a_steady_state_are_422(client: TestClient) -> N
     assert "over max_step_s (60 s)" in err["msg"]
     resp = client.post("/api/v1/experiments", json=capacity_spec(min_step_s=90, max_step_s=60))
     assert resp.status_code == 422 and "max_step_s" in resp.text
+
+
+def test_vlab_submit_prints_the_bound(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def through_app(method: str, url: str, **kw: Any) -> Any:
+        return client.request(method, url.removeprefix("http://api"), json=kw.get("json"))
+
+    monkeypatch.setattr(cli, "_http", through_app)
+    doc = capacity_spec(min=2, max_steps=8, max_step_s=60, max_drain_s=15)
+    assert cli.submit_spec("http://api", doc) is not None
+    out = capsys.readouterr().out
+    assert "capacity search: at most 20 min of load in all (at most 8 steps" in out
