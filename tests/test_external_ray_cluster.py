@@ -228,7 +228,7 @@ def test_ships_code_and_requirements_to_ray_only_nodes(
     (line,) = [ln for ln in log.splitlines() if "with Ray's runtime_env; 2 node(s) ready" in ln]
     assert "shipped py_modules jobs, orchestrator and pip " in line
     # pinned to the service's version: exactly the requirements the nodes lack or have
-    # at another version (ray[default] brings pydantic and aiohttp, for instance)
+    # at another version (ray[default] brings pydantic, for instance)
     script = (
         "import importlib.metadata as m, sys\n"
         "for d in sys.argv[1:]:\n"
