@@ -99,6 +99,7 @@ from jobs.steadystate import (
     Growth,
     StepPlan,
     analyze,
+    in_flight_cap_limit,
     min_measured,
     plan_step,
     unloaded_time,
@@ -420,6 +421,9 @@ class CapacitySearch:
         if not self._steps:  # the first step's first request found the server idle
             self.unloaded_s = unloaded_time(records, "min") or self.unloaded_s
         own = step_values(dyn.measured)
+        cap_limit = in_flight_cap_limit(dyn, plan, self.unloaded_s)
+        if cap_limit and not dyn.client_limits:
+            dyn.client_limits.append(cap_limit)
         if cut and dyn.client_limits:  # the requests not done may never have been sent
             dyn.client_limits.append(
                 f"the step was cut {plan.drain_s:.3g} s after its last due arrival, with "

@@ -295,7 +295,8 @@ def kept_step(steps: list[StepMeasurement], cut_short: bool) -> int | None:
 
     Cut short: the last step (the one in progress). Else the highest-load step the
     search passed (the last of equal loads: a re-measurement); none passed: the last
-    step. None without steps.
+    step that was not ``client_limited`` (a client-limited step's numbers describe the
+    load generator, not the server), else the last step. None without steps.
     """
     if not steps:
         return None
@@ -303,6 +304,11 @@ def kept_step(steps: list[StepMeasurement], cut_short: bool) -> int | None:
         passed = [i for i, m in enumerate(steps) if m.step is not None and m.step.verdict == "pass"]
         if passed:
             return max(passed, key=lambda i: (steps[i].load, i))
+        server = [
+            i for i, m in enumerate(steps) if m.step is None or m.step.verdict != "client_limited"
+        ]
+        if server:
+            return server[-1]
     return len(steps) - 1
 
 

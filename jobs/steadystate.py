@@ -44,6 +44,11 @@ included) and ``var_d`` around its least-squares line:
   completions' regular shortfall, while a slope would carry the arrivals' clumping;
 - ``stationary = False`` (the queue grows) when ``G - z * sqrt(2 var_d + 1) >
   FAIL_FRACTION * A`` (:data:`FAIL_FRACTION` 3 %);
+- the fail margin uses at least the queue's mean level over the part's first quarter
+  as ``var_d``: requests in flight fluctuate at least like a Poisson count (M/G/inf),
+  and a short part's variance around its trend misses the slow swings of long,
+  variable service times (a trial found exponential service at half the capacity
+  failed as "growing", with the server's waiting queue at 0);
 - ``None`` (too short or too noisy to tell) otherwise, and whenever the measured part
   has fewer than :data:`MIN_MEASURED_ARRIVALS` arrivals or lasts less than
   :data:`MIN_WINDOW_REQUEST_TIMES` unloaded request times. A step is ``pass`` only when
@@ -103,6 +108,7 @@ __all__ = [
     "StepPlan",
     "analyze",
     "client_fell_behind",
+    "in_flight_cap_limit",
     "growth_verdict",
     "is_step_warmup",
     "measured_wall",
@@ -290,6 +296,7 @@ class Growth:
     var: float
     var_detrended: float
     arrivals: int
+    level_start: float = 0.0  # mean of Q over its first quarter: the floor of the fail margin
 
 
 def growth_verdict(
@@ -301,8 +308,11 @@ def growth_verdict(
     growth = sum(p.growth for p in parts)
     arrivals = sum(p.arrivals for p in parts)
     z = NormalDist().inv_cdf(1.0 - (1.0 - confidence) / 2.0)
+    # a count of requests in flight fluctuates at least like a Poisson count (variance =
+    # mean: M/G/inf); a short part's own variance around its trend can miss slow swings
+    # (long, variable service times), so the fail margin does not go under that floor
     margin = z * math.sqrt(sum(2.0 * p.var + 1.0 for p in parts))
-    margin_fail = z * math.sqrt(sum(2.0 * p.var_detrended + 1.0 for p in parts))
+    margin_fail = z * math.sqrt(sum(2.0 * max(p.var_detrended, p.level_start) + 1.0 for p in parts))
     limit = GROWTH_FRACTION * arrivals
     if growth + margin <= limit:
         return True, growth, margin, arrivals
@@ -333,6 +343,36 @@ class StepDynamics:
     measured_wall_s: float | None = None  # first measured start to last measured end
     client_lag_s: float = 0.0  # summed over the measured requests
     slot_wait_s: float = 0.0
+
+
+CAP_SLOWDOWN = 2.0
+"""Median E2EL over this many unloaded request times: the server slowed (its own limit)."""
+
+
+def in_flight_cap_limit(dyn: StepDynamics, plan: StepPlan, unloaded_s: float | None) -> str | None:
+    """The workload's in-flight cap, not the server, held an open-loop step back, in words
+    (None: it did not, or it cannot be told): the cap was full (slot wait), the requests
+    due and not sent grew more than those in flight, and the requests that did go out
+    took about their unloaded time (median E2EL at most :data:`CAP_SLOWDOWN` unloaded
+    request times): a server at its limit slows them down, a cap smaller than what the
+    server can hold does not."""
+    if plan.variable != "request_rate" or dyn.slot_wait_text is None or not unloaded_s:
+        return None
+    backlog, in_flight = dyn.backlog_growth, dyn.in_flight_growth
+    if backlog is None or in_flight is None or backlog <= max(in_flight, 1.0):
+        return None
+    e2el = [r.e2el_s for r in dyn.measured if r.success and r.e2el_s is not None]
+    if not e2el:
+        return None
+    median = float(np.median(e2el))
+    if median > CAP_SLOWDOWN * unloaded_s:
+        return None
+    return (
+        f"the in-flight cap ({plan.in_flight}, the workload's concurrency) was full while "
+        f"requests took about their unloaded time (median E2EL {median * 1000:.0f} ms, "
+        f"unloaded {unloaded_s * 1000:.0f} ms): the cap held the load back, not the server; "
+        "raise the workload's concurrency"
+    )
 
 
 def client_fell_behind(dyn: StepDynamics) -> str | None:
@@ -401,6 +441,7 @@ def _growth(due: np.ndarray, ends: np.ndarray, t_w: float, t_e: float, arrivals:
         var=float(q.var()),
         var_detrended=float(resid.var()),
         arrivals=arrivals,
+        level_start=float(q[: max(1, GRID_POINTS // 4)].mean()),
     )
 
 

@@ -312,22 +312,43 @@ def test_client_lag_with_nothing_waiting_is_never_saturation(poisson: bool) -> N
         assert lagging and all(s.verdict == "client_limited" for s in lagging)
 
 
-def test_a_full_in_flight_cap_is_server_evidence_not_a_client_limit() -> None:
-    # the open loop's in-flight cap (4) is full because the server holds every slot:
-    # requests wait for a slot, that lateness is the server's
+def test_a_full_in_flight_cap_is_server_evidence_when_the_server_slows() -> None:
+    # the open loop's in-flight cap (16) is full because the server (4 slots) holds the
+    # requests in its own queue: they take far longer than unloaded, the lateness is the
+    # server's
     slots, service_s = 4, 0.2
     spec = CapacitySpec.model_validate(_spec(20.0, service_s, min_step_s=5.0))
-    search_ = CapacitySearch(spec, unloaded_s=service_s, in_flight=4)
+    search_ = CapacitySearch(spec, unloaded_s=service_s, in_flight=16)
     plan = search_.plan(40.0)
     records, signals, _ = simulate(plan, slots=slots, service_s=service_s, seed=1)
     step = search_.record(40.0, records, signals, plan=plan)
     assert step.verdict == "fail" and step.client_limit is None
     assert step.saturated and "queue grew" in step.saturated
-    assert any("in-flight cap (4) was full" in e for e in step.saturation_evidence)
+    assert any("in-flight cap (16) was full" in e for e in step.saturation_evidence)
     assert step.signals.slot_wait_p90_ms and step.signals.slot_wait_p90_ms > 1000
     assert step.signals.client_lag_p90_ms == pytest.approx(0.0, abs=1.0)
     assert step.signals.arrived_rate and step.signals.arrived_rate < 25  # of 40 asked
     assert step.signals.asked_rate == pytest.approx(40.0)
+
+
+@pytest.mark.parametrize("cap", [1, 4])
+def test_an_in_flight_cap_that_holds_the_load_back_is_the_clients(cap: int) -> None:
+    # a server of 64 slots (320 req/s) behind a cap of 1 or 4: requests take their
+    # unloaded time and the rest wait in the client; never "the server saturated"
+    slots, service_s = 64, 0.2
+    spec = CapacitySpec.model_validate(_spec(320.0, service_s, min_step_s=5.0))
+    search_ = CapacitySearch(spec, unloaded_s=service_s, in_flight=cap)
+    plan = search_.plan(40.0)
+    records, signals, _ = simulate(plan, slots=slots, service_s=service_s, seed=1)
+    step = search_.record(40.0, records, signals, plan=plan)
+    assert step.verdict == "client_limited" and step.saturated is None
+    assert step.client_limit and f"in-flight cap ({cap}" in step.client_limit
+    assert "raise the workload's concurrency" in step.client_limit
+    result = search(
+        _spec(320.0, service_s), slots=slots, service_s=service_s, seed=2, in_flight=cap
+    )
+    assert result.status in ("client_limited", "uncertain"), _trace(result)
+    assert result.binding_slo != "saturated" and result.capacity is None
 
 
 def test_waiting_for_a_previous_turn_is_not_a_client_limit() -> None:
