@@ -451,7 +451,12 @@ def _no_width(lo: float | None, hi: float | None) -> bool:
 
 
 def _x(v: float) -> str:
-    return f"{v:.3g}x" if v >= 10 else f"{v:.2f}x"
+    if v >= 10:
+        return f"{v:.3g}x"
+    text = f"{v:.2f}"
+    if text == "1.00" and v != 1.0:  # a bound just off 1 must not read as 1 itself
+        text = f"{v:.4f}"
+    return f"{text}x"
 
 
 def decide(

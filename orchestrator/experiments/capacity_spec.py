@@ -193,28 +193,39 @@ def steady_state_problems(
     return out
 
 
+CALIBRATION_S = 10.0
+"""Seconds a run's load-generator calibration takes at most (jobs.loadceiling: a 6 s ramp
+budget, the stub's and the workers' start)."""
+
+
 def search_time_bound(capacity: CapacitySpec, runs: int) -> dict[str, Any]:
     """The longest a capacity search can take, in seconds: ``max_steps`` steps (the
     re-measurements included), each at most ``max_step_s`` of arrivals and its drain
     limit (:meth:`jobs.capacity.CapacitySpec.drain_s`, or
     :data:`~jobs.steadystate.DRAIN_REQUEST_TIMES` unloaded request times if longer), for
     each of the experiment's ``runs``; the servers' start-up, warm-ups and cache resets
-    come on top."""
+    come on top. A request-rate search that calibrates its load generator adds
+    :data:`CALIBRATION_S` a run."""
     drain = capacity.drain_s()
     step = capacity.max_step_s + drain
-    run = capacity.max_steps * step
+    calibration = (
+        CALIBRATION_S if capacity.variable == "request_rate" and capacity.calibrate_client else 0.0
+    )
+    run = capacity.max_steps * step + calibration
     return {
         "steps_max": capacity.max_steps,
         "step_s_max": capacity.max_step_s,
         "drain_s_max": drain,
+        "calibration_s_max": calibration,
         "run_s_max": run,
         "runs": runs,
         "experiment_s_max": run * runs,
         "note": (
             f"at most {capacity.max_steps} steps of at most {capacity.max_step_s:g} s of "
             f"arrivals and {drain:g} s of drain (or "
-            f"{DRAIN_REQUEST_TIMES:g} unloaded request times, if longer) per run; server "
-            "start-up, warm-ups and cache resets come on top"
+            f"{DRAIN_REQUEST_TIMES:g} unloaded request times, if longer) per run"
+            + (f", {calibration:g} s of load-generator calibration" if calibration else "")
+            + "; server start-up, warm-ups and cache resets come on top"
         ),
     }
 

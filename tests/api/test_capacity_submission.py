@@ -21,7 +21,9 @@ def test_the_accepted_spec_says_how_long_the_search_can_take(client: TestClient)
     assert resp.status_code == 201, resp.text
     bound = resp.json()["capacity_estimate"]
     assert bound["runs"] == 2  # baseline and apc-on, one repeat
-    assert bound["run_s_max"] == 8 * (60 + 15) and bound["experiment_s_max"] == 2 * 600
+    # 8 steps of 60 s and 15 s of drain, and the load generator's calibration (10 s)
+    assert bound["run_s_max"] == 8 * (60 + 15) + 10 and bound["experiment_s_max"] == 2 * 610
+    assert bound["calibration_s_max"] == 10
     assert "at most 8 steps" in bound["note"]
     # the stored spec keeps it beside the spec the user sent (a variant added later is
     # checked against the user's spec, not against the estimate)

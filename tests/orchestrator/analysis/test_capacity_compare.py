@@ -473,3 +473,25 @@ def test_a_flagged_run_gives_no_capacity_verdict() -> None:
     failed = flagged.model_copy(update={"status": "failed", "run_id": "v1"})
     ok = compare_capacity([rep(doc(4.0, 4.0, 4.2)), failed], [rep(doc(8.0, 8.0, 8.4))])
     assert ok.verdict == "lower" and ok.trustworthy
+
+
+def test_a_bound_just_over_1_never_reads_as_1() -> None:
+    # variant at least 10.5126 against a reference found 10 [10, 10.5]: the bound ratio
+    # is 1.0012; rounded to 1.00 it would read like the unknown "at least 1.00x"
+    reference = [
+        CapacityRepeat(
+            run_id="r",
+            capacity={"variable": "request_rate", "status": "found", "capacity": 10.0}
+            | {"interval": [10.0, 10.5]},
+        )
+    ]
+    variant = [
+        CapacityRepeat(
+            run_id="v",
+            capacity={"variable": "request_rate", "status": "at_least_max", "capacity": None}
+            | {"interval": [10.5126, None]},
+        )
+    ]
+    comp = compare_capacity(variant, reference)
+    assert comp.verdict == "higher" and comp.ci_low == pytest.approx(1.0012)
+    assert comp.statement == "higher: at least 1.0012x"

@@ -460,5 +460,10 @@ def test_the_search_time_bound() -> None:
     s = capacity_spec({**CAPACITY, "max_steps": 10, "max_step_s": 60, "max_drain_s": 20})
     assert s.capacity is not None
     bound = search_time_bound(s.capacity, runs=4)
-    assert bound["run_s_max"] == 10 * (60 + 20) and bound["experiment_s_max"] == 4 * 800
-    assert "at most 10 steps" in bound["note"]
+    # 10 steps of 60 s and 20 s of drain, and the load generator's calibration
+    assert bound["run_s_max"] == 10 * (60 + 20) + 10 and bound["experiment_s_max"] == 4 * 810
+    assert "at most 10 steps" in bound["note"] and "10 s of load-generator" in bound["note"]
+    s = capacity_spec({**CAPACITY, "max_steps": 10, "max_step_s": 60, "max_drain_s": 20})
+    assert s.capacity is not None
+    uncalibrated = s.capacity.model_copy(update={"calibrate_client": False})
+    assert search_time_bound(uncalibrated, runs=4)["run_s_max"] == 10 * (60 + 20)
