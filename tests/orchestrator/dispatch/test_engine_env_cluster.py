@@ -116,7 +116,13 @@ def _assert_names_broken(report: dict[str, Any], rank: int) -> None:
     assert odd.startswith(f"rank{rank}:")
     assert report["node_ids"][rank] == report["node_ids"][report["nodes"].index(odd)]
     problem = first["problems"][odd]
-    assert f"engine python {MISSING} does not exist on this node ({SOURCE})" == problem
+    what, _, copy = problem.partition("; ")
+    assert f"engine python {MISSING} does not exist on this node ({SOURCE})" == what
+    if len(report["nodes"]) > 1:  # whether another node's engine python would work here:
+        # the probe checked only this node's own path, so it cannot tell
+        assert "would work here is unknown" in copy and "was not captured" in copy
+    else:  # one node: no other value to copy
+        assert copy == ""
     assert first["values"][odd]["python"] == MISSING
     assert first["values"][odd]["exists"] is False
     # only the engine environments were compared: nothing else is blamed on that node
