@@ -244,6 +244,12 @@ class CapacitySpec(BaseModel):
         ]
         return max(objectives, default=0.0) / 1000.0
 
+    @property
+    def calibrates(self) -> bool:
+        """Each run measures its load generator's ceiling before the search
+        (``calibrate_client``, request-rate searches only)."""
+        return self.variable == "request_rate" and self.calibrate_client
+
     def drain_s(self) -> float:
         """Seconds a step's requests may take after its last arrival before the step is
         cut: ``max_drain_s``, by default :data:`DEFAULT_DRAIN_S` or the largest TTFT/E2EL

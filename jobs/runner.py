@@ -692,7 +692,7 @@ class _Batch:
         """The load generator's ceiling here (:func:`jobs.capacity_runner.calibrate_client`),
         kept in ``engine_info["client_ceiling"]``."""
         assert seg.capacity is not None
-        if seg.capacity.variable != "request_rate" or not seg.capacity.calibrate_client:
+        if not seg.capacity.calibrates:
             return None
         self.report(seg, "measuring", "calibrating the load generator against a stub server")
         binding = self.job.launch.env.get("VLLM_CPU_OMP_THREADS_BIND")

@@ -208,9 +208,7 @@ def search_time_bound(capacity: CapacitySpec, runs: int) -> dict[str, Any]:
     :data:`CALIBRATION_S` a run."""
     drain = capacity.drain_s()
     step = capacity.max_step_s + drain
-    calibration = (
-        CALIBRATION_S if capacity.variable == "request_rate" and capacity.calibrate_client else 0.0
-    )
+    calibration = CALIBRATION_S if capacity.calibrates else 0.0
     run = capacity.max_steps * step + calibration
     return {
         "steps_max": capacity.max_steps,
