@@ -287,8 +287,13 @@ def test_tuning_ladder_with_repeats_server_reuse_and_comparison(stack: dict[str,
     assert all(by[("2-apc-on", k)]["metrics"]["prefix_cache_hit_rate"] > 0.3 for k in (0, 1))
     assert "prefix_cache_hit_rate" not in by[("1-baseline", 0)]["metrics"]
     ttft = next(m for m in apc["metrics"] if m["metric"] == "median_ttft_ms")
-    assert ttft["ci_low"] is not None and ttft["ci_low"] <= ttft["ci_high"]
-    assert ttft["verdict"] in ("better", "worse", "no clear difference")
+    if ttft["verdict"] == "untrusted":  # a finding flagged it (token bursts on the tiny
+        # model, a warm cache): the values stay, with the reason, and nothing is decided
+        assert not ttft["trustworthy"] and ttft["untrusted_reason"]
+        assert ttft["ci_low"] is None and ttft["ci_high"] is None and ttft["ratio"] is None
+    else:
+        assert ttft["ci_low"] is not None and ttft["ci_low"] <= ttft["ci_high"]
+        assert ttft["verdict"] in ("better", "worse", "no clear difference")
     assert ttft["n_reference_repeats"] == ttft["n_variant_repeats"] == 2
     for v in comp["variants"]:
         assert v["metrics"], v["variant"]
