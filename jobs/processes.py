@@ -3,7 +3,9 @@
 Every engine process carries marks in its environment (:data:`OWNER_PID_ENV`,
 :data:`OWNER_START_ENV`, :data:`RUN_ID_ENV`, :data:`HOME_ENV`); with them
 :func:`engine_processes` finds what a run left on this machine and
-:func:`kill_processes` ends it (a restarted service's start-up sweep).
+:func:`kill_processes` ends it (a restarted service's start-up sweep). Every process
+of a local Ray a service starts carries two more (:data:`LOCAL_RAY_HOME_ENV`,
+:data:`LOCAL_RAY_OWNER_ENV`): :func:`local_ray_processes` finds a dead service's.
 :class:`jobs.engine.EngineServer` uses the rest (:func:`group_members`,
 :func:`process_alive`, :func:`process_title`, :func:`signal_name`...) to watch its
 engine. Linux only (``/proc``); no process is started here.
@@ -146,16 +148,20 @@ def engine_processes(home: str | None = None) -> dict[int, dict[str, str]]:
     return found
 
 
-def kill_processes(pids: Iterable[int], timeout_s: float = 10.0) -> list[int]:
-    """SIGKILL ``pids`` and their process groups; wait until none is left.
+def kill_processes(
+    pids: Iterable[int], timeout_s: float = 10.0, *, groups: bool = True
+) -> list[int]:
+    """SIGKILL ``pids`` and (with ``groups``) their process groups; wait until none is left.
 
     Returns the pids still alive after ``timeout_s`` seconds (normally none).
     """
     targets = {pid: process_start_time(pid) for pid in pids}
-    groups = {int(f[2]) for pid in targets if (f := _proc_stat(pid)) is not None}
+    pgids = (
+        {int(f[2]) for pid in targets if (f := _proc_stat(pid)) is not None} if groups else set()
+    )
     deadline = time.monotonic() + timeout_s
     while True:
-        for pgid in groups:
+        for pgid in pgids:
             if pgid > 1 and pgid != os.getpgid(0):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pgid, signal.SIGKILL)
@@ -166,3 +172,79 @@ def kill_processes(pids: Iterable[int], timeout_s: float = 10.0) -> list[int]:
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.05)
+
+
+#: Marks every process of a local Ray that a vlab service started (its GCS, raylet,
+#: agents, workers and what they start, engines included: the variables are inherited):
+#: the service's ``VLAB_HOME`` (absolute) and the service itself (``<pid>:<start time>``).
+#: With them a service that starts on that home finds the local Ray of a predecessor
+#: that died (:func:`local_ray_processes`); another user's Ray, a ``ray start`` cluster
+#: or the Ray of a live service of the same home never carries a dead owner's mark.
+LOCAL_RAY_HOME_ENV = "VLAB_LOCAL_RAY_HOME"
+LOCAL_RAY_OWNER_ENV = "VLAB_LOCAL_RAY_OWNER"
+
+
+def local_ray_marks(home: str, pid: int | None = None) -> dict[str, str]:
+    """The environment marks of a local Ray that process ``pid`` (this one by default)
+    starts for ``home``."""
+    pid = os.getpid() if pid is None else pid
+    return {LOCAL_RAY_HOME_ENV: home, LOCAL_RAY_OWNER_ENV: f"{pid}:{process_start_time(pid)}"}
+
+
+def owner_alive(mark: str) -> bool:
+    """Whether the process a :data:`LOCAL_RAY_OWNER_ENV` mark names still runs."""
+    pid_text, _, start_text = mark.partition(":")
+    try:
+        pid = int(pid_text)
+        start = int(start_text) if start_text.isdigit() else None
+    except ValueError:
+        return False
+    return process_alive(pid, start)
+
+
+def _holds_files_under(pid: int, folder: str) -> bool:
+    """Whether ``pid`` has a file under ``folder`` open (``/proc/<pid>/fd``)."""
+    prefix = folder.rstrip("/") + "/"
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(prefix):
+                return True
+    return False
+
+
+def local_ray_processes(
+    home: str, owners: Iterable[str] = (), session_dirs: Iterable[str] = ()
+) -> dict[int, str]:
+    """Live processes of a local Ray started for ``home`` by a process that is gone:
+    ``{pid: title}``. Found by their marks (a dead owner's; ``owners``: only those) or,
+    for Ray's processes that retitle themselves (``ray::...``) and so blank their
+    environment (the dashboard and runtime-env agents do), by a file open under one of
+    ``session_dirs`` (the Ray session folders those owners started: their logs). Read
+    from ``/proc``; other users' processes (unreadable) and those of a live owner are
+    left out."""
+    wanted, folders = set(owners), [d for d in session_dirs if d]
+    found: dict[int, str] = {}
+    me = os.getpid()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        pid = int(entry.name)
+        env = process_env(pid)
+        owner = env.get(LOCAL_RAY_OWNER_ENV)
+        marked = (
+            owner is not None
+            and env.get(LOCAL_RAY_HOME_ENV) == home
+            and (not wanted or owner in wanted)
+            and not owner_alive(owner)
+        )
+        if not marked and folders:
+            marked = process_title(pid).startswith("ray::") and any(
+                _holds_files_under(pid, d) for d in folders
+            )
+        if marked and process_alive(pid):
+            found[pid] = process_title(pid)
+    return found

@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
@@ -22,6 +23,7 @@ from orchestrator.core.db import (
     make_engine,
     make_session_factory,
     resolve_database_url,
+    stop_embedded_postgres,
     upgrade_to_head,
 )
 from orchestrator.core.settings import Settings
@@ -43,6 +45,8 @@ class Runtime:
     dispatcher: Dispatcher | None = None
     #: (device kind, "detected" | "setting") once the orchestrator is connected to Ray
     device_kind: tuple[str, str] | None = None
+    #: the embedded Postgres's data folder, when this process started (or joined) it
+    pgdata: Path | None = None
 
     @property
     def sessions(self) -> sessionmaker[Session]:
@@ -53,6 +57,8 @@ class Runtime:
     def start_database(self) -> sessionmaker[Session]:
         """Resolve the database (starting the embedded one if needed) and migrate to head."""
         self.settings.home.mkdir(parents=True, exist_ok=True)
+        if not self.settings.database_url:
+            self.pgdata = self.settings.home / "pgdata"
         self.url = resolve_database_url(self.settings)
         upgrade_to_head(self.url)
         self.engine = make_engine(self.url)
@@ -62,15 +68,20 @@ class Runtime:
     def start_orchestrator(self) -> None:
         """Connect to Ray (or start it locally) and run the dispatcher in a thread.
 
+        First, what is left of the local Ray of a service of this home that died is
+        ended (:func:`orchestrator.dispatch.ray.localray.end_dead_local_ray`).
+
         The dispatcher's start-up (:meth:`orchestrator.dispatch.dispatcher.Dispatcher.startup`)
         runs here, before the thread: when this returns, the runs a dead predecessor
         left are adopted or failed (with what they measured) and no orphaned engine
         process of this ``VLAB_HOME`` is left."""
         # deferred: these import ray (heavy), which an API-only process (`vlab serve`) never loads
         from orchestrator.dispatch.ray.backend import RayRunBackend, connect
+        from orchestrator.dispatch.ray.localray import end_dead_local_ray
         from orchestrator.dispatch.ray.models import locate_on_cluster
 
         assert self.session_factory is not None
+        end_dead_local_ray(self.settings.home)
         resources = connect(self.settings)
         log.info("ray cluster resources: %s", resources)
         backend = RayRunBackend(self.settings)
@@ -124,7 +135,8 @@ class Runtime:
         uvicorn.run(self.make_app(), host=host, port=port, log_level="info")
 
     def stop(self) -> None:
-        """Stop the API threads and the dispatcher (active runs are cancelled and recorded)."""
+        """Stop the API threads and the dispatcher (active runs are cancelled and recorded),
+        then the embedded Postgres unless another live process uses it."""
         for server in self._servers:
             server.should_exit = True
         self._stop.set()
@@ -133,8 +145,15 @@ class Runtime:
         if self.dispatcher is not None:
             # deferred: imports ray (heavy); loaded already when a dispatcher ran
             from orchestrator.dispatch.ray.backend import disconnect
+            from orchestrator.dispatch.ray.localray import forget_local_ray
 
             set_model_locator(None)
             disconnect()
+            forget_local_ray(self.settings.home)
         if self.engine is not None:
             self.engine.dispose()
+        if self.pgdata is not None:
+            # stopped now if no other live process uses it (pgserver's own rule, after the
+            # registrations of dead processes are dropped), not only at interpreter exit
+            stop_embedded_postgres(self.pgdata)
+            self.pgdata = None

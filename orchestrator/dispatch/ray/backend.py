@@ -51,6 +51,7 @@ from orchestrator.dispatch.dispatcher import (
 )
 from orchestrator.dispatch.ray.join import ensure_nodes_ready, join_cluster
 from orchestrator.dispatch.ray.join import forget as forget_joined_cluster
+from orchestrator.dispatch.ray.localray import start_local_ray
 from orchestrator.dispatch.ray.probe import engine_env_on_nodes, probe_on_nodes
 from orchestrator.dispatch.ray.supervisor import (
     NAMESPACE,
@@ -78,13 +79,7 @@ def connect(settings: Settings) -> dict[str, Any]:
                 disconnect()
                 raise RayClusterError(conflict)
         else:
-            ray.init(
-                address=address or None,
-                namespace=NAMESPACE,
-                include_dashboard=False,
-                log_to_driver=False,
-                configure_logging=False,
-            )
+            start_local_ray(settings, address or None)
     return dict(ray.cluster_resources())
 
 

@@ -1,0 +1,133 @@
+"""The local Ray a service starts (``RAY_ADDRESS`` unset or ``local``), and what a dead
+one leaves behind.
+
+Every process of a local Ray that a service starts carries two environment marks, its
+``VLAB_HOME`` and the service itself (:func:`jobs.processes.local_ray_marks`: GCS,
+raylet, agents and workers inherit them, and so do the engines the workers start), and
+the service notes the Ray session folder it started in
+``<home>/local-ray/<pid>.json``. When the service dies (``kill -9``, out of memory),
+Ray's GCS and raylet die with it (Ray's parent-death signal), its idle workers about a
+second later; its dashboard and runtime-env agents live on for up to about a minute
+(they report the raylet's death to the dead GCS first). The next service that starts
+on the home ends them (:func:`end_dead_local_ray`) before it starts its own Ray.
+
+The Ray session itself stays in Ray's temporary folder (``/tmp/ray``): a Unix socket
+path is at most 107 bytes and Ray's socket paths add about 65 to the folder, so a
+session under ``VLAB_HOME`` would fail for ordinary homes; the record above points at it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import ray
+
+from jobs.processes import (
+    LOCAL_RAY_OWNER_ENV,
+    kill_processes,
+    local_ray_marks,
+    local_ray_processes,
+    owner_alive,
+)
+from orchestrator.core.settings import Settings
+from orchestrator.dispatch.ray.supervisor import NAMESPACE
+
+log = logging.getLogger(__name__)
+
+#: ``<home>/local-ray/<pid>.json``: ``{"owner": "<pid>:<start>", "session_dir": ...}``
+RECORDS_DIR = "local-ray"
+
+
+def start_local_ray(settings: Settings, address: str | None) -> None:
+    """``ray.init`` a local Ray (``address`` None or ``"local"``), its processes marked as
+    this service's, and note its session folder under the home. When ``ray.init`` joins
+    a Ray that runs already (``ray start`` on this host, ``address`` None), nothing of
+    it is this service's: no record is written (its processes were started unmarked)."""
+    home = settings.home.resolve()
+    marks = local_ray_marks(str(home))
+    with _environment(marks):
+        ray.init(
+            address=address,
+            namespace=NAMESPACE,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+    session = _started_session_dir()
+    if session is None:
+        return
+    folder = home / RECORDS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {"owner": marks[LOCAL_RAY_OWNER_ENV], "session_dir": session}
+    (folder / f"{os.getpid()}.json").write_text(json.dumps(record))
+    log.info("local Ray session: %s", session)
+
+
+def forget_local_ray(home: Path) -> None:
+    """Drop this process's record (its local Ray was shut down)."""
+    with contextlib.suppress(OSError):
+        (home.resolve() / RECORDS_DIR / f"{os.getpid()}.json").unlink()
+
+
+def end_dead_local_ray(home: Path) -> list[int]:
+    """SIGKILL what is left of the local Ray of every service of ``home`` that died;
+    returns their pids. Only processes carrying a dead owner's marks, or retitled Ray
+    processes (``ray::...``, whose environment is blanked) holding a file of a dead
+    owner's session folder; each alone, never their process group (which may hold the
+    shell or process manager that started both services). The dead owners' records go."""
+    home = home.resolve()
+    folder = home / RECORDS_DIR
+    dead: list[tuple[Path, str]] = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            record = json.loads(path.read_text())
+            owner, session = str(record["owner"]), str(record["session_dir"])
+        except (OSError, ValueError, KeyError, TypeError):
+            path.unlink(missing_ok=True)
+            continue
+        if not owner_alive(owner):
+            dead.append((path, session))
+    found = local_ray_processes(str(home), session_dirs=[s for _, s in dead])
+    if found:
+        log.warning(
+            "ending %d processes of the local Ray of a dead service of %s: %s",
+            len(found),
+            home,
+            ", ".join(f"{pid} ({title[:40]})" for pid, title in sorted(found.items())),
+        )
+        left = kill_processes(found, groups=False)
+        if left:
+            log.error("local Ray processes survived SIGKILL: %s", left)
+    for path, _ in dead:
+        path.unlink(missing_ok=True)
+    return sorted(found)
+
+
+def _started_session_dir() -> str | None:
+    """The session folder of the Ray this process started, None when it joined one."""
+    node = getattr(ray._private.worker, "_global_node", None)
+    if node is None or not getattr(node, "all_processes", None):
+        return None  # connected only: the processes are another's
+    with contextlib.suppress(Exception):
+        return str(node.get_session_dir_path())
+    return None
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``values`` set for the block (what it starts inherits them)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
