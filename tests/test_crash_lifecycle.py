@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,6 +61,19 @@ def _ray_of(home: Path, pid: int) -> dict[int, str]:
         str(home), owners=[record["owner"]], session_dirs=[record["session_dir"]]
     )
     return found | {pid: title[:40] for pid, title in dead_owner.items()}
+
+
+def _watch_gone(home: Path, record: dict[str, str], gone_at: list[float]) -> None:
+    """Append the time the dead service's Ray processes are all gone (the restart's
+    sweep ends them), polling every 0.1 s for at most 5 minutes."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if not local_ray_processes(
+            str(home), owners=[record["owner"]], session_dirs=[record["session_dir"]]
+        ):
+            gone_at.append(time.monotonic())
+            return
+        time.sleep(0.1)
 
 
 def _postmaster(pgdata: Path) -> int | None:
@@ -147,8 +161,15 @@ def test_a_service_restarted_after_a_crash_cleans_up_and_stops_postgres_when_it_
         left_by_crash = _ray_of(home, first.proc.pid)
         assert left_by_crash, "nothing of the dead service's Ray is left to clean"
 
+        gone_at: list[float] = []
+        watch = threading.Thread(
+            target=_watch_gone, args=(home, record, gone_at), name="watch", daemon=True
+        )
+        watch.start()
         second = Up(env, tmp_path / "up2.log")
         restart_s = time.monotonic() - t_kill
+        watch.join(timeout=30)
+        assert gone_at, "the dead service's Ray outlived the restart's sweep"
         assert _postmaster(pgdata) == postmaster  # the same server, reused
         assert embedded_registrations(pgdata) == [second.proc.pid]
         log = second.log.read_text(errors="replace")
@@ -175,9 +196,9 @@ def test_a_service_restarted_after_a_crash_cleans_up_and_stops_postgres_when_it_
         assert list((home / "local-ray").iterdir()) == []
         print(
             f"crash left {len(left_by_crash)} Ray processes "
-            f"({', '.join(sorted(set(left_by_crash.values())))}); restart ready "
-            f"{restart_s:.1f} s after the kill, none left; clean exit in {exit_s:.1f} s "
-            "with Postgres stopped"
+            f"({', '.join(sorted(set(left_by_crash.values())))}), gone "
+            f"{gone_at[0] - t_kill:.1f} s after the kill; restart ready {restart_s:.1f} s "
+            f"after the kill; clean exit in {exit_s:.1f} s with Postgres stopped"
         )
     finally:
         for service in (first, second):
