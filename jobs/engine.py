@@ -50,6 +50,7 @@ from typing import Any, Self
 import httpx
 
 from jobs.enginelog import error_lines, scan_error_lines
+from jobs.errorlines import warning_and_error_lines
 from jobs.processes import (
     HELPER_PROCESSES,
     OWNER_PID_ENV,
@@ -57,6 +58,7 @@ from jobs.processes import (
     group_members,
     process_alive,
     process_start_time,
+    process_state,
     process_title,
     signal_name,
 )
@@ -93,7 +95,8 @@ _DROPPED_ENV = (
 )
 
 _PR_SET_PDEATHSIG = 1
-#: Seconds :meth:`EngineServer.stop` waits after SIGTERM for an engine that already died.
+#: Seconds :meth:`EngineServer.stop` waits after SIGTERM for an engine that already died,
+#: was judged hung (:meth:`EngineServer.mark_hung`) or has a stopped process (SIGSTOP).
 DEAD_ENGINE_GRACE_S = 1.0
 #: restarts of a server whose picked port another process bound first (see
 #: ``EngineServer._port_taken``); uvicorn/asyncio say "[Errno 98] ... address already in use"
@@ -342,6 +345,8 @@ class EngineServer:
         #: restarts because a picked port was taken before the engine bound it
         self.port_retries = 0
         self._attempt_log_size = 0
+        #: why the engine was judged hung (:meth:`mark_hung`); None while it answers
+        self.hung: str | None = None
 
     # -- properties ---------------------------------------------------------------
 
@@ -552,6 +557,46 @@ class EngineServer:
         if reason is not None:
             raise EngineDiedError(reason, self.run_error_lines())
 
+    def mark_hung(self, reason: str) -> None:
+        """Note that the engine stopped answering (:mod:`jobs.enginewatch`): :meth:`stop`
+        then gives it no long graceful shutdown."""
+        self.hung = reason
+
+    def _labels(self) -> dict[int, str]:
+        """The watched processes (the API server first): pid -> ``"VLLM::EngineCore (pid
+        13)"``, the API server with its command line."""
+        if self._proc is None:
+            return {}
+        labels: dict[int, str] = {}
+        for pid in [self._proc.pid, *self.watched]:
+            title = self.watched.get(pid, (None, ""))[1] or process_title(pid)
+            if pid == self._proc.pid:
+                labels[pid] = f"API server (pid {pid}, {title[:120]})"
+            else:
+                name = title.split()[0] if title.startswith("VLLM::") else title[:80]
+                labels[pid] = f"{name} (pid {pid})"
+        return labels
+
+    def process_states(self) -> list[str]:
+        """Each watched process (the API server first) with its ``/proc`` state:
+        ``"API server (pid 12, python .../vllm_launcher.py serve ...): T (stopped)"``."""
+        return [f"{label}: {process_state(pid) or 'gone'}" for pid, label in self._labels().items()]
+
+    def stopped_processes(self) -> list[str]:
+        """The watched processes in state ``T``/``t`` now (stopped: SIGSTOP, a debugger)."""
+        return [
+            label
+            for pid, label in self._labels().items()
+            if (process_state(pid) or "").startswith(("T", "t"))
+        ]
+
+    def run_warning_lines(self, n: int = 60) -> list[str]:
+        """The warning and error lines logged since the server became healthy
+        (:func:`jobs.errorlines.warning_and_error_lines`; never an ``INFO`` record nor an
+        access line); ``[]`` when there is none."""
+        since = self._healthy_log_size if self.watched else 0
+        return warning_and_error_lines(_read_tail(self.log_path, since=since), n)
+
     def run_error_lines(self, n: int = 60) -> list[str]:
         """The error lines logged since :meth:`watch_members` (the server became healthy);
         before that, the whole log's.
@@ -567,9 +612,11 @@ class EngineServer:
     def stop(self, timeout_s: float = 30.0) -> int | None:
         """Stop the server and every process of its group; idempotent.
 
-        SIGTERM to the process group, SIGKILL to the group after ``timeout_s``
+        SIGTERM to the process group, then SIGCONT (a stopped process acts on no
+        signal but SIGKILL until continued), SIGKILL to the group after ``timeout_s``
         seconds (:data:`DEAD_ENGINE_GRACE_S` at most when the engine already
-        died: a broken engine gets no long graceful shutdown), reap the leader,
+        died, was judged hung or has a stopped process: a broken engine gets no long
+        graceful shutdown), reap the leader,
         then re-check ``/proc`` until no live member remains (SIGKILL again if
         needed, up to 10 s more). Returns the leader's exit code (``None`` if
         never started). Raises :class:`EngineError` only if processes survive
@@ -579,10 +626,14 @@ class EngineServer:
             proc, pgid = self._proc, self._pgid
             if proc is None or pgid is None:
                 return None
-            if self.death() is not None:
+            stopped = any(
+                (process_state(pid) or "").startswith(("T", "t")) for pid in group_members(pgid)
+            )
+            if self.death() is not None or self.hung is not None or stopped:
                 timeout_s = min(timeout_s, DEAD_ENGINE_GRACE_S)
             deadline = time.monotonic() + timeout_s
             self._signal_group(pgid, signal.SIGTERM)
+            self._signal_group(pgid, signal.SIGCONT)
             while time.monotonic() < deadline:
                 if proc.poll() is not None and not group_members(pgid):
                     break

@@ -64,6 +64,19 @@ def process_alive(pid: int, start_time: int | None = None) -> bool:
     return start_time is None or int(fields[19]) == start_time
 
 
+def process_state(pid: int) -> str | None:
+    """The state ``/proc/<pid>/status`` gives ``pid``: ``"S (sleeping)"``, ``"R (running)"``,
+    ``"T (stopped)"`` (SIGSTOP), ``"D (disk sleep)"``...; None when there is no such pid."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for raw in fh:
+                if raw.startswith(b"State:"):
+                    return raw[6:].decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return None
+
+
 def process_title(pid: int) -> str:
     """What ``ps`` shows for ``pid``: its command line (vLLM retitles its processes
     ``VLLM::EngineCore``, ``VLLM::Worker``...), else its name; ``""`` when gone."""

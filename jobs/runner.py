@@ -22,9 +22,10 @@ carries the ``run_id`` it is about):
       ``job.scrape_interval_s`` (``during``) [``measuring``], scrape
       ``after``; the segment is then ``done``. The warm-cache check
       (:mod:`jobs.cachecheck`) flags, never fails, a phase that began on a warm
-      prefix cache (``engine_info["cache_contamination"]``). If the server stays alive but
-      stops answering (:data:`UNRESPONSIVE_SCRAPES` failed scrapes over
-      :data:`UNRESPONSIVE_AFTER_S` s), the load is abandoned, the segment
+      prefix cache (``engine_info["cache_contamination"]``). If the engine hangs (its
+      processes run, but no ``/health`` answer, ``/metrics`` scrape or streamed byte
+      for :data:`jobs.enginewatch.HANG_AFTER_S` s, or one is stopped; warm-up
+      included), the load is abandoned, the segment
       fails ``partial`` with what was measured, and the batch ends. If the
       engine dies (any process of its group that ran when it became healthy:
       API server, engine core, workers; checked every
@@ -83,7 +84,7 @@ from typing import Any
 
 import httpx
 
-from jobs import capacity_runner, enginelog, loadgen, metrics, runresult
+from jobs import capacity_runner, enginelog, enginewatch, loadgen, metrics, runresult
 from jobs.capacity_runner import PhaseCut, StepLimits, StepMeasurement
 from jobs.engine import EngineCancelledError, EngineDiedError, EngineError, EngineServer
 from jobs.loadpool import cores_off_engine, run_load_workers
@@ -108,10 +109,6 @@ ProgressCallback = Callable[[Progress], None]
 
 class _Cancelled(Exception):
     """Internal: the cancel event was set between steps."""
-
-
-class EngineUnresponsiveError(EngineError):
-    """The server process is alive but stopped answering (``/metrics`` and requests)."""
 
 
 def execute(
@@ -229,10 +226,6 @@ def execute_batch(
     return _Batch(job, progress, cancel or threading.Event(), telemetry, on_record).execute()
 
 
-#: Consecutive failed ``/metrics`` scrapes, spanning at least :data:`UNRESPONSIVE_AFTER_S`,
-#: after which a live server is judged to have stopped answering and the segment ends.
-UNRESPONSIVE_SCRAPES = 3
-UNRESPONSIVE_AFTER_S = 20.0
 _SCRAPE_TIMEOUT_S = 10.0
 #: Seconds between two looks at the engine's processes while a segment runs.
 ENGINE_WATCH_INTERVAL_S = 0.1
@@ -265,6 +258,7 @@ class _Batch:
         self.server_info: dict[str, Any] = {}
         self.startup_s: float | None = None
         self.server_run_id: str | None = None
+        self.hang: enginewatch.HangWatch | None = None  # the current segment's
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -409,9 +403,8 @@ class _Batch:
             self._raise_if_dead(server, seg)
             status = "failed"
             error = f"internal error: {exc!r}\n{traceback.format_exc(limit=8)}"
-        if seg.unresponsive is not None:
-            # the server is alive but silent: end this run and the batch
-            raise EngineUnresponsiveError(seg.unresponsive, server.log_tail(20))
+        if seg.unresponsive is not None:  # the engine hung: end this run and the batch
+            raise enginewatch.hang_error(server, seg)
         self.finish(seg, status, error)
 
     def _raise_if_dead(self, server: EngineServer, seg: Segment) -> None:
@@ -545,6 +538,8 @@ class _Batch:
         seg.timings["warmup_s"] = time.perf_counter() - t_warm
         self.check_cancel()
         self._raise_if_dead(server, seg)
+        if seg.unresponsive is not None:
+            return  # hung in the warm-up
 
         if seg.capacity is not None:
             await self._drive_capacity(server, seg, reused, abandon, stop_when)
@@ -606,9 +601,7 @@ class _Batch:
         async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
             await self._sample(client, base_url, seg, "before")
             stop_scraping = asyncio.Event()
-            scraper = asyncio.create_task(
-                self._scrape_loop(client, base_url, seg, stop_scraping, abandon)
-            )
+            scraper = asyncio.create_task(self._scrape_loop(client, base_url, seg, stop_scraping))
             self.report(seg, "measuring", message, 0, len(requests))
             t_measure, cpu = time.perf_counter(), time.thread_time()
             workers = seg.capacity.load_workers if seg.capacity is not None else 1
@@ -636,6 +629,8 @@ class _Batch:
                 if cut is not None:
                     await cut.stop()
                 stop_scraping.set()
+                if abandon.is_set():  # a scrape of a hung server would take its timeout
+                    scraper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await scraper
             if seg.unresponsive is None and seg.dead is None and not seg.refused:
@@ -702,19 +697,30 @@ class _Batch:
         return ceiling
 
     async def _watch(self, server: EngineServer, seg: Segment, abandon: threading.Event) -> None:
-        """Set ``abandon`` on the batch's cancel, or when a process of the engine is gone
-        (:meth:`EngineServer.death`, every :data:`ENGINE_WATCH_INTERVAL_S` s)."""
-        while not abandon.is_set():
-            if self.cancel.is_set():
-                abandon.set()
-                return
-            reason = server.death()
-            if reason is not None:
-                seg.dead, seg.dead_at = reason, seg.now()
-                logger.warning("run %s: %s", seg.run_id, reason)
-                abandon.set()
-                return
-            await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
+        """Set ``abandon`` on the batch's cancel, when a process of the engine is gone
+        (:meth:`EngineServer.death`) or when the engine hung (:class:`jobs.enginewatch.
+        HangWatch`, probing meanwhile); checked every :data:`ENGINE_WATCH_INTERVAL_S` s."""
+        hang = self.hang = enginewatch.HangWatch(server.base_url, stopped=server.stopped_processes)
+        prober = asyncio.create_task(hang.probe())
+        try:
+            while not abandon.is_set():
+                if self.cancel.is_set():
+                    abandon.set()
+                    return
+                reason = server.death()
+                hung = hang.verdict() if reason is None else None
+                if reason is not None or hung is not None:
+                    seg.dead, seg.unresponsive, seg.dead_at = reason, hung, seg.now()
+                    if hung is not None:
+                        server.mark_hung(hung)
+                    logger.warning("run %s: %s", seg.run_id, reason or hung)
+                    abandon.set()
+                    return
+                await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
+        finally:
+            prober.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await prober
 
     def _stream(self, seg: Segment, record: RequestRecord) -> None:
         """Hand a finished request's record to ``on_record`` (never raises)."""
@@ -727,6 +733,8 @@ class _Batch:
 
     def _on_measured_record(self, seg: Segment, record: RequestRecord) -> None:
         seg.measured_done += 1
+        if record.success and self.hang is not None:
+            self.hang.life()  # a load worker's request finished (bytes of this process: sseclient)
         self._stream(seg, record)
         self.report(seg, "measuring", seg.step_label or "", seg.measured_done, seg.measured_total)
 
@@ -760,40 +768,17 @@ class _Batch:
                     errors.append(f"{phase} at {t_s:.1f}s: {exc!r}")
         seg.samples.append(MetricSample(t_s=t_s, phase=phase, values=values))
         seg.sample_end_s.append(t_end)
+        if self.hang is not None:
+            self.hang.life()
         return True
 
     async def _scrape_loop(
-        self,
-        client: httpx.AsyncClient,
-        base_url: str,
-        seg: Segment,
-        stop: asyncio.Event,
-        abandon: threading.Event,
+        self, client: httpx.AsyncClient, base_url: str, seg: Segment, stop: asyncio.Event
     ) -> None:
-        """One ``during`` sample as the load starts, then one per interval until it ends.
-
-        :data:`UNRESPONSIVE_SCRAPES` failed scrapes in a row spanning at least
-        :data:`UNRESPONSIVE_AFTER_S` seconds mean the server stopped answering:
-        the segment is marked and ``abandon`` set, which ends the load with
-        what was measured so far.
-        """
+        """One ``during`` sample as the load starts, then one per interval until it ends
+        (a server that stops answering is :class:`jobs.enginewatch.HangWatch`'s to judge)."""
         interval = max(0.05, float(self.job.scrape_interval_s))
-        failed_since: float | None = None
-        failures = 0
         while not stop.is_set():
-            if await self._sample(client, base_url, seg, "during"):
-                failed_since, failures = None, 0
-            else:
-                failures += 1
-                failed_since = failed_since if failed_since is not None else seg.now()
-                silent_s = seg.now() - failed_since
-                if failures >= UNRESPONSIVE_SCRAPES and silent_s >= UNRESPONSIVE_AFTER_S:
-                    seg.unresponsive = (
-                        f"the vLLM server stopped answering: /metrics failed {failures} times "
-                        f"in a row over {silent_s:.0f} s (from {failed_since:.1f} s into the run); "
-                        "the run ends with what was measured so far"
-                    )
-                    abandon.set()
-                    return
+            await self._sample(client, base_url, seg, "during")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=interval)

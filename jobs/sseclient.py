@@ -28,6 +28,9 @@ clients do for keep-alive races). Any other failure raises:
 
 A response that is not 200 is read whole and returned (status and body), not streamed.
 A cancelled request (timeout, abort) closes its connection.
+
+:func:`last_bytes_at` says when a server last sent this process a byte, over any of its
+connections: a stream still moving says the server is alive (:mod:`jobs.enginewatch`).
 """
 
 from __future__ import annotations
@@ -39,10 +42,19 @@ from urllib.parse import urlsplit
 
 import httptools
 
-__all__ = ["BadResponse", "ConnectionPool", "Response", "ServerDisconnected"]
+__all__ = ["BadResponse", "ConnectionPool", "Response", "ServerDisconnected", "last_bytes_at"]
 
 _MAX_HEAD = 64 * 1024  # a status line and headers longer than this are refused
 _MAX_ERROR_BODY = 1024 * 1024  # a non-200 body is kept up to this many bytes
+#: (host, port) -> ``time.perf_counter()`` of the last read that brought bytes from it
+_last_bytes: dict[tuple[str, int], float] = {}
+
+
+def last_bytes_at(base_url: str) -> float | None:
+    """``time.perf_counter()`` of the last read that brought this process bytes from the
+    server at ``base_url`` (``http://host:port``), over any connection; None if none."""
+    parts = urlsplit(base_url)
+    return _last_bytes.get((parts.hostname or "", parts.port or 80))
 
 
 class ServerDisconnected(ConnectionError):
@@ -71,7 +83,8 @@ class _Connection(asyncio.Protocol):
     inside :meth:`data_received`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, server: tuple[str, int] = ("", 0)) -> None:
+        self.server = server  # (host, port): the key of :func:`last_bytes_at`
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.keep_alive = True
@@ -113,7 +126,7 @@ class _Connection(asyncio.Protocol):
         return False  # close our side too; connection_lost follows
 
     def data_received(self, data: bytes) -> None:
-        self._now = time.perf_counter()
+        self._now = _last_bytes[self.server] = time.perf_counter()
         parser = self._parser
         if parser is None or self._done is None or self._done.done():
             self.abort()  # bytes outside a request: nothing sane to do with them
@@ -255,7 +268,8 @@ class ConnectionPool:
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
-        _, conn = await loop.create_connection(_Connection, self.host, self.port)
+        server = (self.host, self.port)
+        _, conn = await loop.create_connection(lambda: _Connection(server), self.host, self.port)
         self._all.add(conn)
         return conn
 
