@@ -84,7 +84,7 @@ from typing import Any
 
 import httpx
 
-from jobs import capacity_runner, enginelog, enginewatch, loadgen, metrics, runresult
+from jobs import capacity_runner, enginelog, enginewatch, journal, loadgen, metrics, runresult
 from jobs.capacity_runner import PhaseCut, StepLimits, StepMeasurement
 from jobs.engine import EngineCancelledError, EngineDiedError, EngineError, EngineServer
 from jobs.loadpool import cores_off_engine, run_load_workers
@@ -169,6 +169,7 @@ def execute_batch(
     cancel: threading.Event | None = None,
     telemetry: Callable[[], dict[str, float]] | None = None,
     on_record: Callable[[str, RequestRecord], None] | None = None,
+    on_sample: Callable[[str, MetricSample], None] | None = None,
 ) -> list[RunResult]:
     """Run the segments of ``job`` on one vLLM server, in order; one :class:`RunResult` each.
 
@@ -217,13 +218,15 @@ def execute_batch(
 
     ``on_record`` (optional) gets ``(run_id, record)`` for every request record as
     soon as the request finished (warm-ups too, marked), in the event-loop thread:
-    what was measured can be kept even if this process dies before the end. Its
-    exceptions are logged and ignored.
+    what was measured can be kept even if this process dies before the end;
+    ``on_sample`` the same for every ``/metrics`` sample. Both go first to the run's
+    journal beside the engine log (:mod:`jobs.journal`). Their exceptions are logged.
 
     Never raises for an engine or workload problem; the engine is stopped
     (its whole process group) before returning.
     """
-    return _Batch(job, progress, cancel or threading.Event(), telemetry, on_record).execute()
+    sink = journal.Journal(job.launch.log_path, on_record, on_sample)
+    return _Batch(job, progress, cancel or threading.Event(), telemetry, sink).execute()
 
 
 _SCRAPE_TIMEOUT_S = 10.0
@@ -245,11 +248,11 @@ class _Batch:
         progress: ProgressCallback | None,
         cancel: threading.Event,
         telemetry: Callable[[], dict[str, float]] | None = None,
-        on_record: Callable[[str, RequestRecord], None] | None = None,
+        sink: journal.Journal | None = None,
     ) -> None:
         self.job = job
         self.telemetry = telemetry
-        self.record_cb = on_record
+        self.journal = sink or journal.Journal(None)
         self.progress_cb = progress
         self.cancel = cancel
         total = len(job.segments)
@@ -339,6 +342,7 @@ class _Batch:
                 if current is not None:
                     last_ran = current
                 self._stop_server(last_ran or pending[0])
+        self.journal.close()
         return [self._result(seg) for seg in self.segments]
 
     def _build_requests(self) -> None:
@@ -723,13 +727,8 @@ class _Batch:
                 await prober
 
     def _stream(self, seg: Segment, record: RequestRecord) -> None:
-        """Hand a finished request's record to ``on_record`` (never raises)."""
-        if self.record_cb is None:
-            return
-        try:
-            self.record_cb(seg.run_id, record)
-        except Exception:
-            logger.exception("on_record callback failed")
+        """Journal a finished request's record and hand it to ``on_record`` (never raises)."""
+        self.journal.record(seg.run_id, record)
 
     def _on_measured_record(self, seg: Segment, record: RequestRecord) -> None:
         seg.measured_done += 1
@@ -766,7 +765,8 @@ class _Batch:
                 errors = seg.engine_info.setdefault("telemetry_errors", [])
                 if len(errors) < 20:
                     errors.append(f"{phase} at {t_s:.1f}s: {exc!r}")
-        seg.samples.append(MetricSample(t_s=t_s, phase=phase, values=values))
+        sample = MetricSample(t_s=t_s, phase=phase, values=values)
+        seg.samples.append(self.journal.sample(seg.run_id, sample))
         seg.sample_end_s.append(t_end)
         if self.hang is not None:
             self.hang.life()
