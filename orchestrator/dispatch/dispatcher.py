@@ -16,17 +16,25 @@ No orphans, ever. Before it claims anything (:meth:`Dispatcher.startup`):
   lock anyone can take is a dead one's, however it died) are reconciled at
   once, without waiting for their heartbeat to go stale;
 - a run that cannot be re-attached fails, keeping what it measured: its
-  request records were written to the database while it ran (streamed from
-  the supervisor every tick, not only at the end), its summary metrics are
-  computed from them, and its engine log is read from disk;
+  request records and ``/metrics`` samples were written to the database while
+  it ran (streamed from the supervisor every tick, not only at the end), those
+  that had not reached it yet are read back from the run's journal beside its
+  engine log (:mod:`jobs.journal`), its summary metrics are computed from the
+  records, and its engine log is read from disk;
 - every engine process on this machine that this home started (they all
   carry ``VLAB_ENGINE_HOME`` and ``VLAB_RUN_ID``) and that no live run owns is
   killed (:meth:`Dispatcher.sweep_engines`; again at each reconcile).
 
+A run whose supervisor dies while the orchestrator lives (``kill -9`` or an
+out-of-memory kill of its Ray worker: the backend's poll is done without a result
+for it) ends the same way, at once (:meth:`Dispatcher._fail_lost`).
+
 Why stream records rather than recover them from the supervisor: when the
 service dies with a local Ray, the supervisor goes with it (and its actor is
 owned by the dead driver on any cluster), so only what is already in the
-database survives; one bulk insert per second per running batch is cheap.
+database or on disk survives; one bulk insert per second per running batch is
+cheap. The journal covers the last tick before a death, and a run whose first
+node is another machine keeps what the stream delivered.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -60,7 +69,7 @@ from orchestrator.core.settings import Settings
 from orchestrator.core.states import RunStatus, is_terminal
 from orchestrator.core.telemetry import DISPATCHER_TICK, mark_dispatcher_running
 from orchestrator.runs.launch import build_batch_job
-from orchestrator.runs.logs import engine_log_from_disk
+from orchestrator.runs.logs import engine_log_from_disk, journal_from_disk
 from orchestrator.runs.service import record_result
 from orchestrator.schedules.service import fire_due_schedules
 
@@ -148,6 +157,10 @@ class RunBackend(Protocol):
         """Request records the batch's runs finished after ``since[run_id]`` of them."""
         ...
 
+    def samples(self, run_id: str, since: dict[str, int]) -> dict[str, list[dict[str, Any]]]:
+        """``/metrics`` samples the batch's runs took after ``since[run_id]`` of them."""
+        ...
+
     def cancel(self, run_id: str) -> None: ...
 
     def attach(self, run_id: str) -> bool: ...
@@ -167,6 +180,8 @@ class Dispatcher:
     active: dict[str, list[str]] = field(default_factory=dict)
     #: run id -> how many of its request records are in the database (streamed so far)
     streamed: dict[str, int] = field(default_factory=dict)
+    #: run id -> how many of its ``/metrics`` samples are in the database
+    streamed_samples: dict[str, int] = field(default_factory=dict)
     _last_reconcile: float = 0.0
     _last_heartbeat: float = 0.0
     _identity: IO[str] | None = None
@@ -258,10 +273,13 @@ class Dispatcher:
     def _fail_lost(self, repo: RunRepository, run: Run, reason: str) -> None:
         """End a run whose supervisor is gone: failed, keeping what it measured.
 
-        Its request records streamed so far stay; the metrics of its measured ones are
-        computed from them (the measured phase spanning the first start to the last
-        end); ``partial`` when any succeeded; its engine log is read from disk.
+        Its request records and samples streamed so far stay, and those its journal on
+        this machine's disk holds beyond them are added (:meth:`_recover_journal`); the
+        metrics of its measured records are computed from them (the measured phase
+        spanning the first start to the last end); ``partial`` when any succeeded; its
+        engine log is read from disk.
         """
+        journal = self._recover_journal(repo, run)
         rows = repo.request_rows(run.id)
         records = [
             RequestRecord(
@@ -309,11 +327,39 @@ class Dispatcher:
         )
         run.engine_info = {
             **(run.engine_info or {}),
-            "recovered": {"requests": len(records), "measured": len(measured), "succeeded": ok},
+            "recovered": {
+                "requests": len(records),
+                "measured": len(measured),
+                "succeeded": ok,
+                "samples": repo.count_samples(run.id),
+                "journal": journal,
+            },
             **({"partial": True} if ok else {}),
         }
         repo.transition(run, RunStatus.FAILED, reason)
         run.error = reason + kept
+
+    def _recover_journal(self, repo: RunRepository, run: Run) -> dict[str, Any]:
+        """Add what the run's journal holds and the database does not: request records
+        by ``seq`` (the stream's numbering: none twice), samples after the stored ones.
+        Returns what was added and the reader's notes (a torn last line...)."""
+        found = journal_from_disk(run)
+        if found is None:
+            return {"read": False, "note": "no engine log path noted for this run"}
+        records = repo.insert_requests(run.id, found.records.get(run.id, {}))
+        stored = repo.count_samples(run.id)
+        samples = found.samples.get(run.id, {})
+        later = [samples[seq] for seq in sorted(samples) if seq >= stored]
+        repo.append_samples(run.id, later)
+        if records or later or found.notes:
+            log.info(
+                "run %s: %d request records and %d samples recovered from its journal%s",
+                run.id,
+                records,
+                len(later),
+                f" ({'; '.join(found.notes)})" if found.notes else "",
+            )
+        return {"read": True, "records": records, "samples": len(later), "notes": found.notes}
 
     def heartbeat(self) -> None:
         """Publish this orchestrator's liveness and cluster resources (read by the API)."""
@@ -353,6 +399,7 @@ class Dispatcher:
                     repo.heartbeat(run.id, None)
                     self.active[run.id] = [run.id]
                     self.streamed[run.id] = repo.count_requests(run.id)
+                    self.streamed_samples[run.id] = repo.count_samples(run.id)
                     log.info("re-attached to run %s", run.id)
                     continue
                 if run.claimed_by in dead:
@@ -424,8 +471,12 @@ class Dispatcher:
             repo.finish(check, report)
 
     def _poll_one(self, batch_id: str) -> None:
+        """Record the batch's results when it is done (a run without one, its supervisor
+        lost, ends failed keeping what it measured: :meth:`_fail_lost`); otherwise stream
+        what its runs measured since the last tick and beat their hearts."""
         poll = self.backend.poll(batch_id)
         run_ids = self.active[batch_id]
+        counted: tuple[dict[str, int], dict[str, int]] = ({}, {})
         with unit_of_work(self.session_factory) as s:
             repo = RunRepository(s)
             runs = [r for rid in run_ids if (r := repo.get(rid, for_update=True)) is not None]
@@ -437,19 +488,22 @@ class Dispatcher:
             if poll.done:
                 results = {res.run_id: res for res in poll.results or []}
                 for run in live:
-                    result = results.get(run.id) or RunResult(
-                        run_id=run.id,
-                        status="failed",
-                        error=poll.error or "run supervisor returned no result for this run",
-                    )
-                    record_result(s, run, result)
-                    log.info("run %s ended %s", run.id, result.status)
+                    result = results.get(run.id)
+                    if result is None:  # its supervisor is gone: keep what was measured
+                        reason = poll.error or "the run supervisor returned no result for it"
+                        self._fail_lost(repo, run, reason)
+                        log.warning("run %s failed: %s", run.id, reason)
+                    else:
+                        record_result(s, run, result)
+                        log.info("run %s ended %s", run.id, result.status)
+                    self.streamed.pop(run.id, None)
+                    self.streamed_samples.pop(run.id, None)
                 self.active.pop(batch_id, None)
                 self.backend.release(batch_id)
                 return
             if any(r.cancel_requested for r in live):
                 self.backend.cancel(batch_id)  # the batch's server stops; its runs end cancelled
-            self._stream_records(repo, batch_id, [r.id for r in live])
+            counted = self._stream_measured(repo, batch_id)
             progress = poll.progress or {}
             current = progress.get("run_id") or run_ids[0]
             for run in live:
@@ -462,19 +516,42 @@ class Dispatcher:
                     repo.heartbeat(run.id, progress or None)
                 else:
                     repo.heartbeat(run.id, None)
+        # counted once the rows are committed: a failed commit streams them again
+        self.streamed.update(counted[0])
+        self.streamed_samples.update(counted[1])
 
-    def _stream_records(self, repo: RunRepository, batch_id: str, run_ids: list[str]) -> None:
-        """Write the request records the batch's runs finished since the last tick."""
-        since = {rid: self.streamed.get(rid, 0) for rid in run_ids}
+    def _stream_measured(
+        self, repo: RunRepository, batch_id: str
+    ) -> tuple[dict[str, int], dict[str, int]]:
+        """Write the request records and ``/metrics`` samples the batch's runs took since
+        the last tick; returns how many of each (records, samples) each run has then."""
+        records = self._fetch("request records", self.backend.records, batch_id, self.streamed)
+        samples = self._fetch("samples", self.backend.samples, batch_id, self.streamed_samples)
+        for rid, (since, rows) in records.items():
+            repo.append_requests(rid, since, rows)
+        for rid, (_, rows) in samples.items():
+            repo.append_samples(rid, rows)
+        return (
+            {rid: since + len(rows) for rid, (since, rows) in records.items()},
+            {rid: since + len(rows) for rid, (since, rows) in samples.items()},
+        )
+
+    def _fetch(
+        self,
+        what: str,
+        fetch: Callable[[str, dict[str, int]], dict[str, list[dict[str, Any]]]],
+        batch_id: str,
+        streamed: dict[str, int],
+    ) -> dict[str, tuple[int, list[dict[str, Any]]]]:
+        """``{run_id: (how many were streamed before, the new ones)}`` of the batch's runs
+        (``{}`` when the backend does not answer: streaming is a safety net)."""
+        since = {rid: streamed.get(rid, 0) for rid in self.active[batch_id]}
         try:
-            new = self.backend.records(batch_id, since)
+            new = fetch(batch_id, since)
         except Exception:  # noqa: BLE001 - streaming is a safety net, never a failure
-            log.exception("reading the request records of batch %s failed", batch_id)
-            return
-        for rid, rows in new.items():
-            if rid in since and rows:
-                repo.append_requests(rid, since[rid], rows)
-                self.streamed[rid] = since[rid] + len(rows)
+            log.exception("reading the %s of batch %s failed", what, batch_id)
+            return {}
+        return {rid: (since[rid], rows) for rid, rows in new.items() if rid in since and rows}
 
     def _own(self, job: BatchJob) -> BatchJob:
         """``job`` marked as this home's (every engine process carries the home's
@@ -523,7 +600,7 @@ class Dispatcher:
                 r.placement, r.parity = info.placement, info.parity
                 # where the engine log is, should the run be lost before its end
                 r.engine_info = {**(r.engine_info or {}), "log_path": job.launch.log_path}
-                self.streamed[r.id] = 0
+                self.streamed[r.id] = self.streamed_samples[r.id] = 0
             self.active[run.id] = [r.id for r in batch]
 
     def run_forever(self, stop: threading.Event) -> None:

@@ -281,6 +281,45 @@ class RunRepository:
             .on_conflict_do_nothing(index_elements=[RunRequest.run_id, RunRequest.seq])
         )
 
+    def insert_requests(self, run_id: str, by_seq: dict[int, dict[str, Any]]) -> int:
+        """Add request records (``RequestRecord.model_dump()``) at the given ``seq``s, those
+        the run has not stored yet (a run's journal read back); returns how many went in."""
+        have = set(
+            self.session.scalars(select(RunRequest.seq).where(RunRequest.run_id == run_id)).all()
+        )
+        rows = [
+            _request_row(run_id, seq, r) for seq, r in sorted(by_seq.items()) if seq not in have
+        ]
+        if rows:
+            self.session.execute(
+                pg_insert(RunRequest)
+                .values(rows)
+                .on_conflict_do_nothing(index_elements=[RunRequest.run_id, RunRequest.seq])
+            )
+        return len(rows)
+
+    def count_samples(self, run_id: str) -> int:
+        """How many ``/metrics`` samples the run has stored."""
+        return int(
+            self.session.scalar(
+                select(func.count()).select_from(RunSample).where(RunSample.run_id == run_id)
+            )
+            or 0
+        )
+
+    def append_samples(self, run_id: str, samples: list[dict[str, Any]]) -> None:
+        """Add ``/metrics`` samples (``MetricSample.model_dump()``) after the stored ones, as
+        they are taken. :meth:`save_measurements` replaces them with the run's final list
+        when it ends; a run lost before its end keeps these."""
+        if samples:
+            self.session.execute(
+                insert(RunSample),
+                [
+                    {"run_id": run_id, "t_s": s["t_s"], "phase": s["phase"], "values": s["values"]}
+                    for s in samples
+                ],
+            )
+
     def request_rows(self, run_id: str) -> Sequence[RunRequest]:
         """Every request record of the run, in ``seq`` order."""
         return self.session.scalars(

@@ -564,6 +564,20 @@ class RayRunBackend:
             return {}
         return found
 
+    def samples(self, run_id: str, since: dict[str, int]) -> dict[str, list[dict[str, Any]]]:
+        """The ``/metrics`` samples the batch's runs took after ``since[run_id]`` of them
+        (:meth:`RunSupervisor.samples`); ``{}`` when the supervisor does not answer."""
+        active = self._runs.get(run_id)
+        if active is None:
+            return {}
+        try:
+            found: dict[str, list[dict[str, Any]]] = ray.get(
+                active.actor.samples.remote(since), timeout=10
+            )
+        except (GetTimeoutError, RayError):
+            return {}
+        return found
+
     def cancel(self, run_id: str) -> None:
         active = self._runs.get(run_id)
         if active is not None:

@@ -19,10 +19,13 @@ the server is healthy, every process of each node's group is watched) or its
 node is lost, the runs are stopped and fail with that node's error lines.
 Every part is stopped when the job ends.
 
-Every request record is kept in the supervisor as soon as the request
-finished; ``records(since)`` hands out the new ones, and the dispatcher writes
-them to the database while the run goes, so the measured requests of a run
-survive the loss of the orchestrator and of this supervisor.
+Every request record and every ``/metrics`` sample is kept in the supervisor as
+soon as it was taken; ``records(since)`` and ``samples(since)`` hand out the new
+ones, and the dispatcher writes them to the database every tick while the run goes.
+Before that, the runner wrote each to the run's journal beside the engine log
+(:mod:`jobs.journal`, on this node's disk within half a second), which the
+dispatcher reads back when this supervisor dies (``kill -9``, an out-of-memory kill)
+or the orchestrator is lost: what was measured survives both.
 """
 
 from __future__ import annotations
@@ -48,7 +51,15 @@ from jobs.gpus import (
     visible_devices,
 )
 from jobs.runner import execute_batch
-from jobs.schemas import BatchJob, EngineLaunch, NodePart, Progress, RequestRecord, RunResult
+from jobs.schemas import (
+    BatchJob,
+    EngineLaunch,
+    MetricSample,
+    NodePart,
+    Progress,
+    RequestRecord,
+    RunResult,
+)
 
 log = logging.getLogger(__name__)
 
@@ -300,6 +311,8 @@ class RunSupervisor:
         self._telemetry: GpuTelemetry | None = None
         #: every finished request's record so far, per run (``RequestRecord.model_dump()``)
         self._records: dict[str, list[dict[str, Any]]] = {}
+        #: every ``/metrics`` sample so far, per run (``MetricSample.model_dump()``)
+        self._samples: dict[str, list[dict[str, Any]]] = {}
         self._records_lock = threading.Lock()
         self._parts_watched = False
 
@@ -375,6 +388,10 @@ class RunSupervisor:
         with self._records_lock:
             self._records.setdefault(run_id, []).append(record.model_dump())
 
+    def _on_sample(self, run_id: str, sample: MetricSample) -> None:
+        with self._records_lock:
+            self._samples.setdefault(run_id, []).append(sample.model_dump())
+
     def _work(self) -> None:
         resolution: dict[str, Any] | None = None
         try:
@@ -395,7 +412,12 @@ class RunSupervisor:
                 watcher.start()
             telemetry = self._gpu_values if self._telemetry is not None else None
             self._result = execute_batch(
-                job, self._on_progress, self._cancel, telemetry, on_record=self._on_record
+                job,
+                self._on_progress,
+                self._cancel,
+                telemetry,
+                on_record=self._on_record,
+                on_sample=self._on_sample,
             )
             if self._part_failure is not None:
                 self._result = [
@@ -495,11 +517,20 @@ class RunSupervisor:
         """The request records each run got after the first ``since[run_id]`` (default 0),
         in the order the requests finished: ``{run_id: [RequestRecord.model_dump(), ...]}``
         (runs without new records are left out)."""
-        since = since or {}
+        return self._since(self._records, since or {})
+
+    def samples(self, since: dict[str, int] | None = None) -> dict[str, list[dict[str, Any]]]:
+        """The ``/metrics`` samples each run got after the first ``since[run_id]``, in the
+        order they were taken: ``{run_id: [MetricSample.model_dump(), ...]}``."""
+        return self._since(self._samples, since or {})
+
+    def _since(
+        self, kept: dict[str, list[dict[str, Any]]], since: dict[str, int]
+    ) -> dict[str, list[dict[str, Any]]]:
         with self._records_lock:
             return {
                 run_id: rows[since.get(run_id, 0) :]
-                for run_id, rows in self._records.items()
+                for run_id, rows in kept.items()
                 if len(rows) > since.get(run_id, 0)
             }
 
