@@ -128,7 +128,7 @@ class Journal:
     def flush(self) -> None:
         """Hand what was written to the operating system now."""
         with self._lock:
-            for fh in self._files or []:
+            for fh in [] if self._closed.is_set() else self._files or []:
                 try:
                     fh.flush()
                 except (OSError, ValueError) as exc:
