@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from jobs import enginewatch, sseclient
-from jobs.engine import DEAD_ENGINE_GRACE_S
+from jobs.engine import DEAD_ENGINE_GRACE_S, EngineServer
 from jobs.errorlines import error_lines, warning_and_error_lines
 from jobs.processes import group_members
 from jobs.runner import ENGINE_WATCH_INTERVAL_S, execute_batch
@@ -150,6 +150,76 @@ def test_bytes_on_a_stream_say_a_server_is_alive() -> None:
         sock.close()
 
 
+def test_a_stopped_process_behind_an_answering_api_server_is_hung() -> None:
+    """A stopped engine core leaves /health answering and every stream standing still:
+    the process's state T for the bound is the verdict."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base_url = f"http://127.0.0.1:{server.server_address[1]}"
+    stopped = ["VLLM::EngineCore (pid 7)"]
+
+    async def watch() -> tuple[float, str]:
+        hang = enginewatch.HangWatch(base_url, after_s=0.5, stopped=lambda: stopped)
+        prober = asyncio.create_task(hang.probe())
+        t0 = time.perf_counter()
+        try:
+            while (verdict := hang.verdict()) is None:
+                assert time.perf_counter() - t0 < 10, "no verdict"
+                await asyncio.sleep(0.05)
+        finally:
+            prober.cancel()
+        return time.perf_counter() - t0, verdict
+
+    try:
+        took, verdict = asyncio.run(watch())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert verdict.startswith("VLLM::EngineCore (pid 7) of the vLLM engine has been stopped")
+    # seen at the first probe, judged at the first probe after the bound (1 s apart)
+    assert 0.5 <= took < 0.5 + enginewatch.PROBE_INTERVAL_S + 1.0
+
+
+def test_stop_ends_a_stopped_engine_at_once(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """SIGTERM does not act on a stopped process: stop() continues the group and gives a
+    stopped engine the short grace, not the 30 s one."""
+    launch = EngineLaunch(
+        engine_python=_stub_engine(tmp_path),
+        model_dir=str(tiny_model_dir),
+        served_model_name="tiny",
+        log_path=str(tmp_path / "server.log"),
+    )
+    server = EngineServer(launch)
+    server.start()
+    try:
+        server.wait_healthy(timeout_s=60)
+        assert server.pgid is not None
+        os.killpg(server.pgid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5  # the signal is taken when the process next runs
+        while not server.stopped_processes():
+            assert time.monotonic() < deadline, server.process_states()
+            time.sleep(0.02)
+        assert any("T (stopped)" in state for state in server.process_states())
+        t0 = time.perf_counter()
+        server.stop()
+        took = time.perf_counter() - t0
+    finally:
+        server.stop()
+    assert group_members(server.pgid) == []
+    assert took < DEAD_ENGINE_GRACE_S + 2.0
+
+
 # --------------------------------------------------------------------------- end to end
 
 STUB_ENGINE = """#!{python}
@@ -187,9 +257,12 @@ def _stub_engine(tmp_path: Path) -> str:
     return str(path)
 
 
-def test_a_sigstopped_engine_fails_the_run_partial_within_the_bound(
-    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("phase", ["measuring", "warmup"])
+def test_a_sigstopped_engine_fails_the_run_within_the_bound(
+    phase: str, tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """SIGSTOP of the API server after 3 measured requests (``partial``), or as the
+    warm-up begins (nothing measured)."""
     hang_after_s = 2.0
     monkeypatch.setattr(enginewatch, "HANG_AFTER_S", hang_after_s)
     workload = WorkloadSpec.model_validate(
@@ -209,15 +282,17 @@ def test_a_sigstopped_engine_fails_the_run_partial_within_the_bound(
     )
     stopped: dict[str, float] = {}
 
-    def progress(p: Progress) -> None:  # SIGSTOP the API server after 3 measured requests
-        if p.phase == "measuring" and p.requests_done >= 3 and not stopped:
+    def progress(p: Progress) -> None:
+        wanted = 3 if phase == "measuring" else 0
+        if p.phase == phase and p.requests_done >= wanted and not stopped:
             pid = int((tmp_path / "engine.pid").read_text())
             os.kill(pid, signal.SIGSTOP)
             stopped["pid"], stopped["at"] = pid, time.perf_counter()
 
     [result] = execute_batch(job, progress=progress)
     took = time.perf_counter() - stopped["at"]
-    assert result.status == "failed" and result.partial, result.error
+    assert result.status == "failed", result.error
+    assert result.partial is (phase == "measuring")
     # the bound: the silence (counted from the last byte, before the stop), the watcher's
     # poll, the stop's grace for a hung engine, and slack for a loaded 2-core machine
     assert took < hang_after_s + ENGINE_WATCH_INTERVAL_S + DEAD_ENGINE_GRACE_S + 3.0
@@ -227,5 +302,5 @@ def test_a_sigstopped_engine_fails_the_run_partial_within_the_bound(
     assert enginewatch.NO_WARNINGS in error
     assert "HTTP/1.1" not in error and "Avg prompt throughput" not in error
     measured = [r for r in result.requests if not r.warmup]
-    assert sum(r.success for r in measured) >= 3
+    assert sum(r.success for r in measured) >= (3 if phase == "measuring" else 0)
     assert group_members(result.engine_info["pgid"]) == []
