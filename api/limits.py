@@ -1,6 +1,7 @@
-"""Request body limit: bodies above ``settings.limits.max_body_bytes`` are refused unread.
+"""Request limits: bodies above ``settings.limits.max_body_bytes`` are refused unread, and
+at most ``settings.api.max_concurrent_reads`` reads are inside the application at once.
 
-A pure ASGI middleware (outside FastAPI's body parsing, so nothing reads a large body
+Body limit: a pure ASGI middleware (outside FastAPI's body parsing, so nothing reads a large body
 whole first). A request that declares its ``Content-Length`` above the limit is
 answered at once with 413 ``application/problem+json`` (code ``payload_too_large``)
 and its body is never read; a chunked body (no ``Content-Length``) is read up to the
@@ -11,10 +12,24 @@ The default (16 MiB, ``VLAB_LIMITS__MAX_BODY_BYTES``) holds every spec but the
 largest inline replays: a replay workload may list up to 20,000 request bodies,
 about 800 bytes each on average within 16 MiB. A service that replays more or
 longer traffic raises the setting; the refusal names it.
+
+Read admission: at most ``settings.api.max_concurrent_reads`` GET/HEAD requests are
+inside the application at once (:class:`ReadGateMiddleware`); the others wait, in the
+order they came, on the event loop, holding no worker thread and no database
+connection. Without it, 32 concurrent readers each took a worker thread and a pooled
+connection (a sync route's dependencies and body run in separate threadpool calls while
+the connection stays checked out), the pool ran dry, threads blocked in checkout while
+the requests holding connections waited for a thread: reads answered 503
+``database_busy`` after the pool timeout, and the dispatcher of the same process waited
+for a connection as long. ``/healthz``, ``/metrics`` and ``/static`` are not gated (a
+probe answers during a read storm); writes are not gated (the submissions have a gate of
+their own, :mod:`orchestrator.experiments.config_check`, and a write must not wait
+behind reads).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -98,6 +113,41 @@ class BodyLimitMiddleware:
         await send({"type": "http.response.body", "body": raw})
 
 
+#: Paths that are never gated: probes, the scrape, static assets (no database).
+UNGATED = ("/healthz", "/metrics", "/static/")
+_READS = frozenset({"GET", "HEAD"})
+
+
+class ReadGateMiddleware:
+    """Let at most ``max_reads`` GET/HEAD requests into ``app`` at once; the rest wait
+    first come, first served (an :class:`asyncio.Semaphore` of the running loop)."""
+
+    def __init__(self, app: ASGIApp, max_reads: int) -> None:
+        self.app = app
+        self.max_reads = max_reads
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._slots = asyncio.Semaphore(max_reads)
+
+    def _gate(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # a new server loop (tests start one per client)
+            self._loop, self._slots = loop, asyncio.Semaphore(self.max_reads)
+        return self._slots
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope.get("method") not in _READS
+            or scope.get("path", "").startswith(UNGATED)
+        ):
+            await self.app(scope, receive, send)
+            return
+        async with self._gate():
+            await self.app(scope, receive, send)
+
+
 def install(app: FastAPI, settings: Settings) -> None:
-    """Add the body limit of ``settings.limits`` to ``app``."""
+    """Add the read gate of ``settings.api`` and the body limit of ``settings.limits``
+    (outermost) to ``app``."""
+    app.add_middleware(ReadGateMiddleware, max_reads=settings.api.max_concurrent_reads)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)

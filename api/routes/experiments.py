@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from api.deps import SessionDep, SettingsDep
 from api.problems import PROBLEM_JSON
-from api.routes.common import Limit, Offset, run_brief, run_out
+from api.routes.common import Limit, Offset, run_brief, run_out, url_for_id
 from api.schemas import (
     ExperimentCreated,
     ExperimentListItem,
@@ -106,7 +106,7 @@ def list_experiments(
     items = [
         ExperimentListItem(
             id=e.id,
-            url=str(request.url_for("get_experiment", experiment_id=e.id)),
+            url=url_for_id(request, "get_experiment", experiment_id=e.id),
             name=e.name,
             model_id=e.model_id,
             created_at=e.created_at,

@@ -197,7 +197,10 @@ def resolve_database_url(settings: Settings) -> str:
 
 
 def make_engine(url: str, *, connect_timeout_s: int = 5, pool_timeout_s: float = 10.0) -> Engine:
-    """The service's engine: 10 + 10 pooled connections, checked before use.
+    """The service's engine: 10 + 30 pooled connections, checked before use: room for the
+    API's reads (at most ``VLAB_API__MAX_CONCURRENT_READS`` at once, :mod:`api.limits`),
+    its writes and the dispatcher of the same process, so readers never starve the
+    dispatcher of a connection.
 
     ``connect_timeout_s``: libpq's ``connect_timeout`` (an unreachable host fails in
     seconds, not after the TCP timeout); ``pool_timeout_s``: the longest wait for a
@@ -208,7 +211,7 @@ def make_engine(url: str, *, connect_timeout_s: int = 5, pool_timeout_s: float =
         normalize_url(url),
         pool_pre_ping=True,
         pool_size=10,
-        max_overflow=10,
+        max_overflow=30,
         pool_timeout=pool_timeout_s,
         connect_args={"connect_timeout": connect_timeout_s},
     )

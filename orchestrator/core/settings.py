@@ -35,6 +35,15 @@ class ApiSettings(BaseModel):
     session_ttl_s: float = Field(
         12 * 3600.0, gt=0, description="lifetime of a dashboard sign-in (seconds)"
     )
+    max_concurrent_reads: int = Field(
+        16,
+        ge=1,
+        le=30,
+        description="GET requests inside the application at once; more wait for a slot "
+        "holding no thread and no database connection (:mod:`api.limits`). At most 30: the "
+        "database pool (10 + 30 connections, ``orchestrator.core.db.make_engine``) holds "
+        "these reads, the writes and the dispatcher of the same process",
+    )
     metrics_token: SecretStr | None = Field(
         None,
         description="when set, GET /metrics needs `Authorization: Bearer <this>` (checked "

@@ -169,7 +169,7 @@ def test_every_documented_series_is_scraped_and_values_move(
         for name in telemetry.DISPATCHER_FAMILIES:  # left out, not exported as zeros
             assert name not in first.families
         assert first.value("vlab_database_pool_size") == 10
-        assert first.value("vlab_database_pool_max_overflow") == 10
+        assert first.value("vlab_database_pool_max_overflow") == 30
 
         # ---- a submission queues its runs
         created = client.post("/api/v1/experiments", json=SPEC)
