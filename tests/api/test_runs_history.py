@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator.runs.history import HistoryQueryError, parse_engine_arg
 from tests.api.test_api import PROBLEM
+from tests.factories import make_experiment
 from tests.web.seed import bulk_history
 
 
@@ -86,3 +87,22 @@ def test_bad_sort_and_engine_arg_are_problems(client: TestClient) -> None:
     assert resp.status_code == 422 and resp.json()["errors"][0]["loc"] == ["query", "until"]
     resp = client.get("/api/v1/runs", params={"engine_arg": "oops"})
     assert resp.status_code == 422 and "name=value" in resp.json()["detail"]
+
+
+def test_the_dashboard_table_renders_from_brief_rows(
+    client: TestClient, model: str, session_factory: sessionmaker[Session]
+) -> None:
+    """The history page loads only the table's columns and metrics
+    (``history_page(brief=True)``); every cell it shows still comes through."""
+    html = client.get("/", params={"model": model}).text
+    assert html.count("<tr data-run-id=") == 12
+    assert f"{model}-00002" in html and ">v3</a>" in html  # experiment and run names
+    assert ">10.0</td>" in html and ">50.0 %</td>" in html  # TTFT p50 and hit rate
+    assert ">(baseline)</td>" in html and "enable_prefix_caching = true" in html
+
+    other = f"apc-{uuid.uuid4().hex[:8]}"
+    with session_factory.begin() as s:  # no metrics yet: prefix caching off shows "off"
+        make_experiment(s, n_runs=2, model_id=other)
+    html = client.get("/", params={"model": other}).text
+    assert html.count("<tr data-run-id=") == 2
+    assert html.count('title="prefix caching off') == 1

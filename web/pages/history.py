@@ -122,7 +122,13 @@ def history(request: Request) -> HTMLResponse:
         flt, sort, desc, page, per_page = HistoryFilter(), "submitted", True, 1, 50
     with unit_of_work(request.app.state.session_factory) as session:
         result = history_page(
-            session, flt, sort=sort, descending=desc, limit=per_page, offset=(page - 1) * per_page
+            session,
+            flt,
+            sort=sort,
+            descending=desc,
+            limit=per_page,
+            offset=(page - 1) * per_page,
+            brief=True,
         )
         if error is not None:  # show the error, not an unfiltered table that looks filtered
             result.rows, result.total = [], 0

@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, func, select, text, type_coerce
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy.orm import Session, aliased, load_only
 
 from orchestrator.core.models import Experiment, Run, RunMetric
 
@@ -23,6 +23,25 @@ class HistoryRepository:
 
     #: sort keys of columns that are never NULL (plain ASC/DESC: the b-tree index orders)
     NOT_NULL = frozenset({"submitted", "sequence", "model", "status", "experiment"})
+
+    #: What a row of the history table shows (``brief`` pages load only these): a real
+    #: run's configuration and engine details are ~25 kB of JSON, a 50-run page ~1.2 MB.
+    TABLE_COLUMNS = (
+        Run.id,
+        Run.experiment_id,
+        Run.name,
+        Run.is_baseline,
+        Run.repeat_index,
+        Run.sequence,
+        Run.variable,
+        Run.changes,
+        Run.model_id,
+        Run.status,
+        Run.partial,
+        Run.created_at,
+        Run.started_at,
+        Run.finished_at,
+    )
 
     def __init__(self, session: Session) -> None:
         self.session = session
@@ -71,20 +90,26 @@ class HistoryRepository:
         descending: bool,
         limit: int,
         offset: int,
-    ) -> tuple[list[tuple[Run, str]], int]:
-        """``(run, experiment name)`` rows of one page and the total matching ``filters``.
+        brief: bool = False,
+    ) -> tuple[list[tuple[Run, str, Any]], int]:
+        """``(run, experiment name, enable_prefix_caching)`` rows of one page and the total
+        matching ``filters``; the third is the run's engine argument (None when unset).
 
         ``filters``: the fields of ``orchestrator.runs.history.HistoryFilter``. ``sort``: a
         column key (``submitted``, ``sequence``, ``started``, ``duration``, ``experiment``,
         ``model``, ``status``, ``variable``) or, with ``metric`` (a ``run_metrics`` name),
-        any key; rows without the sort value come last in either direction.
+        any key; rows without the sort value come last in either direction. ``brief``: the
+        runs carry only :data:`TABLE_COLUMNS` (reading another attribute raises).
         """
         conds = self._conditions(**filters)
+        prefix_caching = type_coerce(Run.engine_args, JSONB)["enable_prefix_caching"]
         stmt: Any = (
-            select(Run, Experiment.name)
+            select(Run, Experiment.name, prefix_caching)
             .join(Experiment, Experiment.id == Run.experiment_id)
             .where(*conds)
         )
+        if brief:
+            stmt = stmt.options(load_only(*self.TABLE_COLUMNS, raiseload=True))
         key: Any
         if metric is not None:
             row = aliased(RunMetric)
@@ -110,7 +135,7 @@ class HistoryRepository:
         stmt = stmt.order_by(ordered, tie).limit(limit).offset(offset)
         total = self.session.scalar(select(func.count()).select_from(Run).where(*conds)) or 0
         found = self.session.execute(stmt).all()
-        return [(run, name) for run, name in found], total
+        return [(run, name, apc) for run, name, apc in found], total
 
     def distinct_models(self, limit: int = 200) -> list[str]:
         """Model ids present in the run history, alphabetical: a recursive skip scan over

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -196,14 +196,18 @@ class RunRepository:
         ).all()
         return {name: value for name, value in rows}
 
-    def metrics_for(self, run_ids: list[str]) -> dict[str, dict[str, float]]:
+    def metrics_for(
+        self, run_ids: list[str], names: Collection[str] | None = None
+    ) -> dict[str, dict[str, float]]:
+        """The summary metrics of ``run_ids`` (only ``names``, when given) by run id."""
         out: dict[str, dict[str, float]] = {rid: {} for rid in run_ids}
         if not run_ids:
             return out
+        conds = [RunMetric.run_id.in_(run_ids)]
+        if names is not None:
+            conds.append(RunMetric.name.in_(list(names)))
         rows = self.session.execute(
-            select(RunMetric.run_id, RunMetric.name, RunMetric.value).where(
-                RunMetric.run_id.in_(run_ids)
-            )
+            select(RunMetric.run_id, RunMetric.name, RunMetric.value).where(*conds)
         ).all()
         for rid, name, value in rows:
             out[rid][name] = value
