@@ -21,6 +21,7 @@ Processes, by the name the matrix gives them:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import shutil
@@ -40,6 +41,7 @@ import httpx
 from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from jobs.journal import journal_paths
 from orchestrator.core.db import normalize_url, upgrade_to_head
 from orchestrator.core.models import Run, RunRequest, RunSample
 from tests.conftest import REPO
@@ -545,23 +547,24 @@ class Deployment:
     def log_path(self, run_id: str) -> Path:
         return self.home / "runs" / run_id / "engine.log"
 
-    def journal_lines(self, run_id: str) -> int | None:
-        """Lines of the run's journal next to its engine log, if the build keeps one."""
-        folder = self.home / "runs" / run_id
-        if not folder.is_dir():
+    def journal_lines(self, run_id: str) -> tuple[int, int] | None:
+        """(records, samples) of run ``run_id`` in its journal beside its engine log
+        (:mod:`jobs.journal`: complete lines only); None when there is no journal."""
+        counts: list[int | None] = []
+        for path in journal_paths(self.log_path(run_id)):
+            try:
+                lines = path.read_bytes().split(b"\n")[:-1]  # a torn last line is not in
+            except OSError:
+                counts.append(None)
+                continue
+            n = 0
+            for line in lines:
+                with contextlib.suppress(ValueError):
+                    n += json.loads(line).get("run_id") == run_id
+            counts.append(n)
+        if counts[0] is None and counts[1] is None:
             return None
-        journals = [
-            p
-            for p in folder.iterdir()
-            if p.is_file() and "journal" in p.name and not p.name.endswith(".lock")
-        ]
-        if not journals:
-            return None
-        total = 0
-        for p in journals:
-            with contextlib.suppress(OSError):
-                total += sum(1 for line in p.read_bytes().splitlines() if line.strip())
-        return total
+        return counts[0] or 0, counts[1] or 0
 
     # -- the end ------------------------------------------------------------------------
 

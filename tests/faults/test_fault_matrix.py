@@ -101,12 +101,16 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _deployment(
     root: Path, url: str, model: Path, ray_address: str | None = None
 ) -> Iterator[Deployment]:
+    t0 = time.monotonic()
     d = Deployment(root, url, model, ray_address)
     try:
         d.start()
+        print(f"deployment {root.name} up in {time.monotonic() - t0:.0f}s", flush=True)
         yield d
     finally:
+        t1 = time.monotonic()
         d.close()
+        print(f"deployment {root.name} closed in {time.monotonic() - t1:.0f}s", flush=True)
 
 
 def _run_rows(
@@ -144,7 +148,9 @@ def test_fault_matrix(server_url: str, model: Path, tmp_path: Path) -> None:
             pg.close()
     two_rows = _selected(TWO_NODE_ROWS)
     if two_rows:
+        t1 = time.monotonic()
         nodes = TwoNodes()
+        print(f"two-node Ray cluster up in {time.monotonic() - t1:.0f}s", flush=True)
         try:
             with fresh_database(server_url) as url:
                 for d in _deployment(tmp_path / "two", url, model, nodes.address):
