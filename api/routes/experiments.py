@@ -131,20 +131,43 @@ def get_comparison(experiment_id: str, session: SessionDep) -> dict[str, Any]:
     return comparison(session, experiment_id)
 
 
-@router.get("/experiments/{experiment_id}/export")
+#: What ``GET /experiments/{id}/export`` sends, by ``format`` (CSV as UTF-8 text).
+EXPORT_MEDIA = {"csv": "text/csv", "parquet": "application/vnd.apache.parquet"}
+
+EXPORT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The runs as a file: CSV with `format=csv` (the default), Parquet "
+        "with `format=parquet`",
+        "content": {
+            EXPORT_MEDIA["csv"]: {"schema": {"type": "string"}},
+            EXPORT_MEDIA["parquet"]: {"schema": {"type": "string", "format": "binary"}},
+        },
+        "headers": {
+            "Content-Disposition": {
+                "description": 'attachment; filename="<experiment id>.<format>"',
+                "schema": {"type": "string"},
+            }
+        },
+    }
+}
+
+
+@router.get(
+    "/experiments/{experiment_id}/export", response_class=Response, responses=EXPORT_RESPONSES
+)
 def export_runs(
     experiment_id: str,
     session: SessionDep,
     format: Annotated[Literal["csv", "parquet"], Query()] = "csv",
 ) -> Response:
-    """The experiment's runs as CSV or Parquet: one row per run, configuration and metrics
+    """The experiment's runs as CSV (``text/csv``) or Parquet
+    (``application/vnd.apache.parquet``): one row per run, configuration and metrics
     flattened into dotted columns (``engine_args.enable_prefix_caching``,
     ``metrics.median_ttft_ms``)."""
     body = export(session, experiment_id, format)
-    media = "text/csv" if format == "csv" else "application/vnd.apache.parquet"
     return Response(
         body,
-        media_type=media,
+        media_type=EXPORT_MEDIA[format],
         headers={"content-disposition": f'attachment; filename="{experiment_id}.{format}"'},
     )
 
