@@ -64,7 +64,10 @@ so does the policy, deciding by content:
   folder) and then in vLLM's ``chat_templates`` folder; anything else is a path.
 
 A relative path is refused even under a root (it would resolve against the
-engine's working directory on the node): give the absolute path.
+engine's working directory on the node): give the absolute path. The refusal says what
+the value is (:meth:`PathPolicy.path_problem`): a ``file:`` URI or a URL (vLLM opens the
+value as a local path, so ``file:///etc/passwd`` is not ``/etc/passwd`` to it), a Windows
+drive path, a path in a home folder, a relative or an absolute path.
 """
 
 from __future__ import annotations
@@ -109,6 +112,10 @@ _HF_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(?:/[A-Za-z0-9][A-Za-z0-9._-]*)
 _BARE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _DOTTED_IMPORT = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+$")
 _JINJA_MARKERS = ("{{", "{%", "{#", "\n")
+#: Values that are not local paths although a path argument receives them.
+_FILE_URI = re.compile(r"^file:", re.IGNORECASE)
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_DRIVE = re.compile(r"^[A-Za-z]:[\\/]")
 
 
 @dataclass(frozen=True)
@@ -255,22 +262,48 @@ class PathPolicy:
     # ------------------------------------------------------------------ paths
 
     def path_problem(self, value: str) -> str | None:
-        """Why ``value`` may not be used as a path on the server, or None when it may."""
+        """Why ``value`` may not be used as a path on the server, or None when it may; the
+        reason starts with what the value is: a ``file:`` URI, a URL, a Windows drive
+        path, a path in a home folder, a relative path or an absolute path."""
         too_long = name_problem(value, "path")
         if too_long:
             return too_long
+        if _FILE_URI.match(value):
+            return (
+                "a file: URI, not a path (vLLM opens the value as it is: a relative path "
+                "starting with 'file:' in the engine's working directory on the node); give "
+                "the file's absolute path under an allowed root"
+            )
+        url = _URL.match(value)
+        if url:
+            return (
+                f"a URL ({url.group(1)}://), not a path (vLLM reads this argument from the "
+                "node's file system and downloads nothing); put the file under an allowed "
+                "root and give its absolute path"
+            )
+        if _DRIVE.match(value):
+            return (
+                "a Windows drive path (the engine runs on Linux); give an absolute path "
+                "under an allowed root"
+            )
         if value.startswith("~"):
-            return "a path in a home folder; give an absolute path under an allowed root"
+            return (
+                "a path in a home folder (vLLM does not expand '~'); give an absolute path "
+                "under an allowed root"
+            )
         if not os.path.isabs(value):
             return (
                 "a relative path (it would resolve against the engine's working directory "
                 "on the node); give an absolute path under an allowed root"
             )
         if not self.allowed_roots:
-            return f"no folder is allowed: {ROOTS_SETTING} is not set"
+            return f"an absolute path, and no folder is allowed: {ROOTS_SETTING} is not set"
         norm = os.path.normpath(value)
         if not _is_under(norm, self.allowed_roots):
-            return f"outside the allowed roots {list(self.allowed_roots)} ({ROOTS_SETTING})"
+            return (
+                f"an absolute path outside the allowed roots {list(self.allowed_roots)} "
+                f"({ROOTS_SETTING})"
+            )
         # realpath follows every symbolic link of the parts that exist, also when the last
         # part does not exist yet (a file vLLM would create under a linked folder)
         try:
@@ -279,8 +312,8 @@ class PathPolicy:
             real = norm
         if not _is_under(real, self._real_roots):
             return (
-                f"it leads through a symbolic link to {real}, outside the "
-                f"allowed roots {list(self.allowed_roots)} ({ROOTS_SETTING})"
+                f"an absolute path that leads through a symbolic link to {real}, outside "
+                f"the allowed roots {list(self.allowed_roots)} ({ROOTS_SETTING})"
             )
         return None
 
@@ -288,8 +321,8 @@ class PathPolicy:
         roots = list(self.allowed_roots) or "none"
         return {
             "loc": loc,
-            "msg": f"{name}: {_short(value)} names a file or folder on the server, refused: "
-            f"{reason}. Engine arguments may name only absolute paths under the allowed "
+            "msg": f"{name}: {_short(value)} is read as a file or folder on the server, "
+            f"refused: {reason}. Engine arguments may name only absolute paths under the allowed "
             f"roots (now: {roots}); to allow a folder, add it to {ROOTS_SETTING} "
             "(a JSON list, e.g. '[\"/models\"]')",
             "type": "path_not_allowed",

@@ -75,3 +75,15 @@ def test_catalog_refuses_deep_json_before_parsing() -> None:
     deep = "[" * 5000 + "]" * 5000
     (err,) = catalog.check({"speculative_config": deep}, ["x"])
     assert err["type"] == "bad_engine_arg_value"
+
+
+def test_a_file_uri_is_refused_as_a_file_uri_not_a_relative_path(client: TestClient) -> None:
+    """Issue 23's trial: ``chat_template: "file:///etc/passwd"`` was refused as "a relative
+    path"."""
+    spec = demo_spec()
+    spec["baseline"]["engine_args"]["chat_template"] = "file:///etc/passwd"
+    resp = client.post("/api/v1/experiments", json=spec)
+    assert resp.status_code == 422, resp.text[:500]
+    (err,) = [e for e in resp.json()["errors"] if e["type"] == "path_not_allowed"]
+    assert err["loc"][-1] == "chat_template"
+    assert "refused: a file: URI, not a path" in err["msg"], err["msg"]

@@ -114,6 +114,38 @@ def test_server_files_are_refused_naming_argument_value_and_setting() -> None:
         assert [e["type"] for e in problems(cat, **{name: value})] == ["path_not_allowed"], name
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "kind"),
+    [
+        ("chat_template", "file:///etc/passwd", "a file: URI, not a path"),
+        ("chat_template", "FILE:/etc/passwd", "a file: URI, not a path"),
+        ("tokenizer", "https://example.com/tok", "a URL (https://), not a path"),
+        ("download_dir", "s3://bucket/cache", "a URL (s3://), not a path"),
+        ("lora_modules", ["sql=file:///etc"], "a file: URI, not a path"),
+        ("download_dir", "C:\\models", "a Windows drive path"),
+        ("tokenizer", "~/.ssh", "a path in a home folder"),
+        ("download_dir", "cache", "a relative path"),
+        ("hf_config_path", "a/b/c", "a relative path"),
+        ("tokenizer", "../../etc", "a relative path"),
+        ("chat_template", "/etc/passwd", "an absolute path, and no folder is allowed"),
+    ],
+)
+def test_a_refusal_names_what_the_value_is(name: str, value: Any, kind: str) -> None:
+    """``file:///etc/passwd`` was called "a relative path" (issue 23): each refusal now
+    says what the value is: a file: URI, a URL, a Windows drive path, a path in a home
+    folder, a relative or an absolute path."""
+    (err,) = problems(catalog(), **{name: value})
+    assert err["type"] == "path_not_allowed"
+    assert f"refused: {kind}" in err["msg"], err["msg"]
+
+
+def test_an_absolute_path_outside_the_roots_is_named_so(tmp_path: Path) -> None:
+    (err,) = problems(catalog([tmp_path]), download_dir="/etc")
+    assert "refused: an absolute path outside the allowed roots" in err["msg"]
+    (err,) = problems(catalog([tmp_path]), chat_template="file://" + str(tmp_path / "t.jinja"))
+    assert "refused: a file: URI, not a path" in err["msg"]  # even when its path is allowed
+
+
 def test_values_that_are_not_paths_stay_accepted() -> None:
     cat = catalog()
     for name, value in [
