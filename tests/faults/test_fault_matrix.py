@@ -124,11 +124,15 @@ def _run_rows(
         for process, sig, phases in rows:
             t0 = time.monotonic()
             cells = Row(d, sampler, process, sig, phases, postgres, nodes).run()
-            print(f"row {process}/{sig}: {time.monotonic() - t0:.0f}s", flush=True)
+            # each row as it ends (a run cut short still shows what it measured)
+            line = table([cells]).splitlines()[-1]
+            print(f"row {process}/{sig}: {time.monotonic() - t0:.0f}s\n{line}", flush=True)
+            print("\n".join(findings([cells])), flush=True)
             done.append(cells)
     return done
 
 
+@pytest.mark.timeout(3600)  # the default cells take about 7 min here, every cell about 17
 def test_fault_matrix(server_url: str, model: Path, tmp_path: Path) -> None:
     t0 = time.monotonic()
     results: list[dict[str, Cell]] = []
