@@ -34,7 +34,15 @@ from tests.faults.harness import (
 from tests.faults.matrix import PHASES, Cell, Row, findings, table
 
 #: Needs local Ray processes and minutes: left out of ``make check``, run by ``make test``.
-pytestmark = [pytest.mark.slow]
+pytestmark = [
+    pytest.mark.slow,
+    # opt-in until its cost on a fresh clone is measured (about 7 min on a loaded 2-core
+    # machine): VLAB_FAULT_MATRIX=1 (default cells) or =full (every cell)
+    pytest.mark.skipif(
+        not os.environ.get("VLAB_FAULT_MATRIX"),
+        reason="fault matrix is opt-in: set VLAB_FAULT_MATRIX=1 (or full)",
+    ),
+]
 
 #: (process, signal) rows on the test database's deployment, in order, with the phases
 #: the default run covers (``VLAB_FAULT_MATRIX=full``: every phase). Left to the full
