@@ -94,6 +94,9 @@ PART_ANSWER_S = 30.0
 #: claim, the placement group, the supervisor's start, the request list of a plain run,
 #: the engine's process start, recording the result (about 2.5 s), doubled.
 RUN_OVERHEAD_S = 5.0
+#: How long Ray takes to call a node dead that stopped answering: its GCS health check,
+#: 5 failed checks 3 s apart (``health_check_failure_threshold``, ``_period_ms``).
+RAY_NODE_DEATH_S = 15.0
 #: Slack on every bound for a loaded 2-core machine (process starts, Ray's own timers).
 SLACK_S = 5.0
 #: How long the service may take to answer ``/healthz`` (it probes the database with a
@@ -459,8 +462,10 @@ class Row:
             cell.violations.append(f"/log: HTTP {resp.status_code}")
 
     def _check_queue(self, cell: Cell, next_w: Watch) -> None:
-        """The run queued behind is claimed (leaves ``queued``), not failed at launch."""
-        bound = 10.0 + SLACK_S
+        """The run queued behind is claimed (leaves ``queued``), not failed at launch:
+        within a launch (about 5 s here) and the slack, plus Ray's time to call a lost
+        node dead (its devices stay reserved until then) after a node loss."""
+        bound = 10.0 + SLACK_S + (RAY_NODE_DEATH_S if self.process == "node" else 0.0)
 
         def moved() -> str | None:
             st = self.d.state(next_w.run_id)
