@@ -16,12 +16,14 @@ longer traffic raises the setting; the refusal names it.
 Read admission: at most ``settings.api.max_concurrent_reads`` GET/HEAD requests are
 inside the application at once (:class:`ReadGateMiddleware`); the others wait, in the
 order they came, on the event loop, holding no worker thread and no database
-connection. Without it, 32 concurrent readers each took a worker thread and a pooled
+connection. Without it, every concurrent reader took a worker thread (40) and a pooled
 connection (a sync route's dependencies and body run in separate threadpool calls while
-the connection stays checked out), the pool ran dry, threads blocked in checkout while
-the requests holding connections waited for a thread: reads answered 503
-``database_busy`` after the pool timeout, and the dispatcher of the same process waited
-for a connection as long. ``/healthz``, ``/metrics`` and ``/static`` are not gated (a
+the connection stays checked out); past the pool's size, threads blocked in checkout
+while the requests holding connections waited for a thread: at 64 concurrent readers
+35-40 % answered 503 ``database_busy`` after the 10 s pool timeout (docs/BENCHMARKS.md),
+and the dispatcher of the same process checks out from that pool too. With the gate the
+reads hold at most ``max_concurrent_reads`` of its 40 connections. ``/healthz``,
+``/metrics`` and ``/static`` are not gated (a
 probe answers during a read storm); writes are not gated (the submissions have a gate of
 their own, :mod:`orchestrator.experiments.config_check`, and a write must not wait
 behind reads).
