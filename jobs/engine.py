@@ -59,6 +59,7 @@ from jobs.processes import (
     process_alive,
     process_start_time,
     process_state,
+    process_stopped,
     process_title,
     signal_name,
 )
@@ -584,11 +585,7 @@ class EngineServer:
 
     def stopped_processes(self) -> list[str]:
         """The watched processes in state ``T``/``t`` now (stopped: SIGSTOP, a debugger)."""
-        return [
-            label
-            for pid, label in self._labels().items()
-            if (process_state(pid) or "").startswith(("T", "t"))
-        ]
+        return [label for pid, label in self._labels().items() if process_stopped(pid)]
 
     def run_warning_lines(self, n: int = 60) -> list[str]:
         """The warning and error lines logged since the server became healthy
@@ -626,9 +623,7 @@ class EngineServer:
             proc, pgid = self._proc, self._pgid
             if proc is None or pgid is None:
                 return None
-            stopped = any(
-                (process_state(pid) or "").startswith(("T", "t")) for pid in group_members(pgid)
-            )
+            stopped = any(process_stopped(pid) for pid in group_members(pgid))
             if self.death() is not None or self.hung is not None or stopped:
                 timeout_s = min(timeout_s, DEAD_ENGINE_GRACE_S)
             deadline = time.monotonic() + timeout_s

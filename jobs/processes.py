@@ -77,6 +77,11 @@ def process_state(pid: int) -> str | None:
     return None
 
 
+def process_stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped now (state ``T`` or ``t``: SIGSTOP, a debugger)."""
+    return (process_state(pid) or "").startswith(("T", "t"))
+
+
 def process_title(pid: int) -> str:
     """What ``ps`` shows for ``pid``: its command line (vLLM retitles its processes
     ``VLLM::EngineCore``, ``VLLM::Worker``...), else its name; ``""`` when gone."""
