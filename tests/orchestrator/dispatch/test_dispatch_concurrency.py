@@ -8,7 +8,6 @@ standard library), since three vLLM servers at once do not fit this machine.
 
 from __future__ import annotations
 
-import stat
 import sys
 import threading
 import time
@@ -17,46 +16,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import ray
-from sqlalchemy import create_engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.modelgen import generate_model
-from orchestrator.core.db import normalize_url, upgrade_to_head
 from orchestrator.core.models import Run
 from orchestrator.core.settings import EngineSettings, OrchestratorSettings, Settings
 from orchestrator.core.states import is_terminal
 from orchestrator.dispatch.dispatcher import Dispatcher
 from orchestrator.dispatch.ray.backend import RayRunBackend
-from tests.conftest import fresh_database
 from tests.factories import make_experiment
 from tests.jobs.test_runner_batch import FAKE_HTTP_ENGINE
+from tests.orchestrator.dispatch.raydb import ray_and_database
 
 
 @pytest.fixture
 def setup(tmp_path: Path, server_url: str) -> Iterator[dict[str, Any]]:
-    engine_python = tmp_path / "fake_engine"
-    engine_python.write_text(
-        FAKE_HTTP_ENGINE.format(python=sys.executable, die_after=None, freeze_after=None)
-    )
-    engine_python.chmod(engine_python.stat().st_mode | stat.S_IXUSR)
-    model = generate_model(tmp_path / "tiny", "tiny", seed=0)
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    with fresh_database(server_url) as url:
-        upgrade_to_head(url)
-        engine = create_engine(normalize_url(url))
-        try:
-            yield {
-                "factory": sessionmaker(bind=engine, expire_on_commit=False),
-                "engine_python": engine_python,
-                "model": model,
-                "home": tmp_path / "home",
-            }
-        finally:
-            engine.dispose()
-            ray.shutdown()
+    with ray_and_database(
+        tmp_path,
+        server_url,
+        FAKE_HTTP_ENGINE.format(python=sys.executable, die_after=None, freeze_after=None),
+    ) as found:
+        yield found
 
 
 def test_side_by_side_then_exclusive(setup: dict[str, Any]) -> None:

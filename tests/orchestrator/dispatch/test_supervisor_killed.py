@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import signal
-import stat
 import sys
 import threading
 import time
@@ -25,23 +24,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import ray
-from sqlalchemy import create_engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.routes.runs import get_run_log
 from jobs.journal import read_journal
-from jobs.modelgen import generate_model
 from jobs.processes import engine_processes, process_title
-from orchestrator.core.db import normalize_url, upgrade_to_head
 from orchestrator.core.models import Run
 from orchestrator.core.repositories import RunRepository
 from orchestrator.core.settings import EngineSettings, OrchestratorSettings, Settings
 from orchestrator.core.states import is_terminal
 from orchestrator.dispatch.dispatcher import Dispatcher
 from orchestrator.dispatch.ray.backend import RayRunBackend
-from tests.conftest import REPO, fresh_database
+from tests.conftest import REPO
 from tests.factories import make_experiment
+from tests.orchestrator.dispatch.raydb import ray_and_database
 
 STUB_ENGINE = """\
 #!{python}
@@ -69,25 +65,10 @@ TICK_S = 1.0
 
 @pytest.fixture
 def setup(tmp_path: Path, server_url: str) -> Iterator[dict[str, Any]]:
-    engine_python = tmp_path / "stub_engine"
-    engine_python.write_text(STUB_ENGINE.format(python=sys.executable, repo=str(REPO)))
-    engine_python.chmod(engine_python.stat().st_mode | stat.S_IXUSR)
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    with fresh_database(server_url) as url:
-        upgrade_to_head(url)
-        engine = create_engine(normalize_url(url))
-        try:
-            yield {
-                "factory": sessionmaker(bind=engine, expire_on_commit=False),
-                "engine_python": engine_python,
-                "model": generate_model(tmp_path / "tiny", "tiny", seed=0),
-                "home": tmp_path / "home",
-            }
-        finally:
-            engine.dispose()
-            ray.shutdown()
+    with ray_and_database(
+        tmp_path, server_url, STUB_ENGINE.format(python=sys.executable, repo=str(REPO))
+    ) as found:
+        yield found
 
 
 def _wait(what: str, timeout_s: float, check: Any) -> Any:
