@@ -14,8 +14,8 @@ Lifecycle::
     # stop(): SIGTERM to the process group, SIGKILL after a grace period,
     # and no member of the group left (checked in /proc).
 
-Errors: :class:`EngineError` is the base; :class:`EngineStartError` (exited or
-never healthy while starting), :class:`EngineDiedError` (any process of the
+Errors: :class:`EngineError` is the base; :class:`EngineStartError` (exited, never
+healthy, or stopped too long while starting), :class:`EngineDiedError` (any process of the
 engine exited after it was healthy: API server, engine core, workers; see
 :meth:`EngineServer.death`), :class:`EngineCancelledError` (start-up wait
 cancelled). Each carries ``log_lines``: the engine log's meaningful error lines.
@@ -118,7 +118,8 @@ class EngineError(Exception):
 
 
 class EngineStartError(EngineError):
-    """The server exited, or did not answer ``/health`` in time, while starting."""
+    """The server exited, did not answer ``/health`` in time, or had a process stopped
+    (state ``T``) too long, while starting."""
 
 
 class EngineDiedError(EngineError):
@@ -307,6 +308,11 @@ def _make_preexec(parent_pid: int) -> Callable[[], None]:
     return preexec
 
 
+def _short_title(title: str) -> str:
+    """A process's title for a message: ``VLLM::EngineCore``, or its command line cut."""
+    return title.split()[0] if title.startswith("VLLM::") else title[:80]
+
+
 class EngineServer:
     """One ``vllm serve`` process (and its children) for one :class:`EngineLaunch`.
 
@@ -427,26 +433,36 @@ class EngineServer:
             self.started_at = time.monotonic()
 
     def wait_healthy(
-        self, cancel: threading.Event | None = None, timeout_s: float | None = None
+        self,
+        cancel: threading.Event | None = None,
+        timeout_s: float | None = None,
+        stopped_after_s: float | None = None,
     ) -> float:
         """Poll ``GET /health`` every 0.5 s until it answers 200.
 
         Returns the seconds since :meth:`start`. ``timeout_s`` defaults to
         ``launch.startup_timeout_s``. Raises :class:`EngineStartError` (with the
         log's error lines) if the process exits or on timeout,
-        :class:`EngineCancelledError` when ``cancel`` is set. Does not stop the
-        server: call :meth:`stop`.
+        :class:`EngineCancelledError` when ``cancel`` is set. With ``stopped_after_s``
+        (the runner passes :data:`jobs.enginewatch.HANG_AFTER_S`), a process of the
+        engine's group that stays stopped (state ``T``: SIGSTOP, a debugger) that long
+        fails the start too, as a hang would, without waiting for the start-up timeout
+        (minutes for a real model): the error names the stopped processes and carries
+        the warnings and errors the engine logged (never an access line; see
+        :meth:`start_error`). Does not stop the server: call :meth:`stop`.
         """
         if self._proc is None or self.started_at is None:
             raise RuntimeError("EngineServer not started")
         timeout = self.launch.startup_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
+        stopped_since: float | None = None  # since when a process is seen stopped
         with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0), trust_env=False) as client:
             while True:
                 code = self._proc.poll()
                 if code is not None and self._port_taken():
                     self._restart_on_new_port()
                     deadline = time.monotonic() + timeout
+                    stopped_since = None
                     continue
                 if code is not None:
                     raise EngineStartError(
@@ -456,6 +472,15 @@ class EngineServer:
                     )
                 if cancel is not None and cancel.is_set():
                     raise EngineCancelledError("cancelled while waiting for the engine")
+                if stopped_after_s is not None:
+                    stopped = self.stopped_processes()
+                    now = time.monotonic()
+                    if not stopped:
+                        stopped_since = None
+                    elif stopped_since is None:
+                        stopped_since = now
+                    elif now - stopped_since >= stopped_after_s:
+                        raise self.start_error(stopped, now - stopped_since)
                 try:
                     resp = client.get(self.base_url + "/health")
                     if resp.status_code == 200:
@@ -473,6 +498,21 @@ class EngineServer:
                     cancel.wait(0.5)
                 else:
                     time.sleep(0.5)
+
+    def start_error(self, stopped: list[str], for_s: float) -> EngineStartError:
+        """The error of a start whose processes ``stopped`` (labels) have been stopped for
+        ``for_s`` seconds: it names them, and its log lines are the warnings and errors
+        the engine logged while starting (:func:`jobs.errorlines.warning_and_error_lines`:
+        never an ``INFO`` record nor an access line), or it says there were none."""
+        lines = warning_and_error_lines(self.log_text())
+        message = (
+            f"{', '.join(stopped)} of the vLLM engine has been stopped (state T: SIGSTOP "
+            f"or a debugger) for {for_s:.1f} s while it started; a stopped process does "
+            f"nothing until continued, so the start was given up (log: {self.log_path})"
+        )
+        if not lines:
+            message += "; the engine logged no warning or error while it started"
+        return EngineStartError(message, lines)
 
     def info(self) -> dict[str, Any]:
         """The command, port and process group of the current start; ``port_retries``
@@ -574,8 +614,7 @@ class EngineServer:
             if pid == self._proc.pid:
                 labels[pid] = f"API server (pid {pid}, {title[:120]})"
             else:
-                name = title.split()[0] if title.startswith("VLLM::") else title[:80]
-                labels[pid] = f"{name} (pid {pid})"
+                labels[pid] = f"{_short_title(title)} (pid {pid})"
         return labels
 
     def process_states(self) -> list[str]:
@@ -584,8 +623,19 @@ class EngineServer:
         return [f"{label}: {process_state(pid) or 'gone'}" for pid, label in self._labels().items()]
 
     def stopped_processes(self) -> list[str]:
-        """The watched processes in state ``T``/``t`` now (stopped: SIGSTOP, a debugger)."""
-        return [label for pid, label in self._labels().items() if process_stopped(pid)]
+        """The engine's processes in state ``T``/``t`` now (stopped: SIGSTOP, a debugger):
+        the watched ones once the server is healthy; before that, every process of its
+        group (vLLM's engine core and workers are started during the start-up)."""
+        if self.watched or self._proc is None or self._pgid is None:
+            return [label for pid, label in self._labels().items() if process_stopped(pid)]
+        leader = self._proc.pid
+        stopped = [pid for pid in group_members(self._pgid) if process_stopped(pid)]
+        return [
+            f"API server (pid {pid}, {process_title(pid)[:120]})"
+            if pid == leader
+            else f"{_short_title(process_title(pid))} (pid {pid})"
+            for pid in sorted(stopped, key=lambda pid: pid != leader)
+        ]
 
     def run_warning_lines(self, n: int = 60) -> list[str]:
         """The warning and error lines logged since the server became healthy
@@ -615,9 +665,12 @@ class EngineServer:
         died, was judged hung or has a stopped process: a broken engine gets no long
         graceful shutdown), reap the leader,
         then re-check ``/proc`` until no live member remains (SIGKILL again if
-        needed, up to 10 s more). Returns the leader's exit code (``None`` if
-        never started). Raises :class:`EngineError` only if processes survive
-        SIGKILL.
+        needed, up to 10 s more). A process of the group seen stopped (state ``T``/``t``)
+        while the stop waits (stopped again after the SIGCONT, or held by a debugger)
+        gets the group SIGKILLed at once: a stopped engine cannot shut down gracefully,
+        and waiting the rest of the grace would only hold the run. Returns the leader's
+        exit code (``None`` if never started). Raises :class:`EngineError` only if
+        processes survive SIGKILL.
         """
         with self._lock:
             proc, pgid = self._proc, self._pgid
@@ -630,8 +683,11 @@ class EngineServer:
             self._signal_group(pgid, signal.SIGTERM)
             self._signal_group(pgid, signal.SIGCONT)
             while time.monotonic() < deadline:
-                if proc.poll() is not None and not group_members(pgid):
+                members = group_members(pgid)
+                if proc.poll() is not None and not members:
                     break
+                if any(process_stopped(pid) for pid in members):
+                    break  # stopped during its shutdown: SIGKILL now
                 time.sleep(0.1)
             if proc.poll() is None or group_members(pgid):
                 self._signal_group(pgid, signal.SIGKILL)

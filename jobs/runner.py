@@ -7,7 +7,9 @@ carries the ``run_id`` it is about):
 1. build each segment's request list from its workload with the served
    model's tokenizer (:func:`jobs.workload.build_requests`; warm-ups first);
 2. start the vLLM server once [``starting``] and wait for ``/health``
-   [``waiting_health``];
+   [``waiting_health``]; a process of it that stays stopped (SIGSTOP) for
+   :data:`jobs.enginewatch.HANG_AFTER_S` s meanwhile fails the start at once, not at the
+   start-up timeout;
 3. for each segment, in order:
 
    a. send its warm-up requests one at a time [``warmup``], then
@@ -372,7 +374,11 @@ class _Batch:
         server.start()
         self.server_info = server.info()
         self.report(first, "waiting_health", f"waiting for {server.base_url}/health")
-        self.startup_s = server.wait_healthy(self.cancel, self.job.launch.startup_timeout_s)
+        self.startup_s = server.wait_healthy(
+            self.cancel,
+            self.job.launch.startup_timeout_s,
+            stopped_after_s=enginewatch.HANG_AFTER_S,  # a stopped engine never comes up
+        )
         self.server_info.update(server.info())  # a retry on a new port changes them
         first.timings["startup_s"] = self.startup_s
         first.engine_info["startup_s"] = self.startup_s
