@@ -136,7 +136,9 @@ class WorkloadSpec(BaseModel):
 
     In the open-loop modes ``concurrency`` still caps the requests in flight
     (``--max-concurrency``). ``duration_s``, when set, stops sending measured
-    requests that many seconds after the first was sent.
+    requests that many seconds after the first was sent (those in flight finish):
+    ``num_requests`` is then the most it sends, and the run is judged on the requests
+    it sent in that window (a run that sent fewer than ``num_requests`` succeeds).
     """
 
     kind: Literal["shared_prefix", "template", "replay"] = "shared_prefix"

@@ -206,6 +206,11 @@ class Segment:
         ``max_failed_fraction`` (0-1): throughput and latencies over a run that
         lost that many requests measure the failures, not the engine.
 
+        A run with ``duration_s`` (a time-bounded measurement) sends no measured request
+        after its window closes, and the request list is only its upper bound: it is
+        judged on the requests it sent in its window (each has a record: those in flight
+        when the window closed finish), never against the whole list.
+
         A capacity search fails only if no request of any step succeeded: failed
         requests at a load above the capacity are what the search measures (its steps
         count them and stop at saturation), not a broken run.
@@ -222,7 +227,7 @@ class Segment:
         if measured and not any(r.success for r in done):
             first = next((r.error for r in done if r.error), "no measured request finished")
             return "failed", f"all {len(done)} measured requests failed; first error: {first}"
-        if len(done) < len(measured):
+        if self.workload.duration_s is None and len(done) < len(measured):
             return "failed", f"only {len(done)} of {len(measured)} measured requests finished"
         failed = [r for r in done if not r.success]
         if done and len(failed) / len(done) > max_failed_fraction:
