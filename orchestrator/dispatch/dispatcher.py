@@ -27,7 +27,10 @@ No orphans, ever. Before it claims anything (:meth:`Dispatcher.startup`):
 
 A run whose supervisor dies while the orchestrator lives (``kill -9`` or an
 out-of-memory kill of its Ray worker: the backend's poll is done without a result
-for it) ends the same way, at once (:meth:`Dispatcher._fail_lost`).
+for it) ends the same way, at once (:meth:`Dispatcher._fail_lost`). So does one whose
+supervisor stops answering (SIGSTOP, a hang): while it is silent its runs get no
+heartbeat and nothing is streamed; after ``orchestrator.stale_after_s`` without an
+answer the backend ends the supervisor and its poll is done without a result.
 
 Why stream records rather than recover them from the supervisor: when the
 service dies with a local Ray, the supervisor goes with it (and its actor is
@@ -84,6 +87,9 @@ class Poll:
     results: list[RunResult] | None = None
     progress: dict[str, Any] | None = None
     error: str | None = None
+    #: whether the run's supervisor answered this poll: one that did not (stopped, hung)
+    #: gets no heartbeat for its runs and is not asked for records or samples
+    answered: bool = True
 
 
 @dataclass
@@ -472,11 +478,23 @@ class Dispatcher:
 
     def _poll_one(self, batch_id: str) -> None:
         """Record the batch's results when it is done (a run without one, its supervisor
-        lost, ends failed keeping what it measured: :meth:`_fail_lost`); otherwise stream
+        lost, ends failed keeping what it measured: :meth:`_fail_lost`, and the engines no
+        live run owns are swept at once); otherwise, when its supervisor answered, stream
         what its runs measured since the last tick and beat their hearts."""
         poll = self.backend.poll(batch_id)
+        if self._record_poll(batch_id, poll):
+            try:
+                self.sweep_engines()
+            except Exception as exc:  # noqa: BLE001 - the reconcile sweeps again
+                if is_unavailable(exc):
+                    raise
+                log.exception("sweeping the engines of a lost run failed")
+
+    def _record_poll(self, batch_id: str, poll: Poll) -> bool:
+        """Write what ``poll`` says of the batch; True when a run of it was failed lost."""
         run_ids = self.active[batch_id]
         counted: tuple[dict[str, int], dict[str, int]] = ({}, {})
+        lost = False
         with unit_of_work(self.session_factory) as s:
             repo = RunRepository(s)
             runs = [r for rid in run_ids if (r := repo.get(rid, for_update=True)) is not None]
@@ -484,7 +502,7 @@ class Dispatcher:
             if not live:
                 self.active.pop(batch_id, None)
                 self.backend.release(batch_id)
-                return
+                return False
             if poll.done:
                 results = {res.run_id: res for res in poll.results or []}
                 for run in live:
@@ -493,6 +511,7 @@ class Dispatcher:
                         reason = poll.error or "the run supervisor returned no result for it"
                         self._fail_lost(repo, run, reason)
                         log.warning("run %s failed: %s", run.id, reason)
+                        lost = True
                     else:
                         record_result(s, run, result)
                         log.info("run %s ended %s", run.id, result.status)
@@ -500,9 +519,11 @@ class Dispatcher:
                     self.streamed_samples.pop(run.id, None)
                 self.active.pop(batch_id, None)
                 self.backend.release(batch_id)
-                return
+                return lost
             if any(r.cancel_requested for r in live):
                 self.backend.cancel(batch_id)  # the batch's server stops; its runs end cancelled
+            if not poll.answered:  # silent: no heartbeat; the backend bounds the silence
+                return False
             counted = self._stream_measured(repo, batch_id)
             progress = poll.progress or {}
             current = progress.get("run_id") or run_ids[0]
@@ -519,6 +540,7 @@ class Dispatcher:
         # counted once the rows are committed: a failed commit streams them again
         self.streamed.update(counted[0])
         self.streamed_samples.update(counted[1])
+        return False
 
     def _stream_measured(
         self, repo: RunRepository, batch_id: str

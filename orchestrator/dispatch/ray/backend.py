@@ -4,14 +4,25 @@ Each run asks Ray for ``TP x PP`` one-device bundles (``{"CPU": 1}`` on a
 CPU host, ``{"GPU": 1}`` on GPU clusters: the resource kind is the
 ``orchestrator.device_resource`` setting) as a placement group, and places its
 supervisor actor in bundle 0. Ray errors are mapped to run errors here.
+
+A supervisor that does not answer (its worker stopped by SIGSTOP, or hung) is given
+``orchestrator.stale_after_s`` from its last answer, the age at which a run's heartbeat
+marks it lost; then :meth:`RayRunBackend.poll` ends it (its worker SIGKILLed) and says
+the run is done without a result, and the dispatcher fails the run keeping what it
+measured. Each call to a supervisor waits at most :data:`CALL_TIMEOUT_S`, and one that has
+not answered is waited for again without blocking, so a silent supervisor does not hold
+up the dispatcher's tick (the other runs' polls, claims, schedules).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
 import socket
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +38,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from jobs.engine import render_engine_args
 from jobs.nodeprobe import launch_environment
+from jobs.processes import process_title
 from jobs.schemas import BatchJob, NodePart, RunResult
 from orchestrator.cluster.engineenv import engine_env_problem, engine_only
 from orchestrator.cluster.parity import check_parity
@@ -61,6 +73,11 @@ from orchestrator.dispatch.ray.supervisor import (
 )
 
 log = logging.getLogger(__name__)
+
+#: Seconds a call to a run's supervisor (``progress``, ``records``, ``samples``) may take
+#: before the supervisor counts as silent for this tick: a supervisor answers these from
+#: memory in milliseconds; a stopped or hung one never does.
+CALL_TIMEOUT_S = 2.0
 
 
 def connect(settings: Settings) -> dict[str, Any]:
@@ -130,6 +147,13 @@ class _Active:
     actor: Any
     result_ref: Any
     pg: PlacementGroup | None
+    #: when the supervisor last answered (``time.monotonic()``; its launch or re-attach
+    #: counts as an answer)
+    answered: float = field(default_factory=time.monotonic)
+    #: its ``progress`` call that has not answered yet (waited for again, not re-sent)
+    pending: Any = None
+    #: its last call did not answer: ``records`` and ``samples`` are not asked until it does
+    silent: bool = False
 
 
 class RayRunBackend:
@@ -532,6 +556,14 @@ class RayRunBackend:
         return True
 
     def poll(self, run_id: str) -> Poll:
+        """The run's result once its supervisor returned it (or died), else its progress.
+
+        The ``progress`` call waits at most :data:`CALL_TIMEOUT_S`; one that did not answer
+        is waited for again at the next poll without blocking (not sent twice). A poll
+        without an answer is ``answered=False``; once the supervisor has not answered for
+        ``orchestrator.stale_after_s`` it is lost: its worker is SIGKILLed
+        (:meth:`_end_supervisor`) and the poll is done with the error that says so.
+        """
         active = self._runs.get(run_id)
         if active is None:
             return Poll(done=True, error="no supervisor for this run in this orchestrator")
@@ -544,38 +576,95 @@ class RayRunBackend:
                 return Poll(done=True, error=f"run supervisor died: {exc}")
             except RayError as exc:
                 return Poll(done=True, error=f"ray error: {exc}")
-        try:
-            progress = ray.get(active.actor.progress.remote(), timeout=10)
-        except (GetTimeoutError, RayError):
-            progress = None
-        return Poll(done=False, progress=progress)
+        waiting = active.pending is not None
+        ref = active.pending if waiting else active.actor.progress.remote()
+        answer, _ = ray.wait([ref], timeout=0 if waiting else CALL_TIMEOUT_S)
+        active.pending = None if answer else ref
+        if answer:
+            try:
+                progress = ray.get(ref)
+            except RayError:  # the worker died: its result says so at the next poll
+                pass
+            else:
+                self._answered(active)
+                return Poll(done=False, progress=progress)
+        active.silent = True
+        silent_s = time.monotonic() - active.answered
+        limit = self.settings.orchestrator.stale_after_s
+        if silent_s < limit:
+            return Poll(done=False, answered=False)
+        how = self._end_supervisor(active)
+        log.warning(
+            "run %s: its supervisor did not answer for %.1f s (stale_after_s %g s): %s",
+            run_id,
+            silent_s,
+            limit,
+            how,
+        )
+        return Poll(
+            done=True,
+            error=f"the run supervisor did not answer for {silent_s:.0f} s (stopped or hung; "
+            f"VLAB_ORCHESTRATOR__STALE_AFTER_S={limit:g}); ended",
+        )
+
+    @staticmethod
+    def _answered(active: _Active) -> None:
+        active.answered = time.monotonic()
+        active.silent = False
+
+    @staticmethod
+    def _end_supervisor(active: _Active) -> str:
+        """End a supervisor that stopped answering; returns what was done.
+
+        ``ray.kill`` ends its worker wherever it is, but a stopped worker cannot exit by
+        itself and Ray SIGKILLs it only after its own grace (measured with Ray 2.60: 5.0 s
+        for a SIGSTOPped worker, 3 kills); a worker on this machine (Ray's actor table
+        gives its node and pid) is SIGKILLed here at once. Once it is gone its engine's
+        lifetime guard ends the engine (within 0.5 s), and the dispatcher sweeps the
+        engines no live run owns."""
+        node_id, pid = "", 0
+        with contextlib.suppress(Exception):  # private API: Ray's kill alone is the fallback
+            table = ray._private.state.state.actor_table(active.actor._actor_id.hex())
+            node_id = str((table.get("Address") or {}).get("NodeID") or "")
+            pid = int(table.get("Pid") or 0)
+        with contextlib.suppress(RayError, ValueError):
+            ray.kill(active.actor)
+        local = bool(node_id) and node_id == ray.get_runtime_context().get_node_id()
+        if local and pid > 0 and process_title(pid).startswith("ray::"):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+            else:
+                return f"ray.kill, and SIGKILL of its worker (pid {pid}) on this machine"
+        where = f"pid {pid} on node {node_id[:12]}" if pid else "its worker"
+        return f"ray.kill ({where}: Ray SIGKILLs it after its grace)"
 
     def records(self, run_id: str, since: dict[str, int]) -> dict[str, list[dict[str, Any]]]:
         """The request records the batch's runs finished after ``since[run_id]`` of them
-        (:meth:`RunSupervisor.records`); ``{}`` when the supervisor does not answer."""
-        active = self._runs.get(run_id)
-        if active is None:
-            return {}
-        try:
-            found: dict[str, list[dict[str, Any]]] = ray.get(
-                active.actor.records.remote(since), timeout=10
-            )
-        except (GetTimeoutError, RayError):
-            return {}
-        return found
+        (:meth:`RunSupervisor.records`); ``{}`` when the supervisor does not answer (within
+        :data:`CALL_TIMEOUT_S`) or did not answer its last call."""
+        return self._stream_call(run_id, "records", since)
 
     def samples(self, run_id: str, since: dict[str, int]) -> dict[str, list[dict[str, Any]]]:
         """The ``/metrics`` samples the batch's runs took after ``since[run_id]`` of them
         (:meth:`RunSupervisor.samples`); ``{}`` when the supervisor does not answer."""
+        return self._stream_call(run_id, "samples", since)
+
+    def _stream_call(
+        self, run_id: str, method: str, since: dict[str, int]
+    ) -> dict[str, list[dict[str, Any]]]:
         active = self._runs.get(run_id)
-        if active is None:
+        if active is None or active.silent:
             return {}
         try:
             found: dict[str, list[dict[str, Any]]] = ray.get(
-                active.actor.samples.remote(since), timeout=10
+                getattr(active.actor, method).remote(since), timeout=CALL_TIMEOUT_S
             )
         except (GetTimeoutError, RayError):
+            active.silent = True
             return {}
+        self._answered(active)
         return found
 
     def cancel(self, run_id: str) -> None:

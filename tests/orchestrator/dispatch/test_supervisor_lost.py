@@ -10,7 +10,10 @@ out-of-memory kill): done, no result. The run's journal is written by the real
   last line is skipped with a note; the run ends failed, ``partial``, its engine log
   read from disk;
 - while a run goes, samples are streamed every tick like records, counted only once
-  committed.
+  committed;
+- a supervisor that does not answer (the poll says ``answered=False``) gets no heartbeat
+  for its run and is not asked for records or samples; when the backend gives up on it
+  the run fails the same way.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ class LostBackend:
         self.new_records: dict[str, list[dict[str, Any]]] = {}
         self.new_samples: dict[str, list[dict[str, Any]]] | Exception = {}
         self.released: list[str] = []
+        #: the stream's calls, in order ("records", "samples")
+        self.asked: list[str] = []
 
     def resources(self) -> dict[str, float]:
         return {"CPU": 2.0}
@@ -59,10 +64,12 @@ class LostBackend:
         return self.poll_answer
 
     def records(self, run_id: str, since: dict[str, int]) -> dict[str, list[dict[str, Any]]]:
+        self.asked.append("records")
         new, self.new_records = self.new_records, {}
         return new
 
     def samples(self, run_id: str, since: dict[str, int]) -> dict[str, list[dict[str, Any]]]:
+        self.asked.append("samples")
         if isinstance(self.new_samples, Exception):
             raise self.new_samples
         new, self.new_samples = self.new_samples, {}
@@ -228,3 +235,43 @@ def test_samples_are_streamed_every_tick_and_a_failed_fetch_streams_them_later(
     with factory() as s:
         assert [smp.t_s for smp in RunRepository(s).samples(run_id)] == [0.0, 1.0]
         assert RunRepository(s).count_requests(run_id) == 1
+
+
+def test_a_silent_supervisor_gets_no_heartbeat_and_no_stream_then_ends_failed(
+    factory: sessionmaker[Session], tmp_path: Path
+) -> None:
+    """A supervisor that does not answer (SIGSTOP, a hang): while it is silent its run's
+    heartbeat is not renewed and neither records nor samples are asked for; when the
+    backend gives up on it (``stale_after_s`` without an answer) the run fails keeping
+    what was streamed, like a killed one."""
+    run_id = _running(factory, tmp_path / "engine.log")
+    backend = LostBackend()
+    asked = backend.asked
+    dispatcher = _dispatcher(factory, tmp_path, backend)
+    dispatcher.active[run_id] = [run_id]
+    backend.new_records = {run_id: [_record(1).model_dump(), _record(2).model_dump()]}
+    dispatcher.tick()
+    assert asked == ["records", "samples"]
+    with factory() as s:
+        found = s.get(Run, run_id)
+        assert found is not None and found.heartbeat_at is not None
+        beat = found.heartbeat_at
+
+    asked.clear()
+    backend.poll_answer = Poll(done=False, answered=False)
+    for _ in range(3):
+        dispatcher.tick()
+    assert asked == []
+    with factory() as s:
+        run = s.get(Run, run_id)
+        assert run is not None and run.heartbeat_at == beat and run.status == "running"
+
+    error = "the run supervisor did not answer for 15 s (stopped or hung); ended"
+    backend.poll_answer = Poll(done=True, error=error)
+    dispatcher.tick()
+    assert backend.released == [run_id] and run_id not in dispatcher.active
+    with factory() as s:
+        run = s.get(Run, run_id)
+        assert run is not None and run.status == "failed" and run.partial is True
+        assert (run.error or "").startswith(error) and "are kept" in (run.error or "")
+        assert RunRepository(s).count_requests(run_id) == 2
