@@ -6,9 +6,13 @@ and by the integration tests, so every entry point starts the same way.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +36,11 @@ from orchestrator.experiments.models import set_model_locator
 
 log = logging.getLogger(__name__)
 
+#: The exit status of a process whose local Ray's raylet died (:meth:`Runtime._ray_lost`).
+RAYLET_LOST_EXIT_CODE = 1
+#: How long the API servers get to stop before that exit (the process exits regardless).
+RAYLET_LOST_API_GRACE_S = 3.0
+
 
 @dataclass
 class Runtime:
@@ -47,6 +56,12 @@ class Runtime:
     device_kind: tuple[str, str] | None = None
     #: the embedded Postgres's data folder, when this process started (or joined) it
     pgdata: Path | None = None
+    #: the API server :meth:`serve_api_foreground` runs, while it runs
+    _foreground: uvicorn.Server | None = None
+    #: ends the watch of the local Ray's raylet (None: this process started no Ray)
+    _unwatch_raylet: Callable[[], None] | None = None
+    #: set when the local Ray's raylet died: the process is exiting
+    _raylet_lost: threading.Event = field(default_factory=threading.Event)
 
     @property
     def sessions(self) -> sessionmaker[Session]:
@@ -74,15 +89,19 @@ class Runtime:
         The dispatcher's start-up (:meth:`orchestrator.dispatch.dispatcher.Dispatcher.startup`)
         runs here, before the thread: when this returns, the runs a dead predecessor
         left are adopted or failed (with what they measured) and no orphaned engine
-        process of this ``VLAB_HOME`` is left."""
+        process of this ``VLAB_HOME`` is left.
+
+        When this process started a local Ray, its raylet is watched: when it dies the
+        process exits (:meth:`_raylet_died`), so that a process manager restarts it."""
         # deferred: these import ray (heavy), which an API-only process (`vlab serve`) never loads
         from orchestrator.dispatch.ray.backend import RayRunBackend, connect
-        from orchestrator.dispatch.ray.localray import end_dead_local_ray
+        from orchestrator.dispatch.ray.localray import end_dead_local_ray, watch_local_raylet
         from orchestrator.dispatch.ray.models import locate_on_cluster
 
         assert self.session_factory is not None
         end_dead_local_ray(self.settings.home)
         resources = connect(self.settings)
+        self._unwatch_raylet = watch_local_raylet(self._raylet_died)
         log.info("ray cluster resources: %s", resources)
         backend = RayRunBackend(self.settings)
         self.device_kind = (backend.resource, backend.resource_source)
@@ -132,11 +151,65 @@ class Runtime:
         return server
 
     def serve_api_foreground(self, host: str, port: int) -> None:
-        uvicorn.run(self.make_app(), host=host, port=port, log_level="info")
+        """Serve the API until Ctrl-C or SIGTERM (what ``uvicorn.run`` does), or until
+        the local Ray's raylet dies (:meth:`_raylet_died` stops it)."""
+        server = uvicorn.Server(
+            uvicorn.Config(self.make_app(), host=host, port=port, log_level="info")
+        )
+        self._foreground = server
+        try:
+            with contextlib.suppress(KeyboardInterrupt):
+                server.run()
+        finally:
+            self._foreground = None
+        if not server.started and not self._raylet_lost.is_set():
+            sys.exit(3)  # uvicorn's STARTUP_FAILURE, as uvicorn.run exits
+
+    def _raylet_died(self, pid: int) -> None:
+        """The local Ray's raylet this process started died (in the watch's thread): one
+        error line, the API servers stopped (a few seconds at most), then the process
+        exits non-zero at once, without the dispatcher's shutdown (its Ray calls would
+        wait on the dead raylet). The restarted service's start-up reconcile fails this
+        orchestrator's runs keeping what they measured, and ends what is left of its Ray
+        and its embedded Postgres registration."""
+        self._raylet_lost.set()
+        log.error(
+            "local Ray's raylet (pid %d) died: exiting so that a process manager restarts "
+            "the orchestrator; the restart ends this orchestrator's runs, keeping what "
+            "they measured",
+            pid,
+        )
+        self._exit_for_lost_ray()
+
+    def _exit_for_lost_ray(self) -> None:
+        """Stop the API servers (for :data:`RAYLET_LOST_API_GRACE_S` at most), flush the
+        logs and ``os._exit``: nothing that waits on Ray runs."""
+        deadline = time.monotonic() + RAYLET_LOST_API_GRACE_S
+        servers = [*self._servers, *([self._foreground] if self._foreground else [])]
+        for server in servers:
+            server.should_exit = True
+        for t in self._threads:
+            if t.name in ("api", "metrics"):
+                t.join(timeout=max(0.0, deadline - time.monotonic()))
+        while self._foreground is not None and time.monotonic() < deadline:
+            time.sleep(0.05)  # the main thread's server is stopping
+        for handler in logging.getLogger().handlers:
+            with contextlib.suppress(Exception):
+                handler.flush()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(RAYLET_LOST_EXIT_CODE)
 
     def stop(self) -> None:
         """Stop the API threads and the dispatcher (active runs are cancelled and recorded),
-        then the embedded Postgres unless another live process uses it."""
+        then the embedded Postgres unless another live process uses it. When the local
+        Ray's raylet died, the process exits instead (:meth:`_raylet_died`)."""
+        if self._raylet_lost.is_set():
+            self._exit_for_lost_ray()
+        if self._unwatch_raylet is not None:
+            self._unwatch_raylet()  # the clean shutdown below ends the raylet
+            self._unwatch_raylet = None
         for server in self._servers:
             server.should_exit = True
         self._stop.set()

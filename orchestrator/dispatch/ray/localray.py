@@ -22,7 +22,8 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import ray
@@ -33,6 +34,8 @@ from jobs.processes import (
     local_ray_marks,
     local_ray_processes,
     owner_alive,
+    process_alive,
+    process_start_time,
 )
 from orchestrator.core.settings import Settings
 from orchestrator.dispatch.ray.supervisor import NAMESPACE
@@ -41,6 +44,8 @@ log = logging.getLogger(__name__)
 
 #: ``<home>/local-ray/<pid>.json``: ``{"owner": "<pid>:<start>", "session_dir": ...}``
 RECORDS_DIR = "local-ray"
+#: Seconds between two looks of :func:`watch_local_raylet` at the raylet (``/proc``).
+RAYLET_CHECK_INTERVAL_S = 0.2
 
 
 def start_local_ray(settings: Settings, address: str | None) -> None:
@@ -106,6 +111,39 @@ def end_dead_local_ray(home: Path) -> list[int]:
     for path, _ in dead:
         path.unlink(missing_ok=True)
     return sorted(found)
+
+
+def watch_local_raylet(
+    on_death: Callable[[int], None], interval_s: float = RAYLET_CHECK_INTERVAL_S
+) -> Callable[[], None] | None:
+    """Watch the raylet of the local Ray this process started, in a daemon thread: when
+    it exits while this process is still connected to that Ray, ``on_death(raylet pid)``
+    is called once (in the thread). A raylet ended by ``ray.shutdown`` is not a death:
+    shutdown disconnects first. Returns the function that ends the watch (call it before
+    a clean shutdown); None when this process started no Ray (it joined one: the raylet
+    is another's) or Ray is not initialized."""
+    node = getattr(ray._private.worker, "_global_node", None)
+    processes = getattr(node, "all_processes", None) or {}
+    raylets = processes.get("raylet") or []  # ray_constants.PROCESS_TYPE_RAYLET
+    if not raylets or not ray.is_initialized():
+        return None
+    pid = int(raylets[0].process.pid)
+    started = process_start_time(pid)
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(interval_s):
+            if process_alive(pid, started):
+                continue
+            if stop.is_set() or not ray.is_initialized():
+                return  # a shutdown ended it (Ray disconnects before it kills its processes)
+            if getattr(ray._private.worker, "_global_node", None) is not node:
+                return  # another Ray was started since: this one was shut down
+            on_death(pid)
+            return
+
+    threading.Thread(target=watch, name="local-raylet-watch", daemon=True).start()
+    return stop.set
 
 
 def _started_session_dir() -> str | None:
