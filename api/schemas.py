@@ -12,8 +12,8 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, field_validator
 from pydantic_core import PydanticCustomError
 
-from jobs.capacity import CapacityResult
-from jobs.engineevents import EVENT_TYPES
+from jobs.capacity.search import CapacityResult
+from jobs.signals.engineevents import EVENT_TYPES
 from orchestrator.schedules.cron import check_cron, zone
 
 T = TypeVar("T")
@@ -175,7 +175,7 @@ ENGINE_EVENT_TYPES: dict[str, str] = EVENT_TYPES
 
 
 class EngineEventOut(BaseModel):
-    """A typed event of the engine log (:data:`jobs.engineevents.EVENT_KEYS`)."""
+    """A typed event of the engine log (:data:`jobs.signals.engineevents.EVENT_KEYS`)."""
 
     type: str = Field(description="one of the response's `types`")
     time: str | None = Field(None, description="the record's time as logged (None: none)")

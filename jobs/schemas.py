@@ -9,7 +9,7 @@ Metric names in :attr:`RunResult.metrics` follow the keys of the JSON result
 written by ``vllm bench serve`` (``mean_ttft_ms``, ``median_ttft_ms``,
 ``p99_ttft_ms``, ``request_throughput``, ``output_throughput``,
 ``total_token_throughput`` ...) so numbers compare with what the field
-publishes; server-side names are documented in :mod:`jobs.metrics`.
+publishes; server-side names are documented in :mod:`jobs.signals.enginemetrics`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from jobs.capacity import CapacityResult, CapacitySpec
+from jobs.capacity.search import CapacityResult, CapacitySpec
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
 #: Largest value of a 32-bit signed column (Postgres ``integer``): ``runs.seed`` stores
@@ -58,7 +58,7 @@ class TemplateSegment(BaseModel):
     instructions, tool schemas and output format, a versioned document
     header); variable ones are drawn per request (user question, retrieved
     passages, conversation state). ``source`` says what text fills it (see
-    :mod:`jobs.workload`); ``text`` gives literal text instead (fixed only).
+    :mod:`jobs.load.workload`); ``text`` gives literal text instead (fixed only).
     ``tokens`` is the target length in the served model's tokens.
     """
 
@@ -106,7 +106,7 @@ class MultiTurnSpec(BaseModel):
 class WorkloadSpec(BaseModel):
     """The request list of a run and how it is driven.
 
-    Kinds (:mod:`jobs.workload` builds the list, deterministic in ``seed``):
+    Kinds (:mod:`jobs.load.workload` builds the list, deterministic in ``seed``):
 
     - ``shared_prefix``: every request is a chat with the same fixed prefix
       (system instructions, a tool schema, a versioned document header, about
@@ -286,7 +286,7 @@ class RunJob(BaseModel):
 class RunSegment(BaseModel):
     """One run inside a :class:`BatchJob`: its id and its (client-side) workload.
 
-    ``capacity``: the run is a capacity search under SLOs (:mod:`jobs.capacity_runner`):
+    ``capacity``: the run is a capacity search under SLOs (:mod:`jobs.capacity.loadsteps`):
     load steps over the workload's request list instead of one measurement.
     """
 
@@ -373,7 +373,7 @@ class RequestRecord(BaseModel):
 class MetricSample(BaseModel):
     """One scrape of the server's ``/metrics``; ``t_s`` seconds since run start.
 
-    ``values`` keys: see :data:`jobs.metrics.SAMPLE_KEYS`.
+    ``values`` keys: see :data:`jobs.signals.enginemetrics.SAMPLE_KEYS`.
     """
 
     t_s: float

@@ -1,12 +1,12 @@
 """Cost of a capacity measurement: load steps and wall time, ours next to ``vllm bench sweep``.
 
-Against the stub in capacity mode (:mod:`jobs.stubserver`, a subprocess with a known
+Against the stub in capacity mode (:mod:`jobs.stub.stubserver`, a subprocess with a known
 service capacity), in one script run:
 
-1. our search (:func:`jobs.capacity.run_search`, steps driven by :func:`jobs.loadgen.run_load`)
-   for ``request_rate`` (8 slots, S = 100 ms + 3 x 100 ms = 400 ms for 4-token requests:
-   20 requests/s) and for ``concurrency`` (3 slots, S = 200 ms: 3 concurrent requests),
-   as in ``tests/jobs/test_capacity.py``;
+1. our search (:func:`jobs.capacity.search.run_search`, steps driven by
+   :func:`jobs.load.loadgen.run_load`) for ``request_rate`` (8 slots, S = 100 ms + 3 x
+   100 ms = 400 ms for 4-token requests: 20 requests/s) and for ``concurrency`` (3 slots,
+   S = 200 ms: 3 concurrent requests), as in ``tests/jobs/test_capacity.py``;
 2. ``vllm bench sweep serve_workload`` (the engine environment's vLLM) against the same
    request-rate stub: it starts the server command itself (``--serve-cmd``: here the stub's
    own command line), runs ``vllm bench serve`` once per workload level (a subprocess each)
@@ -36,9 +36,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jobs.capacity import CapacitySpec, run_search  # noqa: E402
-from jobs.modelgen import generate_model  # noqa: E402
-from jobs.stubserver import StubServer  # noqa: E402
+from jobs.capacity.search import CapacitySpec, run_search  # noqa: E402
+from jobs.modelgen.generator import generate_model  # noqa: E402
+from jobs.stub.stubserver import StubServer  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tests" / "jobs"))
 from test_capacity import stub_step  # noqa: E402
@@ -97,7 +97,7 @@ def vllm_sweep(workload_iters: int, num_prompts: int) -> dict[str, object]:
     shim = work / "vllm_shim.py"
     shim.write_text(SHIM)
     port = _free_port()
-    serve = [sys.executable, "-m", "jobs.stubserver", "--ttft-ms", "100", "--itl-ms", "100"]
+    serve = [sys.executable, "-m", "jobs.stub.stubserver", "--ttft-ms", "100", "--itl-ms", "100"]
     serve += ["--slots", "8", "--host", "127.0.0.1", "--port", str(port)]
     bench = [str(ENGINE_PY), str(shim), "bench", "serve", "--backend", "openai-chat"]
     bench += ["--endpoint", "/v1/chat/completions", "--base-url", f"http://127.0.0.1:{port}"]

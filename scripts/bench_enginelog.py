@@ -10,8 +10,8 @@ import sys
 import time
 
 sys.path.insert(0, sys.argv[1])
-from jobs.engineevents import parse_events  # noqa: E402
-from jobs.enginelog import parse_stats  # noqa: E402
+from jobs.signals.engineevents import parse_events  # noqa: E402
+from jobs.signals.enginelog import parse_stats  # noqa: E402
 
 hdr = "(APIServer pid=1) INFO 05-12 08:{m:02d}:{s:02d} [loggers.py:336] "
 msg = (

@@ -1,4 +1,4 @@
-"""Benchmark: accuracy and capacity of jobs.loadgen against a stub with known timing, next to
+"""Benchmark: accuracy and capacity of jobs.load.loadgen against a stub with known timing, next to
 ``vllm bench serve``.
 
 Usage (from the repo root, after `make engine`):
@@ -6,7 +6,7 @@ Usage (from the repo root, after `make engine`):
     .venv/bin/python scripts/bench_loadgen.py [--engine-python .engine-venv/bin/python]
         [--no-vllm] [--quick] [--json out.json]
 
-One :class:`jobs.stubserver.StubServer` runs in a subprocess (TTFT 50 ms, 10 ms
+One :class:`jobs.stub.stubserver.StubServer` runs in a subprocess (TTFT 50 ms, 10 ms
 between tokens by default) and both clients drive the SAME stub in one run,
 one after the other at each setting (ours first, then vLLM's), with equal
 settings: chat API, random prompts of ``--input-tokens`` tokens of a generated
@@ -25,7 +25,7 @@ tiny tokenizer, ``--output-tokens`` output tokens with ``ignore_eos``, streamed.
     Highest concurrency: the largest closed-loop C whose throughput is >= 95 % of
     the ideal C / (TTFT + (output - 1) * ITL).
 (c) ``vllm bench serve`` runs from the engine venv (through
-    ``jobs/vllm_launcher.py``'s metadata alias, so the CPU build's CLI works) with
+    ``jobs/launcher/vllm_launcher.py``'s metadata alias, so the CPU build's CLI works) with
     ``--save-result --save-detailed``; its result JSON is parsed and compared.
 (d) our client's CPU cost: the process CPU time of each of its runs (the stub is
     another process) per streamed token, warm-ups included (closed-loop table).
@@ -49,13 +49,13 @@ from typing import Any
 
 import numpy as np
 
-from jobs.loadgen import run_load, summarize
-from jobs.modelgen import SPECIAL_TOKENS, generate_model, load_tokenizer
+from jobs.load.loadgen import run_load, summarize
+from jobs.modelgen.generator import SPECIAL_TOKENS, generate_model, load_tokenizer
 from jobs.schemas import ChatRequest
-from jobs.stubserver import StubServer
+from jobs.stub.stubserver import StubServer
 
 ROOT = Path(__file__).resolve().parents[1]
-LAUNCHER = ROOT / "jobs" / "vllm_launcher.py"
+LAUNCHER = ROOT / "jobs" / "launcher" / "vllm_launcher.py"
 MODEL_NAME = "tiny"
 
 # Runs vLLM's own CLI main() after loading the launcher (which installs the metadata alias
@@ -131,7 +131,7 @@ def run_ours(
     warmups: int,
     output_tokens: int,
 ) -> Outcome:
-    """Drive the stub with :func:`jobs.loadgen.run_load` (closed: concurrency ``setting``;
+    """Drive the stub with :func:`jobs.load.loadgen.run_load` (closed: concurrency ``setting``;
     open: ``setting`` req/s, concurrency cap 4096)."""
     requests = [
         ChatRequest(

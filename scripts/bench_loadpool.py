@@ -10,7 +10,7 @@ Workload, as ``scripts/bench_loadgen.py``: chat API, random prompts of 128 token
 generated tiny tokenizer (decoded, as vLLM's random dataset), 64 output tokens with
 ``ignore_eos``, streamed.
 
-(a) Ceiling against workers: :func:`jobs.loadceiling.measure_ceiling` with 1 (this
+(a) Ceiling against workers: :func:`jobs.load.loadceiling.measure_ceiling` with 1 (this
     process, in-process ``run_load``), 2 and 4 worker processes (not pinned), against
     its own stub (TTFT 1 ms, 1 ms between tokens) in a subprocess; ``--rounds`` rounds,
     the worker counts interleaved within each round; the ratio to one process is taken
@@ -48,17 +48,17 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_loadgen import _VLLM_CLI, LAUNCHER, MODEL_NAME, _prompts  # noqa: E402
 
-from jobs.loadceiling import measure_ceiling  # noqa: E402
-from jobs.modelgen import generate_model  # noqa: E402
+from jobs.load.loadceiling import measure_ceiling  # noqa: E402
+from jobs.modelgen.generator import generate_model  # noqa: E402
 from jobs.schemas import ChatRequest  # noqa: E402
-from jobs.stubserver import StubServer  # noqa: E402
+from jobs.stub.stubserver import StubServer  # noqa: E402
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 #: our client in a subprocess: requests from a JSON file, an open loop at RATE
 _OUR_CLIENT = """
 import asyncio, json, sys
-from jobs.loadpool import run_load_workers
+from jobs.load.loadpool import run_load_workers
 from jobs.schemas import ChatRequest
 url, path, rate = sys.argv[1], sys.argv[2], float(sys.argv[3])
 workers, tokens = int(sys.argv[4]), int(sys.argv[5])

@@ -17,7 +17,7 @@ What it does, in order:
    dispatcher and a local Ray of its own), on that database and a scratch
    ``VLAB_HOME``; the engine environment's python is a TEST DOUBLE (this script's
    ``engine`` command): ``serve`` answers with the project's stub server
-   (:class:`jobs.stubserver.StubServer`, 20 ms to the first token, 5 ms per token),
+   (:class:`jobs.stub.stubserver.StubServer`, 20 ms to the first token, 5 ms per token),
    everything else is the real launcher;
 3. sends ``--reads`` GETs at ``--concurrency``, round robin over the mix
    ``GET /api/v1/runs`` (the first page of the run history), ``GET
@@ -88,7 +88,7 @@ SPEC: dict[str, Any] = {
 
 
 def _engine_main(argv: list[str]) -> None:
-    """``<engine python> jobs/vllm_launcher.py <command> ...``: ``serve`` runs the stub
+    """``<engine python> jobs/launcher/vllm_launcher.py <command> ...``: ``serve`` runs the stub
     server, ``engine-args`` prints vLLM 0.32's (CPU build) list, the rest is the real
     launcher run by this interpreter (no vLLM here)."""
     command = argv[1] if len(argv) > 1 else ""
@@ -97,7 +97,7 @@ def _engine_main(argv: list[str]) -> None:
         return
     if command != "serve":
         os.execv(sys.executable, [sys.executable, *argv])
-    from jobs.stubserver import StubServer
+    from jobs.stub.stubserver import StubServer
 
     def opt(name: str, default: str) -> str:
         return argv[argv.index(name) + 1] if name in argv else default

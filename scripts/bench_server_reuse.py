@@ -5,7 +5,7 @@ Usage (from the repo root, after `make engine`):
     .venv/bin/python scripts/bench_server_reuse.py [--model tiny] [--engine .engine-venv/bin/python]
 
 Runs the same four variants (concurrency 1, 2, 4, 8 on the generated model)
-twice through :mod:`jobs.runner`: once as one batch on a reused server
+twice through :mod:`jobs.run.runner`: once as one batch on a reused server
 (prefix cache reset between runs), once with a fresh server per run. Prints
 both wall times and their ratio, measured in one process one after the other
 (the machine is shared and noisy: compare the ratio, not the seconds).
@@ -18,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from jobs.modelgen import generate_model
-from jobs.runner import execute, execute_batch
+from jobs.modelgen.generator import generate_model
+from jobs.run.runner import execute, execute_batch
 from jobs.schemas import BatchJob, EngineLaunch, RunJob, RunSegment, WorkloadSpec
 
 CONCURRENCY = (1, 2, 4, 8)

@@ -1,7 +1,7 @@
 """Build ``jobs/data/corpus.txt``: an offline English corpus for workloads and tokenizers.
 
-The corpus ships with the package so that tokenizer training (:mod:`jobs.modelgen`) and
-workload generation (:mod:`jobs.workload`) never need a download. It is built once from
+The corpus ships with the package so that tokenizer training (:mod:`jobs.modelgen.generator`) and
+workload generation (:mod:`jobs.load.workload`) never need a download. It is built once from
 text available on any Debian/Ubuntu machine with CPython:
 
 * the docstrings of a fixed list of Python standard-library modules (and of their public

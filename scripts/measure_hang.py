@@ -4,7 +4,7 @@ Usage (from the repo root):
 
     .venv/bin/python scripts/measure_hang.py [--runs 5] [--engine PYTHON]
 
-Each run starts an engine for one run through :func:`jobs.runner.execute_batch` (by
+Each run starts an engine for one run through :func:`jobs.run.runner.execute_batch` (by
 default the project's stub server as the engine, a test double launched the way runs
 launch vLLM, logging vLLM's access and stats lines; ``--engine .engine-venv/bin/python``
 for the real one), SIGSTOPs the engine's API server (the launcher's process) once 3
@@ -27,9 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from jobs.modelgen import generate_model
-from jobs.processes import group_members
-from jobs.runner import execute_batch
+from jobs.engine.processes import group_members
+from jobs.modelgen.generator import generate_model
+from jobs.run.runner import execute_batch
 from jobs.schemas import BatchJob, EngineLaunch, Progress, RunSegment, WorkloadSpec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,7 +48,7 @@ def noise():
         print("(APIServer pid=1) INFO 12-05 10:00:00 [loggers.py:123] Engine 000: "
               "Avg prompt throughput: 1.0 tokens/s", flush=True)
 threading.Thread(target=noise, daemon=True).start()
-from jobs.stubserver import main
+from jobs.stub.stubserver import main
 main(["--host", "127.0.0.1", "--port", port, "--ttft-ms", "5", "--itl-ms", "20"])
 """
 

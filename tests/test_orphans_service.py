@@ -27,8 +27,8 @@ import pytest
 from sqlalchemy import create_engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.journal import read_journal
-from jobs.modelgen import generate_model
+from jobs.modelgen.generator import generate_model
+from jobs.run.journal import read_journal
 from orchestrator.core.db import normalize_url, upgrade_to_head
 from orchestrator.core.models import Run, RunRequest
 from tests.conftest import ENGINE_PYTHON, REPO, fresh_database, needs_engine

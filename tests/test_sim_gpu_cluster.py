@@ -34,10 +34,10 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from jobs.modelgen import generate_model
+from jobs.modelgen.generator import generate_model
 from orchestrator.cli.runtime import Runtime
 from orchestrator.core.settings import EngineSettings, OrchestratorSettings, Settings
-from orchestrator.experiments import models as service
+from orchestrator.experiments import model_resolution as service
 from tests.conftest import fresh_database
 from tests.simgpu import NODE_ENV, NVIDIA_SMI_DIR, STATE_ENV, write_inventory
 from tests.simgpu.engine import write_engine_python

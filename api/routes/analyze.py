@@ -21,7 +21,7 @@ from orchestrator.analysis.prefix import analyze_prefix as run_analysis
 from orchestrator.analysis.service import experiment_advice, run_advice
 from orchestrator.core.errors import AnalyzeRequestInvalidError, SpecInvalidError
 from orchestrator.core.settings import Settings
-from orchestrator.experiments.models import resolve_model
+from orchestrator.experiments.model_resolution import resolve_model
 from orchestrator.experiments.pathpolicy import MAX_MODEL_CHARS
 
 router = APIRouter(prefix="/api/v1/analyze", tags=["analyze"])

@@ -9,7 +9,7 @@ from api import auth
 from api.deps import SessionDep, SettingsDep
 from api.schemas import ParityCheckOut, ParityCheckRequest
 from orchestrator.core.models import ParityCheck
-from orchestrator.experiments import parity_checks
+from orchestrator.experiments import parity_requests
 
 router = APIRouter(prefix="/api/v1", tags=["cluster"])
 
@@ -54,7 +54,7 @@ def post_parity_check(
     arguments against vLLM's own list, the node ids and the TP x PP shape
     against the nodes the live orchestrators publish, and the model.
     """
-    check = parity_checks.request_parity_check(session, settings, body.model_dump(mode="json"))
+    check = parity_requests.request_parity_check(session, settings, body.model_dump(mode="json"))
     out = _parity_out(request, check)
     response.headers["Location"] = out.url
     return out
@@ -63,4 +63,4 @@ def post_parity_check(
 @router.get("/cluster/parity/{check_id}", response_model=ParityCheckOut)
 def get_parity_check(check_id: str, request: Request, session: SessionDep) -> ParityCheckOut:
     """An on-demand parity check and, once done, its report."""
-    return _parity_out(request, parity_checks.get_parity_check(session, check_id))
+    return _parity_out(request, parity_requests.get_parity_check(session, check_id))

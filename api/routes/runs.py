@@ -25,8 +25,8 @@ from api.schemas import (
     RunParityOut,
     SampleOut,
 )
-from jobs.engineevents import EVENT_TYPES
-from jobs.enginelog import filter_noise
+from jobs.signals.engineevents import EVENT_TYPES
+from jobs.signals.enginelog import filter_noise
 from orchestrator.core.errors import NotFoundError, QueryInvalidError
 from orchestrator.core.repositories import RunRepository
 from orchestrator.core.states import RunStatus
@@ -62,7 +62,7 @@ SortKey = Literal[
     "output_throughput",
     "hit_rate",
 ]
-#: ``type`` of ``GET /runs/{id}/events``: :data:`jobs.engineevents.EVENT_TYPES` (same test).
+#: ``type`` of ``GET /runs/{id}/events``: :data:`jobs.signals.engineevents.EVENT_TYPES` (same test).
 EventType = Literal[
     "out_of_memory",
     "nccl_error",
@@ -210,7 +210,7 @@ def get_run_events(
     unhealthy, failed health checks, preemptions, restarts) in log order, with their
     time on the run's clock (``t_s``, the x of the time-series charts) or
     ``placement: "unplaced"`` when the log's time cannot be mapped
-    (:mod:`jobs.engineevents`). ``recorded`` false: the run stored none (unknown, not
+    (:mod:`jobs.signals.engineevents`). ``recorded`` false: the run stored none (unknown, not
     "no events"). 422 for an unknown ``type``."""
     run = service.get_run(session, run_id)
     info = run.engine_info or {}

@@ -2,7 +2,7 @@
 
 Why: a run with ``capacity`` in its spec measures load steps on one server and finds
 the highest load that meets every objective; ``runs.capacity`` keeps the whole search
-(:class:`jobs.capacity.CapacityResult`: status, capacity, bracket, binding SLO and
+(:class:`jobs.capacity.search.CapacityResult`: status, capacity, bracket, binding SLO and
 every step's percentiles, goodput, signals and verdict) so the latency-vs-load curve
 and the comparison read it back. NULL for runs without a capacity search.
 

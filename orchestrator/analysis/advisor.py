@@ -6,7 +6,7 @@ warning about the measurement itself (``token_bursts``: streamed tokens arrived 
 bursts, so the client's ITL/TPOT, and TTFT when the first token comes with later
 ones, do not measure the engine; use the server-side histograms; ``warm_cache``: the
 run's measured requests began on a warm prefix cache, ``engine_info.cache_contamination``
-of :mod:`jobs.cachecheck`, and ``warm_cache_contamination``: a comparison includes
+of :mod:`jobs.signals.cachecheck`, and ``warm_cache_contamination``: a comparison includes
 such a run, so its ratios are not trustworthy).
 
 1. ``out_of_memory`` / ``context_cap_does_not_fit``: the engine ran out of memory

@@ -19,7 +19,7 @@ What is compared (:data:`METRICS`):
 
 Metric definitions follow vLLM's ``vllm bench serve``
 (``vllm/benchmarks/serve.py``: ``calculate_metrics``) and, for server-side
-numbers, :func:`jobs.metrics.summarize_samples` (``/metrics`` counter deltas).
+numbers, :func:`jobs.signals.enginemetrics.summarize_samples` (``/metrics`` counter deltas).
 
 Uncertainty:
 
@@ -101,11 +101,11 @@ class RunData(BaseModel):
     ``output_tokens``, ``prompt_tokens`` (int or None), ``success`` (bool),
     ``warmup`` (bool), optional ``request_class`` (str, e.g. ``"short"`` /
     ``"long"``). ``metrics``: the run's summary (names as ``vllm bench
-    serve`` plus :func:`jobs.metrics.summarize_samples`). ``devices``: devices
+    serve`` plus :func:`jobs.signals.enginemetrics.summarize_samples`). ``devices``: devices
     the run reserved (TP x PP x replicas). ``changed``: dotted path -> value
     where this run differs from its reference (``{}`` for the baseline).
     ``cache_contamination``: the status of the run's warm-cache check
-    (``engine_info["cache_contamination"]["status"]``, :mod:`jobs.cachecheck`):
+    (``engine_info["cache_contamination"]["status"]``, :mod:`jobs.signals.cachecheck`):
     ``"contaminated"`` when its measured phase began on a warm prefix cache; None when
     the run has no check. ``not_applicable``: metric -> why the run cannot have it
     (``{"prefix_cache_hit_rate": "off"}``, :func:`orchestrator.analysis.trust.not_applicable_of`).
@@ -187,7 +187,7 @@ def _request_metrics() -> list[MetricSpec]:
 
 
 #: Every compared metric, in report order. Names follow ``vllm bench serve``
-#: (request-level, throughputs, goodput) and :func:`jobs.metrics.summarize_samples`.
+#: (request-level, throughputs, goodput) and :func:`jobs.signals.enginemetrics.summarize_samples`.
 METRICS: tuple[MetricSpec, ...] = (
     *_request_metrics(),
     MetricSpec("output_throughput", "tok/s", "higher_is_better", "run"),
@@ -198,11 +198,12 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("prefix_cache_hit_rate", "fraction", "higher_is_better", "run"),
     MetricSpec("kv_cache_usage_peak", "fraction", "neutral", "run"),
     MetricSpec("num_requests_waiting_peak", "requests", "lower_is_better", "run"),
-    # the server's view, from /metrics histogram deltas (jobs.metrics.summarize_histograms)
+    # the server's view, from /metrics histogram deltas
+    # (jobs.signals.enginemetrics.summarize_histograms)
     MetricSpec("server_mean_queue_ms", "ms", "lower_is_better", "run"),
     MetricSpec("server_mean_prefill_ms", "ms", "lower_is_better", "run"),
     MetricSpec("server_mean_decode_ms", "ms", "lower_is_better", "run"),
-    # GPU telemetry over the measured phase (jobs.gpus.summarize_gpu_samples): absent on CPU
+    # GPU telemetry over the measured phase (jobs.signals.gpus.summarize_gpu_samples): absent on CPU
     # hosts, so compared only where both sides ran on GPUs
     MetricSpec("energy_per_output_token_j", "J/token", "lower_is_better", "run"),
     MetricSpec("gpu_mean_power_w", "W", "neutral", "run"),

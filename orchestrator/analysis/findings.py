@@ -133,7 +133,7 @@ def findings(
     Codes:
         - ``warm_cache_contamination`` (warning, first): a run of the variant or of its
           reference measured on a warm prefix cache (its warm-cache check,
-          :mod:`jobs.cachecheck`, says ``contaminated``): every ratio of the comparison
+          :mod:`jobs.signals.cachecheck`, says ``contaminated``): every ratio of the comparison
           is marked not trustworthy (:func:`orchestrator.analysis.compare.compare_variant`)
           and the finding names the runs.
         - ``hit_rate_up_e2e_flat`` (info): prefix cache hit rate up by >= 0.2

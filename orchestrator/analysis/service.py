@@ -20,7 +20,7 @@ from orchestrator.analysis.advisor import (
     ordered,
     run_findings,
 )
-from orchestrator.analysis.capacity import CapacityRepeat, compare_capacity
+from orchestrator.analysis.capacity_compare import CapacityRepeat, compare_capacity
 from orchestrator.analysis.compare import ChangedVariable, RunData, VariantRef, compare_variant
 from orchestrator.analysis.export import runs_table, to_csv_bytes, to_parquet_bytes
 from orchestrator.analysis.findings import findings
@@ -76,10 +76,10 @@ def comparison(session: Session, experiment_id: str, *, n_boot: int = 2000) -> d
     [Finding...]}``. Only succeeded repeats count; a variant with none on either
     side has an empty metric list. ``capacity`` is null unless the experiment
     measures capacity under SLOs (:func:`has_capacity`); then it is
-    :func:`orchestrator.analysis.capacity.compare_capacity` of the variant's and the
+    :func:`orchestrator.analysis.capacity_compare.compare_capacity` of the variant's and the
     reference's capacity searches (verdict ``unknown`` with a ``reason`` until both
     sides have a found capacity). Methods and sources:
-    :mod:`orchestrator.analysis.compare`, :mod:`orchestrator.analysis.capacity`.
+    :mod:`orchestrator.analysis.compare`, :mod:`orchestrator.analysis.capacity_compare`.
     """
     exp: Experiment = get_experiment(session, experiment_id)
     runs = list(exp.runs)

@@ -8,7 +8,7 @@ Every consumer asks this module; none keeps its own list.
 Flags of a run (:func:`run_trust`) and of a capacity step (:func:`step_untrusted`):
 
 - ``token_bursts``: at least :data:`BURSTY` of the run's inter-token gaps were under
-  :data:`BURST_GAP_S` (``itl_burst_fraction``, :func:`jobs.segment.itl_burst_fraction`,
+  :data:`BURST_GAP_S` (``itl_burst_fraction``, :func:`jobs.run.segment.itl_burst_fraction`,
   or the same share computed from the requests' ``itl_s`` when the metric is absent):
   the chunks queued in the API server and were flushed together, so the client's TPOT
   and ITL do not measure decoding (the advisor's ``token_bursts`` finding). Taints
@@ -18,7 +18,7 @@ Flags of a run (:func:`run_trust`) and of a capacity step (:func:`step_untrusted
 - ``client_ttft_lag``: token bursts and the client's mean TTFT more than
   :data:`TTFT_LAG_MS` above the server's (``mean_ttft_client_minus_server_ms``, the
   same finding says so): TTFT and what is computed from it.
-- ``warm_cache``: the run's warm-cache check (:mod:`jobs.cachecheck`) says its measured
+- ``warm_cache``: the run's warm-cache check (:mod:`jobs.signals.cachecheck`) says its measured
   requests began on a warm prefix cache (``cache_contamination == "contaminated"``):
   every number of the run (latencies and the prefix cache hit rate first, and through
   them throughput, goodput, queueing and capacity).
@@ -44,7 +44,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-#: Inter-token gaps shorter than this (s) arrived in one burst (``jobs.segment.BURST_GAP_S``).
+#: Inter-token gaps shorter than this (s) arrived in one burst (``jobs.run.segment.BURST_GAP_S``).
 BURST_GAP_S = 1e-4
 #: At or above this share of inter-token gaps under :data:`BURST_GAP_S`, tokens came in bursts.
 BURSTY = 0.5
@@ -141,7 +141,7 @@ def _finite(x: Any) -> float | None:
 
 def burst_fraction(requests: Iterable[Mapping[str, Any]]) -> float | None:
     """Share of the inter-token gaps under :data:`BURST_GAP_S` over successful measured
-    requests (as :func:`jobs.segment.itl_burst_fraction`); None without any gap."""
+    requests (as :func:`jobs.run.segment.itl_burst_fraction`); None without any gap."""
     gaps = [
         g
         for q in requests

@@ -36,8 +36,8 @@ from rich.table import Table
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 
-from jobs.modelgen import generate_model, model_digest
-from jobs.replay import ReplayFileError, load_jsonl
+from jobs.load.replay import ReplayFileError, load_jsonl
+from jobs.modelgen.generator import generate_model, model_digest
 from orchestrator.cli.export import export_app
 from orchestrator.cli.report import ReportError, print_results
 from orchestrator.cli.report import watch as watch_exp
@@ -206,7 +206,7 @@ def _inline_replay_files(spec: dict[str, Any], base: Path) -> None:
 
     Looks at ``baseline.workload`` and every variant's ``changes`` value for
     ``workload.replay_file``. Raises :class:`CliError` naming the file and
-    every bad line (:func:`jobs.replay.load_jsonl`); nothing is submitted then.
+    every bad line (:func:`jobs.load.replay.load_jsonl`); nothing is submitted then.
     """
 
     def load(name: Any) -> list[dict[str, Any]]:

@@ -32,7 +32,7 @@ from orchestrator.core.db import (
 )
 from orchestrator.core.settings import Settings
 from orchestrator.dispatch.dispatcher import Dispatcher
-from orchestrator.experiments.models import set_model_locator
+from orchestrator.experiments.model_resolution import set_model_locator
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class Runtime:
         # deferred: these import ray (heavy), which an API-only process (`vlab serve`) never loads
         from orchestrator.dispatch.ray.backend import RayRunBackend, connect
         from orchestrator.dispatch.ray.localray import end_dead_local_ray, watch_local_raylet
-        from orchestrator.dispatch.ray.models import locate_on_cluster
+        from orchestrator.dispatch.ray.model_locator import locate_on_cluster
 
         assert self.session_factory is not None
         end_dead_local_ray(self.settings.home)

@@ -4,7 +4,7 @@ When the parity check (:mod:`orchestrator.cluster.parity`) finds a setting missi
 node (set on other nodes or in the launching environment, unset here), an operator's
 first move is to copy the other nodes' value over. :func:`copy_checks` says, per node
 and per value, whether that would work there, judged on what the node probe captured on
-*that* node (``jobs/vllm_launcher.py fingerprint`` and the Ray side: its ``interfaces``,
+*that* node (``jobs/launcher/vllm_launcher.py fingerprint`` and the Ray side: its ``interfaces``,
 ``ip``, ``gpu_count``, ``engine_env``):
 
 - ``works``: the value names things this node has (an interface it selects, GPUs it has,
@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
-from orchestrator.cluster.engineenv import engine_env_problem
+from orchestrator.cluster.parity_engineenv import engine_env_problem
 from orchestrator.cluster.parity_env import unset_reason
 
 __all__ = [

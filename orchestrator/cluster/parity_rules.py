@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from orchestrator.cluster.engineenv import engine_env_problem, image_pin_problem
+from orchestrator.cluster.parity_engineenv import engine_env_problem, image_pin_problem
 
 Check = Literal[
     "identical", "per_node", "present_everywhere", "launch_env", "launch_env_same", "ignore"

@@ -148,7 +148,8 @@ class Run(Base):
     engine_info: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
     timings: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
     capacity: Mapped[dict[str, Any] | None] = mapped_column(
-        JSONType, doc="the capacity search (jobs.capacity.CapacityResult), when the run had one"
+        JSONType,
+        doc="the capacity search (jobs.capacity.search.CapacityResult), when the run had one",
     )
     error: Mapped[str | None] = mapped_column(Text)
     partial: Mapped[bool] = mapped_column(

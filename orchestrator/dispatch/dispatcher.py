@@ -19,7 +19,7 @@ No orphans, ever. Before it claims anything (:meth:`Dispatcher.startup`):
   request records and ``/metrics`` samples were written to the database while
   it ran (streamed from the supervisor every tick, not only at the end), those
   that had not reached it yet are read back from the run's journal beside its
-  engine log (:mod:`jobs.journal`), its summary metrics are computed from the
+  engine log (:mod:`jobs.run.journal`), its summary metrics are computed from the
   records, and its engine log is read from disk;
 - every engine process on this machine that this home started (they all
   carry ``VLAB_ENGINE_HOME`` and ``VLAB_RUN_ID``) and that no live run owns is
@@ -56,8 +56,8 @@ from typing import IO, Any, Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs import loadgen
-from jobs.processes import HOME_ENV, engine_processes, kill_processes
+from jobs.engine.processes import HOME_ENV, engine_processes, kill_processes
+from jobs.load import loadgen
 from jobs.schemas import BatchJob, RequestRecord, RunResult
 from orchestrator.cluster.placement import NodeInventory
 from orchestrator.core.db import database_health, is_unavailable, unit_of_work

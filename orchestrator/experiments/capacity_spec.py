@@ -1,6 +1,6 @@
 """A capacity search in an experiment: the submission's checks and the search's time bound.
 
-``capacity`` (a :class:`jobs.capacity.CapacitySpec`) is a measurement setting of the
+``capacity`` (a :class:`jobs.capacity.search.CapacitySpec`) is a measurement setting of the
 whole experiment (:mod:`orchestrator.experiments.spec`). At submission:
 
 - :func:`capacity_spec_problems`: the spec's own rules beyond the model's (field errors);
@@ -12,7 +12,7 @@ whole experiment (:mod:`orchestrator.experiments.spec`). At submission:
 - :func:`search_time_bound`: the longest the search can take, stored with the
   experiment (``spec.capacity_estimate``) and shown where the spec is accepted.
 
-The step rules themselves are :mod:`jobs.steadystate`'s (the runner plans every step
+The step rules themselves are :mod:`jobs.capacity.steadystate`'s (the runner plans every step
 with them); this module only applies them to the spec before anything runs.
 """
 
@@ -21,10 +21,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from jobs.capacity import CapacitySpec, min_requests_to_pass, percentile_of
-from jobs.capacity_runner import step_floor
+from jobs.capacity.loadsteps import step_floor
+from jobs.capacity.search import CapacitySpec, min_requests_to_pass, percentile_of
+from jobs.capacity.steadystate import DRAIN_REQUEST_TIMES, MAX_LIST_REQUESTS
 from jobs.schemas import WorkloadSpec
-from jobs.steadystate import DRAIN_REQUEST_TIMES, MAX_LIST_REQUESTS
 
 if TYPE_CHECKING:  # spec imports this module
     from orchestrator.experiments.spec import PlannedVariant
@@ -52,7 +52,7 @@ _MAX_REQUEST_RATE = 100_000.0
 def capacity_spec_problems(capacity: CapacitySpec) -> list[str]:
     """What is wrong with a capacity search in an experiment (field named in each), or [].
 
-    On top of :class:`jobs.capacity.CapacitySpec`'s own rules (an objective, percentile
+    On top of :class:`jobs.capacity.search.CapacitySpec`'s own rules (an objective, percentile
     names, objectives above 0, ``min`` not over ``max``, ``max_step_s`` not under
     ``min_step_s``): a metric in ``slos`` names at least one percentile; ``min`` is below
     ``max`` (a search needs a range); for ``concurrency`` both are whole numbers up to
@@ -123,7 +123,7 @@ def steady_state_problems(
     """Why the steps of a run with ``workload`` cannot reach a steady state:
     ``[(loc under the capacity, message, type)]``, [] when they can.
 
-    - the fewest requests a step sends (:func:`jobs.capacity_runner.step_floor`:
+    - the fewest requests a step sends (:func:`jobs.capacity.loadsteps.step_floor`:
       ``requests_per_step``, default the workload's ``num_requests``, raised to what the
       objectives' percentiles and the steadiness test need) must fit in the request list;
     - ``request_rate``: at ``min`` they must arrive within ``max_step_s`` (else a step
@@ -194,15 +194,15 @@ def steady_state_problems(
 
 
 CALIBRATION_S = 10.0
-"""Seconds a run's load-generator calibration takes at most (jobs.loadceiling: a 6 s ramp
+"""Seconds a run's load-generator calibration takes at most (jobs.load.loadceiling: a 6 s ramp
 budget, the stub's and the workers' start)."""
 
 
 def search_time_bound(capacity: CapacitySpec, runs: int) -> dict[str, Any]:
     """The longest a capacity search can take, in seconds: ``max_steps`` steps (the
     re-measurements included), each at most ``max_step_s`` of arrivals and its drain
-    limit (:meth:`jobs.capacity.CapacitySpec.drain_s`, or
-    :data:`~jobs.steadystate.DRAIN_REQUEST_TIMES` unloaded request times if longer), for
+    limit (:meth:`jobs.capacity.search.CapacitySpec.drain_s`, or
+    :data:`~jobs.capacity.steadystate.DRAIN_REQUEST_TIMES` unloaded request times if longer), for
     each of the experiment's ``runs``; the servers' start-up, warm-ups and cache resets
     come on top. A request-rate search that calibrates its load generator adds
     :data:`CALIBRATION_S` a run."""

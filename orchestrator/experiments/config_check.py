@@ -1,7 +1,7 @@
 """Back-pressure on submissions, and vLLM's configuration check kept warm.
 
 A submission's expensive part is asking vLLM how it would resolve each engine
-configuration (:func:`jobs.engine_queries.resolve_engine_configs`: a process of the engine
+configuration (:func:`jobs.engine.queries.resolve_engine_configs`: a process of the engine
 environment, ~400-600 MB, 6-80 s, nearly all of it vLLM's import). Two things keep
 a burst of submissions from taking the service down:
 
@@ -11,16 +11,16 @@ a burst of submissions from taking the service down:
   beyond that :class:`SubmissionsBusyError` (503 ``submissions_busy`` with
   ``Retry-After``). Re-entrant per thread, so a submission that holds a slot may call
   the resolver (which takes one too) without deadlocking.
-- :class:`WarmResolver`: one engine-environment process (``jobs/resolve_server.py``)
-  that imported vLLM once and answers each check in well under a second; it exits
-  after ``warm_idle_s`` without work (and when this process ends). Any failure of the
-  warm process falls back to the one-shot subprocess.
+- :class:`WarmResolver`: one engine-environment process (the launcher's ``resolve-server``,
+  :mod:`jobs.launcher.resolve_server`) that imported vLLM once and answers each check in
+  well under a second; it exits after ``warm_idle_s`` without work (and when this
+  process ends). Any failure of the warm process falls back to the one-shot subprocess.
 
 Settings: ``settings.submissions`` (:class:`orchestrator.core.settings.SubmissionSettings`).
 
 :func:`engine_resolver` is the planner's :data:`orchestrator.experiments.planner.Resolver`
 built on these; within :func:`remembered_checks` vLLM's answers (and the models
-:func:`orchestrator.experiments.models.resolve_model` found) are remembered, so a check
+:func:`orchestrator.experiments.model_resolution.resolve_model` found) are remembered, so a check
 done outside a transaction is not redone inside one.
 """
 
@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-import jobs.engine_queries
-from jobs.engine import EngineError, engine_env
+import jobs.engine.queries
+from jobs.engine.server import LAUNCHER_PATH, EngineError, engine_env
 from jobs.schemas import EngineLaunch
 from orchestrator.core.errors import EngineUnavailableError, VlabError
 from orchestrator.core.settings import Settings
@@ -57,12 +57,11 @@ from orchestrator.core.telemetry import (
 from orchestrator.experiments.planner import Resolver
 
 if TYPE_CHECKING:  # models imports this module (for the gate and the memo)
-    from orchestrator.experiments.models import ResolvedModel
+    from orchestrator.experiments.model_resolution import ResolvedModel
 
 log = logging.getLogger(__name__)
 
-RESOLVE_SERVER = Path(__file__).resolve().parents[2] / "jobs" / "resolve_server.py"
-#: Seconds a configuration check may take (as :func:`jobs.engine_queries.resolve_engine_configs`).
+#: Seconds a configuration check may take (as :func:`jobs.engine.queries.resolve_engine_configs`).
 RESOLVE_TIMEOUT_S = 300.0
 
 
@@ -203,7 +202,7 @@ class WarmResolver:
         self._buf = b""
         t0 = time.monotonic()
         self._proc = subprocess.Popen(
-            [self.engine_python, str(RESOLVE_SERVER)],
+            [self.engine_python, str(LAUNCHER_PATH), "resolve-server"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
@@ -306,7 +305,7 @@ class WarmResolver:
     def resolve(
         self, model_dir: str, configs: list[dict[str, Any]], timeout_s: float = RESOLVE_TIMEOUT_S
     ) -> dict[str, Any]:
-        """``{"vllm_version", "results"}`` as :func:`jobs.engine_queries.resolve_engine_configs`.
+        """``{"vllm_version", "results"}`` as :func:`jobs.engine.queries.resolve_engine_configs`.
 
         Raises :class:`WarmResolverError` (the process is stopped then) when the
         process cannot start, dies, or takes longer than ``timeout_s``.
@@ -367,9 +366,9 @@ def resolve_configs(
     settings: Settings, model_dir: str, configs: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """vLLM's resolved configuration of each of ``configs`` (shape of
-    :func:`jobs.engine_queries.resolve_engine_configs`): through the warm process when
+    :func:`jobs.engine.queries.resolve_engine_configs`): through the warm process when
     ``settings.submissions.warm_resolver``, else (or when the warm process fails) a
-    one-shot subprocess. Raises :class:`jobs.engine.EngineError` as the latter.
+    one-shot subprocess. Raises :class:`jobs.engine.server.EngineError` as the latter.
 
     Metrics: ``vlab_config_checks_in_flight`` while it runs, and its duration in
     ``vlab_config_check_duration_seconds`` (``resolver`` = the one that answered or
@@ -386,7 +385,7 @@ def resolve_configs(
                 log.warning("warm vLLM resolver failed (%s); checking with a one-shot process", exc)
         try:
             # looked up on the module at call time (tests replace it)
-            return jobs.engine_queries.resolve_engine_configs(python, model_dir, configs)
+            return jobs.engine.queries.resolve_engine_configs(python, model_dir, configs)
         finally:  # a failed check took its time too
             CONFIG_CHECK.labels(resolver="one_shot").observe(time.monotonic() - start)
 

@@ -1,6 +1,6 @@
 """vLLM's own engine-argument list, used to validate specs at submission.
 
-The list comes from the engine environment itself (``jobs/vllm_launcher.py
+The list comes from the engine environment itself (``jobs/launcher/vllm_launcher.py
 engine-args`` builds ``vllm serve``'s parser and dumps every argument), is
 cached as JSON in ``<home>/engine_args.json`` keyed by the engine python, and
 is loaded once per process. Nothing here imports vLLM.
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobs.engine import EngineError
-from jobs.engine_queries import list_engine_args
+from jobs.engine.queries import list_engine_args
+from jobs.engine.server import EngineError
 from orchestrator.core.errors import EngineUnavailableError
 from orchestrator.core.settings import Settings
 from orchestrator.experiments.pathpolicy import (

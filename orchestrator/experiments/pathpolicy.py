@@ -19,7 +19,7 @@ them, so the baseline, every variant's ``changes``, every factor level, a schedu
 template and a parity check's arguments all pass through it.
 
 **Which arguments** (:func:`path_like_args`): derived from vLLM's own argument
-metadata (``jobs/vllm_launcher.py engine-args``: ``dest``, ``type``, ``choices``,
+metadata (``jobs/launcher/vllm_launcher.py engine-args``: ``dest``, ``type``, ``choices``,
 ``is_bool_flag``, ``help``), so a new vLLM release's new file arguments are covered
 without a change here. The rule:
 

@@ -8,7 +8,7 @@
 3. the layout against the cluster (devices per run vs the devices the live
    orchestrators report);
 4. optionally, the configuration **vLLM itself resolves** for every variant
-   (``jobs/vllm_launcher.py resolve``): vLLM refusing a configuration (a
+   (``jobs/launcher/vllm_launcher.py resolve``): vLLM refusing a configuration (a
    context cap above the model's limit ...) is a 422, and a tracked field
    that vLLM derives from the changed variable (e.g. a batch-token limit
    that follows ``max_model_len``) counts as a second variable.
@@ -27,8 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from jobs.load.workload import build_requests, longest_request_tokens
 from jobs.schemas import WorkloadSpec
-from jobs.workload import build_requests, longest_request_tokens
 from orchestrator.cluster.placement import NodeInventory, shape_problem
 from orchestrator.experiments.engine_catalog import EngineArgCatalog, parse_human_int
 from orchestrator.experiments.spec import (

@@ -2,7 +2,7 @@
 
 :func:`parse_spec` validates the document; :func:`submit_experiment` (the API) and
 :func:`create_experiment` (scheduled sweeps) expand the spec once, resolve its model
-(:mod:`orchestrator.experiments.models`), plan it against the live cluster
+(:mod:`orchestrator.experiments.model_resolution`), plan it against the live cluster
 (:mod:`orchestrator.experiments.planner`, :class:`ClusterView`) and store the runs;
 :func:`submit_variant` adds one variant to an experiment. A run's launch job and its
 result live in :mod:`orchestrator.runs`.
@@ -24,9 +24,9 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from jobs.modelgen import load_tokenizer
+from jobs.load.workload import build_requests, request_list_hash
+from jobs.modelgen.generator import load_tokenizer
 from jobs.schemas import WorkloadSpec
-from jobs.workload import build_requests, request_list_hash
 from orchestrator.cluster.placement import RAY_EXECUTOR_ON_CPU
 from orchestrator.core.db import release_connection
 from orchestrator.core.errors import ConflictError, NotFoundError, SpecInvalidError
@@ -38,7 +38,7 @@ from orchestrator.experiments.capacity_spec import search_time_bound
 from orchestrator.experiments.cluster_view import ClusterView
 from orchestrator.experiments.config_check import engine_resolver, remembered_checks
 from orchestrator.experiments.engine_catalog import EngineArgCatalog
-from orchestrator.experiments.models import ResolvedModel, resolve_model
+from orchestrator.experiments.model_resolution import ResolvedModel, resolve_model
 from orchestrator.experiments.planner import Plan, PlannedRun, Resolver, plan_experiment
 from orchestrator.experiments.spec import (
     Expansion,

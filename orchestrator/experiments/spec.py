@@ -24,7 +24,7 @@ itself resolves, so derived defaults are caught too.
 Each variant runs ``repeats`` times; repeats are interleaved
 (A1 B1 C1 A2 B2 C2 ...), see :func:`execution_order`.
 
-``capacity`` (a :class:`jobs.capacity.CapacitySpec`) makes every run of the experiment
+``capacity`` (a :class:`jobs.capacity.search.CapacitySpec`) makes every run of the experiment
 a capacity search under SLOs: a measurement setting like the goodput ``slos``, the same
 for every run (the ladder's levels included), never a variable: a factor or variant
 cannot change it, nor the workload field the search drives, and its steps must be able
@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from jobs.capacity import CapacitySpec
+from jobs.capacity.search import CapacitySpec
 from jobs.schemas import WorkloadSpec
 from orchestrator.cluster.placement import reserved_devices
 from orchestrator.experiments.capacity_spec import capacity_errors, capacity_spec_problems
@@ -252,7 +252,7 @@ class GoodputSLOs(BaseModel):
         return self
 
     def as_loadgen(self) -> dict[str, float]:
-        """``{"ttft"|"tpot"|"e2el": ms}`` for :func:`jobs.loadgen.summarize`."""
+        """``{"ttft"|"tpot"|"e2el": ms}`` for :func:`jobs.load.loadgen.summarize`."""
         pairs = (("ttft", self.ttft_ms), ("tpot", self.tpot_ms), ("e2el", self.e2el_ms))
         return {k: float(v) for k, v in pairs if v is not None}
 

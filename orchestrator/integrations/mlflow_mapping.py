@@ -23,7 +23,7 @@ Pure functions over the stored run (:class:`RunHead`), its summary metrics and i
   gets no summary metrics (its numbers are no valid measurement; the tag
   ``vlab.metrics_withheld`` says so).
 - **metric history**: every stored ``/metrics`` sample (keys of
-  :data:`jobs.metrics.SAMPLE_KEYS`) as ``series/<key>`` (``series/kv_cache_usage``,
+  :data:`jobs.signals.enginemetrics.SAMPLE_KEYS`) as ``series/<key>`` (``series/kv_cache_usage``,
   ``series/num_requests_waiting`` ...) with step = the sample's ``t_s`` in milliseconds
   (since the run's segment began: for the first run of a server that includes the server's
   start-up). vlab records no wall-clock time per sample, so the exporter's timestamp is the
@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from jobs.engine import RESERVED_ENGINE_ARGS
+from jobs.engine.server import RESERVED_ENGINE_ARGS
 from orchestrator.analysis.compare import METRICS
 from orchestrator.core.models import Run
 from orchestrator.runs.timeseries import Point

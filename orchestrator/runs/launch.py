@@ -2,7 +2,7 @@
 
 The engine arguments are the run's own (``Run.explicit_engine_args``, assembled once by
 :func:`orchestrator.experiments.planner.explicit_engine_args` when the experiment was
-planned) plus :data:`LAUNCH_ENGINE_ARGS`; :func:`jobs.engine.build_serve_command` turns
+planned) plus :data:`LAUNCH_ENGINE_ARGS`; :func:`jobs.engine.server.build_serve_command` turns
 them into the ``vllm serve`` command line on the node.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from jobs.capacity import CapacitySpec
+from jobs.capacity.search import CapacitySpec
 from jobs.schemas import BatchJob, EngineLaunch, RunSegment, WorkloadSpec
 from orchestrator.cluster.placement import cpu_thread_binding
 from orchestrator.core.models import Run

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jobs.journal import JournalContents, read_journal
+from jobs.run.journal import JournalContents, read_journal
 from orchestrator.core.models import Run
 
 
@@ -29,7 +29,7 @@ def engine_log_from_disk(run: Run) -> str | None:
 
 
 def journal_from_disk(run: Run) -> JournalContents | None:
-    """The run's journal beside its engine log (:mod:`jobs.journal`; every run of a batch
+    """The run's journal beside its engine log (:mod:`jobs.run.journal`; every run of a batch
     shares it, each line names its run), when the log path is known; the files are
     there only when the run's first node is this machine (nothing found otherwise)."""
     path = _log_path(run)

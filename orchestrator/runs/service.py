@@ -12,9 +12,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from jobs.modelgen import load_tokenizer
+from jobs.load.workload import build_requests
+from jobs.modelgen.generator import load_tokenizer
 from jobs.schemas import RunResult, WorkloadSpec
-from jobs.workload import build_requests
 from orchestrator.analysis.kvcache import check_against_engine
 from orchestrator.analysis.prefix import analyze_prefix, summarize
 from orchestrator.cluster.placement import reserved_devices
@@ -96,7 +96,7 @@ def record_result(session: Session, run: Run, result: RunResult) -> None:
     """Store a finished run's result and end it, in the caller's transaction.
 
     A capacity run also stores its search (``runs.capacity``: the
-    :class:`jobs.capacity.CapacityResult` as JSON, every step included) and
+    :class:`jobs.capacity.search.CapacityResult` as JSON, every step included) and
     :func:`capacity_metrics`.
     """
     repo = RunRepository(session)

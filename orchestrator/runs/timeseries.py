@@ -1,6 +1,6 @@
 """Downsampling of a run's ``/metrics`` time series for serving.
 
-A run scrapes ``/metrics`` once per second (:mod:`jobs.runner`), so an hour-long
+A run scrapes ``/metrics`` once per second (:mod:`jobs.run.runner`), so an hour-long
 run holds 3,600 samples; charts need a few hundred points. :func:`downsample`
 splits the ``during`` samples into equal-width time bins and keeps one point
 per bin: for a counter the bin's last value (counters only grow, so deltas
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.gpus import is_gpu_counter
-from jobs.metrics import SAMPLE_KEYS
+from jobs.signals.enginemetrics import SAMPLE_KEYS
+from jobs.signals.gpus import is_gpu_counter
 
 __all__ = ["Point", "downsample", "is_counter"]
 
@@ -31,10 +31,11 @@ class Point:
 
 
 def is_counter(key: str) -> bool:
-    """True for a sample key documented as a counter in :data:`jobs.metrics.SAMPLE_KEYS`.
+    """True for a sample key documented as a counter in
+    :data:`jobs.signals.enginemetrics.SAMPLE_KEYS`.
 
-    Also for the per-GPU energy counters ``gpu{k}_energy_j`` (:func:`jobs.gpus.is_gpu_counter`).
-    Unknown keys count as gauges.
+    Also for the per-GPU energy counters ``gpu{k}_energy_j``
+    (:func:`jobs.signals.gpus.is_gpu_counter`). Unknown keys count as gauges.
     """
     return SAMPLE_KEYS.get(key, "").startswith("counter") or is_gpu_counter(key)
 

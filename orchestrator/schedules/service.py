@@ -26,7 +26,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator.analysis.capacity import (
+from orchestrator.analysis.capacity_compare import (
     UNITS,
     CapacityComparison,
     CapacityRepeat,
@@ -300,7 +300,7 @@ def sweep_regressions(
     regression. Capacity under SLOs too:
     where both sweeps' runs of a variant stored capacity searches, the new
     capacity is compared with the previous one by
-    :func:`orchestrator.analysis.capacity.compare_capacity` and a ``lower`` verdict
+    :func:`orchestrator.analysis.capacity_compare.compare_capacity` and a ``lower`` verdict
     (the ratio's interval, or its upper bound when a sweep found only a bound, below 1;
     ``reference_value``/``value`` None where a side has no mean capacity, ``statement``
     with the bounds) is a regression with

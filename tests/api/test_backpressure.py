@@ -1,6 +1,6 @@
 """Back-pressure on submissions, over real HTTP (uvicorn in a thread) and a real Postgres.
 
-vLLM's configuration check (``jobs.engine_queries.resolve_engine_configs``: 6-80 s and
+vLLM's configuration check (``jobs.engine.queries.resolve_engine_configs``: 6-80 s and
 ~400 MB per call, cold) is replaced by a fake that blocks until the test lets it
 go, so the burst is deterministic: with 2 check slots and 4 waiting places, 6 of
 40 concurrent submissions are stored (201) and 34 are refused at once with 503
@@ -55,7 +55,7 @@ def spec(name: str, **kw: Any) -> dict[str, Any]:
 
 
 class SlowResolver:
-    """Stands in for ``jobs.engine_queries.resolve_engine_configs``: blocks until ``release``
+    """Stands in for ``jobs.engine.queries.resolve_engine_configs``: blocks until ``release``
     is set, counts calls and the most running at once, and notes how many pooled
     connections were checked out when each call started."""
 
@@ -109,10 +109,10 @@ def checking_settings(settings: Settings) -> Settings:
 
 @pytest.fixture
 def slow(pool_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> Iterator[SlowResolver]:
-    import jobs.engine_queries
+    import jobs.engine.queries
 
     fake = SlowResolver(pool_engine)
-    monkeypatch.setattr(jobs.engine_queries, "resolve_engine_configs", fake)
+    monkeypatch.setattr(jobs.engine.queries, "resolve_engine_configs", fake)
     yield fake
     fake.release.set()
 
@@ -353,8 +353,8 @@ def test_gate_is_reentrant_for_the_thread_that_holds_a_slot() -> None:
 def test_warm_resolver_answers_as_a_one_shot_vllm_process(tmp_path: Path) -> None:
     """The warm process gives the same answers as ``vllm_launcher.py resolve`` (cold),
     refusals included, and answers later checks in well under a second."""
-    from jobs.engine_queries import resolve_engine_configs
-    from jobs.modelgen import generate_model
+    from jobs.engine.queries import resolve_engine_configs
+    from jobs.modelgen.generator import generate_model
 
     assert ENGINE_PYTHON is not None
     model = tmp_path / "tiny"

@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from orchestrator.core.settings import LimitsSettings, PathSettings, Settings
-from orchestrator.experiments import models as service
+from orchestrator.experiments import model_resolution as service
 
 PROBLEM = "application/problem+json"
 LONG_MODEL = "m" * 300

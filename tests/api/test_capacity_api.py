@@ -15,8 +15,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.capacity import CapacityResult, CapacitySpec, CapacityStep, SLOCheck
-from jobs.runner import execute_batch
+from jobs.capacity.search import CapacityResult, CapacitySpec, CapacityStep, SLOCheck
+from jobs.run.runner import execute_batch
 from jobs.schemas import RequestRecord, RunResult
 from orchestrator.core.models import Run
 from orchestrator.core.repositories import RunRepository

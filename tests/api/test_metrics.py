@@ -28,7 +28,7 @@ from pydantic import SecretStr
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-import jobs.engine_queries
+import jobs.engine.queries
 from api.app import create_app
 from jobs.schemas import BatchJob, RunResult
 from orchestrator.cli.runtime import Runtime
@@ -220,7 +220,7 @@ def test_every_documented_series_is_scraped_and_values_move(
             time.sleep(0.05)
             return {"results": [{} for _ in configs]}
 
-        monkeypatch.setattr(jobs.engine_queries, "resolve_engine_configs", fake_resolve)
+        monkeypatch.setattr(jobs.engine.queries, "resolve_engine_configs", fake_resolve)
         settings.submissions.warm_resolver = False
         before = ticked.value("vlab_config_check_duration_seconds_count", resolver="one_shot")
         config_check.resolve_configs(settings, "/nowhere", [{}, {}])

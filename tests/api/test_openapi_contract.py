@@ -27,7 +27,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.app import create_app
-from jobs.engineevents import EVENT_TYPES
+from jobs.signals.engineevents import EVENT_TYPES
 from orchestrator.core import auth
 from orchestrator.core.db import normalize_url, unit_of_work, upgrade_to_head
 from orchestrator.core.settings import EngineSettings, Settings

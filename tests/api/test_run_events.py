@@ -1,5 +1,5 @@
 """``GET /api/v1/runs/{id}/events``: the run's engine events, paginated and filtered, from
-what the runner stored (``engine_info["engine_events"]``, :mod:`jobs.engineevents`).
+what the runner stored (``engine_info["engine_events"]``, :mod:`jobs.signals.engineevents`).
 
 The stored events are the runner's own output for a real shape: vLLM 0.32's
 ``EngineCore encountered a fatal error.`` (``vllm/v1/engine/core.py:1512``) with the
@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.engineevents import EVENT_TYPES, segment_info
+from jobs.signals.engineevents import EVENT_TYPES, segment_info
 from tests.factories import make_experiment
 
 PROBLEM = "application/problem+json"

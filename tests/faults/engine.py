@@ -1,7 +1,7 @@
 """TEST DOUBLE: the engine environment's python for the fault matrix, on the CPU device kind.
 
 Nothing here runs vLLM. The orchestrator starts engines as ``[engine_python,
-jobs/vllm_launcher.py, <command>, ...]``; the fault matrix points
+jobs/launcher/vllm_launcher.py, <command>, ...]``; the fault matrix points
 ``VLAB_ENGINE__PYTHON`` at a wrapper (:func:`write_engine_python`) that runs this
 module instead. Where the fault matrix depends on the engine it behaves like vLLM:
 
@@ -9,7 +9,7 @@ module instead. Where the fault matrix depends on the engine it behaves like vLL
   guard that ends the engine's process group once the run's supervisor is gone, as in
   every vLLM process), takes ``--fault-start-s`` seconds before it listens (vLLM
   loading a model: the run's "engine starting" phase), then serves the OpenAI API with
-  the project's stub server (:class:`jobs.stubserver.StubServer`, every request
+  the project's stub server (:class:`jobs.stub.stubserver.StubServer`, every request
   ``--fault-ttft-ms`` to its first token then ``--fault-itl-ms`` per token) and logs
   vLLM's start-up line; on SIGTERM it logs a shutdown line and takes
   ``--fault-stop-s`` seconds before it exits (vLLM draining: the window in which the
@@ -61,7 +61,9 @@ def _say(level: str, message: str) -> None:
 
 def _launcher() -> Any:
     """Load the real launcher by path: its module code installs the lifetime guard."""
-    spec = importlib.util.spec_from_file_location("vllm_launcher", REPO / "jobs/vllm_launcher.py")
+    spec = importlib.util.spec_from_file_location(
+        "vllm_launcher", REPO / "jobs/launcher/vllm_launcher.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -70,7 +72,7 @@ def _launcher() -> Any:
 
 def serve(argv: list[str]) -> None:
     _launcher()
-    from jobs.stubserver import StubServer
+    from jobs.stub.stubserver import StubServer
 
     start_s = float(_opt(argv, "--fault-start-s", "0"))
     stop_s = float(_opt(argv, "--fault-stop-s", "0"))

@@ -41,7 +41,7 @@ import httpx
 from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.journal import journal_paths
+from jobs.run.journal import journal_paths
 from orchestrator.core.db import normalize_url, upgrade_to_head
 from orchestrator.core.models import Run, RunRequest, RunSample
 from tests.conftest import REPO
@@ -549,7 +549,7 @@ class Deployment:
 
     def journal_lines(self, run_id: str) -> tuple[int, int] | None:
         """(records, samples) of run ``run_id`` in its journal beside its engine log
-        (:mod:`jobs.journal`: complete lines only); None when there is no journal."""
+        (:mod:`jobs.run.journal`: complete lines only); None when there is no journal."""
         counts: list[int | None] = []
         for path in journal_paths(self.log_path(run_id)):
             try:

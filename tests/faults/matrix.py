@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from jobs.enginewatch import HANG_AFTER_S
+from jobs.run.enginewatch import HANG_AFTER_S
 from tests.faults.harness import (
     GCS_RECONNECT_S,
     POLL_INTERVAL_S,

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.modelgen import generate_model
+from jobs.modelgen.generator import generate_model
 from tests.conftest import fresh_database
 from tests.faults.harness import (
     Deployment,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from jobs.modelgen import generate_model, load_tokenizer
+from jobs.modelgen.generator import generate_model, load_tokenizer
 
 
 @pytest.fixture(scope="session")

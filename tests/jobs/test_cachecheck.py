@@ -1,4 +1,4 @@
-"""Tests of :mod:`jobs.cachecheck`: the warm-cache rule on records and scrapes.
+"""Tests of :mod:`jobs.signals.cachecheck`: the warm-cache rule on records and scrapes.
 
 The shapes are vLLM's: per-request ``usage.prompt_tokens_details.cached_tokens``
 (``PrefillStats.num_cached_tokens`` of the request's first scheduling,
@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.cachecheck import (
+from jobs.schemas import MetricSample, RequestRecord
+from jobs.signals.cachecheck import (
     Scrape,
     cached_tokens_signal,
     check,
@@ -26,8 +27,7 @@ from jobs.cachecheck import (
     counter_signal,
     first_wave,
 )
-from jobs.metrics import parse_metrics
-from jobs.schemas import MetricSample, RequestRecord
+from jobs.signals.enginemetrics import parse_metrics
 
 DATA = Path(__file__).parent / "data" / "metrics"
 

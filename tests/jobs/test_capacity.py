@@ -1,4 +1,5 @@
-"""Tests of jobs.capacity: the decision rules on synthetic steps, and the honest accuracy test.
+"""Tests of jobs.capacity.search: the decision rules on synthetic steps, and the honest accuracy
+test.
 
 Synthetic steps (:func:`_steady`) are stable open-loop (or closed-loop) steps laid out
 on the step's own plan: warm-up requests, then one measured request per given TTFT,
@@ -6,9 +7,9 @@ due every ``1 / load`` seconds and lasting their TTFT plus the decode time. The
 search's decisions over many simulated queues (steadiness, client limits) are in
 ``tests/jobs/test_capacity_steady.py``.
 
-The accuracy tests run the search against :class:`jobs.stubserver.StubServer` in
+The accuracy tests run the search against :class:`jobs.stub.stubserver.StubServer` in
 capacity mode (a subprocess: ``slots`` requests served at once, FIFO queue, a fixed
-service time ``S = ttft + (n - 1) * itl``), driven by :func:`jobs.loadgen.run_load`
+service time ``S = ttft + (n - 1) * itl``), driven by :func:`jobs.load.loadgen.run_load`
 with the first requests of the same request list each step, as planned by the search.
 Closed form: arrivals see no queue up to about ``slots / S`` requests/s and a queue
 growing without bound beyond it; in a closed loop a concurrency above ``slots`` makes
@@ -32,7 +33,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from jobs.capacity import (
+from jobs.capacity.search import (
     CapacityResult,
     CapacitySearch,
     CapacitySpec,
@@ -43,10 +44,10 @@ from jobs.capacity import (
     run_search,
     step_values,
 )
-from jobs.loadgen import run_load
-from jobs.metrics import parse_metrics
+from jobs.load.loadgen import run_load
 from jobs.schemas import ChatRequest, RequestRecord
-from jobs.stubserver import StubServer
+from jobs.signals.enginemetrics import parse_metrics
+from jobs.stub.stubserver import StubServer
 
 Step = Callable[[StepPlan], tuple[Sequence[RequestRecord], StepSignals, float | None]]
 

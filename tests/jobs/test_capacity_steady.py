@@ -5,7 +5,7 @@ its assumptions. The server has ``slots`` slots and a FIFO queue, each request h
 a slot for a fixed service time ``S`` (so its capacity, the truth, is ``slots / S``
 requests/s). The load generator sends the step's requests in list order at their due
 times (constant or Poisson arrivals, scaled as the runner does:
-:func:`jobs.steadystate.scale_schedule`), at most ``in_flight`` at once, and each
+:func:`jobs.capacity.steadystate.scale_schedule`), at most ``in_flight`` at once, and each
 dispatch costs it ``1 / client_rate`` seconds of its single thread (its ceiling; None:
 free), so it falls behind above its ceiling as a real client does. The records and
 the server's ``num_requests_waiting`` at the first and last dispatch are what the
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from jobs.capacity import (
+from jobs.capacity.search import (
     CapacityResult,
     CapacitySearch,
     CapacitySpec,
@@ -32,8 +32,8 @@ from jobs.capacity import (
     StepSignals,
     run_search,
 )
+from jobs.capacity.steadystate import scale_schedule
 from jobs.schemas import RequestRecord
-from jobs.steadystate import scale_schedule
 
 TOKENS = 4
 SMALLEST = {"min_step_s": 0.5, "step_time_factor": 1.0}  # the schema's shortest steps

@@ -1,4 +1,4 @@
-"""Tests of :mod:`jobs.engine`: command rendering, process-group handling, real vLLM.
+"""Tests of :mod:`jobs.engine.server`: command rendering, process-group handling, real vLLM.
 
 The process tests use a *fake engine python*: a small script written by the
 test (a test double standing in for the engine venv's interpreter) that
@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.engine import (
+from jobs.engine.processes import group_members
+from jobs.engine.queries import list_engine_args
+from jobs.engine.server import (
     DEAD_ENGINE_GRACE_S,
     LAUNCHER_PATH,
     EngineCancelledError,
@@ -31,10 +33,8 @@ from jobs.engine import (
     engine_env,
     render_engine_args,
 )
-from jobs.engine_queries import list_engine_args
-from jobs.enginelog import error_lines
-from jobs.processes import group_members
 from jobs.schemas import EngineLaunch
+from jobs.signals.enginelog import error_lines
 from tests.conftest import ENGINE_PYTHON, needs_engine
 
 
@@ -398,7 +398,7 @@ import sys
 sys.path.insert(0, {repo!r})
 argv = sys.argv[1:]
 port = argv[argv.index("--port") + 1]
-from jobs.stubserver import main
+from jobs.stub.stubserver import main
 main(["--host", "127.0.0.1", "--port", port, "--ttft-ms", "1", "--itl-ms", "1"])
 """
 
@@ -420,7 +420,7 @@ def test_a_picked_port_taken_before_the_engine_binds_it_is_retried(
     new port instead of failing the run."""
     import socket
 
-    import jobs.engine as engine_mod
+    import jobs.engine.server as engine_mod
 
     squatter = socket.socket()
     squatter.bind(("127.0.0.1", 0))

@@ -1,7 +1,7 @@
-"""Tests of :func:`jobs.engine_queries.resolve_engine_configs` (the launcher's ``resolve``).
+"""Tests of :func:`jobs.engine.queries.resolve_engine_configs` (the launcher's ``resolve``).
 
 The renderer of the standalone launcher must agree with
-:func:`jobs.engine.render_engine_args` (no engine needed). With vLLM
+:func:`jobs.engine.server.render_engine_args` (no engine needed). With vLLM
 (``needs_engine``): the configuration vLLM 0.32 CPU really resolves for the
 tiny model, including the defaults it derives from other settings.
 """
@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from jobs import vllm_launcher
-from jobs.engine import RESERVED_ENGINE_ARGS, EngineError, render_engine_args
-from jobs.engine_queries import resolve_engine_configs
+from jobs.engine.queries import resolve_engine_configs
+from jobs.engine.server import RESERVED_ENGINE_ARGS, EngineError, render_engine_args
+from jobs.launcher import resolve as launcher_resolve
 from tests.conftest import ENGINE_PYTHON, needs_engine
 
 
@@ -34,14 +34,14 @@ from tests.conftest import ENGINE_PYTHON, needs_engine
     ],
 )
 def test_launcher_renders_like_jobs_engine(args: dict[str, Any]) -> None:
-    assert vllm_launcher.render_engine_args(args) == render_engine_args(args)
+    assert launcher_resolve.render_engine_args(args) == render_engine_args(args)
 
 
 def test_launcher_refuses_reserved_args_like_jobs_engine() -> None:
     for reserved in ("model", "port", "host", "served_model_name"):
         with pytest.raises(ValueError):
-            vllm_launcher.render_engine_args({reserved: "x"})
-    assert vllm_launcher.RESERVED_ENGINE_ARGS == RESERVED_ENGINE_ARGS
+            launcher_resolve.render_engine_args({reserved: "x"})
+    assert launcher_resolve.RESERVED_ENGINE_ARGS == RESERVED_ENGINE_ARGS
 
 
 def test_resolve_with_a_broken_engine_python_raises(tmp_path: Path) -> None:

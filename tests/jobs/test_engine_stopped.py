@@ -1,18 +1,18 @@
 """An engine stopped (SIGSTOP) outside the measurement (issue 23's fault matrix:
 ``engine/STOP/recording``, ``engine/STOP/starting``).
 
-- :meth:`jobs.engine.EngineServer.stop` SIGKILLs the group as soon as a process of it is
+- :meth:`jobs.engine.server.EngineServer.stop` SIGKILLs the group as soon as a process of it is
   stopped while the stop waits for the engine's drain (a stopped engine cannot shut down
   gracefully), and still gives a healthy engine its whole drain;
-- :meth:`jobs.engine.EngineServer.wait_healthy` fails a start whose process stays stopped
-  for ``stopped_after_s`` (the runner: :data:`jobs.enginewatch.HANG_AFTER_S`), not at the
+- :meth:`jobs.engine.server.EngineServer.wait_healthy` fails a start whose process stays stopped
+  for ``stopped_after_s`` (the runner: :data:`jobs.run.enginewatch.HANG_AFTER_S`), not at the
   start-up timeout, with the engine's warning and error lines and never an access line;
   a stop that ends before the bound does not fail the start; a run whose engine is
   stopped while it starts fails within the hang bound.
 
 The engines are test doubles standing in for the engine venv's python: small scripts
 that drain on SIGTERM or never become healthy, and the project's stub server
-(:mod:`jobs.stubserver`). No fixed sleeps: every wait polls a condition with a deadline.
+(:mod:`jobs.stub.stubserver`). No fixed sleeps: every wait polls a condition with a deadline.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs import enginewatch
-from jobs.engine import DEAD_ENGINE_GRACE_S, EngineServer, EngineStartError
-from jobs.processes import group_members, process_stopped
-from jobs.runner import execute_batch
+from jobs.engine.processes import group_members, process_stopped
+from jobs.engine.server import DEAD_ENGINE_GRACE_S, EngineServer, EngineStartError
+from jobs.run import enginewatch
+from jobs.run.runner import execute_batch
 from jobs.schemas import (
     BatchJob,
     EngineLaunch,
@@ -258,7 +258,7 @@ print({warning!r}, flush=True)
 print({access!r}, flush=True)
 print({loading!r}, flush=True)
 time.sleep({loading_s!r})
-from jobs.stubserver import main
+from jobs.stub.stubserver import main
 main([
     "--host", "127.0.0.1", "--port", argv[argv.index("--port") + 1],
     "--model", argv[argv.index("--served-model-name") + 1], "--ttft-ms", "5", "--itl-ms", "5",

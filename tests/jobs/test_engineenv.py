@@ -16,9 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from jobs.engine import LAUNCHER_PATH
-from jobs.engineenv import engine_env_facts
-from orchestrator.cluster.engineenv import engine_env_problem
+from jobs.engine.envfacts import engine_env_facts
+from jobs.engine.server import LAUNCHER_PATH
+from orchestrator.cluster.parity_engineenv import engine_env_problem
 
 
 def test_a_venv_python_is_there(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
-"""Typed engine events and their place on the run's timeline (:mod:`jobs.engineevents`).
+"""Typed engine events and their place on the run's timeline (:mod:`jobs.signals.engineevents`).
 
 Every event shape is a real one: the vLLM 0.32.0 source line that logs it (file and
-wording, quoted in :mod:`jobs.engineevents`), Ray 2.60's source, or the public issue
+wording, quoted in :mod:`jobs.signals.engineevents`), Ray 2.60's source, or the public issue
 quoted next to the case.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from jobs import engineevents
-from jobs.engineevents import (
+from jobs.signals import engineevents
+from jobs.signals.engineevents import (
     EVENT_KEYS,
     EVENT_TYPES,
     MAX_CLOCK_GAP_S,
@@ -369,7 +369,7 @@ def test_stats_notes_of_the_segment() -> None:
     assert segment_events(cut, T0 + 30, 60.0, first=False, tz=UTC)["stats_notes"] == []
 
 
-#: One line per pattern of jobs.engineevents._PATTERNS (in its order), short forms of the
+#: One line per pattern of jobs.signals.engineevents._PATTERNS (in its order), short forms of the
 #: wordings its docstring cites: every pattern is reachable through the cheap prefilter.
 PATTERN_SAMPLES = [
     ("out_of_memory", "ray.exceptions.OutOfMemoryError: Task was killed due to low memory"),

@@ -1,4 +1,4 @@
-"""Tests of jobs.enginelog: vLLM stats lines, probe-noise filter, start-up facts.
+"""Tests of jobs.signals.enginelog: vLLM stats lines, probe-noise filter, start-up facts.
 
 ``data/enginelog/`` holds copies of ``/work/shared/cases/enginelog`` (with
 ``*.expected.json`` answers) and a trimmed real vLLM 0.32 CPU log (see its README).
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from jobs.enginelog import (
+from jobs.signals.enginelog import (
     STARTUP_KEYS,
     STATS_KEYS,
     filter_noise,

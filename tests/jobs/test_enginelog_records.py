@@ -1,6 +1,6 @@
 """Stats records from logs whose lines are not one record each: records glued on one
 line, lines wrapped mid-field, Ray's prefixes and dedup suffix, V0's two-line pair
-(:func:`jobs.enginelog.parse_stats`, :mod:`jobs.logrecords`).
+(:func:`jobs.signals.enginelog.parse_stats`, :mod:`jobs.signals.logrecords`).
 
 The stats wording is vLLM 0.32.0's ``vllm/v1/metrics/loggers.py`` (``LoggingStatLogger.log``,
 lines 282-336: ``", ".join(log_parts)`` of ``Avg prompt throughput: %.1f tokens/s``,
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.enginelog import STATS_KEYS, parse_stats, parse_stats_lines, startup_facts
-from jobs.logrecords import split_records
+from jobs.signals.enginelog import STATS_KEYS, parse_stats, parse_stats_lines, startup_facts
+from jobs.signals.logrecords import split_records
 
 DATA = Path(__file__).parent / "data" / "enginelog"
 

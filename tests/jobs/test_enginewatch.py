@@ -1,4 +1,4 @@
-"""A hung engine (:mod:`jobs.enginewatch`) is caught like a dead one.
+"""A hung engine (:mod:`jobs.run.enginewatch`) is caught like a dead one.
 
 Pure: the warning-and-error filter on a real vLLM 0.32 CPU log (never an access line
 nor an ``INFO`` record). Against loopback servers: :class:`HangWatch` calls a server
@@ -24,12 +24,13 @@ from pathlib import Path
 
 import pytest
 
-from jobs import enginewatch, sseclient
-from jobs.engine import DEAD_ENGINE_GRACE_S, EngineServer
-from jobs.errorlines import error_lines, warning_and_error_lines
-from jobs.processes import group_members
-from jobs.runner import ENGINE_WATCH_INTERVAL_S, execute_batch
+from jobs.engine.processes import group_members
+from jobs.engine.server import DEAD_ENGINE_GRACE_S, EngineServer
+from jobs.load import sseclient
+from jobs.run import enginewatch
+from jobs.run.runner import ENGINE_WATCH_INTERVAL_S, execute_batch
 from jobs.schemas import BatchJob, EngineLaunch, Progress, RunSegment, WorkloadSpec
+from jobs.signals.errorlines import error_lines, warning_and_error_lines
 
 REPO = Path(__file__).resolve().parents[2]
 #: a real vLLM 0.32 CPU engine log (tests/jobs/data/enginelog/README.md)
@@ -237,7 +238,7 @@ def noise():
         print({access!r}, flush=True)
         print({stats!r}, flush=True)
 threading.Thread(target=noise, daemon=True).start()
-from jobs.stubserver import main
+from jobs.stub.stubserver import main
 main(["--host", "127.0.0.1", "--port", port, "--ttft-ms", "5", "--itl-ms", "20"])
 """
 

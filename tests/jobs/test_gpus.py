@@ -1,4 +1,4 @@
-"""Tests of jobs.gpus: GPU telemetry readers, sample keys and the run summary.
+"""Tests of jobs.signals.gpus: GPU telemetry readers, sample keys and the run summary.
 
 Tests named ``test_sim_*`` use the SIMULATED ``nvidia-smi`` of :mod:`tests.simgpu`
 (no real GPU is touched); the NVML tests use a fake ``nvml`` module object.
@@ -18,7 +18,10 @@ from typing import Any
 
 import pytest
 
-from jobs.gpus import (
+from jobs.engine.server import LAUNCHER_PATH
+from jobs.schemas import MetricSample
+from jobs.signals.enginemetrics import SAMPLE_KEYS
+from jobs.signals.gpus import (
     GpuReader,
     GpuReading,
     gpu_sample_values,
@@ -28,8 +31,6 @@ from jobs.gpus import (
     summarize_gpu_samples,
     visible_devices,
 )
-from jobs.metrics import SAMPLE_KEYS
-from jobs.schemas import MetricSample
 from orchestrator.runs.timeseries import is_counter
 from tests.simgpu import (
     NODE_ENV,
@@ -299,7 +300,7 @@ def test_sim_nvidia_smi_list_and_topology(sim_node: Path) -> None:
 
 def test_sim_vllm_launcher_gpu_facts_against_the_stand_in(sim_node: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, str(REPO / "jobs" / "vllm_launcher.py"), "fingerprint"],
+        [sys.executable, str(LAUNCHER_PATH), "fingerprint"],
         capture_output=True,
         text=True,
         check=True,

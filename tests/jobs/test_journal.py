@@ -1,5 +1,5 @@
-"""The run journal (:mod:`jobs.journal`): what a run measured, on disk beside its engine log
-within :data:`jobs.journal.FLUSH_INTERVAL_S` of being taken, whatever happens to the
+"""The run journal (:mod:`jobs.run.journal`): what a run measured, on disk beside its engine log
+within :data:`jobs.run.journal.FLUSH_INTERVAL_S` of being taken, whatever happens to the
 process that took it; read back with a torn last line skipped, never an error.
 
 Real files and a real ``kill -9`` of a writing process; the runner's journal is checked
@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from jobs.journal import FLUSH_INTERVAL_S, Journal, journal_paths, read_journal
-from jobs.runner import execute_batch
+from jobs.run.journal import FLUSH_INTERVAL_S, Journal, journal_paths, read_journal
+from jobs.run.runner import execute_batch
 from jobs.schemas import MetricSample, RequestRecord
 from tests.conftest import REPO
 from tests.jobs.test_runner_batch import _batch, _fake_engine, _workload
@@ -136,7 +136,7 @@ def test_items_are_on_disk_within_the_flush_interval_without_a_close(tmp_path: P
 WRITER = """
 import sys, time
 sys.path.insert(0, {repo!r})
-from jobs.journal import Journal
+from jobs.run.journal import Journal
 from jobs.schemas import RequestRecord
 journal = Journal({log!r})
 for i in range({n}):

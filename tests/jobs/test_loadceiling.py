@@ -1,4 +1,5 @@
-"""Tests of jobs.loadceiling: the load generator's ceiling, measured against the stub where it runs.
+"""Tests of jobs.load.loadceiling: the load generator's ceiling, measured against the stub where it
+runs.
 
 The rules of a sustained step are checked on given figures; the ramp runs for real on this
 machine (a stub with 1 ms timing in a subprocess): asked far above what a process can send,
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from jobs.loadceiling import arrival_rates, judge_step, measure_ceiling
+from jobs.load.loadceiling import arrival_rates, judge_step, measure_ceiling
 from jobs.schemas import ChatRequest, RequestRecord
 
 REQUESTS = [

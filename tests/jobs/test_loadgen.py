@@ -1,4 +1,4 @@
-"""Tests of jobs.loadgen: summary maths by hand, and run_load against fake vLLM servers.
+"""Tests of jobs.load.loadgen: summary maths by hand, and run_load against fake vLLM servers.
 
 Two test doubles of vLLM's OpenAI-compatible server are used, both real HTTP
 servers on 127.0.0.1 (a free port):
@@ -10,7 +10,7 @@ servers on 127.0.0.1 (a free port):
   ``choices``, then ``data: [DONE]``) with known sleeps. Each request's last user
   message (or ``prompt``) is a JSON script telling the double how to behave; it
   records the bodies it got. For body shapes and failure modes.
-- :class:`jobs.stubserver.StubServer`, the project's stub of "a GPU server with
+- :class:`jobs.stub.stubserver.StubServer`, the project's stub of "a GPU server with
   known timing" (fixed TTFT and inter-token delay), for dispatch timing, open
   loop, dependencies and a server that dies mid-run. It is tested here too.
 
@@ -37,10 +37,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from jobs.loadgen import run_load, summarize
-from jobs.metrics import parse_metrics
+from jobs.load.loadgen import run_load, summarize
 from jobs.schemas import ChatRequest, RequestRecord
-from jobs.stubserver import StubServer
+from jobs.signals.enginemetrics import parse_metrics
+from jobs.stub.stubserver import StubServer
 
 PROMPT_TOKENS = 42  # what the double reports in usage.prompt_tokens
 

@@ -1,6 +1,7 @@
-"""Tests of jobs.loadpool: the load generator over several processes gives what one process gives.
+"""Tests of jobs.load.loadpool: the load generator over several processes gives what one process
+gives.
 
-The server is :class:`jobs.stubserver.StubServer` with known timing (TTFT 20 ms, 5 ms
+The server is :class:`jobs.stub.stubserver.StubServer` with known timing (TTFT 20 ms, 5 ms
 between tokens, 6 tokens: E2EL 45 ms), in its own process. One pool of two workers is
 started for the module and reused by every test (as the capacity runner reuses one for
 its steps); a one-process run of the same list is the reference.
@@ -19,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from jobs.loadgen import run_load, summarize
-from jobs.loadpool import (
+from jobs.load.loadgen import run_load, summarize
+from jobs.load.loadpool import (
     LoadPool,
     LoadResult,
     assign,
@@ -30,7 +31,7 @@ from jobs.loadpool import (
     worker_cpus,
 )
 from jobs.schemas import ChatRequest, RequestRecord
-from jobs.stubserver import StubServer
+from jobs.stub.stubserver import StubServer
 
 TTFT, ITL, TOKENS = 0.02, 0.005, 6
 E2EL = TTFT + (TOKENS - 1) * ITL

@@ -1,4 +1,5 @@
-"""Tests of jobs.metrics: parsing vLLM /metrics text of several vintages, scraping, run deltas.
+"""Tests of jobs.signals.enginemetrics: parsing vLLM /metrics text of several vintages, scraping,
+run deltas.
 
 The exposition texts in ``data/metrics/`` are copies of ``/work/shared/cases/metrics``
 (published vLLM shapes, with ``*.expected.json`` answers) plus
@@ -17,7 +18,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client import Histogram as PromHistogram
 
-from jobs.metrics import (
+from jobs.schemas import MetricSample
+from jobs.signals.enginemetrics import (
     HISTOGRAMS,
     SAMPLE_KEYS,
     Histogram,
@@ -29,7 +31,6 @@ from jobs.metrics import (
     summarize_histograms,
     summarize_samples,
 )
-from jobs.schemas import MetricSample
 
 DATA = Path(__file__).parent / "data" / "metrics"
 CASES = sorted(p.name.removesuffix(".expected.json") for p in DATA.glob("*.expected.json"))

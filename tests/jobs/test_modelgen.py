@@ -1,4 +1,4 @@
-"""Tests of :mod:`jobs.modelgen`: generated model directories, digests and tokenizers.
+"""Tests of :mod:`jobs.modelgen.generator`: generated model directories, digests and tokenizers.
 
 These tests check the files only; serving a generated directory with vLLM
 (``--load-format dummy``) is an engine-level concern covered where the engine is launched.
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from jobs.modelgen import (
+from jobs.modelgen.generator import (
     BOS_TOKEN,
     CHAT_TEMPLATE,
     EOT_TOKEN,

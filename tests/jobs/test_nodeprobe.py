@@ -1,4 +1,4 @@
-"""Node fingerprints: ``vllm_launcher.py fingerprint``, :mod:`jobs.nodeprobe` and its Ray
+"""Node fingerprints: ``vllm_launcher.py fingerprint``, :mod:`jobs.engine.nodeprobe` and its Ray
 half :mod:`orchestrator.dispatch.ray.probe`.
 
 Most tests run the launcher with this (orchestrator) venv's python, which has
@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import ray
 
-from jobs.nodeprobe import ProbeError, node_name, probe_node
+from jobs.engine.nodeprobe import ProbeError, node_name, probe_node
 from orchestrator.cluster.parity import check_parity
 from orchestrator.dispatch.ray import probe as ray_probe
 from orchestrator.dispatch.ray.probe import probe_on_nodes

@@ -2,12 +2,12 @@
 process of the engine goes, including those the engine started itself.
 
 The engine is a test double that does what vLLM does with its processes: it imports
-the real launcher module (:mod:`jobs.vllm_launcher`, as vLLM's API server runs it and
+the real launcher module (:mod:`jobs.launcher.vllm_launcher`, as vLLM's API server runs it and
 its spawned children re-import it), forks one child (vLLM's engine core on CPU) and
 spawns another (``multiprocessing`` spawn: a re-import as ``__mp_main__``), and every
 one of them ignores SIGTERM, so the launcher's parent-death SIGTERM alone cannot end
 them. The owner is a separate Python process that started the engine with
-:class:`jobs.engine.EngineServer` (as the run supervisor does) and is then SIGKILLed.
+:class:`jobs.engine.server.EngineServer` (as the run supervisor does) and is then SIGKILLed.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import time
 import uuid
 from pathlib import Path
 
-from jobs.engine import LAUNCHER_PATH
-from jobs.processes import group_members
+from jobs.engine.processes import group_members
+from jobs.engine.server import LAUNCHER_PATH
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,7 +53,7 @@ if __name__ == "__main__":
 
 OWNER = """\
 import sys, time
-from jobs.engine import EngineServer
+from jobs.engine.server import EngineServer
 from jobs.schemas import EngineLaunch
 
 server = EngineServer(EngineLaunch(engine_python=sys.argv[1], model_dir="m",

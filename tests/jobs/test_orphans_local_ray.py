@@ -6,7 +6,7 @@ its engine), and the launcher's lifetime guard watches that process too. Ray's w
 
 Same doubles as ``tests/jobs/test_orphans.py``: a fake engine that makes its processes
 the way vLLM does and ignores SIGTERM, started by an owner process through
-:class:`jobs.engine.EngineServer`; here a third process plays the service, and it is the
+:class:`jobs.engine.server.EngineServer`; here a third process plays the service, and it is the
 one SIGKILLed while the owner lives on.
 """
 
@@ -21,9 +21,9 @@ import time
 import uuid
 from pathlib import Path
 
-from jobs.engine import LAUNCHER_PATH
-from jobs.processes import LOCAL_RAY_OWNER_ENV, group_members, local_ray_marks
-from jobs.vllm_launcher import GUARD_INTERVAL_S
+from jobs.engine.processes import LOCAL_RAY_OWNER_ENV, group_members, local_ray_marks
+from jobs.engine.server import LAUNCHER_PATH
+from jobs.launcher.lifetime_guard import GUARD_INTERVAL_S
 from tests.jobs.test_orphans import FAKE_ENGINE, OWNER, REPO, _marked
 
 

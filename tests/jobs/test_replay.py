@@ -1,4 +1,4 @@
-"""Tests of :mod:`jobs.replay` (JSONL replay files of OpenAI request bodies)."""
+"""Tests of :mod:`jobs.load.replay` (JSONL replay files of OpenAI request bodies)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from jobs.replay import (
+from jobs.load.replay import (
     MAX_PROBLEMS,
     ReplayFileError,
     body_problems,
@@ -138,7 +138,7 @@ def test_body_tokens_estimate() -> None:
 
 
 def test_replay_body_field_types_are_checked() -> None:
-    from jobs.replay import body_problems
+    from jobs.load.replay import body_problems
 
     chat = {"messages": [{"role": "user", "content": "hi"}]}
     assert body_problems({**chat, "tools": [{"type": "function", "function": {"name": "f"}}]}) == []

@@ -27,10 +27,11 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
-from jobs.modelgen import generate_model
+from jobs.engine.server import LAUNCHER_PATH
+from jobs.modelgen.generator import generate_model
 
 PY = sys.executable
-LAUNCHER = Path(__file__).resolve().parents[2] / "jobs" / "vllm_launcher.py"
+LAUNCHER = LAUNCHER_PATH
 REPO_ID = "acme/tiny-chat"
 OLD_SHA = "1f" * 20
 NEW_SHA = "9c0ffee" + "5" * 33

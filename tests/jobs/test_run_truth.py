@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.engine import EngineServer
-from jobs.processes import group_members
-from jobs.runner import execute_batch
+from jobs.engine.processes import group_members
+from jobs.engine.server import EngineServer
+from jobs.run.runner import execute_batch
 from jobs.schemas import (
     BatchJob,
     EngineLaunch,
@@ -174,7 +174,7 @@ def test_engine_core_killed_mid_run_fails_partial_and_stops_the_load(
 
     Before: the run ended ``succeeded`` after all 2000 requests (the API server lived on).
     """
-    import jobs.runner as runner
+    import jobs.run.runner as runner
 
     servers: list[EngineServer] = []
 

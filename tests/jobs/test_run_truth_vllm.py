@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-import jobs.runner as runner
-from jobs.engine import EngineServer
-from jobs.processes import group_members
-from jobs.runner import execute_batch
+import jobs.run.runner as runner
+from jobs.engine.processes import group_members
+from jobs.engine.server import EngineServer
+from jobs.run.runner import execute_batch
 from jobs.schemas import BatchJob, EngineLaunch, Progress, RunSegment, WorkloadSpec
 from tests.conftest import ENGINE_PYTHON, needs_engine
 

@@ -1,4 +1,4 @@
-"""Tests of :func:`jobs.runner.execute`.
+"""Tests of :func:`jobs.run.runner.execute`.
 
 Without vLLM: a fake engine python (test double) that crashes or hangs, to
 check that failures and cancellation become a :class:`RunResult` and that no
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs.processes import group_members
-from jobs.runner import execute
+from jobs.engine.processes import group_members
+from jobs.run.runner import execute
+from jobs.run.segment import drop_unobserved_gauges, itl_burst_fraction, parse_engine_log
 from jobs.schemas import EngineLaunch, Progress, RequestRecord, RunJob, RunResult, WorkloadSpec
-from jobs.segment import drop_unobserved_gauges, itl_burst_fraction, parse_engine_log
 from tests.conftest import ENGINE_PYTHON, needs_engine
 
 FAKE_ENGINE_PYTHON = """\

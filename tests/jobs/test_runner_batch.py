@@ -1,4 +1,4 @@
-"""Tests of :func:`jobs.runner.execute_batch`: several runs on one vLLM server.
+"""Tests of :func:`jobs.run.runner.execute_batch`: several runs on one vLLM server.
 
 Without vLLM: a fake engine python (test double) that serves a tiny
 OpenAI-compatible HTTP API with the standard library (``/health``,
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.processes import group_members
-from jobs.runner import execute, execute_batch
+from jobs.engine.processes import group_members
+from jobs.run.runner import execute, execute_batch
 from jobs.schemas import (
     BatchJob,
     EngineLaunch,
@@ -168,7 +168,7 @@ def test_server_that_stops_answering_ends_the_run_partial(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A live server that freezes mid-run (SIGSTOP): the run ends, measured data kept."""
-    import jobs.enginewatch as enginewatch
+    import jobs.run.enginewatch as enginewatch
 
     monkeypatch.setattr(enginewatch, "HANG_AFTER_S", 1.0)
     # 1 warm-up + 3 measured requests answered, then the server freezes

@@ -1,7 +1,7 @@
-"""The warm-cache check end to end through :func:`jobs.runner.execute_batch`.
+"""The warm-cache check end to end through :func:`jobs.run.runner.execute_batch`.
 
 Without vLLM, the engine python is a test double serving the project's stub server
-(:mod:`jobs.stubserver`) with its simulated prefix cache (:mod:`jobs.stubengine`): cached
+(:mod:`jobs.stub.stubserver`) with its simulated prefix cache (:mod:`jobs.stub.stubengine`): cached
 tokens in ``usage.prompt_tokens_details`` and the ``vllm:prefix_cache_*_total``
 counters come from it. With ``reset_keeps_cache`` its ``POST /reset_prefix_cache``
 answers 200 and keeps the blocks: what vLLM's block pool does when blocks are still held
@@ -13,7 +13,7 @@ runs with the same workload on one server then share their prompt prefix, and th
 second run's first request finds the first run's blocks: a warm cache of the kind that
 inflated TTFT 49x and throughput 2.32x in vllm-project/vllm#54227.
 
-The warm-ups never share the measured prefix (:mod:`jobs.workload`), so a run's own
+The warm-ups never share the measured prefix (:mod:`jobs.load.workload`), so a run's own
 warm-up cannot contaminate it; an earlier run on the same server can.
 
 With vLLM (``needs_engine``): three runs on one real server, the third after a reset that
@@ -29,8 +29,8 @@ from typing import Any
 
 import pytest
 
-from jobs.engine import EngineServer
-from jobs.runner import execute_batch
+from jobs.engine.server import EngineServer
+from jobs.run.runner import execute_batch
 from jobs.schemas import BatchJob, EngineLaunch, RunResult, RunSegment, WorkloadSpec
 from tests.conftest import ENGINE_PYTHON, needs_engine
 from tests.jobs.test_runner_batch import _assert_no_engine_left
@@ -48,7 +48,7 @@ def opt(name, default):
     return argv[argv.index(name) + 1] if name in argv else default
 
 print("INFO stub engine starting", flush=True)
-from jobs.stubserver import main
+from jobs.stub.stubserver import main
 flags = [f for f in ("--prefix-cache", "--reset-keeps-cache", "--no-cached-tokens")
          if "--stub" + f[1:] in argv]
 main([

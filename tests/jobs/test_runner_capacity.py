@@ -1,7 +1,7 @@
-"""A capacity segment end to end through :func:`jobs.runner.execute_batch`, without vLLM.
+"""A capacity segment end to end through :func:`jobs.run.runner.execute_batch`, without vLLM.
 
 The engine python is a test double that serves the project's stub server
-(:mod:`jobs.stubserver`) in its capacity mode: ``slots`` requests served at once
+(:mod:`jobs.stub.stubserver`) in its capacity mode: ``slots`` requests served at once
 (FIFO), each for a fixed ``ttft + (n - 1) * itl``. With 4 output tokens, TTFT 40 ms
 and ITL 40 ms a request holds a slot 160 ms; in a closed loop at concurrency ``c`` no
 request waits for a slot while ``c <= slots``, and from ``slots + 1`` on some wait a
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.capacity import CapacitySpec, StepPlan
-from jobs.capacity_runner import step_signals
-from jobs.runner import execute_batch
+from jobs.capacity.loadsteps import step_signals
+from jobs.capacity.search import CapacitySpec, StepPlan
+from jobs.run.runner import execute_batch
 from jobs.schemas import (
     BatchJob,
     EngineLaunch,
@@ -49,7 +49,7 @@ def opt(name, default):
     return argv[argv.index(name) + 1] if name in argv else default
 
 print("INFO stub engine starting", flush=True)
-from jobs.stubserver import main
+from jobs.stub.stubserver import main
 main([
     "--host", opt("--host", "127.0.0.1"), "--port", opt("--port", "0"),
     "--model", opt("--served-model-name", "stub"),

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs.processes import group_members
-from jobs.runner import execute_batch
+from jobs.engine.processes import group_members
+from jobs.run.runner import execute_batch
+from jobs.run.segment import Segment
 from jobs.schemas import ChatRequest, RequestRecord, RunSegment, WorkloadSpec
-from jobs.segment import Segment
 from tests.jobs.test_engine_stopped import _batch, _stub_engine
 
 

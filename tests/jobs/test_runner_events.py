@@ -1,5 +1,6 @@
-"""The runner puts each run's engine events on its own timeline (:func:`jobs.runner.execute_batch`,
-``engine_info["engine_events"]``, :func:`jobs.engineevents.segment_info`).
+"""The runner puts each run's engine events on its own timeline
+(:func:`jobs.run.runner.execute_batch`,
+``engine_info["engine_events"]``, :func:`jobs.signals.engineevents.segment_info`).
 
 A fake engine python (test double, like ``test_runner_batch.py``'s) serves a tiny
 OpenAI-compatible API and, at given chat requests, writes vLLM-format log records with
@@ -16,7 +17,7 @@ import stat
 import sys
 from pathlib import Path
 
-from jobs.runner import execute_batch
+from jobs.run.runner import execute_batch
 from jobs.schemas import BatchJob, EngineLaunch, RunSegment, WorkloadSpec
 
 FAKE_ENGINE = """\

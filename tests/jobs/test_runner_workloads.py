@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.processes import group_members
-from jobs.runner import execute_batch
+from jobs.engine.processes import group_members
+from jobs.run.runner import execute_batch
 from jobs.schemas import BatchJob, EngineLaunch, RunSegment, WorkloadSpec
 from tests.conftest import ENGINE_PYTHON, needs_engine
 

@@ -1,4 +1,4 @@
-"""Tests of jobs.sseclient: HTTP/1.1 framing, lines timed on arrival, keep-alive and its races.
+"""Tests of jobs.load.sseclient: HTTP/1.1 framing, lines timed on arrival, keep-alive and its races.
 
 The parser is fed byte strings directly (every split of a response into two reads gives
 the same lines); the pool runs against small asyncio servers on 127.0.0.1 that answer
@@ -15,7 +15,13 @@ from typing import Any
 
 import pytest
 
-from jobs.sseclient import BadResponse, ConnectionPool, Response, ServerDisconnected, _Connection
+from jobs.load.sseclient import (
+    BadResponse,
+    ConnectionPool,
+    Response,
+    ServerDisconnected,
+    _Connection,
+)
 
 SSE_LINES = [b'data: {"n":1}', b'data: {"n":2}', b"data: [DONE]"]
 SSE_BODY = b"".join(line + b"\n\n" for line in SSE_LINES)

@@ -1,6 +1,6 @@
 """The stub server's timing on kept-alive connections, where benchmarks and tests rely on it.
 
-:mod:`jobs.stubserver` promises a first token ``ttft_s`` after a request's body arrived
+:mod:`jobs.stub.stubserver` promises a first token ``ttft_s`` after a request's body arrived
 and one token every ``itl_s`` after that. A client measures a little more (its own
 event loop, the loopback), never less. These tests measure it from outside the stub,
 on kept-alive connections (the second request of a connection onwards), at
@@ -8,7 +8,7 @@ on kept-alive connections (the second request of a connection onwards), at
 - 1-5 ms delays, where a write held back by Nagle until the client's delayed ACK
   (~40 ms on Linux) showed as a +42 ms TTFT on every request after a connection's first
   and tokens in one burst: a raw socket (no client library involved) and
-  :func:`jobs.loadgen.run_load` at concurrency 1 and 16;
+  :func:`jobs.load.loadgen.run_load` at concurrency 1 and 16;
 - the delays and loads of the capacity tests (``tests/jobs/test_capacity.py``: capacity
   mode, 8 slots, TTFT = ITL = 100 ms, 4 tokens, open loop below the capacity;
   ``tests/jobs/test_runner_capacity.py``: 2 slots, 40 ms / 40 ms, closed loop at
@@ -31,10 +31,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from jobs.loadgen import run_load
+from jobs.load.loadgen import run_load
 from jobs.schemas import ChatRequest, RequestRecord
-from jobs.stubserver import StubServer
-from jobs.stubsocket import listen_socket
+from jobs.stub.stubserver import StubServer
+from jobs.stub.stubsocket import listen_socket
 
 #: how far above the configured delay a median may be (client and loopback overhead on a
 #: loaded machine); the Nagle/delayed-ACK fault added ~42 ms

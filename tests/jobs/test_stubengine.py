@@ -1,11 +1,11 @@
-"""The stub server's simulated prefix cache (:mod:`jobs.stubengine`) against vLLM's rules.
+"""The stub server's simulated prefix cache (:mod:`jobs.stub.stubengine`) against vLLM's rules.
 
 vLLM caches full blocks only, chains their hashes (a block matches only after the same
 blocks before it: vllm/v1/core/kv_cache_utils.py ``hash_block_tokens``), caps a hit at
 ``num_tokens - 1`` (``max_cache_hit_length``, vllm/v1/core/kv_cache_manager.py) and
 counts ``queries += num_tokens``, ``hits += cached`` per new request
 (``PrefixCacheStats.record``, vllm/v1/metrics/stats.py); its counters' HELP texts say
-"tokens", which :func:`jobs.metrics.parse_metrics` reads as token-counted.
+"tokens", which :func:`jobs.signals.enginemetrics.parse_metrics` reads as token-counted.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import urllib.request
 
-from jobs.metrics import parse_metrics
-from jobs.stubengine import PrefixCache, prompt_token_list
-from jobs.stubserver import StubServer
+from jobs.signals.enginemetrics import parse_metrics
+from jobs.stub.stubengine import PrefixCache, prompt_token_list
+from jobs.stub.stubserver import StubServer
 
 
 def _words(n: int, tag: str = "w") -> list[str]:

@@ -1,4 +1,5 @@
-"""Tests of :mod:`jobs.workload` (request lists) and :mod:`jobs.corpus` (the shipped text)."""
+"""Tests of :mod:`jobs.load.workload` (request lists) and :mod:`jobs.modelgen.corpus` (the shipped
+text)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,22 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
-from jobs import corpus
-from jobs.modelgen import render_chat
+from jobs.load.texts import (
+    OUTPUT_FORMAT_INSTRUCTIONS,
+    SYSTEM_INSTRUCTIONS,
+    TOOLS,
+    truncate_to_tokens,
+)
+from jobs.load.workload import (
+    arrival_offsets,
+    build_requests,
+    length_bounds,
+    longest_request_tokens,
+    request_list_hash,
+    template_segments,
+)
+from jobs.modelgen import corpus
+from jobs.modelgen.generator import render_chat
 from jobs.schemas import (
     ChatRequest,
     LengthDist,
@@ -20,15 +35,6 @@ from jobs.schemas import (
     RequestClassSpec,
     TemplateSegment,
     WorkloadSpec,
-)
-from jobs.texts import OUTPUT_FORMAT_INSTRUCTIONS, SYSTEM_INSTRUCTIONS, TOOLS, truncate_to_tokens
-from jobs.workload import (
-    arrival_offsets,
-    build_requests,
-    length_bounds,
-    longest_request_tokens,
-    request_list_hash,
-    template_segments,
 )
 
 BLOCK_SIZE = 16  # vLLM's default KV-cache block size; prefix caching works in whole blocks

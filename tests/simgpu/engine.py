@@ -1,7 +1,7 @@
 """SIMULATION: a stand-in for the engine environment's python on simulated GPU nodes.
 
 Nothing here runs vLLM or touches a real GPU. The orchestrator starts engines as
-``[engine_python, jobs/vllm_launcher.py, <command>, ...]``; a test points
+``[engine_python, jobs/launcher/vllm_launcher.py, <command>, ...]``; a test points
 ``VLAB_ENGINE__PYTHON`` at a wrapper that runs this module instead (see
 :func:`write_engine_python`). It behaves like vLLM where the orchestrator depends
 on it:
@@ -11,7 +11,7 @@ on it:
   takes every GPU it computes on (an exclusive ``flock`` on the simulated GPU's
   lock file, :func:`tests.simgpu.lock_path`) and fails like vLLM with CUDA out of
   memory when another engine already holds one; logs the devices it got; then
-  serves the OpenAI API with the project's stub server (:mod:`jobs.stubserver`).
+  serves the OpenAI API with the project's stub server (:mod:`jobs.stub.stubserver`).
   A follower (``--headless``) only holds its GPUs. With
   ``--distributed-executor-backend ray`` it does what vLLM's Ray executor does
   first: join ``RAY_ADDRESS``, take the current placement group (vLLM:
@@ -109,7 +109,9 @@ def _visible() -> list[int]:
 def _launcher() -> Any:
     """Import the real launcher by path (its module-level code runs, as in vLLM's
     processes, which re-import the launcher as their main module)."""
-    spec = importlib.util.spec_from_file_location("vllm_launcher", REPO / "jobs/vllm_launcher.py")
+    spec = importlib.util.spec_from_file_location(
+        "vllm_launcher", REPO / "jobs/launcher/vllm_launcher.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -173,8 +175,8 @@ def serve(argv: list[str]) -> None:
     backend = _opt(argv, "--distributed-executor-backend", "mp")
     node = os.environ.get(NODE_ENV, "?")
     _say(f"INFO {time.strftime('%m-%d %H:%M:%S')} [sim engine] SIMULATED vLLM, node {node}")
-    from jobs.stubserver import listen_socket
-    from jobs.stubserver import main as stub_main
+    from jobs.stub.stubserver import listen_socket
+    from jobs.stub.stubserver import main as stub_main
 
     host = _opt(argv, "--host", "127.0.0.1") or "127.0.0.1"
     # vLLM's API server binds its port before it builds the engine (``setup_server`` in

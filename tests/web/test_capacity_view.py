@@ -1,4 +1,4 @@
-"""web.capacity without a browser: the result in words for every search status (never a
+"""web.capacity_view without a browser: the result in words for every search status (never a
 capacity figure unless found), the binding SLO's names, the Pareto points and frontier."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.web.seed import capacity_documents
-from web import capacity as view
+from web import capacity_view as view
 
 
 def _doc(status: str, **extra: Any) -> dict[str, Any]:

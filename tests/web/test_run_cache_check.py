@@ -2,7 +2,7 @@
 cache shows a badge, the check's note and the advisor's warning; a clean run shows the
 check without alarm.
 
-The check is the real rule (:func:`jobs.cachecheck.check`) on the shape the stub server
+The check is the real rule (:func:`jobs.signals.cachecheck.check`) on the shape the stub server
 gives when ``POST /reset_prefix_cache`` answers 200 and keeps the blocks (vLLM's block
 pool refusing the reset while blocks are held, vllm/v1/core/block_pool.py, behind an
 API server that did not check the result): the first measured request reports 48
@@ -20,8 +20,8 @@ from playwright.sync_api import Page, expect
 from sqlalchemy import delete
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.cachecheck import check
 from jobs.schemas import RequestRecord
+from jobs.signals.cachecheck import check
 from orchestrator.core.models import Experiment, Run
 from tests.web.seed import DATA, load_export
 

@@ -12,9 +12,9 @@ from playwright.sync_api import Page, expect
 from sqlalchemy import delete
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.modelgen import generate_model, load_tokenizer
+from jobs.load.workload import build_requests
+from jobs.modelgen.generator import generate_model, load_tokenizer
 from jobs.schemas import WorkloadSpec
-from jobs.workload import build_requests
 from orchestrator.analysis.kvcache import check_against_engine
 from orchestrator.analysis.prefix import analyze_prefix, summarize
 from orchestrator.core.models import Experiment, Run, RunMetric

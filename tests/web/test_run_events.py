@@ -1,6 +1,6 @@
 """The run page's engine events: the "Engine events" table and the markers on the
 time-series charts (``web/static/js/runevents.js``), on a copy of the real demo run
-carrying the events the runner stores (:func:`jobs.engineevents.place_events` of real
+carrying the events the runner stores (:func:`jobs.signals.engineevents.place_events` of real
 shapes: vLLM 0.32's ``EngineCore encountered a fatal error.``, ``vllm/v1/engine/core.py``;
 a V0 preemption warning, GAIR-NLP/LIMO#29; a torch NCCL watchdog line without a time,
 vllm-project/vllm#2734)."""
@@ -17,7 +17,7 @@ from playwright.sync_api import Page, expect
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.engineevents import parse_events, place_events
+from jobs.signals.engineevents import parse_events, place_events
 from orchestrator.core.models import Experiment, Run, RunSample
 from tests.web.conftest import screenshot
 from tests.web.seed import DATA, load_export

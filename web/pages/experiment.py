@@ -14,7 +14,7 @@ Capacity under SLOs (issue #15), when the experiment's runs searched for it: a l
 column per variant from the comparison document's ``capacity`` member (ratio with its
 interval and verdict; nothing is computed here), the runs' latency-vs-load curves with
 the SLO lines, and the Pareto chart of output tokens/s per device against tokens/s per
-user across the succeeded runs with the non-dominated runs marked (:mod:`web.capacity`).
+user across the succeeded runs with the non-dominated runs marked (:mod:`web.capacity_view`).
 
 Results are cached per experiment while the set of run ids and statuses does not
 change (a terminal run never changes again; only succeeded runs are compared).
@@ -48,7 +48,7 @@ from orchestrator.core.models import Experiment
 from orchestrator.core.repositories import ExperimentRepository
 from orchestrator.core.states import ACTIVE
 from orchestrator.experiments.status import experiment_status, server_reuse
-from web import capacity as capacity_view
+from web import capacity_view
 from web.render import PageCache, not_found, render
 
 router = APIRouter()

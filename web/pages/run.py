@@ -2,7 +2,7 @@
 
 Server-rendered: the header (status, times, what changed vs the reference run,
 progress), summary cards, the capacity under SLOs (when the run searched for it: the
-result in words and the steps table, :mod:`web.capacity`), the full metrics table
+result in words and the steps table, :mod:`web.capacity_view`), the full metrics table
 (client-side, server-side and per request class), the per-class table, the
 configuration and versions, the node layout (placement) and the node parity report.
 In the browser (``web/static/js/run.js``, from the ``/api/v1`` JSON): the
@@ -29,7 +29,7 @@ from orchestrator.core.db import unit_of_work
 from orchestrator.core.models import Run
 from orchestrator.core.repositories import RunRepository
 from orchestrator.core.states import ACTIVE
-from web import capacity as capacity_view
+from web import capacity_view
 from web.render import not_found, render
 
 router = APIRouter()
@@ -85,7 +85,8 @@ CLASS_COLUMNS: tuple[tuple[str, str, str], ...] = (
 
 _SERVER_PREFIXES = ("server_", "kv_cache_usage", "num_requests_", "gpu_prefix_cache")
 _SERVER_EXACT = {"prefix_cache_hit_rate", "prefix_cache_hit_rate_blocks"}
-#: GPU telemetry metrics (:func:`jobs.gpus.summarize_gpu_samples`): ``gpu_*`` and ``energy_*``.
+#: GPU telemetry metrics (:func:`jobs.signals.gpus.summarize_gpu_samples`): ``gpu_*`` and
+#: ``energy_*``.
 _GPU_PREFIXES = ("gpu_", "energy_")
 #: Units of the GPU telemetry metrics, by name suffix (``_pct`` is 0-100, not a fraction).
 _GPU_UNITS = (("_per_output_token_j", "J/token"), ("_j", "J"), ("_w", "W"), ("_mib", "MiB"))
@@ -605,7 +606,8 @@ def run_page(run_id: str, request: Request) -> HTMLResponse:
         startup_facts = engine_info.pop("startup_facts", None) or {}
         histogram_notes = engine_info.pop("histogram_notes", None) or []
         histogram_notes += engine_info.pop("counter_notes", None) or []  # /metrics counters
-        cache_check = engine_info.pop("cache_contamination", None) or None  # jobs.cachecheck
+        # jobs.signals.cachecheck
+        cache_check = engine_info.pop("cache_contamination", None) or None
         events = events_view(engine_info)
         resolution = engine_info.pop("model_resolution", None) or (
             (run.experiment.spec or {}).get("model_resolution") if run.experiment else None

@@ -98,7 +98,7 @@ def check_against_engine(
         model_config: the model's ``config.json`` (HF names).
         engine_args: the run's resolved engine arguments (every key is classified: the
             estimate reads the KV-shaping ones, lists unknown ones in ``ignored_keys``).
-        startup_facts: parsed start-up lines (``jobs.enginelog.startup_facts``):
+        startup_facts: parsed start-up lines (``jobs.signals.enginelog.startup_facts``):
             ``available_kv_cache_memory_gib``, ``kv_cache_size_tokens``,
             ``max_concurrency``, ``max_concurrency_context_tokens``, ``max_model_len``,
             ``num_gpu_blocks`` (V0), ``kv_cache_device``, ``vllm_version``.

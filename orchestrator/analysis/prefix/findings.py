@@ -60,8 +60,9 @@ def hit_rate_finding(
     ``vllm:prefix_cache_queries`` over the run (tokens). A gap larger than ``tolerance``
     (absolute) is a finding, weighed against the run's server signals when given:
 
-    - ``metrics``: the run's summary metrics (:func:`jobs.metrics.summarize_samples` keys):
-      ``num_preemptions_delta``, ``kv_cache_usage_peak`` (0-1), ``num_requests_waiting_peak``,
+    - ``metrics``: the run's summary metrics
+      (:func:`jobs.signals.enginemetrics.summarize_samples` keys): ``num_preemptions_delta``,
+      ``kv_cache_usage_peak`` (0-1), ``num_requests_waiting_peak``,
       ``prefix_cache_queries_delta`` / ``prefix_cache_hits_delta`` (tokens);
     - ``summary``: the analysis a run keeps (:func:`summarize`): ``queries_tokens`` /
       ``hits_tokens`` predicted for the request list;

@@ -36,12 +36,12 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from jobs.engine import render_engine_args
-from jobs.nodeprobe import launch_environment
-from jobs.processes import process_title
+from jobs.engine.nodeprobe import launch_environment
+from jobs.engine.processes import process_title
+from jobs.engine.server import render_engine_args
 from jobs.schemas import BatchJob, NodePart, RunResult
-from orchestrator.cluster.engineenv import engine_env_problem, engine_only
 from orchestrator.cluster.parity import check_parity
+from orchestrator.cluster.parity_engineenv import engine_env_problem, engine_only
 from orchestrator.cluster.placement import (
     RAY_EXECUTOR_ON_CPU,
     NodeInventory,
@@ -460,7 +460,7 @@ class RayRunBackend:
         a stat of its python, in the engine's image when there is one). Returns None when
         every node has it, else the parity report of the engine environments only
         (``verdict`` ``"blocked"``, rule ``engine_env`` naming each node and its python,
-        ``stage`` ``"engine_env"``). Raises :class:`jobs.nodeprobe.ProbeError` when a node
+        ``stage`` ``"engine_env"``). Raises :class:`jobs.engine.nodeprobe.ProbeError` when a node
         does not answer.
         """
         engines = engines if engines is not None else self.engine_specs(node_ids)
@@ -507,7 +507,7 @@ class RayRunBackend:
 
         Returns the :func:`orchestrator.cluster.parity.check_parity` report with the nodes
         in the given order, each named ``rank<i>:<hostname>`` and carrying the engine
-        arguments it would launch with. Raises :class:`jobs.nodeprobe.ProbeError` when
+        arguments it would launch with. Raises :class:`jobs.engine.nodeprobe.ProbeError` when
         a node's probe fails, ``ValueError`` for an unknown node id.
         """
         live = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
@@ -712,7 +712,8 @@ def _engine_report(
     """The parity report of the engine environments alone (a node lacks its engine).
 
     Each node is ``rank<i>:<hostname>`` as in :meth:`RayRunBackend.check_nodes`; only its
-    identity and ``engine_env`` are compared (:func:`orchestrator.cluster.engineenv.engine_only`).
+    identity and ``engine_env`` are compared
+    (:func:`orchestrator.cluster.parity_engineenv.engine_only`).
     """
     nodes = []
     for i, (node_id, fp) in enumerate(zip(node_ids, fingerprints, strict=True)):

@@ -88,13 +88,14 @@ PACKAGES = ("jobs", "orchestrator")
 REMOTE_MODULES = (
     "orchestrator.dispatch.ray.supervisor",
     "orchestrator.dispatch.ray.probe",
-    "orchestrator.dispatch.ray.models",
+    "orchestrator.dispatch.ray.model_locator",
 )
 
 #: Distributions :data:`REMOTE_MODULES` import beyond Ray and the standard library
 #: (``tests/orchestrator/dispatch/test_join.py`` checks this against their imports);
 #: ``nvidia-ml-py`` is imported where present (NVML telemetry, else ``nvidia-smi``);
-#: ``uvicorn`` runs the stub server the load generator is calibrated against (jobs.loadceiling).
+#: ``uvicorn`` runs the stub server the load generator is calibrated against
+#: (jobs.load.loadceiling).
 WORKER_REQUIREMENTS = (
     "httptools",
     "httpx",

@@ -2,7 +2,7 @@
 one leaves behind.
 
 Every process of a local Ray that a service starts carries two environment marks, its
-``VLAB_HOME`` and the service itself (:func:`jobs.processes.local_ray_marks`: GCS,
+``VLAB_HOME`` and the service itself (:func:`jobs.engine.processes.local_ray_marks`: GCS,
 raylet, agents and workers inherit them, and so do the engines the workers start), and
 the service notes the Ray session folder it started in
 ``<home>/local-ray/<pid>.json``. When the service dies (``kill -9``, out of memory),
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import ray
 
-from jobs.processes import (
+from jobs.engine.processes import (
     LOCAL_RAY_OWNER_ENV,
     kill_processes,
     local_ray_marks,

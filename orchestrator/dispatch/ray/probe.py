@@ -1,12 +1,12 @@
 """The Ray half of the node probe: Ray facts of a node, and the probe run on every node.
 
-:func:`jobs.nodeprobe.probe_node` fingerprints the engine environment of the node it
+:func:`jobs.engine.nodeprobe.probe_node` fingerprints the engine environment of the node it
 runs on (no Ray there); this module adds what only the Ray side knows (``ray``
 version, the node's ``ip`` and Ray ``node_id``: :func:`probe_node`) and runs that
 probe on every node of a cluster at once, one Ray task pinned to each
 (:func:`probe_on_nodes`). :func:`engine_env_on_nodes` is the cheap check that runs
 before anything of a run is placed: is each node's engine python there
-(:func:`jobs.engineenv.engine_env_facts`, a stat; in the container image when the
+(:func:`jobs.engine.envfacts.engine_env_facts`, a stat; in the container image when the
 engine runs in one)?
 
 Use::
@@ -15,7 +15,7 @@ Use::
     report = check_parity([fps[n] for n in node_ids], launch)
     answers = engine_env_on_nodes({node_id: {"kind": "path", "python": ...}}, timeout_s=60)
 
-Errors: :class:`jobs.nodeprobe.ProbeError`.
+Errors: :class:`jobs.engine.nodeprobe.ProbeError`.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ import ray
 from ray.exceptions import RuntimeEnvSetupError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from jobs import nodeprobe
-from jobs.engineenv import engine_env_facts
-from jobs.nodeprobe import ProbeError, primary_ip
-from orchestrator.cluster.engineenv import engine_env_problem
+from jobs.engine import nodeprobe
+from jobs.engine.envfacts import engine_env_facts
+from jobs.engine.nodeprobe import ProbeError, primary_ip
+from orchestrator.cluster.parity_engineenv import engine_env_problem
 
 __all__ = [
     "RAY_SCHEDULING_GRACE_S",
@@ -74,9 +74,10 @@ def probe_node(
     env: Mapping[str, str] | None = None,
     revision: str | None = None,
 ) -> dict[str, Any]:
-    """:func:`jobs.nodeprobe.probe_node` plus :func:`ray_facts` (``ray``, ``ip``, ``node_id``).
+    """:func:`jobs.engine.nodeprobe.probe_node` plus :func:`ray_facts` (``ray``, ``ip``,
+    ``node_id``).
 
-    Raises :class:`jobs.nodeprobe.ProbeError` as that function.
+    Raises :class:`jobs.engine.nodeprobe.ProbeError` as that function.
     """
     doc = nodeprobe.probe_node(
         engine_python, model_dir, digest_cache, timeout_s=timeout_s, env=env, revision=revision
@@ -86,7 +87,7 @@ def probe_node(
 
 
 def _spec_facts(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """:func:`jobs.engineenv.engine_env_facts` of an engine spec (``kind``, ``python``...)."""
+    """:func:`jobs.engine.envfacts.engine_env_facts` of an engine spec (``kind``, ``python``...)."""
     return engine_env_facts(
         str(spec["python"]),
         kind=str(spec.get("kind") or "path"),

@@ -23,7 +23,7 @@ Every request record and every ``/metrics`` sample is kept in the supervisor as
 soon as it was taken; ``records(since)`` and ``samples(since)`` hand out the new
 ones, and the dispatcher writes them to the database every tick while the run goes.
 Before that, the runner wrote each to the run's journal beside the engine log
-(:mod:`jobs.journal`, on this node's disk within half a second), which the
+(:mod:`jobs.run.journal`, on this node's disk within half a second), which the
 dispatcher reads back when this supervisor dies (``kill -9``, an out-of-memory kill)
 or the orchestrator is lost: what was measured survives both.
 """
@@ -41,16 +41,9 @@ import ray
 from ray.exceptions import RayError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from jobs.engine import EngineError, EngineServer, EngineStartError, find_free_port
-from jobs.engine_queries import resolve_model
-from jobs.gpus import (
-    GpuReader,
-    gpu_sample_values,
-    resolve_visible,
-    summarize_gpu_samples,
-    visible_devices,
-)
-from jobs.runner import execute_batch
+from jobs.engine.queries import resolve_model
+from jobs.engine.server import EngineError, EngineServer, EngineStartError, find_free_port
+from jobs.run.runner import execute_batch
 from jobs.schemas import (
     BatchJob,
     EngineLaunch,
@@ -59,6 +52,13 @@ from jobs.schemas import (
     Progress,
     RequestRecord,
     RunResult,
+)
+from jobs.signals.gpus import (
+    GpuReader,
+    gpu_sample_values,
+    resolve_visible,
+    summarize_gpu_samples,
+    visible_devices,
 )
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ def ray_executor_launch(launch: EngineLaunch, pg: Any) -> EngineLaunch:
     creates a second one only when there is none; a second group would wait forever
     for the GPUs our group holds. ``vllm serve`` runs as a plain process (a new Ray
     driver), where that call returns ``None``, so the launcher
-    (:mod:`jobs.vllm_launcher`) answers it with the group named by
+    (:mod:`jobs.launcher.vllm_launcher`) answers it with the group named by
     ``VLAB_RAY_PLACEMENT_GROUP_ID`` in every vLLM process. ``RAY_ADDRESS`` makes
     vLLM join this cluster instead of starting its own. The group has one-GPU
     bundles, as vLLM requires ("Placement group bundle cannot have more than 1 GPU").
@@ -224,7 +224,7 @@ class EnginePart:
         }
 
     def gpu_readings(self) -> list[Any]:
-        """This node's held GPUs now (``jobs.gpus.GpuReading``; empty without telemetry)."""
+        """This node's held GPUs now (``jobs.signals.gpus.GpuReading``; empty without telemetry)."""
         return self.telemetry.read() if self.telemetry is not None else []
 
     def alive(self) -> bool:
@@ -256,12 +256,12 @@ def resolve_launch_model(launch: EngineLaunch) -> tuple[EngineLaunch, dict[str, 
     """Resolve a model named by Hugging Face id in this node's HF cache.
 
     Returns ``launch`` unchanged (and None) for a directory or generated model.
-    Otherwise runs :func:`jobs.engine_queries.resolve_model` here: with the weights in the
+    Otherwise runs :func:`jobs.engine.queries.resolve_model` here: with the weights in the
     cache the snapshot directory is served (exactly the files whose digests are
     recorded); without them the id is served with ``--revision <commit>`` and
     vLLM downloads the weights. With the Ray executor the id and commit are served
     too (vLLM's workers on other nodes resolve them in their own caches). Raises
-    :class:`jobs.engine.EngineError` with the node's answer when the model cannot be
+    :class:`jobs.engine.server.EngineError` with the node's answer when the model cannot be
     resolved here.
     """
     if not launch.resolve_model_on_node:
@@ -295,7 +295,7 @@ def resolve_launch_model(launch: EngineLaunch) -> tuple[EngineLaunch, dict[str, 
 
 
 class RunSupervisor:
-    """Runs :func:`jobs.runner.execute_batch` for one :class:`BatchJob`."""
+    """Runs :func:`jobs.run.runner.execute_batch` for one :class:`BatchJob`."""
 
     def __init__(self, job: BatchJob) -> None:
         self.job = job
@@ -345,7 +345,7 @@ class RunSupervisor:
 
     def _gpu_values(self) -> dict[str, float]:
         """One telemetry reading of every GPU of the run: this node's, then each
-        follower's, in rank order (keys of :func:`jobs.gpus.gpu_sample_values`)."""
+        follower's, in rank order (keys of :func:`jobs.signals.gpus.gpu_sample_values`)."""
         readings = list(self._telemetry.read()) if self._telemetry is not None else []
         for _, actor in self._parts:
             readings.extend(ray.get(actor.gpu_readings.remote(), timeout=10))

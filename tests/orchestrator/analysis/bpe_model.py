@@ -1,7 +1,7 @@
 """A small byte-level BPE tokenizer with the whitespace merges real tokenizers have, saved
 as a Hugging Face model directory the prefix analyser loads like any other.
 
-The generated models of :mod:`jobs.modelgen` split text with the GPT-2 pattern and are
+The generated models of :mod:`jobs.modelgen.generator` split text with the GPT-2 pattern and are
 trained on paragraphs without blank lines: they have no ``"\\n\\n"`` token, so no test on
 them can see a whitespace merge. This one is built like Qwen2's and Llama 3's tokenizers:
 

@@ -3,9 +3,9 @@
 ``burst``: the stub with an ITL of 0 writes every token of a request at once, as a vLLM
 API server starved of CPU flushes its queued chunks (the tiny-model run of issue #22:
 APC-on TPOT p50 0.0 ms); ``paced``: one token every 4 ms. Each is measured once per test
-session by the real client (:func:`jobs.loadgen.run_load`, the stub in its own process so
+session by the real client (:func:`jobs.load.loadgen.run_load`, the stub in its own process so
 that its writes are not interleaved with the client by the GIL) and summarised as the
-runner does (:func:`jobs.loadgen.summarize`, :func:`jobs.segment.itl_burst_fraction`).
+runner does (:func:`jobs.load.loadgen.summarize`, :func:`jobs.run.segment.itl_burst_fraction`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import functools
 import time
 from typing import Any
 
-from jobs.loadgen import run_load, summarize
+from jobs.load.loadgen import run_load, summarize
+from jobs.run.segment import itl_burst_fraction
 from jobs.schemas import ChatRequest
-from jobs.segment import itl_burst_fraction
-from jobs.stubserver import StubServer
+from jobs.stub.stubserver import StubServer
 
 #: Stub timing: TTFT and the ITL of each stream kind (s).
 TTFT_S = 0.004

@@ -1,4 +1,4 @@
-"""Capacity under SLOs compared (orchestrator.analysis.capacity): ratio, bracket interval,
+"""Capacity under SLOs compared (orchestrator.analysis.capacity_compare): ratio, bracket interval,
 verdict, per-device ratio, and unknown whenever a side has no found capacity."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.analysis.capacity import (
+from orchestrator.analysis.capacity_compare import (
     CapacityRepeat,
     capacity_regression,
     compare_capacity,

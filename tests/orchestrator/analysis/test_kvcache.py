@@ -791,7 +791,7 @@ def _demo_run() -> dict:
     return json.loads(_DEMO.read_text())["experiment"]["runs"][1]
 
 
-# config.json of the generated "small" demo model (jobs/modelgen.py)
+# config.json of the generated "small" demo model (jobs/modelgen/generator.py)
 _SMALL = {
     "num_hidden_layers": 8,
     "num_attention_heads": 8,

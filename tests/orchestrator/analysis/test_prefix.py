@@ -2,8 +2,8 @@
 clusters, the hit-rate prediction (by hand) and the measured-vs-predicted finding.
 
 Prompts are rendered with a real tokenizer and chat template: the ``tiny`` model directory
-of :mod:`jobs.modelgen` (Llama-3-style template, which ignores ``tools``), and a copy of it
-whose template renders tools (``tojson``, in the system turn, as Qwen/Hermes-style
+of :mod:`jobs.modelgen.generator` (Llama-3-style template, which ignores ``tools``), and a copy of
+it whose template renders tools (``tojson``, in the system turn, as Qwen/Hermes-style
 templates do) and message ``name`` fields.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from jobs.modelgen import generate_model, render_chat
-from jobs.modelgen import load_tokenizer as load_raw_tokenizer
+from jobs.modelgen.generator import generate_model, render_chat
+from jobs.modelgen.generator import load_tokenizer as load_raw_tokenizer
 from jobs.schemas import ChatRequest
 from orchestrator.analysis.prefix import (
     PrefixRequest,

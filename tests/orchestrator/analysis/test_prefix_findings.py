@@ -9,7 +9,8 @@ environment) books re-scheduled requests apart: ``vllm/v1/metrics/stats.py`` l.1
 (``PrefixCacheStats.record``: ``if preempted:`` -> ``preempted_queries`` /
 ``preempted_hits``, then return) and ``vllm/v1/metrics/loggers.py`` l.1166-1171 (the
 Prometheus counters get ``.queries`` / ``.hits`` only). The metric keys are those of
-:func:`jobs.metrics.summarize_samples` (``num_preemptions_delta``, ``kv_cache_usage_peak``,
+:func:`jobs.signals.enginemetrics.summarize_samples` (``num_preemptions_delta``,
+``kv_cache_usage_peak``,
 ``num_requests_waiting_peak``, ``prefix_cache_queries_delta``, ``prefix_cache_hits_delta``).
 """
 

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from jobs.modelgen import generate_model
+from jobs.modelgen.generator import generate_model
 from orchestrator.analysis.prefix import (
     HitRatePrediction,
     PrefixAnalysis,
@@ -283,7 +283,7 @@ def test_token_id_turns_count_generated_ids_in_the_headline() -> None:
 def test_plan_figure_is_the_plans_and_a_chat_templates_headlines_agree(
     tiny_dir: Path,
 ) -> None:
-    """A clock in the system prompt (Llama-3 chat template of ``jobs.modelgen``): the
+    """A clock in the system prompt (Llama-3 chat template of ``jobs.modelgen.generator``): the
     summary's advice is the plan, and the figure beside it is the plan's own prediction,
     re-computed here on the requests rewritten by hand."""
     case = json.loads((DATA / "clock_in_system_prompt.json").read_text())

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from jobs.modelgen import generate_model
+from jobs.modelgen.generator import generate_model
 from orchestrator.analysis.prefix import (
     analyze_prefix,
     load_tokenizer,

@@ -1,6 +1,6 @@
 """A run measured on a warm prefix cache, in comparisons, findings and the advisor.
 
-The run's flag is the warm-cache check of :mod:`jobs.cachecheck`
+The run's flag is the warm-cache check of :mod:`jobs.signals.cachecheck`
 (``engine_info["cache_contamination"]``), here computed by the real rule on the records
 a reset that kept its blocks gives (the first measured request reports cached prompt
 tokens: vLLM's block pool refuses a reset while blocks are held, vllm/v1/core/
@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from jobs.cachecheck import check
 from jobs.schemas import RequestRecord
+from jobs.signals.cachecheck import check
 from orchestrator.analysis.advisor import (
     RANK,
     WARM_CACHE_ACTION,

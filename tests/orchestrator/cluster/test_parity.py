@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from jobs import vllm_launcher
-from jobs.nodeprobe import ENV_NAMES, ENV_PREFIXES, env_scope, launch_environment, probe_node
+from jobs.engine.nodeprobe import ENV_NAMES, ENV_PREFIXES, env_scope, launch_environment, probe_node
+from jobs.launcher import fingerprint as launcher_fingerprint
 from orchestrator.cluster.parity import RULES, check_parity, rule_for, rules_for
 from orchestrator.core.settings import EngineSettings, Settings
 from orchestrator.dispatch.ray import backend as backend_module
@@ -624,8 +624,8 @@ def test_nccl_ib_pkey_is_compared_not_redacted() -> None:
 
 
 def test_launch_environment_filter_is_the_fingerprints() -> None:
-    assert vllm_launcher._FP_ENV_PREFIXES == ENV_PREFIXES
-    assert vllm_launcher._FP_ENV_NAMES == ENV_NAMES
+    assert launcher_fingerprint.FP_ENV_PREFIXES == ENV_PREFIXES
+    assert launcher_fingerprint.FP_ENV_NAMES == ENV_NAMES
     sample = {
         "NCCL_SOCKET_IFNAME": "eth0",
         "TP_SOCKET_IFNAME": "eth0",
@@ -633,7 +633,7 @@ def test_launch_environment_filter_is_the_fingerprints() -> None:
         "NCCL_IB_PKEY": "0x1",
         "PATH": "/bin",
     }
-    assert launch_environment(sample) == vllm_launcher._filtered_env(sample)
+    assert launch_environment(sample) == launcher_fingerprint.filtered_env(sample)
 
 
 def test_real_probe_tells_unset_from_set(tmp_path: Path) -> None:
@@ -791,7 +791,7 @@ def test_undecided_communication_rule_is_not_ok() -> None:
 
 @pytest.mark.parametrize("missing", ["absent", "null"])
 def test_a_version_not_reported_is_unknown_for_that_node_not_a_mismatch(missing: str) -> None:
-    """Trial defect 11c. jobs/vllm_launcher.py fingerprint: "Unknown values are None"
+    """Trial defect 11c. jobs/launcher/vllm_launcher.py fingerprint: "Unknown values are None"
     (vllm None without a vLLM install, nccl None without CUDA)."""
     nodes = _pair()
     if missing == "absent":

@@ -1,8 +1,8 @@
 """The engine environment in the parity check: present on every node, the same everywhere.
 
 Fingerprints carry ``engine_env`` in the shape the probe gives it
-(:func:`jobs.engineenv.engine_env_facts` on the node, plus the launcher's
-``{"digest", "distributions"}``; the digest below is the one ``jobs/vllm_launcher.py
+(:func:`jobs.engine.envfacts.engine_env_facts` on the node, plus the launcher's
+``{"digest", "distributions"}``; the digest below is the one ``jobs/launcher/vllm_launcher.py
 fingerprint`` printed for this machine's ``.engine-venv``: vLLM 0.32.0 CPU build, 149
 distributions). A container image that Ray cannot start on a node is reported as Ray's
 image plugin words it: ``RuntimeError("Podman command failed: cmd=..., returncode=...,
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.cluster.engineenv import engine_env_problem, engine_only, is_pinned
 from orchestrator.cluster.parity import check_parity, rules_for
+from orchestrator.cluster.parity_engineenv import engine_env_problem, engine_only, is_pinned
 
 DIGEST = "sha256:c3ec27dade49c1193f053bcf933230b9cae874d794e1dc79dfaa39bdd54ac684"
 IMAGE = "registry.example.com/vlab/engine:0.32"

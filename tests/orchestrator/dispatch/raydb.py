@@ -14,7 +14,7 @@ import ray
 from sqlalchemy import create_engine
 from sqlalchemy.orm import sessionmaker
 
-from jobs.modelgen import generate_model
+from jobs.modelgen.generator import generate_model
 from orchestrator.core.db import normalize_url, upgrade_to_head
 from tests.conftest import fresh_database
 

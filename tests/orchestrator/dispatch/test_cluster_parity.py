@@ -2,7 +2,7 @@
 
 ``ray.cluster_utils.Cluster`` starts a head and three worker nodes, each with
 two fake GPUs (a Ray resource; nothing here touches a GPU). The node probe
-runs for real on every node (``jobs/vllm_launcher.py fingerprint`` through a
+runs for real on every node (``jobs/launcher/vllm_launcher.py fingerprint`` through a
 Ray task pinned to the node); the orchestrator's own python stands in for the
 engine's, so the versions it reports are those of this venv (the real engine
 environment is probed in tests/jobs/test_nodeprobe.py).

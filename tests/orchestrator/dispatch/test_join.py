@@ -322,9 +322,9 @@ def test_worker_requirements_are_what_the_remote_modules_import() -> None:
 
     needed = {norm(d) for top in third for d in dists.get(top, [top])}
     shipped = {norm(d) for d in WORKER_REQUIREMENTS}
-    assert "orchestrator.dispatch.ray.supervisor" in seen and "jobs.runner" in seen
+    assert "orchestrator.dispatch.ray.supervisor" in seen and "jobs.run.runner" in seen
     assert needed <= shipped, needed - shipped
-    # imported only where present (jobs.gpus: NVML telemetry, else nvidia-smi)
+    # imported only where present (jobs.signals.gpus: NVML telemetry, else nvidia-smi)
     assert shipped - needed == {"nvidia-ml-py"}
 
 

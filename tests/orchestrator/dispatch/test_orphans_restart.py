@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy import create_engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.processes import HOME_ENV, RUN_ID_ENV
+from jobs.engine.processes import HOME_ENV, RUN_ID_ENV
 from orchestrator.core.db import normalize_url, upgrade_to_head
 from orchestrator.core.models import Run, RunLog, RunMetric, RunRequest
 from orchestrator.core.repositories import OrchestratorRepository, RunRepository

@@ -5,9 +5,9 @@ and ``/log`` serves the engine log from disk.
 
 Real Postgres, real Ray (a local node), the real dispatcher, backend, supervisor and
 runner. The engine is a TEST DOUBLE launched the way runs launch vLLM (the engine
-python ``VLAB_ENGINE__PYTHON`` runs ``jobs/vllm_launcher.py serve ...``): it loads the
+python ``VLAB_ENGINE__PYTHON`` runs ``jobs/launcher/vllm_launcher.py serve ...``): it loads the
 real launcher (its lifetime guard ends the engine when its owner, the supervisor, is
-gone) and serves the OpenAI API with the project's stub server (:mod:`jobs.stubserver`,
+gone) and serves the OpenAI API with the project's stub server (:mod:`jobs.stub.stubserver`,
 vLLM's metric names on ``/metrics``). The real vLLM adds nothing here: what is under
 test is what happens to the measurements when the process that took them dies.
 """
@@ -27,8 +27,8 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.routes.runs import get_run_log
-from jobs.journal import read_journal
-from jobs.processes import engine_processes, process_title
+from jobs.engine.processes import engine_processes, process_title
+from jobs.run.journal import read_journal
 from orchestrator.core.models import Run
 from orchestrator.core.repositories import RunRepository
 from orchestrator.core.settings import EngineSettings, OrchestratorSettings, Settings
@@ -48,7 +48,7 @@ sys.path.insert(0, {repo!r})
 argv = sys.argv
 spec = importlib.util.spec_from_file_location("vllm_launcher", argv[1])
 spec.loader.exec_module(importlib.util.module_from_spec(spec))
-from jobs.stubserver import StubServer
+from jobs.stub.stubserver import StubServer
 stop = threading.Event()
 signal.signal(signal.SIGTERM, lambda *_: stop.set())
 print("INFO stub engine (test double) starting", flush=True)

@@ -3,7 +3,7 @@
 Without Ray or vLLM: real Postgres, the real dispatcher, a stub run backend whose poll
 says what the Ray backend says when the supervisor's worker was killed (``kill -9``, an
 out-of-memory kill): done, no result. The run's journal is written by the real
-:class:`jobs.journal.Journal` where the runner writes it (beside the engine log).
+:class:`jobs.run.journal.Journal` where the runner writes it (beside the engine log).
 
 - the request records and samples streamed every tick stay (they used to be replaced
   by nothing), the journal adds those the stream had not delivered (none twice), a torn
@@ -27,7 +27,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.routes.runs import get_run_log
-from jobs.journal import Journal, journal_paths
+from jobs.run.journal import Journal, journal_paths
 from jobs.schemas import MetricSample, RequestRecord
 from orchestrator.core.db import normalize_url, upgrade_to_head
 from orchestrator.core.models import Run

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.journal import read_journal
-from jobs.processes import engine_processes, process_alive, process_start_time, process_title
+from jobs.engine.processes import engine_processes, process_alive, process_start_time, process_title
+from jobs.run.journal import read_journal
 from orchestrator.core.models import Run
 from orchestrator.core.repositories import RunRepository, utcnow
 from orchestrator.core.settings import EngineSettings, OrchestratorSettings, Settings

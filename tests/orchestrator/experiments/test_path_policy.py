@@ -285,7 +285,7 @@ def test_variants_factors_and_ladders_go_through_the_policy() -> None:
 
 
 def test_model_directories_only_under_the_roots_when_roots_are_set(tmp_path: Path) -> None:
-    from orchestrator.experiments.models import resolve_model
+    from orchestrator.experiments.model_resolution import resolve_model
 
     outside = tmp_path / "elsewhere" / "m"
     inside = tmp_path / "models" / "m"

@@ -1,7 +1,7 @@
 // Capacity under SLOs charts (Chart.js + the vendored error-bar plugin), shared by the
 // run page (latency vs load of one search) and the experiment page (the runs' curves
 // overlaid, and the Pareto chart of output tokens/s per device against tokens/s per user).
-// The chart documents are built on the server (web/capacity.py) and embedded as JSON.
+// The chart documents are built on the server (web/capacity_view.py) and embedded as JSON.
 "use strict";
 const vlabCapacity = (() => {
   Chart.register(ChartErrorBars.ScatterWithErrorBarsController, ChartErrorBars.PointWithErrorBar);
@@ -124,7 +124,7 @@ const vlabCapacity = (() => {
 
   /**
    * The latency-vs-load chart of one objective metric of one search.
-   * doc: web.capacity.curves(); chart: one of doc.charts.
+   * doc: web.capacity_view.curves(); chart: one of doc.charts.
    */
   function curveChart(canvas, doc, chart) {
     const old = Chart.getChart(canvas);
@@ -207,7 +207,7 @@ const vlabCapacity = (() => {
   }
 
   /**
-   * The Pareto chart (web.capacity.pareto()): a point per run, coloured per variant;
+   * The Pareto chart (web.capacity_view.pareto()): a point per run, coloured per variant;
    * the non-dominated runs ringed, joined by the frontier line and named.
    */
   function paretoChart(canvas, doc) {

@@ -1,0 +1,794 @@
+"""Execute runs on this node: a :class:`~jobs.schemas.RunJob` (or a
+:class:`~jobs.schemas.BatchJob` of runs sharing one server) in, :class:`RunResult` out.
+
+Steps of :func:`execute_batch` (progress phases in brackets; every report
+carries the ``run_id`` it is about):
+
+1. build each segment's request list from its workload with the served
+   model's tokenizer (:func:`jobs.load.workload.build_requests`; warm-ups first);
+2. start the vLLM server once [``starting``] and wait for ``/health``
+   [``waiting_health``]; a process of it that stays stopped (SIGSTOP) for
+   :data:`jobs.run.enginewatch.HANG_AFTER_S` s meanwhile fails the start at once, not at the
+   start-up timeout;
+3. for each segment, in order:
+
+   a. send its warm-up requests one at a time [``warmup``], then
+      ``POST /reset_prefix_cache`` so a warm cache (the warm-up's, or an
+      earlier segment's on a reused server) never leaks into the measured
+      numbers (if the reset fails while APC may be on and there was
+      something to forget, the segment fails);
+   b. scrape ``/metrics`` (``before``), drive the measured requests (closed
+      loop at the segment's ``concurrency``, or open loop at their
+      ``arrival_s``; multi-turn requests after their previous turn; until
+      ``duration_s`` if set) while a background task scrapes every
+      ``job.scrape_interval_s`` (``during``) [``measuring``], scrape
+      ``after``; the segment is then ``done``. The warm-cache check
+      (:mod:`jobs.signals.cachecheck`) flags, never fails, a phase that began on a warm
+      prefix cache (``engine_info["cache_contamination"]``). If the engine hangs (its
+      processes run, but no ``/health`` answer, ``/metrics`` scrape or streamed byte
+      for :data:`jobs.run.enginewatch.HANG_AFTER_S` s, or one is stopped; warm-up
+      included), the load is abandoned, the segment
+      fails ``partial`` with what was measured, and the batch ends. If the
+      engine dies (any process of its group that ran when it became healthy:
+      API server, engine core, workers; checked every
+      :data:`ENGINE_WATCH_INTERVAL_S` s) or its port refuses a connection, the
+      load stops at once and the segment fails the same way, with the error
+      lines the engine logged since it became healthy. A segment whose share
+      of failed measured requests is above ``job.max_failed_fraction`` fails
+      too (``partial``): its numbers are no valid measurement;
+   c. a segment with ``capacity`` runs a capacity search instead of b.: load
+      steps on the same server, each after a prefix cache reset, replaying the
+      first requests of the same request list at the step's load for as long as
+      the search planned (a steady state; cut ``drain_s`` after its last
+      arrival), with ``/metrics`` scraped as in b. and the load generator's CPU
+      time measured, progress ``"capacity step 3: 4.2 req/s"``
+      (:mod:`jobs.capacity.loadsteps`, which says which step's records the run
+      keeps); the engine is watched as in b., and the run fails only when no
+      request of any step succeeded;
+
+4. stop the server, always [``stopping``], and finish the last results [``done``].
+
+:func:`execute` is the one-segment case (one run, one server).
+
+Client-side metrics follow ``vllm bench serve`` (:func:`jobs.load.loadgen.summarize`,
+with the segment's goodput SLOs), server-side ones are ``/metrics`` counter
+deltas (:func:`jobs.signals.enginemetrics.summarize_samples`) and latency-histogram deltas
+between the ``before`` and ``after`` scrapes
+(:func:`jobs.signals.enginemetrics.summarize_histograms`:
+``server_mean_ttft_ms``... and ``mean_ttft_client_minus_server_ms``, the
+client's mean TTFT minus the server's for the same requests). Each result's
+``engine_info`` also carries the parsed start-up facts (``startup_facts``) and
+the engine's periodic stats lines logged during the segment (``stats_lines``,
+:mod:`jobs.signals.enginelog`; at most :data:`jobs.run.segment.MAX_STATS_LINES`, evenly
+thinned) and typed events (:func:`jobs.signals.engineevents.segment_info`, on the segment's
+clock). Each run's state and the numbers derived from its records are in :mod:`jobs.run.segment`.
+
+Time offsets (``start_s`` of records, ``t_s`` of samples) are seconds since
+the segment began; the first segment begins with the call (its offsets
+include the server start-up, as in :func:`execute`), later ones when the
+previous one ended.
+
+Neither function raises for an engine or workload problem: they become
+``status="failed"`` with ``error`` carrying the engine's error lines; a set
+``cancel`` event gives ``status="cancelled"``. No engine process is left
+running when they return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from jobs.capacity import loadsteps
+from jobs.capacity.loadsteps import PhaseCut, StepLimits, StepMeasurement
+from jobs.engine.server import EngineCancelledError, EngineDiedError, EngineError, EngineServer
+from jobs.load import loadgen
+from jobs.load.loadpool import cores_off_engine, run_load_workers
+from jobs.load.workload import build_requests, request_list_hash
+from jobs.modelgen.generator import load_tokenizer
+from jobs.run import enginewatch, journal, runresult
+from jobs.run.segment import Segment, Status
+from jobs.schemas import (
+    BatchJob,
+    ChatRequest,
+    MetricSample,
+    Progress,
+    RequestRecord,
+    RunJob,
+    RunResult,
+    RunSegment,
+)
+from jobs.signals import enginelog, enginemetrics
+
+logger = logging.getLogger(__name__)
+
+ProgressCallback = Callable[[Progress], None]
+
+
+class _Cancelled(Exception):
+    """Internal: the cancel event was set between steps."""
+
+
+def execute(
+    job: RunJob,
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+) -> RunResult:
+    """Run ``job`` end to end on this node and return its :class:`RunResult`.
+
+    A one-segment :func:`execute_batch` (the server is started for this run
+    and stopped after it).
+
+    Args:
+        job: the run (engine launch, workload, scrape interval in seconds,
+            per-request timeout in seconds).
+        progress: called (in the calling thread) at each phase change and
+            after each finished measured request; its exceptions are logged
+            and ignored.
+        cancel: set it from any thread to stop the run early: the start-up
+            wait or the load is abandoned, the server stopped, and the result
+            has ``status="cancelled"`` with whatever was measured.
+
+    Returns:
+        ``RunResult`` with ``status`` ``succeeded`` / ``failed`` /
+        ``cancelled``. ``metrics``: :func:`jobs.load.loadgen.summarize` of the
+        measured requests merged with :func:`jobs.signals.enginemetrics.summarize_samples`;
+        ``requests``: warm-ups (``warmup=True``) then measured records;
+        ``samples``: ``before`` / ``during`` / ``after`` scrapes;
+        ``engine_log``: the whole server log; ``engine_info``: ``command``,
+        ``port``, ``pgid`` (the server's process group, gone on return),
+        ``vllm_version`` (from the log), ``startup_s``, ``request_list_hash``,
+        ``prefix_cache_reset_ok``, ``cache_contamination`` (:mod:`jobs.signals.cachecheck`),
+        KV cache size, ``exit_code``,
+        ``server_reused`` (False), ``cache_isolation`` (``"server_restart"``),
+        ``segment_index`` (0), ``segments_total`` (1);
+        ``timings`` (seconds): ``startup_s``, ``warmup_s``, ``measure_s``,
+        ``stop_s``, ``total_s``.
+
+    Never raises for an engine or workload problem; the engine is stopped
+    (its whole process group) before returning.
+    """
+    batch = BatchJob(
+        launch=job.launch,
+        segments=[
+            RunSegment(
+                run_id=job.run_id, workload=job.workload, goodput_slos_ms=job.goodput_slos_ms
+            )
+        ],
+        scrape_interval_s=job.scrape_interval_s,
+        request_timeout_s=job.request_timeout_s,
+    )
+    return execute_batch(batch, progress, cancel)[0]
+
+
+def execute_batch(
+    job: BatchJob,
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+    telemetry: Callable[[], dict[str, float]] | None = None,
+    on_record: Callable[[str, RequestRecord], None] | None = None,
+    on_sample: Callable[[str, MetricSample], None] | None = None,
+) -> list[RunResult]:
+    """Run the segments of ``job`` on one vLLM server, in order; one :class:`RunResult` each.
+
+    For runs that differ only in client-side settings (workload, concurrency,
+    request list...): the server is started once for ``job.launch``, and
+    between segments the prefix cache is reset (``POST /reset_prefix_cache``,
+    after each segment's warm-up and before its measured requests).
+
+    Args:
+        job: the launch, the segments (``run_id`` + workload each), scrape
+            interval and per-request timeout (seconds) shared by all.
+        progress: as for :func:`execute`; every report carries the ``run_id``
+            of the segment it is about, and each segment gets its own
+            ``done`` report as soon as its status is final.
+        cancel: set it from any thread: the current segment ends
+            ``cancelled`` (with whatever was measured), the segments not yet
+            started are ``cancelled`` too, and the server is stopped.
+
+    Returns:
+        One ``RunResult`` per segment, in order, with the fields described in
+        :func:`execute`, except:
+
+        - ``engine_info``: ``server_reused`` (False for the segment that
+          started the server, True after), ``cache_isolation``
+          (``"server_restart"`` for the segment that started the server,
+          ``"reset_prefix_cache"`` on a reused server), ``segment_index``,
+          ``segments_total``, ``server_run_id`` (the run that started the
+          server); ``startup_s`` only on the first segment;
+        - ``timings``: ``startup_s`` on the first segment only; the others have
+          ``startup_saved_s`` (the first segment's start-up seconds); ``stop_s``
+          on the last segment that ran; ``total_s`` is the segment's own
+          duration (the first includes the start-up, the last the stop);
+        - ``engine_log``: the whole server log from its start up to the end of
+          that segment (the last segment that ran: up to the server's exit).
+
+        A server that dies mid-batch fails the current segment and every later
+        one with the engine's error lines; a segment whose request list
+        cannot be built fails alone; a segment-level problem (failed prefix
+        cache reset, all requests failed) fails that segment and the batch
+        goes on while the server is healthy.
+
+    ``telemetry`` (optional, e.g. the GPUs' readings of :mod:`jobs.signals.gpus`) is called
+    in a worker thread with every ``/metrics`` scrape (before, each second during,
+    after); its ``{key: float}`` is merged into that sample's values. Its errors are
+    noted in ``engine_info["telemetry_errors"]``, never raised.
+
+    ``on_record`` (optional) gets ``(run_id, record)`` for every request record as
+    soon as the request finished (warm-ups too, marked), in the event-loop thread:
+    what was measured can be kept even if this process dies before the end;
+    ``on_sample`` the same for every ``/metrics`` sample. Both go first to the run's
+    journal beside the engine log (:mod:`jobs.run.journal`). Their exceptions are logged.
+
+    Never raises for an engine or workload problem; the engine is stopped
+    (its whole process group) before returning.
+    """
+    sink = journal.Journal(job.launch.log_path, on_record, on_sample)
+    return _Batch(job, progress, cancel or threading.Event(), telemetry, sink).execute()
+
+
+_SCRAPE_TIMEOUT_S = 10.0
+#: Seconds between two looks at the engine's processes while a segment runs.
+ENGINE_WATCH_INTERVAL_S = 0.1
+#: Seconds to wait, after the port refused a connection, for the dead process to show.
+_REFUSED_WAIT_S = 2.0
+#: Seconds to wait, after an engine process was seen gone, for the engine's own log lines
+#: about it (they are the run's error; without them only our observation is reported).
+_DEATH_LINES_WAIT_S = 3.0
+
+
+class _Batch:
+    """State of one :func:`execute_batch` call."""
+
+    def __init__(
+        self,
+        job: BatchJob,
+        progress: ProgressCallback | None,
+        cancel: threading.Event,
+        telemetry: Callable[[], dict[str, float]] | None = None,
+        sink: journal.Journal | None = None,
+    ) -> None:
+        self.job = job
+        self.telemetry = telemetry
+        self.journal = sink or journal.Journal(None)
+        self.progress_cb = progress
+        self.cancel = cancel
+        total = len(job.segments)
+        self.segments = [Segment(seg, i, total) for i, seg in enumerate(job.segments)]
+        self.server: EngineServer | None = None
+        self.server_info: dict[str, Any] = {}
+        self.startup_s: float | None = None
+        self.server_run_id: str | None = None
+        self.hang: enginewatch.HangWatch | None = None  # the current segment's
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def report(
+        self,
+        seg: Segment | None,
+        phase: Any,
+        message: str = "",
+        done: int | None = None,
+        total: int | None = None,
+    ) -> None:
+        """Report a phase; the counters default to the segment's measured requests
+        (finished, planned), so no report says "400 of 0"."""
+        if self.progress_cb is None:
+            return
+        if done is None:
+            done = seg.measured_done if seg is not None else 0
+        if total is None:
+            total = seg.measured_total if seg is not None else 0
+        try:
+            self.progress_cb(
+                Progress(
+                    phase=phase,
+                    requests_done=done,
+                    requests_total=total,
+                    message=message,
+                    run_id=seg.run_id if seg is not None else None,
+                )
+            )
+        except Exception:
+            logger.exception("progress callback failed")
+
+    def check_cancel(self) -> None:
+        if self.cancel.is_set():
+            raise _Cancelled()
+
+    def finish(self, seg: Segment, status: Status, error: str | None) -> None:
+        """Make ``seg``'s status final (once) and snapshot the log up to now."""
+        if seg.status is not None:
+            return
+        seg.status, seg.error = status, error
+        seg.t_end = time.perf_counter()
+        if self.server is not None and seg.engine_info.get("server_reused") is not None:
+            seg.engine_log = self.server.log_text()
+
+    # -- main flow ----------------------------------------------------------------------
+
+    def execute(self) -> list[RunResult]:
+        self._build_requests()
+        pending = [s for s in self.segments if s.status is None]
+        last_ran: Segment | None = None
+        if pending:
+            current: Segment | None = pending[0]
+            try:
+                self.check_cancel()
+                self._start_server(pending[0])
+                for seg in pending:
+                    current = seg
+                    self._run_segment(seg, reused=seg is not pending[0])
+                    last_ran = seg
+                    current = None
+                    if seg is not pending[-1]:  # the last one is done once the server stopped
+                        seg.done_reported = True
+                        self.report(seg, "done", seg.status or "")
+            except (_Cancelled, EngineCancelledError):
+                self._end_all(current, pending, "cancelled", "cancelled", "cancelled")
+            except EngineError as exc:
+                self._end_all(current, pending, "failed", str(exc), None)
+            except Exception as exc:
+                logger.exception("batch of %s failed", [s.run_id for s in pending])
+                error = f"internal error: {exc!r}\n{traceback.format_exc(limit=8)}"
+                if self.server is not None and self.server.returncode is not None:
+                    error += "\n--- engine log (error lines) ---\n" + "\n".join(
+                        self.server.error_lines()
+                    )
+                self._end_all(current, pending, "failed", error, None)
+            finally:
+                if current is not None:
+                    last_ran = current
+                self._stop_server(last_ran or pending[0])
+        self.journal.close()
+        return [self._result(seg) for seg in self.segments]
+
+    def _build_requests(self) -> None:
+        tokenizer: Any = None
+        for seg in self.segments:
+            try:
+                if tokenizer is None:
+                    launch = self.job.launch
+                    tokenizer = load_tokenizer(launch.tokenizer_dir or launch.model_dir)
+                workload = seg.workload
+                if seg.capacity is not None:
+                    workload = loadsteps.capacity_workload(workload, seg.capacity)
+                seg.requests = build_requests(workload, tokenizer)
+            except Exception as exc:
+                logger.exception("cannot build the request list of run %s", seg.run_id)
+                seg.status, seg.error = "failed", f"cannot build the request list: {exc!r}"
+                seg.t_end = time.perf_counter()
+                continue
+            seg.engine_info["request_list_hash"] = request_list_hash(seg.requests)
+            seg.measured_total = len(seg.measured)
+
+    def _start_server(self, first: Segment) -> None:
+        server = self.server = EngineServer(self.job.launch)
+        self.server_run_id = first.run_id
+        first.engine_info["server_reused"] = False
+        self.report(first, "starting", "launching vLLM")
+        server.start()
+        self.server_info = server.info()
+        self.report(first, "waiting_health", f"waiting for {server.base_url}/health")
+        self.startup_s = server.wait_healthy(
+            self.cancel,
+            self.job.launch.startup_timeout_s,
+            stopped_after_s=enginewatch.HANG_AFTER_S,  # a stopped engine never comes up
+        )
+        self.server_info.update(server.info())  # a retry on a new port changes them
+        first.timings["startup_s"] = self.startup_s
+        first.engine_info["startup_s"] = self.startup_s
+
+    def _run_segment(self, seg: Segment, reused: bool) -> None:
+        """Warm-up, reset, measure one segment; raise only for batch-ending problems.
+
+        Cancellation and a dead server propagate (they end the batch); any
+        other problem fails this segment only.
+        """
+        server = self.server
+        assert server is not None
+        self.check_cancel()
+        if reused:
+            seg.t0 = time.perf_counter()
+            seg.engine_info["server_reused"] = True
+            if self.startup_s is not None:
+                seg.timings["startup_saved_s"] = self.startup_s
+        seg.stats_before = len(enginelog.parse_stats_lines(server.log_text()))
+        try:
+            asyncio.run(self._drive(server, seg, reused))
+            self.check_cancel()
+            self._raise_if_dead(server, seg)
+            status, error = seg.judge(self.job.max_failed_fraction)
+        except (_Cancelled, EngineCancelledError, EngineDiedError):
+            raise
+        except EngineError as exc:
+            self._raise_if_dead(server, seg)  # a dead server ends the batch instead
+            status, error = "failed", str(exc)
+        except Exception as exc:
+            logger.exception("run %s failed", seg.run_id)
+            self._raise_if_dead(server, seg)
+            status = "failed"
+            error = f"internal error: {exc!r}\n{traceback.format_exc(limit=8)}"
+        if seg.unresponsive is not None:  # the engine hung: end this run and the batch
+            raise enginewatch.hang_error(server, seg)
+        self.finish(seg, status, error)
+
+    def _raise_if_dead(self, server: EngineServer, seg: Segment) -> None:
+        """Raise :class:`EngineDiedError` when the engine died or its port refused us.
+
+        The message says which process went, when in the run it was seen, and what
+        had been measured; ``log_lines`` are the error lines logged since the server
+        became healthy.
+        """
+        reason = seg.dead or server.death()
+        if reason is None and seg.refused:
+            # the port closed: give the process a moment to be seen gone
+            deadline = time.monotonic() + _REFUSED_WAIT_S
+            while (reason := server.death()) is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if reason is None:
+                reason = (
+                    f"the vLLM server at {server.base_url} refused connections (nothing "
+                    "listens on its port) although its processes still run"
+                )
+        if reason is None:
+            return
+        at = seg.dead_at if seg.dead_at is not None else seg.now()
+        done = [r for r in seg.records if not r.warmup]
+        ok = sum(1 for r in done if r.success)
+        # we see a process gone within 0.1 s; vLLM's own lines about it ("engine core
+        # exited unexpectedly", EngineDeadError) follow a moment later: wait for them
+        lines = server.run_error_lines()
+        deadline = time.monotonic() + _DEATH_LINES_WAIT_S
+        while not lines and time.monotonic() < deadline:
+            time.sleep(0.1)
+            lines = server.run_error_lines()
+        raise EngineDiedError(
+            f"the vLLM engine died during run {seg.run_id}: {reason}; seen {at:.1f} s into "
+            f"the run, when the load was stopped ({ok} measured requests had succeeded, "
+            f"{len(done) - ok} failed, of {seg.measured_total} planned)",
+            lines,
+        )
+
+    def _end_all(
+        self,
+        current: Segment | None,
+        pending: list[Segment],
+        status: Status,
+        error: str,
+        later_error: str | None,
+    ) -> None:
+        """End ``current`` with ``status``/``error`` and every not-started segment too.
+
+        ``later_error`` (default: ``error`` prefixed with the run it happened in)
+        is the error of the segments that never started.
+        """
+        if current is not None:
+            self.finish(current, status, error)
+        where = current.run_id if current is not None else "?"
+        for seg in pending:
+            if seg.status is None:
+                msg = (
+                    later_error or f"not run: the shared vLLM server failed in run {where}: {error}"
+                )
+                seg.status, seg.error = status, msg
+                seg.t_end = time.perf_counter()
+
+    def _stop_server(self, last: Segment) -> None:
+        server = self.server
+        if server is None:
+            return
+        self.report(last, "stopping", "stopping vLLM")
+        t_stop = time.perf_counter()
+        try:
+            self.server_info["exit_code"] = server.stop()
+        except EngineError as exc:  # processes survived SIGKILL: report it
+            last.status, last.error = "failed", str(exc)
+        last.timings["stop_s"] = time.perf_counter() - t_stop
+        last.t_end = time.perf_counter()
+        if last.engine_info.get("server_reused") is not None:
+            last.engine_log = server.log_text()
+
+    def _result(self, seg: Segment) -> RunResult:
+        result = runresult.segment_result(seg, self.server, self.server_info, self.server_run_id)
+        if not seg.done_reported:
+            seg.done_reported = True
+            self.report(seg, "done", result.status)
+        return result
+
+    # -- async part ---------------------------------------------------------------------
+
+    async def _drive(self, server: EngineServer, seg: Segment, reused: bool) -> None:
+        # set on cancel, on the engine's death (the watcher), when the port refuses a
+        # connection (stop_when) or when the server stops answering (the scraper): the
+        # load in progress stops at once with what was measured
+        abandon = threading.Event()
+        watcher = asyncio.create_task(self._watch(server, seg, abandon))
+        try:
+            await self._drive_load(server, seg, reused, abandon)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    async def _drive_load(
+        self, server: EngineServer, seg: Segment, reused: bool, abandon: threading.Event
+    ) -> None:
+        job = self.job
+        base_url = server.base_url
+        model = job.launch.served_model_name
+        warmups, measured = seg.warmups, seg.measured
+
+        def stop_when(record: RequestRecord) -> bool:
+            if loadgen.refused(record):
+                seg.refused = True
+                abandon.set()
+            return seg.refused
+
+        # Warm-up, one at a time.
+        t_warm = time.perf_counter()
+        if warmups:
+            self.report(seg, "warmup", f"{len(warmups)} warm-up requests", 0, len(warmups))
+            warm_records = await loadgen.run_load(
+                base_url,
+                model,
+                warmups,
+                concurrency=1,
+                timeout_s=job.request_timeout_s,
+                on_record=lambda record: self._stream(seg, record),
+                cancel=abandon,
+                clock_origin=seg.t0,
+                stop_when=stop_when,
+            )
+            seg.records.extend(r.model_copy(update={"warmup": True}) for r in warm_records)
+        seg.timings["warmup_s"] = time.perf_counter() - t_warm
+        self.check_cancel()
+        self._raise_if_dead(server, seg)
+        if seg.unresponsive is not None:
+            return  # hung in the warm-up
+
+        if seg.capacity is not None:
+            await self._drive_capacity(server, seg, reused, abandon, stop_when)
+            return
+        what = "an earlier run's" if reused else "the warm-up's"
+        await self._reset_cache(server, seg, bool(warmups or reused), what)
+        step = await self._measure(
+            server, seg, measured, seg.workload.concurrency, abandon, stop_when, "measured requests"
+        )
+        seg.records.extend(step.records)
+        seg.timings["measure_s"] = step.duration_s
+        seg.summarize(step)
+
+    async def _reset_cache(
+        self, server: EngineServer, seg: Segment, something_cached: bool, what: str
+    ) -> None:
+        """``POST /reset_prefix_cache`` before measured requests: a warm cache (the
+        warm-up's, an earlier run's on a reused server, an earlier capacity step's) must
+        never leak into the measured numbers. ``engine_info["prefix_cache_reset_ok"]``:
+        every reset of the run worked. A failed reset raises :class:`EngineError` when
+        there was ``something_cached`` and prefix caching may be on."""
+        reset_ok = await asyncio.to_thread(server.reset_prefix_cache)
+        seg.last_reset_ok = reset_ok
+        seg.engine_info["prefix_cache_reset_ok"] = (
+            seg.engine_info.get("prefix_cache_reset_ok", True) and reset_ok
+        )
+        apc_maybe_on = self.job.launch.engine_args.get("enable_prefix_caching") is not False
+        if not reset_ok and something_cached and apc_maybe_on:
+            server.check_alive()
+            raise EngineError(
+                "POST /reset_prefix_cache failed before the measured requests; the measured "
+                f"numbers would include {what} prefix cache (is VLLM_SERVER_DEV_MODE=1 set?)"
+            )
+
+    async def _measure(
+        self,
+        server: EngineServer,
+        seg: Segment,
+        requests: list[ChatRequest],
+        concurrency: int,
+        abandon: threading.Event,
+        stop_when: Callable[[RequestRecord], bool],
+        message: str,
+        limits: StepLimits | None = None,
+    ) -> StepMeasurement:
+        """One measured phase: scrape ``before``, drive ``requests`` while a background
+        task scrapes every interval (``during``), scrape ``after``. The scrapes are
+        appended to ``seg.samples`` too; then the phase's warm-cache check
+        (:meth:`Segment.check_cache`). ``limits``: a capacity step's dispatch length and
+        cut (:class:`~jobs.capacity.loadsteps.PhaseCut`); the load generator's CPU time (its
+        event-loop thread) is measured."""
+        limits = limits or StepLimits()
+        cut = PhaseCut(abandon, limits.cut_after_s) if limits.cut_after_s else None
+        seg.measured_done, seg.measured_total = 0, len(requests)
+        first_sample = len(seg.samples)
+        seg.histograms = {}
+        base_url = server.base_url
+        timeout = httpx.Timeout(_SCRAPE_TIMEOUT_S)
+        async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
+            await self._sample(client, base_url, seg, "before")
+            stop_scraping = asyncio.Event()
+            scraper = asyncio.create_task(self._scrape_loop(client, base_url, seg, stop_scraping))
+            self.report(seg, "measuring", message, 0, len(requests))
+            t_measure, cpu = time.perf_counter(), time.thread_time()
+            workers = seg.capacity.load_workers if seg.capacity is not None else 1
+            binding = self.job.launch.env.get("VLLM_CPU_OMP_THREADS_BIND")
+            if cut is not None:
+                cut.start()
+            try:  # one process (in this one) or several, off the engine's cores when known
+                pooled = await run_load_workers(
+                    base_url,
+                    self.job.launch.served_model_name,
+                    requests,
+                    workers=workers,
+                    avoid_cpus=cores_off_engine(binding) if workers > 1 else None,
+                    concurrency=concurrency,
+                    timeout_s=self.job.request_timeout_s,
+                    on_record=lambda record: self._on_measured_record(seg, record),
+                    cancel=cut.event if cut is not None else abandon,
+                    clock_origin=seg.t0,
+                    duration_s=limits.dispatch_s or seg.workload.duration_s,
+                    stop_when=stop_when,
+                )
+                records = pooled.records
+            finally:
+                measure_s, cpu = time.perf_counter() - t_measure, time.thread_time() - cpu
+                if cut is not None:
+                    await cut.stop()
+                stop_scraping.set()
+                if abandon.is_set():  # a scrape of a hung server would take its timeout
+                    scraper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await scraper
+            if seg.unresponsive is None and seg.dead is None and not seg.refused:
+                await self._sample(client, base_url, seg, "after")
+        seg.check_cache(records, first_sample, self.job.launch.engine_args)
+        step = StepMeasurement(records, measure_s, seg.samples[first_sample:], dict(seg.histograms))
+        if not pooled.in_process:  # in this process: the event loop's thread only
+            cpu = pooled.client_cpu_s
+        step.client_cpu_s, step.client_workers = cpu, len(pooled.workers) or 1
+        step.cut = cut is not None and cut.fired
+        return step
+
+    async def _drive_capacity(
+        self,
+        server: EngineServer,
+        seg: Segment,
+        reused: bool,
+        abandon: threading.Event,
+        stop_when: Callable[[RequestRecord], bool],
+    ) -> None:
+        """The capacity search's steps (:func:`jobs.capacity.loadsteps.drive`); the run keeps
+        the records of :func:`jobs.capacity.loadsteps.kept_step` as its measured requests."""
+        assert seg.capacity is not None
+
+        async def reset(number: int) -> None:
+            if number == 1:
+                what = "an earlier run's" if reused else "the warm-up's"
+                await self._reset_cache(server, seg, bool(seg.warmups or reused), what)
+            else:
+                await self._reset_cache(server, seg, True, "the previous capacity step's")
+
+        async def measure(
+            requests: list[ChatRequest], in_flight: int, label: str, limits: StepLimits
+        ) -> StepMeasurement:
+            seg.step_label = label  # every report of the step says which step it is
+            return await self._measure(
+                server, seg, requests, in_flight, abandon, stop_when, label, limits
+            )
+
+        outcome = await loadsteps.drive(
+            seg.capacity,
+            seg.workload,
+            seg.measured,
+            measure=measure,
+            reset=reset,
+            report=lambda message: self.report(seg, "measuring", message),
+            stopped=abandon.is_set,
+            unloaded_s=loadsteps.warmup_time(seg.records),
+            client_ceiling=await self._client_ceiling(seg),
+        )
+        seg.keep_capacity(outcome)
+
+    async def _client_ceiling(self, seg: Segment) -> float | None:
+        """The load generator's ceiling here (:func:`jobs.capacity.loadsteps.calibrate_client`),
+        kept in ``engine_info["client_ceiling"]``."""
+        assert seg.capacity is not None
+        if not seg.capacity.calibrates:
+            return None
+        self.report(seg, "measuring", "calibrating the load generator against a stub server")
+        binding = self.job.launch.env.get("VLLM_CPU_OMP_THREADS_BIND")
+        ceiling, seg.engine_info["client_ceiling"] = await loadsteps.calibrate_client(
+            seg.capacity, seg.measured, binding
+        )
+        return ceiling
+
+    async def _watch(self, server: EngineServer, seg: Segment, abandon: threading.Event) -> None:
+        """Set ``abandon`` on the batch's cancel, when a process of the engine is gone
+        (:meth:`EngineServer.death`) or when the engine hung (:class:`jobs.run.enginewatch.
+        HangWatch`, probing meanwhile); checked every :data:`ENGINE_WATCH_INTERVAL_S` s."""
+        hang = self.hang = enginewatch.HangWatch(server.base_url, stopped=server.stopped_processes)
+        prober = asyncio.create_task(hang.probe())
+        try:
+            while not abandon.is_set():
+                if self.cancel.is_set():
+                    abandon.set()
+                    return
+                reason = server.death()
+                hung = hang.verdict() if reason is None else None
+                if reason is not None or hung is not None:
+                    seg.dead, seg.unresponsive, seg.dead_at = reason, hung, seg.now()
+                    if hung is not None:
+                        server.mark_hung(hung)
+                    logger.warning("run %s: %s", seg.run_id, reason or hung)
+                    abandon.set()
+                    return
+                await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
+        finally:
+            prober.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await prober
+
+    def _stream(self, seg: Segment, record: RequestRecord) -> None:
+        """Journal a finished request's record and hand it to ``on_record`` (never raises)."""
+        self.journal.record(seg.run_id, record)
+
+    def _on_measured_record(self, seg: Segment, record: RequestRecord) -> None:
+        seg.measured_done += 1
+        if record.success and self.hang is not None:
+            self.hang.life()  # a load worker's request finished (bytes of this process: sseclient)
+        self._stream(seg, record)
+        self.report(seg, "measuring", seg.step_label or "", seg.measured_done, seg.measured_total)
+
+    async def _sample(
+        self, client: httpx.AsyncClient, base_url: str, seg: Segment, phase: Any
+    ) -> bool:
+        """One ``/metrics`` scrape appended to ``seg.samples``; True if it worked.
+
+        A failure is counted in ``engine_info["scrape_errors"]``, not raised. The
+        ``before`` and ``after`` scrapes also keep the latency histograms.
+        """
+        t_s = seg.now()
+        try:
+            resp = await client.get(base_url.rstrip("/") + enginemetrics.METRICS_PATH)
+            t_end = seg.now()  # the server rendered the text before this
+            resp.raise_for_status()
+            values = enginemetrics.parse_metrics(resp.text)
+            if phase in ("before", "after"):
+                seg.histograms[phase] = enginemetrics.parse_histograms(resp.text)
+        except (httpx.HTTPError, ValueError) as exc:
+            errors = seg.engine_info.setdefault("scrape_errors", [])
+            if len(errors) < 20:
+                errors.append(f"{phase} at {t_s:.1f}s: {exc!r}")
+            return False
+        if self.telemetry is not None:
+            try:
+                values.update(await asyncio.to_thread(self.telemetry))
+            except Exception as exc:  # noqa: BLE001 - telemetry never ends a run
+                errors = seg.engine_info.setdefault("telemetry_errors", [])
+                if len(errors) < 20:
+                    errors.append(f"{phase} at {t_s:.1f}s: {exc!r}")
+        sample = MetricSample(t_s=t_s, phase=phase, values=values)
+        seg.samples.append(self.journal.sample(seg.run_id, sample))
+        seg.sample_end_s.append(t_end)
+        if self.hang is not None:
+            self.hang.life()
+        return True
+
+    async def _scrape_loop(
+        self, client: httpx.AsyncClient, base_url: str, seg: Segment, stop: asyncio.Event
+    ) -> None:
+        """One ``during`` sample as the load starts, then one per interval until it ends
+        (a server that stops answering is :class:`jobs.run.enginewatch.HangWatch`'s to judge)."""
+        interval = max(0.05, float(self.job.scrape_interval_s))
+        while not stop.is_set():
+            await self._sample(client, base_url, seg, "during")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=interval)
