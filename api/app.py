@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api import auth, limits, openapi, problems
 from api.routes import analyze, cluster, docs, experiments, health, metrics, runs, schedules
+from api.routes import auth as auth_routes
 from orchestrator.core.db import watch
 from orchestrator.core.settings import Settings
 from web.pages import build_router
@@ -18,6 +19,7 @@ from web.render import STATIC, error_page
 
 #: The ``/api/v1`` routers, each tagged; every one is included with :data:`api.auth.API_AUTH`.
 API_ROUTERS = (
+    auth_routes.router,
     experiments.router,
     runs.router,
     cluster.router,
@@ -31,7 +33,7 @@ def create_app(settings: Settings, session_factory: sessionmaker[Session]) -> Fa
     app = FastAPI(
         docs_url=None,  # served by api.routes.docs from the vendored Swagger UI (no CDN)
         redoc_url=None,
-        openapi_url=None,  # served by api.auth.install (a viewer may read it)
+        openapi_url=None,  # served by api.routes.docs (a viewer may read it)
         title="vlab",
         version="0.1.0",
         description="Controlled, one-variable-at-a-time experiments on vLLM, run through Ray.",

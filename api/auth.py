@@ -14,8 +14,9 @@ The rules live in :mod:`orchestrator.core.auth`.
   long query), so they need ``viewer`` and no CSRF token.
 - the sign-in pages ``/login`` and ``/logout`` are the dashboard's
   (:mod:`web.pages.login`); they use :data:`SESSION_COOKIE` and :data:`LOGIN_CSRF_COOKIE`.
-- :data:`tokens_router`: ``/api/v1/tokens`` (admin), ``/api/v1/audit`` (admin) and
-  ``/api/v1/auth/me`` (anyone signed in).
+- :func:`install`: the startup check of the configuration and the 401 / sign-in
+  redirect handlers. The routes of tokens, audit and ``/auth/me`` are a router like the
+  others (:mod:`api.routes.auth`); ``/openapi.json`` is :mod:`api.routes.docs`'.
 
 Errors: 401 problem+json ``unauthenticated`` with ``WWW-Authenticate: Bearer``;
 403 ``forbidden`` with ``required_role``; 403 ``csrf_failed``.
@@ -25,14 +26,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from datetime import datetime, timedelta
 from typing import Annotated, Any
 from urllib.parse import quote
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
 from api import problems
@@ -40,8 +39,6 @@ from api.deps import SessionDep
 from orchestrator.core import auth
 from orchestrator.core.auth import ROLE_SCOPE, Principal, Role
 from orchestrator.core.errors import ForbiddenError, UnauthenticatedError
-from orchestrator.core.models import ApiToken
-from orchestrator.core.repositories import AuditRepository, TokenRepository, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -196,141 +193,12 @@ def page_principal(request: Request, creds: BearerDep, session: SessionDep) -> P
 PAGE_AUTH = [Depends(page_principal)]
 
 
-# ------------------------------------------------------------------ tokens and audit API
-
-
-class TokenIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(pattern=auth.TOKEN_NAME_PATTERN, description="who or what holds it")
-    role: Role
-    expires_in_days: float | None = Field(
-        None,
-        ge=1 / 24,
-        le=3650,
-        description="from one hour (1/24) to 3650 days; omitted: the token does not expire",
-    )
-
-
-class TokenOut(BaseModel):
-    id: str
-    name: str
-    role: str
-    key_id: str = Field(description="the public part of the token: vlab_<key_id>_...")
-    created_at: datetime
-    created_by: str | None
-    expires_at: datetime | None
-    last_used_at: datetime | None
-    revoked_at: datetime | None
-    revoked_by: str | None
-    active: bool
-
-
-class TokenCreated(TokenOut):
-    token: str = Field(description="the secret token; shown only in this response")
-
-
-class Me(BaseModel):
-    name: str
-    role: str
-    via: str = Field(description="token, session, open (loopback, no token) or disabled")
-
-
-class AuditOut(BaseModel):
-    at: datetime
-    actor: str
-    role: str | None
-    action: str
-    target: str
-
-
-class AuditPage(BaseModel):
-    items: list[AuditOut]
-    total: int
-    limit: int
-    offset: int
-
-
-def token_out(token: ApiToken) -> TokenOut:
-    return TokenOut(
-        id=token.id,
-        name=token.name,
-        role=token.role,
-        key_id=token.key_id,
-        created_at=token.created_at,
-        created_by=token.created_by,
-        expires_at=token.expires_at,
-        last_used_at=token.last_used_at,
-        revoked_at=token.revoked_at,
-        revoked_by=token.revoked_by,
-        active=auth.token_usable(token, utcnow()),
-    )
-
-
-tokens_router = APIRouter(prefix="/api/v1", tags=["auth"])
-
-
-@tokens_router.get("/auth/me", response_model=Me)
-def me(principal: PrincipalDep) -> Me:
-    """Who this request acts as."""
-    return Me(name=principal.name, role=principal.role, via=principal.via)
-
-
-@tokens_router.get("/tokens", response_model=list[TokenOut], dependencies=[RequireAdmin])
-def list_tokens(session: SessionDep) -> list[TokenOut]:
-    """Every token, newest first (never their secrets)."""
-    return [token_out(t) for t in TokenRepository(session).all()]
-
-
-@tokens_router.post(
-    "/tokens", status_code=201, response_model=TokenCreated, dependencies=[RequireAdmin]
-)
-def create_token(body: TokenIn, principal: PrincipalDep, session: SessionDep) -> TokenCreated:
-    """Create a token; the response carries its secret, which is not shown again.
-
-    422 ``token_invalid`` / ``token_name_taken`` for a bad name or one an active token has.
-    """
-    expires = utcnow() + timedelta(days=body.expires_in_days) if body.expires_in_days else None
-    token, secret = auth.create_token(
-        session, name=body.name, role=body.role, created_by=principal.name, expires_at=expires
-    )
-    session.refresh(token)
-    return TokenCreated(**token_out(token).model_dump(), token=secret)
-
-
-@tokens_router.delete("/tokens/{ident}", response_model=TokenOut, dependencies=[RequireAdmin])
-def revoke_token(ident: str, principal: PrincipalDep, session: SessionDep) -> TokenOut:
-    """Revoke a token (by id, key id or name) and end its dashboard sessions."""
-    return token_out(auth.revoke_token(session, ident, by=principal.name))
-
-
-@tokens_router.get("/audit", response_model=AuditPage, dependencies=[RequireAdmin])
-def audit_events(
-    session: SessionDep,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0, le=10**12)] = 0,
-) -> AuditPage:
-    """Who changed what, newest first: each successful state-changing request, sign-in,
-    and token created or revoked from the command line."""
-    rows, total = AuditRepository(session).page(limit=limit, offset=offset)
-    return AuditPage(
-        items=[
-            AuditOut(at=e.at, actor=e.actor, role=e.role, action=e.action, target=e.target)
-            for e in rows
-        ],
-        total=total,
-        limit=limit,
-        offset=offset,
-    )
-
-
 # ------------------------------------------------------------------ wiring
 
 
 def install(app: FastAPI) -> None:
-    """Refuse an unsafe configuration (:func:`orchestrator.core.auth.startup_check`), register
-    the 401/redirect handlers, the token API and ``/openapi.json`` (which needs a viewer
-    like any other read)."""
+    """Refuse an unsafe configuration (:func:`orchestrator.core.auth.startup_check`) and
+    register the 401 / sign-in redirect handlers."""
     settings = app.state.settings
     warning = auth.startup_check(settings, app.state.session_factory)
     if warning:
@@ -345,9 +213,3 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(LoginRequiredError)
     async def _login_required(request: Request, exc: LoginRequiredError) -> Response:
         return RedirectResponse(f"/login?next={quote(exc.next_url, safe='/')}", status_code=303)
-
-    app.include_router(tokens_router, dependencies=API_AUTH)
-
-    @app.get("/openapi.json", include_in_schema=False, dependencies=API_AUTH)
-    def openapi_json() -> JSONResponse:
-        return JSONResponse(app.openapi())

@@ -173,16 +173,19 @@ PACKAGE_FILES = frozenset({"__init__.py", "__main__.py"})
 SHARED_NAMES: dict[str, str] = {
     "service.py": "a room's use cases on a session (experiments, runs, schedules, analysis)",
     "intake.py": "a room's submission use case (an experiment's, a schedule's)",
-    "schemas.py": "a boundary's data contracts: the API's bodies, the node contract of "
-    "jobs, the prefix analyser's input and output",
-    "auth.py": "authentication in its layers: its rules (core), its queries, the API's",
-    "experiments.py": "the experiments resource: its queries and its routes",
-    "runs.py": "the runs resource: its queries and its routes",
-    "schedules.py": "the schedules resource: its queries, its routes, its page",
+    "schemas.py": "a boundary's data contracts: the node contract of jobs, the prefix "
+    "analyser's input and output",
+    "auth.py": "authentication in its layers: its rules (core), its queries, the API's "
+    "mechanics, its routes and bodies (tokens, audit, who am I)",
+    "experiments.py": "the experiments resource: its queries, its routes, its bodies",
+    "runs.py": "the runs resource: its queries, its routes, its bodies",
+    "schedules.py": "the schedules resource: its queries, its routes, its bodies, its page",
+    "cluster.py": "the cluster resource (node parity checks): its routes and its bodies",
+    "common.py": "what the modules of one API package share: the routers', the bodies'",
     "history.py": "the run history: the use case (runs), its query, its page",
     "compare.py": "the comparison: its maths (analysis) and its page",
     "export.py": "the export: its tables (analysis) and its command (cli)",
-    "analyze.py": "the prefix analysis: the analyser and its route",
+    "analyze.py": "the analyses on request: the prefix analyser, their routes, their bodies",
     "findings.py": "the findings an analysis draws: the comparison's, the prefix analyser's",
 }
 

@@ -1,16 +1,23 @@
-"""``/docs``: Swagger UI for ``/openapi.json``, from the vendored copy in
-``web/static/vendor/swagger-ui`` (swagger-ui-dist 5.35.0), so the API docs work offline
-too. Signed-in like a dashboard page."""
+"""``/openapi.json`` (a viewer may read it, like any other read of the API) and ``/docs``:
+Swagger UI for it, from the vendored copy in ``web/static/vendor/swagger-ui``
+(swagger-ui-dist 5.35.0), so the API docs work offline too. Signed-in like a dashboard
+page."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from api import auth
 
 router = APIRouter(include_in_schema=False)
+
+
+@router.get("/openapi.json", dependencies=auth.API_AUTH)
+def openapi_json(request: Request) -> JSONResponse:
+    """The OpenAPI document (:mod:`api.openapi` adds the problem responses)."""
+    return JSONResponse(request.app.openapi())
 
 
 @router.get("/docs", dependencies=auth.PAGE_AUTH)

@@ -13,6 +13,7 @@ from api.deps import SessionDep, SettingsDep
 from api.problems import PROBLEM_JSON
 from api.routes.common import Limit, Offset, run_brief, run_out, url_for_id
 from api.schemas import (
+    ExperimentComparison,
     ExperimentCreated,
     ExperimentListItem,
     ExperimentOut,
@@ -123,12 +124,16 @@ def get_experiment(experiment_id: str, request: Request, session: SessionDep) ->
     return _experiment_out(request, session, service.get_experiment(session, experiment_id))
 
 
-@router.get("/experiments/{experiment_id}/comparison")
-def get_comparison(experiment_id: str, session: SessionDep) -> dict[str, Any]:
+@router.get(
+    "/experiments/{experiment_id}/comparison",
+    response_model=ExperimentComparison,
+    response_model_exclude_unset=True,
+)
+def get_comparison(experiment_id: str, session: SessionDep) -> ExperimentComparison:
     """Each variant vs its reference: per metric both values, the ratio, a 95 % bootstrap
     CI over repeats and requests, and a verdict (better / worse / no clear difference);
     plus findings (e.g. hit rate up but E2E latency flat). See ``orchestrator.analysis.compare``."""
-    return comparison(session, experiment_id)
+    return ExperimentComparison.model_validate(comparison(session, experiment_id))
 
 
 #: What ``GET /experiments/{id}/export`` sends, by ``format`` (CSV as UTF-8 text).

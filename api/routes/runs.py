@@ -4,11 +4,10 @@ report."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import PlainTextResponse
-from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import SessionDep, SettingsDep
 from api.routes.common import Limit, Offset, run_brief, run_out
@@ -24,6 +23,7 @@ from api.schemas import (
     RunOut,
     RunParityOut,
     SampleOut,
+    VariantIn,
 )
 from jobs.signals.engineevents import EVENT_TYPES
 from jobs.signals.enginelog import filter_noise
@@ -32,7 +32,6 @@ from orchestrator.core.repositories import RunRepository
 from orchestrator.core.states import RunStatus
 from orchestrator.experiments import service
 from orchestrator.experiments.intake import accept_variant
-from orchestrator.experiments.spec import CHANGES_SCHEMA, NAME_PATTERN
 from orchestrator.runs.history import (
     HistoryFilter,
     HistoryQueryError,
@@ -268,15 +267,6 @@ def get_run_log(run_id: str, session: SessionDep, raw: bool = False) -> PlainTex
     if not raw:
         content, dropped = filter_noise(content)
     return PlainTextResponse(content, headers={"X-Noise-Lines-Dropped": str(dropped)})
-
-
-class VariantIn(BaseModel):
-    """A new variant cloned from a run with exactly one change."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(pattern=NAME_PATTERN)
-    changes: dict[str, Any] = Field(min_length=1, json_schema_extra=CHANGES_SCHEMA)
 
 
 @router.post("/runs/{run_id}/variants", status_code=201, response_model=list[RunBrief])

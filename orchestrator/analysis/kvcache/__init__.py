@@ -31,6 +31,11 @@ module:
   derives them (length keys, ``model_max_length``, RoPE scaling factor).
 - :mod:`.estimate`: the public estimates; a ``kv_bytes_per_token`` given by the caller
   replaces the model (the answer says so).
+- :mod:`.memory`: the memory figures an operator gives (what vLLM printed, or the
+  profile: device memory, weights from the model's files, activation, non-torch) as the
+  estimate takes them, every default taken written as an assumption.
+- :mod:`.whatif`: what fits: the estimate at the cap, the cap for a concurrency and the
+  table of caps (``POST /api/v1/analyze/kv-cache``).
 - :mod:`.engine_check`: vLLM's printed figures (V0 and V1 wordings) and the per-run
   check of the estimate against them.
 
@@ -50,6 +55,7 @@ from orchestrator.analysis.kvcache.estimate import (
     max_fitting_context,
 )
 from orchestrator.analysis.kvcache.maxlen import derive_max_model_len
+from orchestrator.analysis.kvcache.memory import MemoryProfile, memory_figures
 from orchestrator.analysis.kvcache.shapes import (
     KV_CACHE_DTYPE_BYTES,
     KVCacheUnknown,
@@ -57,6 +63,7 @@ from orchestrator.analysis.kvcache.shapes import (
     dtype_bytes,
     layers_per_pp_rank,
 )
+from orchestrator.analysis.kvcache.whatif import what_fits
 
 #: Bytes per element of vLLM's plain ``--kv-cache-dtype`` choices.
 DTYPE_BYTES = KV_CACHE_DTYPE_BYTES
@@ -68,6 +75,7 @@ __all__ = [
     "KVCacheUnknown",
     "KVConfigError",
     "MODELLED_VLLM_VERSION",
+    "MemoryProfile",
     "available_kv_bytes",
     "check_against_engine",
     "derive_max_model_len",
@@ -76,5 +84,7 @@ __all__ = [
     "kv_bytes_per_token",
     "layers_per_pp_rank",
     "max_fitting_context",
+    "memory_figures",
     "parse_kv_cache_log",
+    "what_fits",
 ]
