@@ -3,12 +3,14 @@
 Builds :mod:`orchestrator.analysis.compare` inputs from stored runs (succeeded
 repeats, their measured requests and summary metrics) and returns JSON-safe
 documents for ``GET /api/v1/experiments/{id}/comparison`` and the CSV /
-Parquet export.
+Parquet export; any stored runs side by side (the ``/compare`` page:
+:func:`compare_stored_runs`).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -24,6 +26,7 @@ from orchestrator.analysis.capacity_compare import CapacityRepeat, compare_capac
 from orchestrator.analysis.compare import ChangedVariable, RunData, VariantRef, compare_variant
 from orchestrator.analysis.export import runs_table, to_csv_bytes, to_parquet_bytes
 from orchestrator.analysis.findings import findings
+from orchestrator.analysis.side_by_side import Cell, compare_runs
 from orchestrator.analysis.trust import (
     burst_fraction,
     not_applicable_of,
@@ -161,6 +164,16 @@ def comparison(session: Session, experiment_id: str, *, n_boot: int = 2000) -> d
         "variants": out_variants,
         "findings": [f.model_dump(mode="json") for f in found],
     }
+
+
+def compare_stored_runs(
+    session: Session, runs: list[Run], ref: int, n_boot: int, metrics: Sequence[str]
+) -> list[dict[str, Cell]]:
+    """Stored runs side by side: :func:`orchestrator.analysis.side_by_side.compare_runs` of
+    ``runs`` (any runs, of any experiments) against ``runs[ref]`` on ``metrics``, one
+    ``{metric: Cell}`` per run in ``runs`` order (empty for a run that did not succeed)."""
+    by_id = {d.run_id: d for group in runs_as_data(session, runs).values() for d in group}
+    return compare_runs([by_id[r.id] for r in runs], ref, n_boot, metrics)
 
 
 def has_capacity(exp: Experiment) -> bool:

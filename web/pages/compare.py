@@ -15,8 +15,8 @@ What the page shows:
   (:func:`flatten_settings`); only keys whose values are not all equal are
   columns (:func:`settings_diff`); the identical ones are counted and listed.
 - **metric deltas**: each succeeded run against the reference on
-  :data:`KEY_METRICS` with :func:`orchestrator.analysis.compare.compare_variant` (one
-  repeat per side: a hierarchical bootstrap that degenerates to a request
+  :data:`KEY_METRICS` (:func:`orchestrator.analysis.side_by_side.compare_runs`: one
+  repeat per side, a hierarchical bootstrap that degenerates to a request
   bootstrap, seed 0): the run's value, the ratio to the reference with its 95 %
   percentile-bootstrap interval, and the verdict. Bootstrap draws per comparison
   shrink with the number of comparisons (:func:`n_boot_for`) so 200 runs stay
@@ -49,16 +49,10 @@ from fastapi.responses import HTMLResponse
 from markupsafe import Markup, escape
 from sqlalchemy.orm import Session
 
-from orchestrator.analysis.compare import (
-    METRICS_BY_NAME,
-    MetricComparison,
-    RunData,
-    compare_variant,
-    finite_float,
-)
-from orchestrator.analysis.service import runs_as_data
-from orchestrator.analysis.trust import SidesTrust, na_text, trust_of
-from orchestrator.core.db import unit_of_work
+from api.deps import SessionDep
+from orchestrator.analysis.compare import METRICS_BY_NAME
+from orchestrator.analysis.service import compare_stored_runs
+from orchestrator.analysis.side_by_side import Cell
 from orchestrator.core.models import Run
 from orchestrator.core.repositories import RunRepository
 from orchestrator.core.states import ACTIVE
@@ -85,7 +79,6 @@ DEFAULT_METRIC = "median_ttft_ms"
 #: Bootstrap draws per comparison by number of comparisons: (up to this many, draws).
 N_BOOT_STEPS: tuple[tuple[int, int], ...] = ((10, 2000), (50, 1000), (100, 500), (MAX_RUNS, 200))
 FULL_N_BOOT = N_BOOT_STEPS[0][1]
-SEED = 0
 #: Top-level configuration fields compared, in column order (then the nested groups).
 TOP_FIELDS = (
     "model_id",
@@ -227,131 +220,6 @@ def setting_text(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-# --------------------------------------------------------------------------- metrics
-
-
-@dataclass
-class Cell:
-    """One run x metric: ``value`` in the metric's unit; the rest vs the reference.
-
-    ``ratio`` = value / reference value. ``ci_low``/``ci_high``: the 95 %
-    bootstrap interval of the ratio (``ci_of="ratio"``) or of the difference
-    value - reference (``ci_of="difference"``, when the reference is 0).
-    ``source``: ``"bootstrap"`` (from :func:`compare_variant`), ``"point"`` (no
-    per-request records or a metric one side lacks in the comparison: a point
-    ratio of the stored summary metrics, no interval) or ``"reference"``.
-    ``untrusted_reason``: why a flag of this run or the reference taints the metric
-    (:mod:`orchestrator.analysis.trust`): verdict ``untrusted``, no ratio, no interval;
-    ``na``: ``n/a (off)`` when this run cannot have the metric.
-    """
-
-    value: float | None = None
-    ratio: float | None = None
-    difference: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    ci_of: str | None = None
-    verdict: str | None = None
-    source: str | None = None
-    n_requests: int | None = None
-    untrusted_reason: str | None = None
-    na: str | None = None
-
-    def value_interval(self, reference: float | None) -> tuple[float, float] | None:
-        """The interval on the value scale: ratio CI x reference, or reference + difference CI."""
-        if self.ci_low is None or self.ci_high is None or reference is None:
-            return None
-        if self.ci_of == "ratio":
-            return reference * self.ci_low, reference * self.ci_high
-        if self.ci_of == "difference":
-            return reference + self.ci_low, reference + self.ci_high
-        return None
-
-
-def _cell(comp: MetricComparison) -> Cell:
-    why = comp.not_applicable.get("variant")
-    return Cell(
-        value=comp.variant,
-        untrusted_reason=comp.untrusted_reason,
-        na=na_text(why) if why else None,
-        ratio=comp.ratio,
-        difference=comp.difference,
-        ci_low=comp.ci_low,
-        ci_high=comp.ci_high,
-        ci_of=comp.ci_of,
-        verdict=comp.verdict,
-        source="bootstrap",
-        n_requests=comp.n_requests,
-    )
-
-
-def compare_runs(data: Sequence[RunData], ref: int, n_boot: int) -> list[dict[str, Cell]]:
-    """Every run of ``data`` against ``data[ref]`` on :data:`KEY_METRICS`.
-
-    Returns one ``{metric name: Cell}`` per run, in ``data`` order (empty for
-    runs that did not succeed). Each succeeded run is compared alone with the
-    reference alone (``compare_variant([run], [reference], n_boot=n_boot,
-    seed=0)``). A metric missing from the comparison (no per-request records,
-    or one side lacks it) falls back to the run's stored summary metric, with a
-    point ratio and verdict ``"insufficient data"`` when both sides have it.
-    The reference's own cells carry its value only (``source="reference"``).
-    """
-    names = [name for name, _ in KEY_METRICS]
-    reference = data[ref]
-    ref_ok = reference.status == "succeeded"
-    comps: dict[int, dict[str, MetricComparison]] = {}
-    if ref_ok:
-        for i, run in enumerate(data):
-            if i != ref and run.status == "succeeded":
-                found = compare_variant([run], [reference], n_boot=n_boot, seed=SEED)
-                comps[i] = {c.metric: c for c in found}
-    ref_trust = trust_of(reference)
-    ref_values: dict[str, float | None] = {}
-    for name in names:
-        from_comp = next((c[name].reference for c in comps.values() if name in c), None)
-        ref_values[name] = (
-            from_comp if from_comp is not None else finite_float(reference.metrics.get(name))
-        )
-        if name in ref_trust.not_applicable:
-            ref_values[name] = None  # prefix caching off: no hit rate, never 0
-    out: list[dict[str, Cell]] = []
-    for i, run in enumerate(data):
-        cells: dict[str, Cell] = {}
-        if run.status != "succeeded":
-            out.append(cells)
-            continue
-        mine = trust_of(run)
-        for name in names:
-            if i == ref:
-                off = ref_trust.not_applicable.get(name)
-                cells[name] = Cell(
-                    value=ref_values[name],
-                    source="reference",
-                    untrusted_reason=ref_trust.reason(name),
-                    na=na_text(off) if off else None,
-                )
-                continue
-            comp = comps.get(i, {}).get(name)
-            if comp is not None:
-                cells[name] = _cell(comp)
-                continue
-            off = mine.not_applicable.get(name)
-            value = None if off else finite_float(run.metrics.get(name))
-            cell = Cell(value=value, na=na_text(off) if off else None)
-            base = ref_values[name]
-            why = SidesTrust([mine], [ref_trust]).reason(name)
-            if ref_ok and why is not None and value is not None:
-                cell.verdict, cell.untrusted_reason = "untrusted", why
-            elif ref_ok and value is not None and base is not None:
-                cell.ratio = value / base if base > 0 else None
-                cell.difference = value - base
-                cell.verdict = "insufficient data"
-                cell.source = "point"
-            cells[name] = cell
-        out.append(cells)
-    return out
-
-
 # --------------------------------------------------------------------------- formatting
 
 
@@ -438,7 +306,8 @@ def _load(session: Session, ids: list[str]) -> list[tuple[Run, str, int]]:
 def _cached_compare(
     session: Session, runs: list[Run], ref: int, n_boot: int
 ) -> tuple[list[dict[str, Cell]], bool]:
-    """:func:`compare_runs` of ``runs``, cached while every run is terminal; (cells, cache hit).
+    """:func:`orchestrator.analysis.service.compare_stored_runs` of ``runs`` on
+    :data:`KEY_METRICS`, cached while every run is terminal; (cells, cache hit).
 
     On a hit nothing more is read from the database (the request records are the
     bulk of the reads).
@@ -449,8 +318,7 @@ def _cached_compare(
         hit: list[dict[str, Cell]] | None = _cache.get(key)
         if hit is not None:
             return hit, True
-    by_id = {d.run_id: d for group in runs_as_data(session, runs).values() for d in group}
-    cells = compare_runs([by_id[r.id] for r in runs], ref, n_boot)
+    cells = compare_stored_runs(session, runs, ref, n_boot, [name for name, _ in KEY_METRICS])
     if cacheable:
         _cache.put(key, cells)
     return cells, False
@@ -627,22 +495,21 @@ def build_context(session: Session, sel: _Selection) -> tuple[dict[str, Any], in
     return ctx, 200
 
 
-def _page(request: Request, pairs: Sequence[tuple[str, str]]) -> HTMLResponse:
+def _page(request: Request, session: Session, pairs: Sequence[tuple[str, str]]) -> HTMLResponse:
     sel = _selection(pairs)
-    with unit_of_work(request.app.state.session_factory) as session:
-        ctx, status = build_context(session, sel)
-        return render(request, "compare.html", ctx, status)
+    ctx, status = build_context(session, sel)
+    return render(request, "compare.html", ctx, status)
 
 
 @router.get("/compare", response_class=HTMLResponse)
-def compare(request: Request) -> HTMLResponse:
+def compare(request: Request, session: SessionDep) -> HTMLResponse:
     """The compare page for ``?run=<id>&run=<id>...[&ref=<id>][&metric=<name>]``."""
-    return _page(request, list(request.query_params.multi_items()))
+    return _page(request, session, list(request.query_params.multi_items()))
 
 
 @router.post("/compare", response_class=HTMLResponse)
-async def compare_posted(request: Request) -> HTMLResponse:
+async def compare_posted(request: Request, session: SessionDep) -> HTMLResponse:
     """The compare page for a form-encoded body with the same fields (large selections)."""
     body = (await request.body()).decode("utf-8", errors="replace")
     pairs = parse_qsl(body, keep_blank_values=False)
-    return await run_in_threadpool(_page, request, pairs)
+    return await run_in_threadpool(_page, request, session, pairs)

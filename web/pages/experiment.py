@@ -28,6 +28,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 
+from api.deps import SessionDep
 from orchestrator.analysis.compare import (
     METRICS,
     METRICS_BY_NAME,
@@ -43,7 +44,6 @@ from orchestrator.analysis.trust import (
     runs_reason,
     trust_of,
 )
-from orchestrator.core.db import unit_of_work
 from orchestrator.core.models import Experiment
 from orchestrator.core.repositories import ExperimentRepository
 from orchestrator.core.states import ACTIVE
@@ -417,10 +417,9 @@ def _context(session: Session, exp: Experiment) -> dict[str, Any]:
 
 
 @router.get("/experiments/{experiment_id}", response_class=HTMLResponse)
-def experiment_page(experiment_id: str, request: Request) -> HTMLResponse:
+def experiment_page(experiment_id: str, request: Request, session: SessionDep) -> HTMLResponse:
     """The experiment page (404 page for an unknown id)."""
-    with unit_of_work(request.app.state.session_factory) as session:
-        exp = ExperimentRepository(session).get(experiment_id)
-        if exp is None:
-            return not_found(request, f"No experiment {experiment_id}.")
-        return render(request, "experiment.html", _context(session, exp))
+    exp = ExperimentRepository(session).get(experiment_id)
+    if exp is None:
+        return not_found(request, f"No experiment {experiment_id}.")
+    return render(request, "experiment.html", _context(session, exp))

@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
-from orchestrator.core.db import unit_of_work
+from api.deps import SessionDep
 from orchestrator.core.states import ACTIVE, RunStatus
 from orchestrator.runs.history import (
     SORT_KEYS,
@@ -112,7 +112,7 @@ def parse_query(params: dict[str, str]) -> tuple[HistoryFilter, str, bool, int, 
 
 
 @router.get("/", response_class=HTMLResponse)
-def history(request: Request) -> HTMLResponse:
+def history(request: Request, session: SessionDep) -> HTMLResponse:
     params = {k: v for k, v in request.query_params.items() if v != ""}
     error: HistoryQueryError | None = None
     try:
@@ -120,46 +120,45 @@ def history(request: Request) -> HTMLResponse:
     except HistoryQueryError as exc:
         error = exc
         flt, sort, desc, page, per_page = HistoryFilter(), "submitted", True, 1, 50
-    with unit_of_work(request.app.state.session_factory) as session:
-        result = history_page(
-            session,
-            flt,
-            sort=sort,
-            descending=desc,
-            limit=per_page,
-            offset=(page - 1) * per_page,
-            brief=True,
-        )
-        if error is not None:  # show the error, not an unfiltered table that looks filtered
-            result.rows, result.total = [], 0
-        models = distinct_models(session)
-        pages = max(1, -(-result.total // per_page))
-        past_end = result.total > 0 and page > pages
+    result = history_page(
+        session,
+        flt,
+        sort=sort,
+        descending=desc,
+        limit=per_page,
+        offset=(page - 1) * per_page,
+        brief=True,
+    )
+    if error is not None:  # show the error, not an unfiltered table that looks filtered
+        result.rows, result.total = [], 0
+    models = distinct_models(session)
+    pages = max(1, -(-result.total // per_page))
+    past_end = result.total > 0 and page > pages
 
-        def link(**changes: Any) -> str:
-            q = {k: v for k, v in params.items() if k != "fragment"}
-            q.update({k: str(v) for k, v in changes.items()})
-            return "/?" + urlencode(q)
+    def link(**changes: Any) -> str:
+        q = {k: v for k, v in params.items() if k != "fragment"}
+        q.update({k: str(v) for k, v in changes.items()})
+        return "/?" + urlencode(q)
 
-        context = {
-            "nav": "runs",
-            "params": params,
-            "error": error,
-            "rows": result.rows,
-            "total": result.total,
-            "page": page,
-            "pages": pages,
-            "per_page": per_page,
-            "per_page_options": PER_PAGE,
-            "sort": sort,
-            "desc": desc,
-            "columns": COLUMNS,
-            "column_help": COLUMN_HELP,
-            "statuses": [s.value for s in RunStatus],
-            "models": models,
-            "link": link,
-            "past_end": past_end,
-            "active": any(r.run.status in ACTIVE for r in result.rows),
-        }
-        template = "history_rows.html" if params.get("fragment") == "rows" else "history.html"
-        return render(request, template, context, 422 if error else 200)
+    context = {
+        "nav": "runs",
+        "params": params,
+        "error": error,
+        "rows": result.rows,
+        "total": result.total,
+        "page": page,
+        "pages": pages,
+        "per_page": per_page,
+        "per_page_options": PER_PAGE,
+        "sort": sort,
+        "desc": desc,
+        "columns": COLUMNS,
+        "column_help": COLUMN_HELP,
+        "statuses": [s.value for s in RunStatus],
+        "models": models,
+        "link": link,
+        "past_end": past_end,
+        "active": any(r.run.status in ACTIVE for r in result.rows),
+    }
+    template = "history_rows.html" if params.get("fragment") == "rows" else "history.html"
+    return render(request, template, context, 422 if error else 200)

@@ -13,12 +13,13 @@ from urllib.parse import parse_qsl
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from sqlalchemy.orm import Session
 
 from api import problems
 from api.auth import LOGIN_CSRF_COOKIE, SESSION_COOKIE
+from api.deps import SessionDep
 from orchestrator.core import auth
 from orchestrator.core.auth import Principal
-from orchestrator.core.db import unit_of_work
 from web.render import render
 
 log = logging.getLogger(__name__)
@@ -41,13 +42,16 @@ def _secure(request: Request) -> bool:
 
 
 def _login_page(
-    request: Request, next_url: str, error: str | None = None, status: int = 200
+    request: Request,
+    session: Session,
+    next_url: str,
+    error: str | None = None,
+    status: int = 200,
 ) -> HTMLResponse:
     csrf = secrets.token_urlsafe(32)
-    with unit_of_work(request.app.state.session_factory) as session:
-        is_open = request.app.state.settings.api.auth == "none" or auth.open_access(
-            request.app.state.settings, session, request.client.host if request.client else None
-        )
+    is_open = request.app.state.settings.api.auth == "none" or auth.open_access(
+        request.app.state.settings, session, request.client.host if request.client else None
+    )
     response = render(
         request,
         "login.html",
@@ -67,9 +71,13 @@ def _login_page(
 
 
 @router.get("/login", response_class=HTMLResponse)
-def login_form(request: Request, next: str | None = None) -> HTMLResponse:  # noqa: A002
+def login_form(
+    request: Request,
+    session: SessionDep,
+    next: str | None = None,  # noqa: A002
+) -> HTMLResponse:
     """The sign-in form: paste an API token."""
-    return _login_page(request, safe_next(next))
+    return _login_page(request, session, safe_next(next))
 
 
 async def _form(request: Request) -> dict[str, str]:
@@ -78,32 +86,38 @@ async def _form(request: Request) -> dict[str, str]:
 
 
 @router.post("/login", response_class=HTMLResponse)
-async def login(request: Request) -> Response:
+async def login(request: Request, session: SessionDep) -> Response:
     """Check the token, start a session (HttpOnly, SameSite=Strict cookie), go to ``next``."""
     form = await _form(request)
     next_url = safe_next(form.get("next"))
     if not auth.csrf_matches(request.cookies.get(LOGIN_CSRF_COOKIE), form.get("csrf")):
-        return _login_page(
-            request, next_url, "The sign-in form expired or came from another site; try again.", 403
+        return await run_in_threadpool(
+            _login_page,
+            request,
+            session,
+            next_url,
+            "The sign-in form expired or came from another site; try again.",
+            403,
         )
-    return await run_in_threadpool(_sign_in, request, form.get("token", ""), next_url)
+    return await run_in_threadpool(_sign_in, request, session, form.get("token", ""), next_url)
 
 
-def _sign_in(request: Request, raw: str, next_url: str) -> Response:
+def _sign_in(request: Request, session: Session, raw: str, next_url: str) -> Response:
     settings = request.app.state.settings
     cookie: str | None = None
-    with unit_of_work(request.app.state.session_factory) as session:
-        token = auth.verify_token(session, raw)
-        if token is not None:
-            auth.touch_token(request.app.state.session_factory, token)
-            cookie, _ = auth.start_web_session(session, token, settings.api.session_ttl_s)
-            name = token.name
-            auth.record(
-                session, Principal(token.name, token.role, "token", token.id), "login", "/login"
-            )
+    token = auth.verify_token(session, raw)
+    if token is not None:
+        auth.touch_token(request.app.state.session_factory, token)
+        cookie, _ = auth.start_web_session(session, token, settings.api.session_ttl_s)
+        name = token.name
+        auth.record(
+            session, Principal(token.name, token.role, "token", token.id), "login", "/login"
+        )
     if cookie is None:
         log.warning("dashboard sign-in with an invalid token from %s", request.client)
-        return _login_page(request, next_url, "That token is unknown, revoked or expired.", 401)
+        return _login_page(
+            request, session, next_url, "That token is unknown, revoked or expired.", 401
+        )
     log.info("dashboard sign-in: %s", name)
     response = RedirectResponse(next_url, status_code=303)
     response.set_cookie(
@@ -120,19 +134,18 @@ def _sign_in(request: Request, raw: str, next_url: str) -> Response:
 
 
 @router.post("/logout")
-async def logout(request: Request) -> Response:
+async def logout(request: Request, session: SessionDep) -> Response:
     """End the dashboard session (form with the session's CSRF token)."""
     form = await _form(request)
     cookie = request.cookies.get(SESSION_COOKIE)
     if cookie:
 
         def end() -> bool:
-            with unit_of_work(request.app.state.session_factory) as session:
-                ws = auth.find_web_session(session, cookie)
-                if ws is not None and not auth.csrf_matches(ws.csrf_token, form.get("csrf")):
-                    return False
-                auth.end_web_session(session, cookie)
-                return True
+            ws = auth.find_web_session(session, cookie)
+            if ws is not None and not auth.csrf_matches(ws.csrf_token, form.get("csrf")):
+                return False
+            auth.end_web_session(session, cookie)
+            return True
 
         if not await run_in_threadpool(end):
             return problems.problem(

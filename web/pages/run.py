@@ -23,9 +23,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
+from api.deps import SessionDep
 from api.schemas import ENGINE_EVENT_TYPES
 from orchestrator.analysis.service import run_advice
-from orchestrator.core.db import unit_of_work
 from orchestrator.core.models import Run
 from orchestrator.core.repositories import RunRepository
 from orchestrator.core.states import ACTIVE
@@ -588,75 +588,74 @@ def _pretty(value: Any) -> str:
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
-def run_page(run_id: str, request: Request) -> HTMLResponse:
+def run_page(run_id: str, request: Request, session: SessionDep) -> HTMLResponse:
     """The run page; the HTML 404 page for an unknown id."""
-    with unit_of_work(request.app.state.session_factory) as session:
-        repo = RunRepository(session)
-        run = repo.get(run_id)
-        if run is None:
-            return not_found(request, f"No run {run_id}.")
-        reference = repo.get(run.reference_run_id) if run.reference_run_id else None
-        metrics = repo.metrics(run_id)
-        has_log = repo.log(run_id) is not None
-        classes = per_class(metrics)
-        engine_info = dict(run.engine_info or {})
-        kv_check = engine_info.pop("kv_cache_check", None)
-        prefix_analysis = engine_info.pop("prefix_analysis", None)
-        findings = [] if run.status in ACTIVE else run_advice(session, run_id)
-        startup_facts = engine_info.pop("startup_facts", None) or {}
-        histogram_notes = engine_info.pop("histogram_notes", None) or []
-        histogram_notes += engine_info.pop("counter_notes", None) or []  # /metrics counters
-        # jobs.signals.cachecheck
-        cache_check = engine_info.pop("cache_contamination", None) or None
-        events = events_view(engine_info)
-        resolution = engine_info.pop("model_resolution", None) or (
-            (run.experiment.spec or {}).get("model_resolution") if run.experiment else None
-        )
-        gpus = gpu_view(engine_info, run.placement, metrics, active=run.status in ACTIVE)
-        engine_info.pop("gpu_assignment", None)
-        engine_info.pop("gpu_telemetry", None)
-        cards = [c for c in CARDS if not c.optional or c.metric in metrics]
-        parity = run.parity
-        search = run.capacity if isinstance(run.capacity, dict) else None
-        context = {
-            "nav": "runs",
-            "run": run,
-            "experiment": run.experiment,
-            "reference": reference,
-            "active": run.status in ACTIVE,
-            "duration_s": _duration(run),
-            "progress_text": progress_text(run.progress) if run.status in ACTIVE else "",
-            "metrics": metrics,
-            "cards": cards,
-            "groups": group_metrics(metrics),
-            "classes": classes,
-            "class_columns": CLASS_COLUMNS,
-            "engine_args": engine_arg_rows(run),
-            "startup_facts": startup_facts,
-            "histogram_notes": histogram_notes,
-            "cache_check": cache_check,
-            "events": events,
-            "engine_info_rest": engine_info,
-            "timings": run.timings or {},
-            "timing_labels": TIMING_LABELS,
-            "placement": run.placement,
-            "gpus": gpus,
-            "model_facts": model_facts(run, resolution),
-            "parity": parity,
-            "parity_rows": parity_rows(parity) if parity else [],
-            "parity_nodes": [str(n) for n in (parity or {}).get("nodes", [])],
-            "has_log": has_log,
-            "findings": findings,
-            "kv_check": kv_check,
-            "prefix_analysis": prefix_analysis,
-            "pretty": _pretty,
-            "fmt_metric": format_metric,
-            "capacity": capacity_view.summary(search) if search else None,
-            "capacity_steps": capacity_view.step_rows(search) if search else [],
-            "capacity_columns": capacity_view.percentile_columns(search) if search else [],
-            "capacity_curves": capacity_view.curves(search) if search else None,
-            "capacity_objectives": capacity_view.objectives(search) if search else [],
-            "fmt_load": capacity_view.fmt_load,
-            "metric_labels": capacity_view.METRIC_LABELS,
-        }
-        return render(request, "run.html", context)
+    repo = RunRepository(session)
+    run = repo.get(run_id)
+    if run is None:
+        return not_found(request, f"No run {run_id}.")
+    reference = repo.get(run.reference_run_id) if run.reference_run_id else None
+    metrics = repo.metrics(run_id)
+    has_log = repo.log(run_id) is not None
+    classes = per_class(metrics)
+    engine_info = dict(run.engine_info or {})
+    kv_check = engine_info.pop("kv_cache_check", None)
+    prefix_analysis = engine_info.pop("prefix_analysis", None)
+    findings = [] if run.status in ACTIVE else run_advice(session, run_id)
+    startup_facts = engine_info.pop("startup_facts", None) or {}
+    histogram_notes = engine_info.pop("histogram_notes", None) or []
+    histogram_notes += engine_info.pop("counter_notes", None) or []  # /metrics counters
+    # jobs.signals.cachecheck
+    cache_check = engine_info.pop("cache_contamination", None) or None
+    events = events_view(engine_info)
+    resolution = engine_info.pop("model_resolution", None) or (
+        (run.experiment.spec or {}).get("model_resolution") if run.experiment else None
+    )
+    gpus = gpu_view(engine_info, run.placement, metrics, active=run.status in ACTIVE)
+    engine_info.pop("gpu_assignment", None)
+    engine_info.pop("gpu_telemetry", None)
+    cards = [c for c in CARDS if not c.optional or c.metric in metrics]
+    parity = run.parity
+    search = run.capacity if isinstance(run.capacity, dict) else None
+    context = {
+        "nav": "runs",
+        "run": run,
+        "experiment": run.experiment,
+        "reference": reference,
+        "active": run.status in ACTIVE,
+        "duration_s": _duration(run),
+        "progress_text": progress_text(run.progress) if run.status in ACTIVE else "",
+        "metrics": metrics,
+        "cards": cards,
+        "groups": group_metrics(metrics),
+        "classes": classes,
+        "class_columns": CLASS_COLUMNS,
+        "engine_args": engine_arg_rows(run),
+        "startup_facts": startup_facts,
+        "histogram_notes": histogram_notes,
+        "cache_check": cache_check,
+        "events": events,
+        "engine_info_rest": engine_info,
+        "timings": run.timings or {},
+        "timing_labels": TIMING_LABELS,
+        "placement": run.placement,
+        "gpus": gpus,
+        "model_facts": model_facts(run, resolution),
+        "parity": parity,
+        "parity_rows": parity_rows(parity) if parity else [],
+        "parity_nodes": [str(n) for n in (parity or {}).get("nodes", [])],
+        "has_log": has_log,
+        "findings": findings,
+        "kv_check": kv_check,
+        "prefix_analysis": prefix_analysis,
+        "pretty": _pretty,
+        "fmt_metric": format_metric,
+        "capacity": capacity_view.summary(search) if search else None,
+        "capacity_steps": capacity_view.step_rows(search) if search else [],
+        "capacity_columns": capacity_view.percentile_columns(search) if search else [],
+        "capacity_curves": capacity_view.curves(search) if search else None,
+        "capacity_objectives": capacity_view.objectives(search) if search else [],
+        "fmt_load": capacity_view.fmt_load,
+        "metric_labels": capacity_view.METRIC_LABELS,
+    }
+    return render(request, "run.html", context)

@@ -28,8 +28,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 
+from api.deps import SessionDep
 from orchestrator.analysis.compare import METRICS_BY_NAME
-from orchestrator.core.db import unit_of_work
 from orchestrator.core.models import Schedule, ScheduleFire
 from orchestrator.core.repositories import (
     ExperimentRepository,
@@ -217,49 +217,47 @@ def _page_number(raw: str | None) -> int:
 
 
 @router.get("/schedules", response_class=HTMLResponse)
-def schedules(request: Request) -> HTMLResponse:
+def schedules(request: Request, session: SessionDep) -> HTMLResponse:
     """The schedule list, newest first, 50 a page (``?page=N``, 1-based)."""
     page = _page_number(request.query_params.get("page"))
-    with unit_of_work(request.app.state.session_factory) as session:
-        rows, total = ScheduleRepository(session).page(
-            limit=LIST_PER_PAGE, offset=(page - 1) * LIST_PER_PAGE
-        )
-        context = {
-            "nav": "schedules",
-            "items": [schedule_view(session, s, LIST_NEXT_FIRES) for s in rows],
-            "total": total,
-            "page": page,
-            "pages": max(1, -(-total // LIST_PER_PAGE)),
-            "next_count": LIST_NEXT_FIRES,
-            "example": json.dumps(EXAMPLE, indent=2),
-        }
-        return render(request, "schedules.html", context)
+    rows, total = ScheduleRepository(session).page(
+        limit=LIST_PER_PAGE, offset=(page - 1) * LIST_PER_PAGE
+    )
+    context = {
+        "nav": "schedules",
+        "items": [schedule_view(session, s, LIST_NEXT_FIRES) for s in rows],
+        "total": total,
+        "page": page,
+        "pages": max(1, -(-total // LIST_PER_PAGE)),
+        "next_count": LIST_NEXT_FIRES,
+        "example": json.dumps(EXAMPLE, indent=2),
+    }
+    return render(request, "schedules.html", context)
 
 
 @router.get("/schedules/{schedule_id}", response_class=HTMLResponse)
-def schedule(schedule_id: str, request: Request) -> HTMLResponse:
+def schedule(schedule_id: str, request: Request, session: SessionDep) -> HTMLResponse:
     """One schedule and its fires, newest first, 20 a page (``?page=N``); 404 page
     when there is no such schedule."""
     page = _page_number(request.query_params.get("page"))
-    with unit_of_work(request.app.state.session_factory) as session:
-        sched = ScheduleRepository(session).get(schedule_id)
-        if sched is None:
-            return not_found(request, f"No schedule {schedule_id}.")
-        fires, total = ScheduleRepository(session).fires(
-            sched.id, limit=FIRES_PER_PAGE, offset=(page - 1) * FIRES_PER_PAGE
-        )
-        context = {
-            "nav": "schedules",
-            "item": schedule_view(session, sched, DETAIL_NEXT_FIRES, with_latest=False),
-            "template_json": json.dumps(sched.template, indent=2, sort_keys=False),
-            "fires": [fire_view(session, sched, f) for f in fires],
-            "fire_total": total,
-            "page": page,
-            "pages": max(1, -(-total // FIRES_PER_PAGE)),
-            "next_count": DETAIL_NEXT_FIRES,
-            "live_ms": _live_ms(request),
-        }
-        return render(request, "schedule.html", context)
+    sched = ScheduleRepository(session).get(schedule_id)
+    if sched is None:
+        return not_found(request, f"No schedule {schedule_id}.")
+    fires, total = ScheduleRepository(session).fires(
+        sched.id, limit=FIRES_PER_PAGE, offset=(page - 1) * FIRES_PER_PAGE
+    )
+    context = {
+        "nav": "schedules",
+        "item": schedule_view(session, sched, DETAIL_NEXT_FIRES, with_latest=False),
+        "template_json": json.dumps(sched.template, indent=2, sort_keys=False),
+        "fires": [fire_view(session, sched, f) for f in fires],
+        "fire_total": total,
+        "page": page,
+        "pages": max(1, -(-total // FIRES_PER_PAGE)),
+        "next_count": DETAIL_NEXT_FIRES,
+        "live_ms": _live_ms(request),
+    }
+    return render(request, "schedule.html", context)
 
 
 def _live_ms(request: Request) -> int:
