@@ -182,8 +182,9 @@ class Runtime:
         self._exit_for_lost_ray()
 
     def _exit_for_lost_ray(self) -> None:
-        """Stop the API servers (for :data:`RAYLET_LOST_API_GRACE_S` at most), flush the
-        logs and ``os._exit``: nothing that waits on Ray runs."""
+        """Stop the API servers (for :data:`RAYLET_LOST_API_GRACE_S` at most) and the
+        embedded Postgres this process started, flush the logs and ``os._exit``: nothing
+        that waits on Ray runs."""
         deadline = time.monotonic() + RAYLET_LOST_API_GRACE_S
         servers = [*self._servers, *([self._foreground] if self._foreground else [])]
         for server in servers:
@@ -193,6 +194,15 @@ class Runtime:
                 t.join(timeout=max(0.0, deadline - time.monotonic()))
         while self._foreground is not None and time.monotonic() < deadline:
             time.sleep(0.05)  # the main thread's server is stopping
+        if self.pgdata is not None:
+            # the embedded Postgres this process started stops with it (no process manager
+            # may restart the service; os._exit runs no atexit handler that would stop it)
+            try:
+                if self.engine is not None:
+                    self.engine.dispose()
+                stop_embedded_postgres(self.pgdata)
+            except Exception:  # noqa: BLE001 - exiting anyway; the next start prunes it
+                log.exception("stopping the embedded Postgres failed")
         for handler in logging.getLogger().handlers:
             with contextlib.suppress(Exception):
                 handler.flush()

@@ -74,6 +74,49 @@ def test_service_exits_when_its_local_raylet_dies(
             service.close()
 
 
+def _postgres_of(pgdata: Path) -> list[int]:
+    """Pids of the postmasters serving ``pgdata``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            line = cmdline(int(entry.name))
+            if "postgres" in line.split(" ", 1)[0] and str(pgdata) in line:
+                found.append(int(entry.name))
+    return found
+
+
+def test_the_embedded_postgres_stops_when_the_raylet_dies(tmp_path: Path) -> None:
+    """``vlab up`` on its embedded Postgres, run by hand (no process manager): the exit
+    for a lost raylet stops the Postgres it started (``os._exit`` runs no atexit)."""
+    home = tmp_path / "home"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "VLAB_HOME": str(home),
+        "RAY_ADDRESS": "local",
+    }
+    for var in ("VLAB_TOKEN", "VLAB_API__AUTH", "VIRTUAL_ENV", "DATABASE_URL"):
+        env.pop(var, None)
+    argv = [str(VLAB), "up", "--port", str(free_port())]
+    service = ServiceProcess(argv, env, tmp_path / "service.log", tmp_path)
+    pgdata = (home / "pgdata").resolve()
+    try:
+        service.start(lambda: "device kind:" in service.log_text(), timeout_s=180)
+        assert _postgres_of(pgdata), "the embedded Postgres is not running"
+        raylet = wait_for(lambda: _raylet(service.pid), 30)
+        assert raylet, service.log_text()[-3000:]
+        os.kill(raylet, signal.SIGKILL)
+        assert service.proc is not None
+        assert wait_for(lambda: service.proc.poll() is not None, EXIT_BOUND_S + 10)
+        assert service.proc.returncode != 0
+        left = wait_for(lambda: not _postgres_of(pgdata), 15)
+        assert left, f"embedded Postgres outlived the exit: {_postgres_of(pgdata)}"
+    finally:
+        service.close()
+        for pid in _postgres_of(pgdata):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_a_shutdown_is_not_a_death(tmp_path: Path) -> None:
     """``ray.shutdown`` ends the raylet after it disconnects: the watch ends quietly."""
     import ray
