@@ -49,9 +49,15 @@ lint: venv
 check: venv lint
 	$(BIN)/pytest -q -rs --durations=10 -m "not engine and not browser and not slow"
 
-## test: lint, type-check and the whole test suite (real Postgres, Ray and vLLM CPU build)
+## test: lint, type-check and the whole test suite (real Postgres, Ray and vLLM CPU build):
+## first all but the wall-clock tests in PYTEST_WORKERS processes (pytest-xdist; the
+## real-vLLM tests in two groups, each one after another on one worker: tests/conftest.py),
+## then the tests marked timing by themselves; each pass prints its slowest tests.
+## PYTEST_WORKERS=0: one process.
+PYTEST_WORKERS ?= 4
 test: venv engine browser ray-only lint
-	$(BIN)/pytest -q -rs --durations=15
+	$(BIN)/pytest -q -rs --durations=15 -n $(PYTEST_WORKERS) --dist loadgroup -m "not timing"
+	$(BIN)/pytest -q -rs --durations=10 -m timing
 
 clean:
 	rm -rf $(VENV) $(ENGINE_VENV) $(RAY_ONLY_VENV) .vlab

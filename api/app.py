@@ -10,7 +10,17 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from api import auth, limits, openapi, problems
-from api.routes import analyze, cluster, docs, experiments, health, metrics, runs, schedules
+from api.routes import (
+    analyze,
+    campaigns,
+    cluster,
+    docs,
+    experiments,
+    health,
+    metrics,
+    runs,
+    schedules,
+)
 from api.routes import auth as auth_routes
 from orchestrator.core.db import watch
 from orchestrator.core.settings import Settings
@@ -24,6 +34,7 @@ API_ROUTERS = (
     runs.router,
     cluster.router,
     schedules.router,
+    campaigns.router,
     analyze.router,
     analyze.findings_router,
 )

@@ -49,14 +49,35 @@ needs_engine = pytest.mark.skipif(
 
 WEB_TESTS = REPO / "tests" / "web"
 
+#: The real-vLLM test modules of the first engine group; the others form the second. Split
+#: by the durations of a fresh-clone run of the parallel pass (docs/BENCHMARKS.md): about
+#: 17 min each beside the other workers.
+ENGINE_GROUP_A = frozenset(
+    {
+        "tests/test_end_to_end.py",
+        "tests/jobs/test_runner_batch.py",
+        "tests/jobs/test_engine.py",
+        "tests/jobs/test_nodeprobe.py",
+    }
+)
+
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test under ``tests/web`` ``browser`` (they drive a real chromium), so
-    ``make check`` can leave them out with ``-m "not browser"``."""
+    ``make check`` can leave them out with ``-m "not browser"``.
+
+    Under ``pytest -n N --dist loadgroup`` (``make test``) the ``engine`` tests form two xdist
+    groups (:data:`ENGINE_GROUP_A`), each run on one worker one after another: at most two
+    real vLLM engines start at a time on the 2-core machine (a start needs a core for most
+    of a minute)."""
     for item in items:
         if WEB_TESTS in item.path.parents:
             item.add_marker(pytest.mark.browser)
+        if item.get_closest_marker("engine") is not None:
+            rel = item.path.relative_to(REPO).as_posix()
+            group = "engine-a" if rel in ENGINE_GROUP_A else "engine-b"
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @contextmanager

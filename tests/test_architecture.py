@@ -11,8 +11,9 @@ imported one. The checks:
 - **function-local imports**: only of a deferrable heavy library
   (:data:`DEFERRABLE`), each with a ``# deferred: <why>`` comment on its line or
   the line above (above the group, for consecutive imports);
-- **size**: no module over :data:`MAX_LINES` lines unless its docstring has a line
-  starting with ``Size:`` that says why;
+- **size**: no module over :data:`MAX_LINES` lines and no function over
+  :data:`MAX_FUNCTION_LINES` (``def`` to its last line, docstring included) unless its
+  docstring has a line starting with ``Size:`` that says why;
 - **cycles**: no import cycle between modules of ours (module-level imports, not
   those under ``if TYPE_CHECKING:``);
 - **names**: no module file name in two packages (``__init__.py``, ``__main__.py`` and
@@ -48,6 +49,8 @@ _RUNS = "orchestrator.runs"
 _SCHEDULES = "orchestrator.schedules"
 _DISPATCH = "orchestrator.dispatch"
 _INTEGRATIONS = "orchestrator.integrations"
+_CAMPAIGNS = "orchestrator.campaigns"
+_TUNING = "orchestrator.tuning"
 _API_FOR_WEB = ("api.deps", "api.auth", "api.problems", "api.schemas")
 _J_SCHEMAS = "jobs.schemas"
 _J_LAUNCHER = "jobs.launcher"
@@ -98,18 +101,29 @@ LAYERS: dict[str, Rule] = {
     _CORE: Rule((_CORE,), "the kernel: settings, db, models, repositories, states, errors, auth"),
     _CLUSTER: Rule((_CLUSTER, f"{_CORE}.errors"), "pure: no db, no ray, no http"),
     _ANALYSIS: Rule((_ANALYSIS,), "pure maths: no db, no ray, no http"),
+    _CAMPAIGNS: Rule(
+        (_CAMPAIGNS,), "a tuning campaign's pure decisions over recorded measurements"
+    ),
     f"{_ANALYSIS}.service": Rule(
         (_ANALYSIS, _CORE, _CLUSTER, _EXPERIMENTS), "the analysis' database glue; no ray, no http"
     ),
     _EXPERIMENTS: Rule((_EXPERIMENTS, _CORE, _CLUSTER, _ANALYSIS, "jobs")),
     _RUNS: Rule((_RUNS, _CORE, _CLUSTER, _ANALYSIS, _EXPERIMENTS, "jobs")),
-    _SCHEDULES: Rule((_SCHEDULES, _CORE, _EXPERIMENTS, _RUNS, _ANALYSIS)),
+    _SCHEDULES: Rule(
+        (_SCHEDULES, _CORE, _EXPERIMENTS, _RUNS, _ANALYSIS, _TUNING),
+        "scheduled sweeps and scheduled campaigns (a campaign starts through the tuning intake)",
+    ),
+    _TUNING: Rule(
+        (_TUNING, _CORE, _EXPERIMENTS, _RUNS, _CAMPAIGNS, _ANALYSIS, "jobs"),
+        "tuning campaigns stored and advanced: the pure core over the database, its"
+        " candidates ordered by the analysers' evidence over the workload's request list",
+    ),
     _DISPATCH: Rule(
-        (_DISPATCH, _CORE, _CLUSTER, _EXPERIMENTS, _RUNS, _SCHEDULES, "jobs"),
+        (_DISPATCH, _CORE, _CLUSTER, _EXPERIMENTS, _RUNS, _SCHEDULES, _TUNING, "jobs"),
         "ray only in dispatch.ray",
     ),
     f"{_DISPATCH}.ray": Rule(
-        (_DISPATCH, _CORE, _CLUSTER, _EXPERIMENTS, _RUNS, _SCHEDULES, "jobs", "ray"),
+        (_DISPATCH, _CORE, _CLUSTER, _EXPERIMENTS, _RUNS, _SCHEDULES, _TUNING, "jobs", "ray"),
         "everything that imports Ray",
     ),
     _INTEGRATIONS: Rule(
@@ -117,11 +131,33 @@ LAYERS: dict[str, Rule] = {
         "exports to outside systems (MLflow); their clients deferred",
     ),
     "api": Rule(
-        ("api", _CORE, _EXPERIMENTS, _RUNS, _SCHEDULES, _CLUSTER, _ANALYSIS, _INTEGRATIONS, "jobs"),
+        (
+            "api",
+            _CORE,
+            _EXPERIMENTS,
+            _RUNS,
+            _SCHEDULES,
+            _TUNING,
+            _CLUSTER,
+            _ANALYSIS,
+            _INTEGRATIONS,
+            "jobs",
+        ),
         "never ray, never dispatch",
     ),
     "api.app": Rule(
-        ("api", _CORE, _EXPERIMENTS, _RUNS, _SCHEDULES, _CLUSTER, _ANALYSIS, "jobs", "web"),
+        (
+            "api",
+            _CORE,
+            _EXPERIMENTS,
+            _RUNS,
+            _SCHEDULES,
+            _TUNING,
+            _CLUSTER,
+            _ANALYSIS,
+            "jobs",
+            "web",
+        ),
         "the factory: also mounts web",
     ),
     "web": Rule(
@@ -140,6 +176,7 @@ FORBIDDEN_LIBRARIES: dict[str, tuple[str, ...]] = {
     _CLUSTER: ("sqlalchemy", *_HTTP),
     _ANALYSIS: ("sqlalchemy", *_HTTP),
     f"{_ANALYSIS}.service": _HTTP,
+    _CAMPAIGNS: ("sqlalchemy", *_HTTP),
 }
 
 #: What an import may defer into a function, with a ``# deferred: <why>`` comment: heavy
@@ -161,7 +198,9 @@ DEFERRABLE: dict[str, str] = {
 DEFERRED_MARK = "# deferred:"
 
 #: Lines a module may have without a ``Size:`` line in its docstring.
-MAX_LINES = 800
+MAX_LINES = 600
+#: Lines a function (``def`` to its last line) may have without a ``Size:`` docstring line.
+MAX_FUNCTION_LINES = 80
 SIZE_MARK = "Size:"
 
 #: File names any number of packages may hold: a package's own marker files.
@@ -180,6 +219,7 @@ SHARED_NAMES: dict[str, str] = {
     "experiments.py": "the experiments resource: its queries, its routes, its bodies",
     "runs.py": "the runs resource: its queries, its routes, its bodies",
     "schedules.py": "the schedules resource: its queries, its routes, its bodies, its page",
+    "campaigns.py": "the tuning campaigns resource: its queries, its routes, its bodies",
     "cluster.py": "the cluster resource (node parity checks): its routes and its bodies",
     "common.py": "what the modules of one API package share: the routers', the bodies'",
     "history.py": "the run history: the use case (runs), its query, its page",
@@ -378,17 +418,36 @@ def local_import_violations(modules: dict[str, Module]) -> list[tuple[str, int, 
     return sorted(out)
 
 
+def _says_why(docstring: str) -> bool:
+    """A ``Size: <why>`` line (a reason of a few words after the mark) in ``docstring``."""
+    return any(
+        ln.strip().startswith(SIZE_MARK) and len(ln.strip()) > len(SIZE_MARK) + 10
+        for ln in docstring.splitlines()
+    )
+
+
 def size_violations(modules: dict[str, Module]) -> list[tuple[str, int]]:
     """``(module, lines)`` of modules over :data:`MAX_LINES` without a ``Size:`` line."""
     return sorted(
         (mod.name, mod.lines)
         for mod in modules.values()
-        if mod.lines > MAX_LINES
-        and not any(
-            ln.strip().startswith(SIZE_MARK) and len(ln.strip()) > len(SIZE_MARK) + 10
-            for ln in mod.docstring.splitlines()
-        )
+        if mod.lines > MAX_LINES and not _says_why(mod.docstring)
     )
+
+
+def long_functions(modules: dict[str, Module]) -> list[tuple[str, str, int]]:
+    """``(module, function, lines)`` of functions and methods over
+    :data:`MAX_FUNCTION_LINES` lines without a ``Size:`` line in their docstring."""
+    out = []
+    for mod in modules.values():
+        tree = ast.parse(mod.path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            lines = (node.end_lineno or node.lineno) - node.lineno + 1
+            if lines > MAX_FUNCTION_LINES and not _says_why(ast.get_docstring(node) or ""):
+                out.append((mod.name, node.name, lines))
+    return sorted(out)
 
 
 def import_cycles(modules: dict[str, Module]) -> list[list[str]]:
@@ -554,6 +613,19 @@ def test_function_local_imports_are_commented_deferrals(tree: dict[str, Module])
         )
 
 
+def test_functions_are_short_or_say_why(tree: dict[str, Module]) -> None:
+    found = long_functions(tree)
+    if found:
+        pytest.fail(
+            _report(
+                f"functions over {MAX_FUNCTION_LINES} lines without a '{SIZE_MARK} <why>'"
+                " docstring line",
+                [f"{m}.{f}: {n} lines" for m, f, n in found],
+            ),
+            pytrace=False,
+        )
+
+
 def test_modules_are_small_or_say_why(tree: dict[str, Module]) -> None:
     found = size_violations(tree)
     if found:
@@ -710,6 +782,28 @@ def test_checker_reports_large_modules_and_cycles(tmp_path: Path) -> None:
     )
     assert size_violations(modules) == [("jobs.big", MAX_LINES + 1)]
     assert import_cycles(modules) == [["jobs.a", "jobs.b", "jobs.c", "jobs.a"]]
+
+
+def test_checker_reports_long_functions(tmp_path: Path) -> None:
+    body = "    x = 1\n" * MAX_FUNCTION_LINES
+    method = body.replace("\n", "\n    ")
+    said = '    """Long.\n\n    Size: one linear parser, each case a line.\n    """\n'
+    modules = _write(
+        tmp_path,
+        {
+            **_PACKAGE_FILES,
+            "jobs/f.py": f"def long():\n{body}\n"
+            f"def fits():\n{body[: -len('    x = 1')]}\n"
+            f"class C:\n    async def method(self):\n    {method}\n"
+            f"def said():\n{said}{body}"
+            f'def vague():\n    """Size: long"""\n{body}',
+        },
+    )
+    assert long_functions(modules) == [
+        ("jobs.f", "long", MAX_FUNCTION_LINES + 1),
+        ("jobs.f", "method", MAX_FUNCTION_LINES + 1),
+        ("jobs.f", "vague", MAX_FUNCTION_LINES + 2),
+    ]
 
 
 def test_checker_reports_queries_commits_and_empty_reasons(tmp_path: Path) -> None:

@@ -6,6 +6,8 @@
   variant cloned from it (a run's ``capacity`` is :class:`jobs.capacity.search.CapacityResult`,
   the search's own model);
 - :mod:`.schedules`: scheduled sweeps, their fires and regressions;
+- :mod:`.campaigns`: tuning campaigns, their path, candidates and confirmation
+  (submissions are :class:`orchestrator.tuning.campaign_request.CampaignRequest`);
 - :mod:`.cluster`: on-demand node parity checks;
 - :mod:`.analyze`: the what-if diagnostics (KV cache, prompt prefixes) and the advisor's
   findings;
@@ -42,6 +44,16 @@ from api.schemas.auth import (
     TokenCreated,
     TokenIn,
     TokenOut,
+)
+from api.schemas.campaigns import (
+    CampaignCandidateOut,
+    CampaignConfirmationOut,
+    CampaignGain,
+    CampaignListItem,
+    CampaignOut,
+    CampaignRunOut,
+    CampaignStepOut,
+    CampaignWallTimeOut,
 )
 from api.schemas.cluster import (
     ParityCheckOut,
@@ -90,6 +102,14 @@ from api.schemas.schedules import (
 __all__ = [
     "AuditOut",
     "AuditPage",
+    "CampaignCandidateOut",
+    "CampaignConfirmationOut",
+    "CampaignGain",
+    "CampaignListItem",
+    "CampaignOut",
+    "CampaignRunOut",
+    "CampaignStepOut",
+    "CampaignWallTimeOut",
     "CapacityResult",
     "ChainLink",
     "ContextCap",

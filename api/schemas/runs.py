@@ -47,6 +47,12 @@ class RunOut(BaseModel):
     status: str
     status_reason: str | None
     cancel_requested: bool
+    campaign_id: str | None = Field(
+        None, description="the tuning campaign that queued the run (/api/v1/campaigns/{id})"
+    )
+    campaign_label: str | None = Field(
+        None, description="its label in that campaign, e.g. r1.c2.engine_args.max_num_seqs=64"
+    )
     submitted_by: str | None = Field(
         None, description="who queued the run: a token name, 'anonymous' or 'schedule:<name>'"
     )

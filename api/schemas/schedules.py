@@ -5,18 +5,25 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from api.schemas.common import IsoDatetime
 from orchestrator.schedules.cron import check_cron, zone
+from orchestrator.tuning.campaign_request import CampaignRequest
+
+#: One level of a campaign variable (a spec field's value).
+Level = bool | int | float | str
 
 
 class ScheduleIn(BaseModel):
     """A scheduled sweep (``POST /api/v1/schedules``).
 
     ``cron``: 5-field cron expression, evaluated in ``timezone`` (IANA name).
-    ``template``: an experiment spec, as ``POST /api/v1/experiments`` takes.
+    ``template``: an experiment spec, as ``POST /api/v1/experiments`` takes; or
+    ``campaign``: a tuning campaign request, as ``POST /api/v1/campaigns`` takes (one
+    campaign started per fire; the fires say whether its best configuration moved). Exactly
+    one of the two.
     ``concurrency_policy``: ``skip`` a fire while the previous sweep has
     unfinished runs, or ``queue`` it anyway. ``catch_up`` after downtime:
     ``latest`` runs the most recent missed fire once, ``none`` skips them all.
@@ -28,11 +35,22 @@ class ScheduleIn(BaseModel):
     name: str = Field(min_length=1, max_length=200)
     cron: str = Field(max_length=200, json_schema_extra={"pattern": r"^\s*\S+(\s+\S+){4}\s*$"})
     timezone: str = Field("UTC", max_length=64)
-    template: dict[str, Any]
+    template: dict[str, Any] | None = None
+    campaign: CampaignRequest | None = None
     enabled: StrictBool = True
     concurrency_policy: Literal["skip", "queue"] = "skip"
     catch_up: Literal["latest", "none"] = "latest"
     end_at: IsoDatetime | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ScheduleIn:
+        if (self.template is None) == (self.campaign is None):
+            raise PydanticCustomError(
+                "template_or_campaign",
+                "give exactly one of template (a scheduled sweep) and campaign (a "
+                "scheduled tuning campaign)",
+            )
+        return self
 
     @field_validator("cron")
     @classmethod
@@ -67,21 +85,60 @@ class ScheduleUpdate(BaseModel):
         None, max_length=200, json_schema_extra={"pattern": r"^\s*\S+(\s+\S+){4}\s*$"}
     )
     timezone: str | None = Field(None, max_length=64)
-    template: dict[str, Any] | None = None
+    template: dict[str, Any] | None = Field(
+        None, description="a new experiment template (a campaign schedule becomes a sweep)"
+    )
+    campaign: CampaignRequest | None = Field(
+        None, description="a new campaign request (a sweep schedule becomes a campaign one)"
+    )
     enabled: StrictBool | None = None
     concurrency_policy: Literal["skip", "queue"] | None = None
     catch_up: Literal["latest", "none"] | None = None
     end_at: IsoDatetime | None = None
 
 
+class ConfigChange(BaseModel):
+    """A variable whose best level differs from the previous campaign's (None: the
+    variable is not in that campaign's space)."""
+
+    variable: str
+    from_level: Level | None
+    to_level: Level | None
+
+
+class CampaignMovement(BaseModel):
+    """Whether a fired campaign's best configuration moved since the previous fired
+    campaign of the schedule that succeeded.
+
+    ``comparison``: ``pending`` (the campaign runs), ``no_result`` (it ended failed or
+    cancelled), ``no_previous`` (no earlier campaign of the schedule succeeded), ``held``
+    (the same final configuration) or ``moved`` (``changes`` lists each variable, from ->
+    to)."""
+
+    campaign_id: str
+    campaign_url: str
+    campaign_status: str | None
+    comparison: Literal["pending", "no_result", "no_previous", "held", "moved"]
+    summary: str | None = Field(None, description="one line: moved (what, from -> to) or held")
+    final: dict[str, Level] | None = Field(description="the campaign's final configuration")
+    serve_command: str | None = Field(description="the final configuration as `vllm serve`")
+    compared_with: dict[str, Any] | None = Field(
+        description="the previous campaign: fire_time, campaign_id, final"
+    )
+    changes: list[ConfigChange]
+
+
 class FireBrief(BaseModel):
     """A fire time (in the schedule's zone) and what happened: fired, skipped,
-    skipped_busy or failed."""
+    skipped_busy or failed. A campaign schedule's fire names its campaign and whether the
+    best configuration moved (``movement``)."""
 
     fire_time: datetime
     status: str
     experiment_id: str | None
     detail: str | None
+    campaign_id: str | None = None
+    movement: CampaignMovement | None = None
 
 
 class Regression(BaseModel):
@@ -116,8 +173,8 @@ class Withheld(BaseModel):
 class FireOut(FireBrief):
     """A fire with its regression check against the previous completed sweep.
 
-    ``comparison``: ``not_fired``, ``pending`` (runs unfinished), ``no_previous``
-    or ``compared``.
+    ``comparison``: ``not_fired``, ``not_a_sweep`` (a campaign's fire: see
+    ``movement``), ``pending`` (runs unfinished), ``no_previous`` or ``compared``.
     """
 
     comparison: str
@@ -136,7 +193,11 @@ class ScheduleOut(BaseModel):
     name: str
     cron: str
     timezone: str
-    template: dict[str, Any]
+    kind: Literal["sweep", "campaign"] = Field(
+        description="sweep: submits `template`; campaign: starts `campaign`"
+    )
+    template: dict[str, Any] | None
+    campaign: dict[str, Any] | None
     enabled: bool
     concurrency_policy: str
     catch_up: str
@@ -150,3 +211,8 @@ class ScheduleOut(BaseModel):
         description="the next 5 fire times, in the schedule's time zone"
     )
     recent_fires: list[FireBrief] = Field(description="the latest 10 fires, newest first")
+    last_movement: CampaignMovement | None = Field(
+        None,
+        description="a campaign schedule: whether the newest fired campaign moved the best "
+        "configuration (its fire's movement)",
+    )

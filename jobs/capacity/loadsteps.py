@@ -14,7 +14,7 @@ long, which part is warm-up); for every step this module:
    for ``request_rate`` ``plan.requests`` of them at the workload's arrival
    (``constant`` or ``poisson``, its seed) recomputed at that rate and scaled so that the
    warm-up and the measured part each offer exactly that rate
-   (:func:`jobs.capacity.steadystate.scale_schedule`), in flight at most the workload's
+   (:func:`jobs.capacity.stepplan.scale_schedule`), in flight at most the workload's
    ``concurrency``; for ``concurrency`` a closed loop at that many requests in flight,
    dispatching for ``plan.span_s`` seconds;
 3. measures it through ``measure`` (the runner's measured phase: ``before`` scrape,
@@ -63,22 +63,20 @@ from jobs.capacity.search import (
     CapacityStep,
     StepSignals,
 )
-from jobs.capacity.steadystate import (
+from jobs.capacity.steadystate import is_step_warmup, measured_wall, step_origin
+from jobs.capacity.stepplan import (
     CLOSED_LOOP_REQUESTS_PER_SLOT_S,
     MAX_LIST_REQUESTS,
     StepPlan,
-    is_step_warmup,
-    measured_wall,
     min_measured,
     scale_schedule,
-    step_origin,
     unloaded_time,
 )
 from jobs.load.loadceiling import measure_ceiling
-from jobs.load.loadpool import cores_off_engine
+from jobs.load.workerplan import cores_off_engine
 from jobs.load.workload import arrival_offsets
 from jobs.schemas import ChatRequest, MetricSample, RequestRecord, WorkloadSpec
-from jobs.signals import enginemetrics
+from jobs.signals import histograms
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +99,7 @@ class StepMeasurement:
     records: list[RequestRecord]
     duration_s: float
     samples: list[MetricSample] = field(default_factory=list)
-    histograms: dict[str, dict[str, enginemetrics.Histogram]] = field(default_factory=dict)
+    histograms: dict[str, dict[str, histograms.Histogram]] = field(default_factory=dict)
     load: float = 0.0
     step: CapacityStep | None = None
     client_cpu_s: float | None = None
@@ -185,8 +183,8 @@ def step_floor(workload: WorkloadSpec, capacity: CapacitySpec) -> int:
 def list_length(workload: WorkloadSpec, capacity: CapacitySpec) -> int:
     """Requests the run's list holds: enough for the longest step (``request_rate``: the
     floor, or ``max * max_step_s`` arrivals; ``concurrency``: sized for
-    :data:`~jobs.capacity.steadystate.CLOSED_LOOP_REQUESTS_PER_SLOT_S` per slot at ``max`` for
-    ``max_step_s``), at most :data:`~jobs.capacity.steadystate.MAX_LIST_REQUESTS`."""
+    :data:`~jobs.capacity.stepplan.CLOSED_LOOP_REQUESTS_PER_SLOT_S` per slot at ``max`` for
+    ``max_step_s``), at most :data:`~jobs.capacity.stepplan.MAX_LIST_REQUESTS`."""
     if capacity.variable == "concurrency":
         longest = capacity.max * capacity.max_step_s * CLOSED_LOOP_REQUESTS_PER_SLOT_S
     else:
@@ -218,7 +216,7 @@ def step_requests(
     ``request_rate``: ``plan.requests`` requests, ``arrival_s`` from
     :func:`jobs.load.workload.arrival_offsets` of the workload at ``request_rate = load``
     (same seed: a Poisson step is the same gap pattern scaled) through
-    :func:`jobs.capacity.steadystate.scale_schedule`, in flight at most ``workload.concurrency``.
+    :func:`jobs.capacity.stepplan.scale_schedule`, in flight at most ``workload.concurrency``.
     ``concurrency``: closed loop (``arrival_s`` None) over the list, ``round(load)`` in
     flight (the runner stops dispatching after ``plan.span_s``).
     """

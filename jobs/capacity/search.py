@@ -60,6 +60,11 @@ it is ``client_limited`` when the load generator could not deliver the load aske
   that failed only on saturation names ``"saturated"``.
 
 Pure: no I/O, no clock, no randomness.
+
+Size: the search and its contract (:class:`CapacitySpec`, :class:`CapacityResult`) are one
+module because the node contract (:mod:`jobs.schemas`) may import this one module of
+``jobs.capacity`` (the layer table's exception); the step's own analysis and verdict are
+already apart (:mod:`jobs.capacity.steadystate`, :mod:`jobs.capacity.verdict`).
 """
 
 from __future__ import annotations
@@ -96,13 +101,11 @@ from jobs.capacity.steadystate import (
     MIN_CLOSED_LOOP_REQUESTS,
     MIN_MEASURED_ARRIVALS,
     Growth,
-    StepPlan,
+    StepDynamics,
     analyze,
     in_flight_cap_limit,
-    min_measured,
-    plan_step,
-    unloaded_time,
 )
+from jobs.capacity.stepplan import StepPlan, min_measured, plan_step, unloaded_time
 from jobs.capacity.verdict import CapacityStep, StepSignals, decide
 
 if TYPE_CHECKING:  # jobs.schemas imports this module
@@ -375,7 +378,7 @@ class CapacitySearch:
         return math.sqrt(lo * upper)
 
     def plan(self, load: float) -> StepPlan:
-        """How the step at ``load`` is driven (:func:`jobs.capacity.steadystate.plan_step`)."""
+        """How the step at ``load`` is driven (:func:`jobs.capacity.stepplan.plan_step`)."""
         return plan_step(
             self.spec,
             load,
@@ -430,38 +433,15 @@ class CapacitySearch:
         cap_limit = in_flight_cap_limit(dyn, plan, self.unloaded_s)
         if cap_limit and not dyn.client_limits:
             dyn.client_limits.append(cap_limit)
-        if cut and dyn.client_limits:  # the requests not done may never have been sent
-            dyn.client_limits.append(
-                f"the step was cut {plan.drain_s:.3g} s after its last due arrival, with "
-                "requests not sent or not finished"
-            )
-            cut = False
-        elif cut and plan.variable == "request_rate":  # sent and not finished: failed
-            unfinished = max(0, plan.requests - sum(1 for r in records if not r.warmup))
-            own.requests += unfinished
-            own.failed += unfinished
-            own.per_request.extend([None] * unfinished)
+        if cut:
+            cut = _count_cut(dyn, plan, own, records)
         count, pooled, growth = self._pooled.get(load, (0, StepValues(), []))
         pooled.extend(own)
         if dyn.growth is not None and dyn.too_short is None:
             growth.append(dyn.growth)
         count += 1
         self._pooled[load] = (count, pooled, growth)
-        signals = signals.model_copy(
-            update={
-                "asked_rate": dyn.asked_rate,
-                "arrived_rate": dyn.arrived_rate,
-                "completed_rate": dyn.completed_rate,
-                "client_lag_p90_ms": dyn.client_lag_p90_ms,
-                "slot_wait_p90_ms": dyn.slot_wait_p90_ms,
-                "queue_growth": dyn.growth.growth if dyn.growth else None,
-                "dispatch_lag_p99_ms": signals.dispatch_lag_p99_ms
-                if signals.dispatch_lag_p99_ms is not None
-                else (
-                    float(np.percentile(own.dispatch_lag_ms, 99)) if own.dispatch_lag_ms else None
-                ),
-            }
-        )
+        signals = _step_signals(signals, dyn, own)
         step = decide(
             self.spec,
             len(self._steps),
@@ -606,6 +586,45 @@ class CapacitySearch:
         elif status == "found":
             self._note = None
         self._pending = None
+
+
+def _count_cut(
+    dyn: StepDynamics, plan: StepPlan, own: StepValues, records: Sequence[RequestRecord]
+) -> bool:
+    """A step cut ``drain_s`` after its last due arrival: with a client limit, the requests
+    not done may never have been sent (noted as a client limit; the cut no longer
+    counts: False); at a request rate they were sent and did not finish (counted failed
+    in ``own``; True)."""
+    if dyn.client_limits:
+        dyn.client_limits.append(
+            f"the step was cut {plan.drain_s:.3g} s after its last due arrival, with "
+            "requests not sent or not finished"
+        )
+        return False
+    if plan.variable == "request_rate":
+        unfinished = max(0, plan.requests - sum(1 for r in records if not r.warmup))
+        own.requests += unfinished
+        own.failed += unfinished
+        own.per_request.extend([None] * unfinished)
+    return True
+
+
+def _step_signals(signals: StepSignals, dyn: StepDynamics, own: StepValues) -> StepSignals:
+    """The step's signals with what :func:`analyze` derived (the dispatch lag from the
+    records when the runner gave none)."""
+    return signals.model_copy(
+        update={
+            "asked_rate": dyn.asked_rate,
+            "arrived_rate": dyn.arrived_rate,
+            "completed_rate": dyn.completed_rate,
+            "client_lag_p90_ms": dyn.client_lag_p90_ms,
+            "slot_wait_p90_ms": dyn.slot_wait_p90_ms,
+            "queue_growth": dyn.growth.growth if dyn.growth else None,
+            "dispatch_lag_p99_ms": signals.dispatch_lag_p99_ms
+            if signals.dispatch_lag_p99_ms is not None
+            else (float(np.percentile(own.dispatch_lag_ms, 99)) if own.dispatch_lag_ms else None),
+        }
+    )
 
 
 def run_search(

@@ -1,26 +1,9 @@
-"""Steady-state load steps: how long a capacity step lasts, and what its records say.
+"""Steady-state load steps: what a capacity step's records say (how long it lasts:
+:mod:`jobs.capacity.stepplan`).
 
 :mod:`jobs.capacity.search` decides a step from its objectives; this module says whether the
 step measured a **steady state** at the load that was asked for, and if not, whose
 limit it hit: the server's or the load generator's. Pure: no I/O, no clock.
-
-**Planning a step** (:func:`plan_step`). A step at load ``L`` lasts ``d = max(min_step_s,
-step_time_factor * unloaded_s)``, at most ``max_step_s`` (``unloaded_s``: the time one
-request takes on an idle server: the warm-ups' median E2EL, then the smallest E2EL of
-the first step, whose first request finds the server empty; unknown: ``min_step_s``).
-For ``request_rate`` it sends ``n = max(floor, ceil(L * d))`` requests (``floor``:
-``requests_per_step``, and enough measured requests for the objectives' percentiles and
-for the steadiness test) at rate ``L``: the first ``n`` of the run's request list, the
-same requests in the same order at every step. Its first ``ceil(warmup_fraction * n)``
-requests are the warm-up, excluded from every decision (their records stay in the
-step, marked ``warmup``). The arrival pattern (constant, or the workload's seeded
-Poisson/gamma gaps) is scaled piecewise so that the warm-up part and the measured part
-each offer exactly rate ``L`` (:func:`scale_schedule`: a Poisson process conditioned on
-its count): the measured part asks for the step's load, not a random draw around it.
-For ``concurrency`` the step dispatches for ``d`` seconds (closed loop) and its first
-``warmup_fraction * d`` seconds are the warm-up. A step whose requests are still
-unfinished ``drain_s = max(spec.drain_s(), 4 * unloaded_s)`` after its last arrival is cut
-there: the server had not finished them (saturation evidence).
 
 **Steadiness** (:func:`analyze`). The measured part runs from the first measured
 arrival ``t_w`` to the last one ``t_e`` (closed loop: dispatches). Open loop: ``Q(t)``,
@@ -94,27 +77,31 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 if TYPE_CHECKING:  # jobs.capacity.search imports this module
-    from jobs.capacity.search import CapacitySpec
     from jobs.schemas import RequestRecord
+
+from jobs.capacity.stepplan import (  # re-exported: capacity_spec imports them from here
+    DRAIN_REQUEST_TIMES,
+    MAX_LIST_REQUESTS,
+    StepPlan,
+    unloaded_time,
+)
 
 __all__ = [
     "Growth",
+    "DRAIN_REQUEST_TIMES",
+    "MAX_LIST_REQUESTS",
     "StepDynamics",
-    "StepPlan",
     "analyze",
     "client_fell_behind",
     "in_flight_cap_limit",
     "growth_verdict",
     "is_step_warmup",
     "measured_wall",
-    "plan_step",
-    "scale_schedule",
-    "unloaded_time",
 ]
 
 GROWTH_FRACTION = 0.08
@@ -135,9 +122,6 @@ MIN_CLOSED_LOOP_REQUESTS = 20
 MIN_WINDOW_REQUEST_TIMES = 3.0
 """A measured part shorter than this many unloaded request times: too short to tell."""
 
-DRAIN_REQUEST_TIMES = 4.0
-"""A step's drain limit is at least this many unloaded request times."""
-
 CLIENT_LAG_FLOOR_MS = 50.0
 """Client lag p90 under this is never a client limit (timer jitter)."""
 
@@ -149,141 +133,6 @@ CLIENT_CPU_BUSY = 0.9
 
 KV_FULL = 0.98
 """KV cache usage (0-1) from which the cache counts as full."""
-
-MAX_LIST_REQUESTS = 20_000
-"""Most requests a capacity run's request list holds (``WorkloadSpec.num_requests``)."""
-
-CLOSED_LOOP_REQUESTS_PER_SLOT_S = 10.0
-"""Requests per second per in-flight slot a concurrency step's list is sized for."""
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """How one step is driven (see the module docstring).
-
-    ``requests``: open loop, the first ``requests`` of the list are sent; closed loop,
-    the most it may send. ``span_s``: open loop, the planned time from the first to the
-    last arrival; closed loop, how long it dispatches. ``warmup_requests`` (open loop)
-    and ``warmup_s`` (from the first arrival or dispatch): the warm-up part.
-    ``drain_s``: how long after the last arrival the step may run before it is cut.
-    ``in_flight``: the in-flight cap. ``short``: why the step cannot last as long as a
-    steady state needs (None: it can).
-    """
-
-    load: float
-    variable: Literal["request_rate", "concurrency"]
-    requests: int
-    span_s: float
-    warmup_requests: int
-    warmup_s: float
-    drain_s: float
-    in_flight: int
-    unloaded_s: float | None = None
-    short: str | None = None
-
-
-def unloaded_time(records: Sequence[RequestRecord], how: Literal["median", "min"]) -> float | None:
-    """The E2EL (s) of the successful records: their median (the warm-ups, sent one at a
-    time) or their minimum (a step's: its first request finds the server idle)."""
-    e2el = [
-        r.e2el_s
-        for r in records
-        if r.success and r.e2el_s is not None and math.isfinite(r.e2el_s) and r.e2el_s > 0
-    ]
-    if not e2el:
-        return None
-    return float(np.median(e2el)) if how == "median" else min(e2el)
-
-
-def min_measured(spec: CapacitySpec, need: int) -> int:
-    """Requests a step sends at least so that ``need`` of them are measured."""
-    return math.ceil(need / (1.0 - spec.warmup_fraction)) + 1
-
-
-def plan_step(
-    spec: CapacitySpec,
-    load: float,
-    *,
-    unloaded_s: float | None,
-    available: int | None,
-    floor: int,
-    in_flight: int,
-) -> StepPlan:
-    """The plan of a step at ``load`` (rules in the module docstring).
-
-    ``available``: requests in the run's list (None: unlimited); ``floor``: the fewest
-    requests a step sends; ``in_flight``: the open loop's in-flight cap.
-    """
-    wanted = max(spec.min_step_s, spec.step_time_factor * (unloaded_s or 0.0))
-    duration = min(spec.max_step_s, wanted)
-    drain = max(spec.drain_s(), DRAIN_REQUEST_TIMES * (unloaded_s or 0.0))
-    short: str | None = None
-    if wanted > spec.max_step_s:
-        short = (
-            f"a steady state needs {wanted:.3g} s ({spec.step_time_factor:g} unloaded request "
-            f"times of {unloaded_s or 0:.3g} s), over max_step_s ({spec.max_step_s:g} s)"
-        )
-    if spec.variable == "concurrency":
-        cap = available if available is not None else MAX_LIST_REQUESTS
-        if unloaded_s:  # long enough for ``floor`` requests even if nobody waited
-            duration = min(spec.max_step_s, max(duration, floor * unloaded_s / max(1.0, load)))
-        return StepPlan(
-            load=load,
-            variable="concurrency",
-            requests=cap,
-            span_s=duration,
-            warmup_requests=0,
-            warmup_s=spec.warmup_fraction * duration,
-            drain_s=drain,
-            in_flight=max(1, round(load)),
-            unloaded_s=unloaded_s,
-            short=short,
-        )
-    n = max(floor, math.ceil(load * duration) + 1, 2)
-    if available is not None and n > available:
-        short = short or (
-            f"the request list holds {available} requests: {available / load:.3g} s at "
-            f"{load:.3g} req/s, under the step's {n / load:.3g} s"
-        )
-        n = available
-    if (n - 1) / load > spec.max_step_s * 1.000001 and short is None:
-        short = (
-            f"{n} requests at {load:.3g} req/s last {(n - 1) / load:.3g} s, over "
-            f"max_step_s ({spec.max_step_s:g} s)"
-        )
-        n = max(2, math.floor(spec.max_step_s * load) + 1)
-    warm = min(n - 2, max(1, math.ceil(spec.warmup_fraction * n)))
-    return StepPlan(
-        load=load,
-        variable="request_rate",
-        requests=n,
-        span_s=(n - 1) / load,
-        warmup_requests=warm,
-        warmup_s=warm / load,
-        drain_s=drain,
-        in_flight=in_flight,
-        unloaded_s=unloaded_s,
-        short=short,
-    )
-
-
-def scale_schedule(offsets: Sequence[float], plan: StepPlan) -> list[float]:
-    """The step's arrival offsets: ``offsets`` (the workload's pattern at the step's rate,
-    first at 0) scaled piecewise so that the warm-up part (requests ``0 .. w - 1``) ends at
-    ``w / L`` and the measured part (``w .. n - 1``) spans exactly ``(n - w - 1) / L``: each
-    offers rate ``L`` exactly. Constant arrivals come out unchanged."""
-    n, w, rate = len(offsets), plan.warmup_requests, plan.load
-    if n < 2 or not 0 < w < n - 1:
-        return list(offsets)
-    out = [0.0] * n
-    head = offsets[w] - offsets[0]
-    for i in range(w):
-        out[i] = (offsets[i] - offsets[0]) * (w / rate) / head if head > 0 else i / rate
-    tail = offsets[n - 1] - offsets[w]
-    for i in range(w, n):
-        scaled = (offsets[i] - offsets[w]) * ((n - 1 - w) / rate) / tail if tail > 0 else 0.0
-        out[i] = w / rate + (scaled if tail > 0 else (i - w) / rate)
-    return out
 
 
 @dataclass
@@ -531,21 +380,7 @@ def analyze(
         (r.scheduled_s if open_loop and r.scheduled_s is not None else r.start_s)
         for r in out.measured
     ]
-    workers = client_workers or 1
-    if client_cpu is not None and client_cpu / workers >= CLIENT_CPU_BUSY:
-        out.client_limits.append(
-            f"the load generator used {client_cpu / workers:.0%} of a core per process "
-            f"({workers} process{'es' if workers > 1 else ''})"
-        )
-    if (
-        client_ceiling is not None
-        and plan.variable == "request_rate"
-        and plan.load > (client_ceiling)
-    ):
-        out.client_limits.append(
-            f"the load {plan.load:.4g} req/s is above the load generator's ceiling here "
-            f"({client_ceiling:.4g} req/s)"
-        )
+    out.client_limits += _client_limits(plan, client_cpu, client_workers, client_ceiling)
     if len(when) < 2:
         out.too_short = f"{len(when)} measured request(s)"
         return out
@@ -562,23 +397,7 @@ def analyze(
     if not open_loop:
         out.arrived_rate = (len(when) - 1) / length
     else:
-        due = np.sort(np.array([r.scheduled_s for r in load if r.scheduled_s is not None]))
-        arrived = int(np.sum((starts >= t_w) & (starts <= t_e)))
-        asked = len(when)
-        out.asked_rate = (asked - 1) / length
-        out.arrived_rate = max(0, arrived - 1) / length
-        _lags(out, _server_blocked(load, starts, ends, plan.in_flight), plan, asked, arrived)
-        out.growth = _growth(due, ends, t_w, t_e, asked)
-        at = np.array([t_w, t_e])
-        q_first, q_last = (_count_at(due, at) - _count_at(ends, at)).tolist()
-        i_first, i_last = (_count_at(starts, at) - _count_at(ends, at)).tolist()
-        out.in_flight_growth = float(i_last - i_first)
-        out.backlog_growth = float((q_last - q_first) - (i_last - i_first))
-        out.queue_text = (
-            f"requests due and not done went from {q_first} to {q_last} over the measured "
-            f"{length:.3g} s (asked {out.asked_rate:.4g} req/s, completed "
-            f"{out.completed_rate:.4g} req/s)"
-        )
+        _open_loop(out, load, plan, starts, ends, (t_w, t_e), len(when))
     least = MIN_MEASURED_ARRIVALS if open_loop else MIN_CLOSED_LOOP_REQUESTS
     if len(when) < least:
         out.too_short = f"{len(when)} measured requests, under {least}"
@@ -588,6 +407,64 @@ def analyze(
             f"unloaded request times ({unloaded:.3g} s each)"
         )
     return out
+
+
+def _client_limits(
+    plan: StepPlan,
+    client_cpu: float | None,
+    client_workers: int | None,
+    client_ceiling: float | None,
+) -> list[str]:
+    """What says the load generator, not the server, limited the step: a busy core per
+    process, or a request rate above the client's calibrated ceiling."""
+    limits: list[str] = []
+    workers = client_workers or 1
+    if client_cpu is not None and client_cpu / workers >= CLIENT_CPU_BUSY:
+        limits.append(
+            f"the load generator used {client_cpu / workers:.0%} of a core per process "
+            f"({workers} process{'es' if workers > 1 else ''})"
+        )
+    if (
+        client_ceiling is not None
+        and plan.variable == "request_rate"
+        and plan.load > client_ceiling
+    ):
+        limits.append(
+            f"the load {plan.load:.4g} req/s is above the load generator's ceiling here "
+            f"({client_ceiling:.4g} req/s)"
+        )
+    return limits
+
+
+def _open_loop(
+    out: StepDynamics,
+    load: list[RequestRecord],
+    plan: StepPlan,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    window: tuple[float, float],
+    asked: int,
+) -> None:
+    """An open-loop step's rates, lags, queue growth and backlog over the measured
+    ``window`` (``asked`` requests due in it) into ``out``."""
+    t_w, t_e = window
+    length = t_e - t_w
+    due = np.sort(np.array([r.scheduled_s for r in load if r.scheduled_s is not None]))
+    arrived = int(np.sum((starts >= t_w) & (starts <= t_e)))
+    out.asked_rate = (asked - 1) / length
+    out.arrived_rate = max(0, arrived - 1) / length
+    _lags(out, _server_blocked(load, starts, ends, plan.in_flight), plan, asked, arrived)
+    out.growth = _growth(due, ends, t_w, t_e, asked)
+    at = np.array([t_w, t_e])
+    q_first, q_last = (_count_at(due, at) - _count_at(ends, at)).tolist()
+    i_first, i_last = (_count_at(starts, at) - _count_at(ends, at)).tolist()
+    out.in_flight_growth = float(i_last - i_first)
+    out.backlog_growth = float((q_last - q_first) - (i_last - i_first))
+    out.queue_text = (
+        f"requests due and not done went from {q_first} to {q_last} over the measured "
+        f"{length:.3g} s (asked {out.asked_rate:.4g} req/s, completed "
+        f"{out.completed_rate:.4g} req/s)"
+    )
 
 
 def _lags(

@@ -57,10 +57,10 @@ from jobs.capacity.steadystate import (
     KV_FULL,
     Growth,
     StepDynamics,
-    StepPlan,
     client_fell_behind,
     growth_verdict,
 )
+from jobs.capacity.stepplan import StepPlan
 
 if TYPE_CHECKING:  # jobs.capacity.search imports this module
     from jobs.capacity.search import CapacitySpec
@@ -144,6 +144,31 @@ class CapacityStep(BaseModel):
     )
 
 
+def _checks(spec: CapacitySpec, pooled: StepValues) -> list[SLOCheck]:
+    """Every objective's check on the pooled measurements: percentiles, then goodput."""
+    checks: list[SLOCheck] = []
+    for metric in METRICS:
+        for name, objective in spec.slos.get(metric, {}).items():
+            checks.append(check_percentile(metric, name, objective, pooled, spec.confidence))
+    if spec.goodput is not None:
+        good = good_mask(pooled, spec.slos)
+        checks.append(check_goodput(spec.goodput, good, spec.confidence))
+    return checks
+
+
+def _corroboration(waiting: str | None, dyn: StepDynamics, signals: StepSignals) -> list[str]:
+    """What backs a saturated step's hard evidence: the server's waiting queue, the slot
+    wait, a full KV cache, preemptions."""
+    evidence = [waiting] if waiting else []
+    if dyn.slot_wait_text:
+        evidence.append(dyn.slot_wait_text)
+    if signals.kv_cache_usage_max is not None and signals.kv_cache_usage_max >= KV_FULL:
+        evidence.append(f"KV cache usage reached {signals.kv_cache_usage_max:.0%}")
+    if signals.preemptions:
+        evidence.append(f"{signals.preemptions:g} requests preempted")
+    return evidence
+
+
 def decide(
     spec: CapacitySpec,
     index: int,
@@ -158,13 +183,7 @@ def decide(
     duration_s: float | None,
     cut: bool,
 ) -> CapacityStep:
-    checks: list[SLOCheck] = []
-    for metric in METRICS:
-        for name, objective in spec.slos.get(metric, {}).items():
-            checks.append(check_percentile(metric, name, objective, pooled, spec.confidence))
-    if spec.goodput is not None:
-        good = good_mask(pooled, spec.slos)
-        checks.append(check_goodput(spec.goodput, good, spec.confidence))
+    checks = _checks(spec, pooled)
     stationary, why = _stationarity(spec, plan, dyn, growth)
     behind = client_fell_behind(dyn) if stationary is False else None
     if behind and not dyn.client_limits:
@@ -176,16 +195,7 @@ def decide(
     elif waiting and (dyn.client_limits or dyn.growth is None):
         hard.append(waiting)  # the server's own queue: evidence whatever the client did
         waiting = None
-    evidence = list(hard)
-    if hard:
-        if waiting:
-            evidence.append(waiting)
-        if dyn.slot_wait_text:
-            evidence.append(dyn.slot_wait_text)
-        if signals.kv_cache_usage_max is not None and signals.kv_cache_usage_max >= KV_FULL:
-            evidence.append(f"KV cache usage reached {signals.kv_cache_usage_max:.0%}")
-        if signals.preemptions:
-            evidence.append(f"{signals.preemptions:g} requests preempted")
+    evidence = [*hard, *_corroboration(waiting, dyn, signals)] if hard else []
     verdicts = {c.verdict for c in checks}
     verdict: Verdict = (
         "uncertain"

@@ -31,7 +31,7 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
-from jobs.engine.server import LAUNCHER_PATH, engine_env
+from jobs.engine.command import LAUNCHER_PATH, engine_env
 from jobs.schemas import EngineLaunch
 
 __all__ = [
@@ -135,7 +135,7 @@ def probe_node(
 
     Runs ``[engine_python, jobs/launcher/vllm_launcher.py, "fingerprint", "--model",
     model_dir, "--digest-cache", digest_cache]`` (options only when not
-    ``None``) in the clean environment of :func:`jobs.engine.server.engine_env`
+    ``None``) in the clean environment of :func:`jobs.engine.command.engine_env`
     (``env`` is added on top, like ``EngineLaunch.env``) and returns the JSON
     object it prints (:func:`orchestrator.dispatch.ray.probe.probe_node` adds
     ``ray``, ``ip`` and ``node_id``).

@@ -8,17 +8,19 @@ of a local Ray a service starts carries two more (:data:`LOCAL_RAY_HOME_ENV`,
 :data:`LOCAL_RAY_OWNER_ENV`): :func:`local_ray_processes` finds a dead service's.
 :class:`jobs.engine.server.EngineServer` uses the rest (:func:`group_members`,
 :func:`process_alive`, :func:`process_title`, :func:`signal_name`...) to watch its
-engine. Linux only (``/proc``); no process is started here.
+engine, and :func:`parent_death_preexec` when it starts it. Linux only (``/proc``);
+no process is started here.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 #: Environment of every engine process: the pid of the process that started the engine
 #: (its owner: the run's supervisor) and that process's start time (clock ticks since boot,
@@ -266,3 +268,33 @@ def local_ray_processes(
         if marked and process_alive(pid):
             found[pid] = process_title(pid)
     return found
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def parent_death_preexec(parent_pid: int) -> Callable[[], None]:
+    """preexec_fn: SIGTERM on parent death (Linux ``PR_SET_PDEATHSIG``).
+
+    SIGTERM, not SIGKILL: vLLM's API server then shuts its engine-core and
+    worker processes down. This covers the launcher only (the signal follows
+    the parent, and vLLM starts its engine core and workers itself); every
+    vLLM process also runs the launcher's lifetime guard, which SIGKILLs the
+    whole group within half a second once the owner (``VLAB_PARENT_PID``) is
+    gone, whoever notices first.
+    """
+
+    # Resolved in the parent: the child of a threaded process should not dlopen.
+    try:
+        prctl: Callable[..., int] | None = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        prctl = None
+
+    def preexec() -> None:
+        if prctl is None:
+            return
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec

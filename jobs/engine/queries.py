@@ -18,7 +18,8 @@ import subprocess
 from collections.abc import Iterable
 from typing import Any
 
-from jobs.engine.server import LAUNCHER_PATH, EngineError, engine_env
+from jobs.engine.command import LAUNCHER_PATH, engine_env
+from jobs.engine.server import EngineError
 from jobs.schemas import EngineLaunch
 from jobs.signals.enginelog import error_lines
 

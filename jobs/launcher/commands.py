@@ -39,6 +39,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from .compile_cache import prefer_compile_cache
 from .cpu_alias import install_vllm_metadata_alias
 from .engine_args import describe_serve_args
 from .fingerprint import fingerprint, parse_fingerprint_args
@@ -94,6 +95,7 @@ def main(argv: list[str]) -> int:
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command == "serve":
+        prefer_compile_cache()  # before vLLM reads its environment; its processes inherit it
         # deferred: vLLM takes seconds to import; only "serve" runs it
         from vllm.entrypoints.cli.main import main as vllm_main
 

@@ -105,19 +105,7 @@ def model_facts(
         facts["model_files"] = []
         return facts
 
-    found: list[tuple[str, str]] = []  # (relative posix path, absolute path)
-
-    def walk_error(exc: OSError) -> None:
-        raise exc
-
-    for dirpath, dirnames, filenames in os.walk(root, onerror=walk_error):
-        dirnames[:] = sorted(d for d in dirnames if d not in _FP_SKIP_DIRS)
-        rel_dir = os.path.relpath(dirpath, root)
-        for name in filenames:
-            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
-            found.append((rel.replace(os.sep, "/"), os.path.join(dirpath, name)))
-    found.sort()
-
+    found = _files_under(root)
     if not digests:
         unhashed: list[dict[str, Any]] = []
         for rel, path in found:
@@ -130,6 +118,32 @@ def model_facts(
         facts["model_files"] = unhashed
         return facts
 
+    facts["model_files"] = _hashed(root, found, digest_cache)
+    return facts
+
+
+def _files_under(root: str) -> list[tuple[str, str]]:
+    """``(relative POSIX path, absolute path)`` of every file name under ``root``, sorted
+    (``.git`` and the other skipped directories left out; raises ``OSError``)."""
+    found: list[tuple[str, str]] = []
+
+    def walk_error(exc: OSError) -> None:
+        raise exc
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=walk_error):
+        dirnames[:] = sorted(d for d in dirnames if d not in _FP_SKIP_DIRS)
+        rel_dir = os.path.relpath(dirpath, root)
+        for name in filenames:
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+            found.append((rel.replace(os.sep, "/"), os.path.join(dirpath, name)))
+    found.sort()
+    return found
+
+
+def _hashed(
+    root: str, found: list[tuple[str, str]], digest_cache: str | None
+) -> list[dict[str, Any]]:
+    """The regular files of ``found`` with their digests, through the digest cache."""
     loaded = _load_digest_cache(digest_cache)
     cache: dict[str, dict[str, Any]] = dict(loaded or {})
     changed = loaded is None
@@ -173,5 +187,4 @@ def model_facts(
         files.append({"path": rel, "size": before.st_size, "sha256": digest})
     if digest_cache is not None and changed:
         _save_digest_cache(digest_cache, cache)
-    facts["model_files"] = files
-    return facts
+    return files

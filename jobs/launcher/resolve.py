@@ -49,7 +49,7 @@ class _ParseError(Exception):
 def render_engine_args(engine_args: dict[str, Any]) -> list[str]:
     """Engine args (snake_case) as ``vllm serve`` CLI tokens.
 
-    Same rules as ``jobs.engine.server.render_engine_args`` (the launcher cannot import
+    Same rules as ``jobs.engine.command.render_engine_args`` (the launcher cannot import
     the rest of ``jobs``; a test checks both agree): ``True`` -> ``--flag``,
     ``False`` -> ``--no-flag``, ``None`` and empty lists omitted, lists ->
     ``--flag v1 v2``, dicts -> ``--flag '<json>'``, else ``--flag str(v)``.

@@ -201,28 +201,10 @@ def locate_model(
         raise ModelNotResolved(f"{revision!r} is not a valid revision (branch, tag or commit)")
 
     local = os.path.expanduser(name)
-    if name and os.path.isdir(local) and _has_config(local):
-        return {
-            "source": "local_dir",
-            "path": os.path.abspath(local),
-            "revision": None,
-            "hf_cache": None,
-            **base,
-        }
-    parts = name.replace(os.sep, "/").split("/")
-    relative = bool(name) and not os.path.isabs(name) and ".." not in parts and "" not in parts
-    if relative:
-        for root in model_roots:
-            candidate = os.path.join(os.path.expanduser(root), *parts)
-            if os.path.isdir(candidate) and _has_config(candidate):
-                return {
-                    "source": "model_root",
-                    "path": os.path.abspath(candidate),
-                    "revision": None,
-                    "hf_cache": None,
-                    **base,
-                }
-
+    directory = _directory_of(name, model_roots)
+    if directory is not None:
+        source, path = directory
+        return {"source": source, "path": path, "revision": None, "hf_cache": None, **base}
     if not is_hf_repo_id(name):
         where = f" or under the model roots {', '.join(model_roots)}" if model_roots else ""
         what = "a directory without a config.json" if os.path.isdir(local) else "not a directory"
@@ -251,16 +233,7 @@ def locate_model(
         raise ModelNotResolved(
             f"{missing}, and huggingface_hub is not installed in {sys.executable} to fetch it"
         )
-    try:
-        fetched = hub.snapshot_download(
-            name, revision=rev, cache_dir=cache, allow_patterns=list(META_PATTERNS)
-        )
-    except Exception as exc:
-        message = " ".join(str(exc).split()) or type(exc).__name__
-        raise ModelNotResolved(
-            f"{missing}, and fetching it from the Hugging Face Hub failed: "
-            f"{type(exc).__name__}: {message}"
-        ) from exc
+    fetched = _fetch_meta(hub, name, rev, cache, missing)
     snapshot = os.path.abspath(str(fetched))
     return {
         "source": "hf_hub",
@@ -269,6 +242,37 @@ def locate_model(
         "hf_cache": cache,
         **base,
     }
+
+
+def _directory_of(name: str, model_roots: list[str] | tuple[str, ...]) -> tuple[str, str] | None:
+    """``("local_dir" | "model_root", absolute path)`` of a directory with a ``config.json``
+    that ``name`` names (itself, or relative under one of ``model_roots``), or None."""
+    local = os.path.expanduser(name)
+    if name and os.path.isdir(local) and _has_config(local):
+        return "local_dir", os.path.abspath(local)
+    parts = name.replace(os.sep, "/").split("/")
+    relative = bool(name) and not os.path.isabs(name) and ".." not in parts and "" not in parts
+    if relative:
+        for root in model_roots:
+            candidate = os.path.join(os.path.expanduser(root), *parts)
+            if os.path.isdir(candidate) and _has_config(candidate):
+                return "model_root", os.path.abspath(candidate)
+    return None
+
+
+def _fetch_meta(hub: Any, name: str, rev: str, cache: str, missing: str) -> Any:
+    """The :data:`META_PATTERNS` files of ``name`` at ``rev`` fetched into ``cache``: the
+    snapshot's path; :class:`ModelNotResolved` (after ``missing``) when the hub fails."""
+    try:
+        return hub.snapshot_download(
+            name, revision=rev, cache_dir=cache, allow_patterns=list(META_PATTERNS)
+        )
+    except Exception as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        raise ModelNotResolved(
+            f"{missing}, and fetching it from the Hugging Face Hub failed: "
+            f"{type(exc).__name__}: {message}"
+        ) from exc
 
 
 def _meta_files(

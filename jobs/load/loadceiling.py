@@ -47,7 +47,8 @@ import contextlib
 import math
 import os
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field
 
@@ -245,64 +246,21 @@ async def measure_ceiling(
     if not (0 < start_rate <= max_rate and growth > 1 and budget_s > 0 and refine > 1):
         raise ValueError("need 0 < start_rate <= max_rate, growth > 1, refine > 1, budget_s > 0")
     t_call = time.perf_counter()
-    stub = StubServer(stub_ttft_s, stub_itl_s, process=True)
-    own_pool: LoadPool | None = None
-    if pool is None and (workers > 1 or avoid_cpus is not None):
-        own_pool = pool = LoadPool(workers, avoid_cpus=avoid_cpus)
-    try:
-        await asyncio.to_thread(stub.start)
-        if avoid_cpus and stub.pid is not None:
-            with contextlib.suppress(OSError):  # an engine core outside our own set
-                os.sched_setaffinity(stub.pid, avoid_cpus)
-        if own_pool is not None:
-            await asyncio.to_thread(own_pool.start)
-        cores = _cores(pool, stub.pid)
-        steps: list[CeilingStep] = []
-        deadline = time.perf_counter() + budget_s
-
-        async def step(rate: float) -> CeilingStep | None:
-            """Measure ``rate`` (again after a failure, ``retries`` times); the last
-            measurement, sustained if any was. None: no time left for all of them."""
-            n = max(min_step_requests, math.ceil(rate * step_s))
-            if time.perf_counter() + (1 + retries) * (n / rate + 0.2) > deadline and steps:
-                return None  # no time left for every measurement it may need
-            last: CeilingStep | None = None
-            for _ in range(1 + retries):
-                got = await _run_step(stub, pool, requests, rate, n, timeout_s)
-                last = _evidence(got, rate, n, cores, min_arrived_fraction, max_lag_p99_ms, max_cpu)
-                steps.append(last)
-                if last.sustained:
-                    break
-            return last
-
-        ok: float | None = None  # highest sustained rate
-        bad: float | None = None  # lowest failing rate
-        rate = start_rate
-        while (s := await step(rate)) is not None:  # ramp up
-            if not s.sustained:
-                bad = rate
-                break
-            ok = rate
-            if rate >= max_rate:
-                break
-            rate = min(rate * growth, max_rate)
-        while ok is None and bad is not None:  # the first rate failed: ramp down
-            rate = bad / growth
-            if (s := await step(rate)) is None:
-                break
-            if s.sustained:
-                ok = rate
-            else:
-                bad = rate
-        while ok is not None and bad is not None and bad / ok > refine:
-            mid = math.sqrt(ok * bad)
-            s = await step(mid)
-            if s is None:
-                break
-            if s.sustained:
-                ok = mid
-            else:
-                bad = mid
+    async with _started(pool, workers, avoid_cpus, stub_ttft_s, stub_itl_s) as (stub, pool):
+        ramp = _Ramp(
+            stub,
+            pool,
+            requests,
+            cores=_cores(pool, stub.pid),
+            deadline=time.perf_counter() + budget_s,
+            step_s=step_s,
+            min_step_requests=min_step_requests,
+            retries=retries,
+            timeout_s=timeout_s,
+            rules=(min_arrived_fraction, max_lag_p99_ms, max_cpu),
+        )
+        ok, bad = await _search(ramp.step, start_rate, max_rate, growth, refine)
+        steps = ramp.steps
         # the last measurement at the lowest rate that failed every time
         lowest_fail = next((s for s in reversed(steps) if s.asked_rate == bad), None)
         cpus = pool.cpus if pool is not None else [sorted(os.sched_getaffinity(0))]
@@ -319,10 +277,109 @@ async def measure_ceiling(
             elapsed_s=time.perf_counter() - t_call,
             steps=steps,
         )
+
+
+@contextlib.asynccontextmanager
+async def _started(
+    pool: LoadPool | None,
+    workers: int,
+    avoid_cpus: Collection[int] | None,
+    stub_ttft_s: float,
+    stub_itl_s: float,
+) -> AsyncIterator[tuple[StubServer, LoadPool | None]]:
+    """The stub (on ``avoid_cpus``, the engine's cores) and the pool to use, started;
+    stopped on the way out (a ``pool`` given is the caller's to close)."""
+    stub = StubServer(stub_ttft_s, stub_itl_s, process=True)
+    own_pool: LoadPool | None = None
+    if pool is None and (workers > 1 or avoid_cpus is not None):
+        own_pool = pool = LoadPool(workers, avoid_cpus=avoid_cpus)
+    try:
+        await asyncio.to_thread(stub.start)
+        if avoid_cpus and stub.pid is not None:
+            with contextlib.suppress(OSError):  # an engine core outside our own set
+                os.sched_setaffinity(stub.pid, avoid_cpus)
+        if own_pool is not None:
+            await asyncio.to_thread(own_pool.start)
+        yield stub, pool
     finally:
         if own_pool is not None:
             await asyncio.to_thread(own_pool.close)
         await asyncio.to_thread(stub.stop)
+
+
+@dataclass
+class _Ramp:
+    """:func:`measure_ceiling`'s steps against one stub, within one time budget."""
+
+    stub: StubServer
+    pool: LoadPool | None
+    requests: Sequence[ChatRequest]
+    cores: int
+    deadline: float
+    step_s: float
+    min_step_requests: int
+    retries: int
+    timeout_s: float
+    rules: tuple[float, float, float]  # min_arrived_fraction, max_lag_p99_ms, max_cpu
+    steps: list[CeilingStep] = field(default_factory=list)
+
+    async def step(self, rate: float) -> CeilingStep | None:
+        """Measure ``rate`` (again after a failure, ``retries`` times); the last
+        measurement, sustained if any was. None: no time left for all of them."""
+        n = max(self.min_step_requests, math.ceil(rate * self.step_s))
+        need_s = (1 + self.retries) * (n / rate + 0.2)
+        if time.perf_counter() + need_s > self.deadline and self.steps:
+            return None  # no time left for every measurement it may need
+        last: CeilingStep | None = None
+        for _ in range(1 + self.retries):
+            got = await _run_step(self.stub, self.pool, self.requests, rate, n, self.timeout_s)
+            last = _evidence(got, rate, n, self.cores, *self.rules)
+            self.steps.append(last)
+            if last.sustained:
+                break
+        return last
+
+
+async def _search(
+    step: Callable[[float], Awaitable[CeilingStep | None]],
+    start_rate: float,
+    max_rate: float,
+    growth: float,
+    refine: float,
+) -> tuple[float | None, float | None]:
+    """The highest sustained rate and the lowest failing one that ``step`` found: a ramp
+    up by ``growth`` from ``start_rate``, down when that failed, then the bracket halved
+    (geometrically) while failing / sustained exceeds ``refine``; until ``step`` says
+    the time is up (None)."""
+    ok: float | None = None  # highest sustained rate
+    bad: float | None = None  # lowest failing rate
+    rate = start_rate
+    while (s := await step(rate)) is not None:  # ramp up
+        if not s.sustained:
+            bad = rate
+            break
+        ok = rate
+        if rate >= max_rate:
+            break
+        rate = min(rate * growth, max_rate)
+    while ok is None and bad is not None:  # the first rate failed: ramp down
+        rate = bad / growth
+        if (s := await step(rate)) is None:
+            break
+        if s.sustained:
+            ok = rate
+        else:
+            bad = rate
+    while ok is not None and bad is not None and bad / ok > refine:
+        mid = math.sqrt(ok * bad)
+        s = await step(mid)
+        if s is None:
+            break
+        if s.sustained:
+            ok = mid
+        else:
+            bad = mid
+    return ok, bad
 
 
 async def _run_step(

@@ -22,6 +22,7 @@ How requests are driven (:class:`~jobs.schemas.ChatRequest` fields):
 - dispatch is always in list order, and ``duration_s`` can cut the measured
   phase short.
 
+One request's body, stream parsing and record: :mod:`jobs.load.streamrequest`.
 HTTP goes through :mod:`jobs.load.sseclient` (plain ``http://``, keep-alive connections
 reused, at most ``concurrency`` of them; lines parsed and timed where the bytes
 arrive, which costs about half the CPU of aiohttp's stream reader, the transport of
@@ -79,9 +80,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import gc
-import json
 import logging
 import math
 import threading
@@ -92,277 +91,18 @@ from typing import Any
 import numpy as np
 
 from jobs.load.sseclient import ConnectionPool
+from jobs.load.streamrequest import MAX_ERROR_CHARS, one_request, record_fields, refused
 from jobs.schemas import ChatRequest, RequestRecord
 
-__all__ = [
-    "CHAT_PATH",
-    "COMPLETIONS_PATH",
-    "CONNECTION_REFUSED",
-    "refused",
-    "run_load",
-    "summarize",
-]
+__all__ = ["refused", "run_load", "summarize"]
 
 logger = logging.getLogger(__name__)
 
-CHAT_PATH = "/v1/chat/completions"
-"""Path of the OpenAI-compatible chat endpoint, appended to ``base_url``."""
-
-COMPLETIONS_PATH = "/v1/completions"
-"""Path of the OpenAI-compatible completions endpoint (requests with a ``prompt``)."""
-
 _CANCEL_POLL_S = 0.05
-_MAX_ERROR_CHARS = 500
 _SLO_NAMES = ("ttft", "tpot", "e2el")
-
-#: Body fields ``extra_body`` never overrides: what makes the request streamed and timed,
-#: and the request's own typed fields (content and ``max_tokens``).
-_PROTECTED_FIELDS = frozenset(
-    {"model", "stream", "stream_options", "messages", "prompt", "max_tokens"}
-)
-
-CONNECTION_REFUSED = "connection refused"
-"""Start of a failed record's ``error`` when the server's port refused the connection."""
-
-
-def _is_refused(exc: BaseException) -> bool:
-    if isinstance(exc, ConnectionRefusedError):
-        return True
-    return isinstance(exc, OSError) and exc.errno == errno.ECONNREFUSED
-
-
-def refused(record: RequestRecord) -> bool:
-    """Whether ``record`` failed because nothing listened on the server's port any more.
-
-    The first sign of a dead server: pass it as :func:`run_load`'s ``stop_when``.
-    """
-    return not record.success and (record.error or "").startswith(CONNECTION_REFUSED)
-
-
-def _json_bytes(body: dict[str, Any]) -> bytes:
-    """``body`` as compact JSON; NaN and infinity are refused (ValueError), as not JSON."""
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-
 
 # Dispatch state of a request (by position in the list).
 _PENDING, _SENT, _FINISHED, _NOT_SENT = 0, 1, 2, 3
-
-
-class _RequestFailed(Exception):
-    """A request failed in a way the stream itself reported (status, error chunk)."""
-
-
-def _request_body(model: str, request: ChatRequest) -> dict[str, Any]:
-    """The streamed OpenAI body of ``request``: completions when it has a ``prompt``, else chat.
-
-    ``extra_body`` is merged over the defaults (``ignore_eos`` true, ``temperature``
-    0) but never over :data:`_PROTECTED_FIELDS`.
-    """
-    body: dict[str, Any] = {"model": model}
-    if request.prompt is not None:
-        body["prompt"] = request.prompt
-    else:
-        body["messages"] = request.messages
-    body.update(
-        {
-            "max_tokens": request.max_tokens,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "ignore_eos": True,
-            "temperature": 0,
-        }
-    )
-    for key, value in request.extra_body.items():
-        if key not in _PROTECTED_FIELDS:
-            body[key] = value
-    return body
-
-
-def _error_text(exc: BaseException) -> str:
-    text = str(exc).strip()
-    name = type(exc).__name__
-    return f"{name}: {text}"[:_MAX_ERROR_CHARS] if text else name
-
-
-_JSON_DECODER = json.JSONDecoder()
-
-
-def _json_loads(payload: bytes) -> Any:
-    """``json.loads`` of a UTF-8 payload without leading whitespace, minus its per-call
-    encoding detection (a few µs per streamed chunk). Raises ValueError as it does."""
-    text = payload.decode()
-    value, end = _JSON_DECODER.raw_decode(text)
-    if end != len(text):
-        raise json.JSONDecodeError("Extra data", text, end)
-    return value
-
-
-def _chunk_text(chunk: dict[str, Any], completions: bool) -> str:
-    """Content of a stream chunk, ``""`` when absent or malformed.
-
-    ``choices[0].text`` for completions, ``choices[0].delta.content`` for chat.
-    """
-    choices = chunk.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return ""
-    if completions:
-        text = choices[0].get("text")
-    else:
-        delta = choices[0].get("delta")
-        text = delta.get("content") if isinstance(delta, dict) else None
-    return text if isinstance(text, str) else ""
-
-
-class _StreamParser:
-    """Timing and usage of one SSE stream, fed line by line (bytes, without the newline)."""
-
-    __slots__ = (
-        "completions",
-        "done",
-        "first",
-        "last",
-        "itl",
-        "content_chunks",
-        "prompt_tokens",
-        "output_tokens",
-        "cached_tokens",
-    )
-
-    def __init__(self, completions: bool) -> None:
-        self.completions = completions
-        self.done = False  # [DONE] seen: later lines are ignored
-        self.first: float | None = None  # arrival of the first content chunk
-        self.last: float | None = None  # arrival of the latest content chunk
-        self.itl: list[float] = []
-        self.content_chunks = 0
-        self.prompt_tokens: int | None = None
-        self.output_tokens: int | None = None
-        self.cached_tokens: int | None = None
-
-    def feed(self, line: bytes, now: float) -> None:
-        """Take one line that arrived at ``now`` (``time.perf_counter()``).
-
-        Raises:
-            _RequestFailed: an error chunk.
-            ValueError, TypeError: bad JSON, or a malformed ``usage``.
-        """
-        if self.done or not line.startswith(b"data:"):
-            return  # blank separators, SSE comments (":ping"), event/id fields
-        payload = line[5:].strip()
-        if not payload:
-            return
-        if payload == b"[DONE]":
-            self.done = True
-            return
-        chunk = _json_loads(payload)
-        if not isinstance(chunk, dict):
-            return
-        if chunk.get("error") or chunk.get("object") == "error":
-            # vLLM streams errors as {"error": {...}} (newer) or {"object": "error", ...}
-            raise _RequestFailed(f"error chunk: {json.dumps(chunk)}")
-        if _chunk_text(chunk, self.completions):
-            self.content_chunks += 1
-            if self.first is None:
-                self.first = now
-            elif self.last is not None:
-                self.itl.append(now - self.last)
-            self.last = now
-        usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            if usage.get("prompt_tokens") is not None:
-                self.prompt_tokens = int(usage["prompt_tokens"])
-            if usage.get("completion_tokens") is not None:
-                self.output_tokens = int(usage["completion_tokens"])
-            details = usage.get("prompt_tokens_details")
-            if isinstance(details, dict) and details.get("cached_tokens") is not None:
-                self.cached_tokens = int(details["cached_tokens"])
-
-
-def _record_fields(
-    request: ChatRequest, start_s: float, scheduled_s: float | None
-) -> dict[str, Any]:
-    """The :class:`RequestRecord` fields copied from the request and the dispatch."""
-    return {
-        "index": request.index,
-        "warmup": request.warmup,
-        "request_class": request.request_class,
-        "start_s": start_s,
-        "scheduled_s": scheduled_s,
-        "conversation": request.conversation,
-        "turn": request.turn,
-    }
-
-
-async def _one_request(
-    pool: ConnectionPool,
-    model: str,
-    request: ChatRequest,
-    *,
-    timeout_s: float,
-    origin: float,
-    scheduled_s: float | None,
-    on_start: Callable[[float], None] | None = None,
-) -> RequestRecord:
-    """Send one streamed request and time it; never raises for request errors.
-
-    ``on_start`` gets the ``time.perf_counter()`` value the timing starts from.
-    """
-    completions = request.prompt is not None
-    body = _request_body(model, request)
-    start = time.perf_counter()
-    if on_start is not None:
-        on_start(start)
-    parser = _StreamParser(completions)
-    error: str | None = None
-    try:
-        async with asyncio.timeout(timeout_s):
-            data = _json_bytes(body)  # in the try: a body that is not JSON fails the request
-            # each line reaches the parser when the read that brought its end arrives; the
-            # body is read to its end (after [DONE] too), so the connection is kept alive
-            path = COMPLETIONS_PATH if completions else CHAT_PATH
-            resp = await pool.post(path, data, parser.feed)
-            if resp.status != 200:
-                detail = resp.body.decode("utf-8", "replace").strip()
-                raise _RequestFailed(f"HTTP {resp.status}: {detail}")
-    except _RequestFailed as exc:
-        error = str(exc)[:_MAX_ERROR_CHARS]
-    except TimeoutError:
-        error = f"timeout after {timeout_s:g} s"
-    except (OSError, ValueError, TypeError) as exc:  # refused, cut, bad JSON or usage
-        error = _error_text(exc)
-        if _is_refused(exc):
-            error = f"{CONNECTION_REFUSED}: {error}"[:_MAX_ERROR_CHARS]
-
-    fields = _record_fields(request, start - origin, scheduled_s)
-    first, last = parser.first, parser.last
-    if error is None and (first is None or last is None):
-        error = "stream ended without any content chunk"
-    if error is not None:
-        return RequestRecord(
-            success=False,
-            error=error,
-            prompt_tokens=parser.prompt_tokens,
-            cached_tokens=parser.cached_tokens,
-            **fields,
-        )
-    assert first is not None and last is not None
-    output_tokens = parser.output_tokens
-    if output_tokens is None:
-        output_tokens = parser.content_chunks
-    ttft = first - start
-    e2el = last - start
-    tpot = (e2el - ttft) / (output_tokens - 1) if output_tokens > 1 else None
-    return RequestRecord(
-        success=True,
-        ttft_s=ttft,
-        itl_s=parser.itl,
-        tpot_s=tpot,
-        e2el_s=e2el,
-        prompt_tokens=parser.prompt_tokens,
-        output_tokens=output_tokens,
-        cached_tokens=parser.cached_tokens,
-        **fields,
-    )
 
 
 async def _sleep_until(due: float) -> None:
@@ -450,6 +190,9 @@ async def run_load(
         gives ``success=False`` and ``error`` text; this function never raises
         for a single request's failure.
 
+    Size: the code is a few lines (the dispatch is :class:`_Load`'s); the rest is the
+    contract of each argument.
+
     Raises:
         ValueError: ``concurrency < 1``, ``timeout_s <= 0``, ``duration_s``
             not a positive finite number, or ``base_url`` not ``http://``.
@@ -463,168 +206,209 @@ async def run_load(
     origin = time.perf_counter() if clock_origin is None else clock_origin
     if not requests:
         return []
-    base = base_url.rstrip("/")
-    records: dict[int, RequestRecord] = {}  # by position in ``requests``
-    started_at: dict[int, float] = {}  # by position: perf_counter() the timing starts from
-    state = [_PENDING] * len(requests)
-    all_indexes = {r.index for r in requests}
-    in_flight = 0
-    finished = asyncio.Event()  # set whenever a sent request finishes
-    tasks: list[asyncio.Task[None]] = []
+    load = _Load(
+        requests,
+        model=model,
+        concurrency=concurrency,
+        timeout_s=timeout_s,
+        origin=origin,
+        duration_s=duration_s,
+        schedule_origin=schedule_origin,
+        on_record=on_record,
+        stop_when=stop_when,
+        cancel=cancel,
+    )
+    # Keep-alive connections, reused: dispatch never has more than ``concurrency`` requests
+    # in flight, so no more connections than that. ``timeout_s`` applies per request
+    # (``asyncio.timeout``), connect to last byte. No proxy or other environment settings.
+    async with _frozen_heap(), ConnectionPool(base_url.rstrip("/")) as pool:
+        await load.run(pool)
+    return [load.records[pos] for pos in sorted(load.records)]
 
-    def cancelled() -> bool:
-        return cancel is not None and cancel.is_set()
 
-    stopping: list[Callable[[], None]] = []  # abort(), once defined
+class _Load:
+    """One :func:`run_load` call: what was sent and finished, the dispatch loop, the stop."""
 
-    def deliver(pos: int, record: RequestRecord) -> None:
-        records[pos] = record
-        if on_record is not None:
+    def __init__(
+        self,
+        requests: list[ChatRequest],
+        *,
+        model: str,
+        concurrency: int,
+        timeout_s: float,
+        origin: float,
+        duration_s: float | None,
+        schedule_origin: float | None,
+        on_record: Callable[[RequestRecord], None] | None,
+        stop_when: Callable[[RequestRecord], bool] | None,
+        cancel: threading.Event | None,
+    ) -> None:
+        self.requests = requests
+        self.model = model
+        self.concurrency = concurrency
+        self.timeout_s = timeout_s
+        self.origin = origin
+        self.duration_s = duration_s
+        self.schedule_origin = schedule_origin
+        self.on_record = on_record
+        self.stop_when = stop_when
+        self.cancel = cancel
+        self.records: dict[int, RequestRecord] = {}  # by position in ``requests``
+        self.started_at: dict[int, float] = {}  # by position: perf_counter() timing starts from
+        self.state = [_PENDING] * len(requests)
+        self.all_indexes = {r.index for r in requests}
+        self.position_of: dict[int, int] = {}  # index -> position of its latest occurrence
+        self.in_flight = 0
+        self.finished = asyncio.Event()  # set whenever a sent request finishes
+        self.tasks: list[asyncio.Task[None]] = []
+        self.dispatcher: asyncio.Task[None] | None = None
+
+    def cancelled(self) -> bool:
+        return self.cancel is not None and self.cancel.is_set()
+
+    def past(self, stop_at: float | None) -> bool:
+        """Cancelled, or the ``duration_s`` deadline has passed: dispatch no more."""
+        return self.cancelled() or (stop_at is not None and time.perf_counter() >= stop_at)
+
+    def abort(self, spare: asyncio.Task[Any] | None = None) -> None:
+        """Cancel the dispatch and every request in flight but ``spare``."""
+        if self.dispatcher is not None:
+            self.dispatcher.cancel()
+        for task in self.tasks:
+            if task is not spare:
+                task.cancel()
+
+    def deliver(self, pos: int, record: RequestRecord) -> None:
+        self.records[pos] = record
+        if self.on_record is not None:
             try:
-                on_record(record)
+                self.on_record(record)
             except Exception:
                 logger.exception("on_record callback failed for request %d", pos)
-        if stop_when is not None and stop_when(record):
-            for stop in stopping:
-                stop()
+        if self.stop_when is not None and self.stop_when(record):
+            # from inside a request's task: that one ends by itself
+            self.abort(spare=asyncio.current_task())
 
-    async def wait_until(condition: Callable[[], bool], deadline: float | None) -> bool:
+    async def wait_until(self, condition: Callable[[], bool], deadline: float | None) -> bool:
         """Wait until ``condition()`` (re-checked as requests finish); False at ``deadline``."""
         while not condition():
-            finished.clear()
+            self.finished.clear()
             if deadline is None:
-                await finished.wait()
+                await self.finished.wait()
                 continue
             left = deadline - time.perf_counter()
             if left <= 0:
                 return False
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(finished.wait(), left)
+                await asyncio.wait_for(self.finished.wait(), left)
         return True
 
-    def slot_free() -> bool:
-        return in_flight < concurrency
+    def slot_free(self) -> bool:
+        return self.in_flight < self.concurrency
 
-    def finished_at(pos: int) -> Callable[[], bool]:
-        return lambda: state[pos] >= _FINISHED
+    async def send(self, pool: ConnectionPool, pos: int, scheduled_s: float | None) -> None:
+        try:
+            record = await one_request(
+                pool,
+                self.model,
+                self.requests[pos],
+                timeout_s=self.timeout_s,
+                origin=self.origin,
+                scheduled_s=scheduled_s,
+                on_start=lambda t: self.started_at.__setitem__(pos, t),
+            )
+            self.state[pos] = _FINISHED
+            self.deliver(pos, record)
+        finally:
+            self.in_flight -= 1
+            self.finished.set()
 
-    # Keep-alive connections, reused: dispatch never has more than ``concurrency`` requests
-    # in flight, so no more connections than that. ``timeout_s`` applies per request
-    # (``asyncio.timeout``), connect to last byte. No proxy or other environment settings.
-    async with _frozen_heap(), ConnectionPool(base) as pool:
+    async def dependency(self, after: int, stop_at: float | None) -> tuple[bool, str | None]:
+        """Wait for the request with index ``after``: (go on, why this one cannot be sent).
 
-        async def send(pos: int, scheduled_s: float | None) -> None:
-            nonlocal in_flight
-            try:
-                record = await _one_request(
-                    pool,
-                    model,
-                    requests[pos],
-                    timeout_s=timeout_s,
-                    origin=origin,
-                    scheduled_s=scheduled_s,
-                    on_start=lambda t: started_at.__setitem__(pos, t),
-                )
-                state[pos] = _FINISHED
-                deliver(pos, record)
-            finally:
-                in_flight -= 1
-                finished.set()
+        Go on is False when ``stop_at`` came first; the reason is None when it may be sent.
+        """
+        dep = self.position_of.get(after)
+        if dep is None:
+            where = (
+                "comes only at or after this one in the list"
+                if after in self.all_indexes
+                else "is not in the request list"
+            )
+            return True, f"request {after}, which must finish first, {where}"
+        if not await self.wait_until(lambda: self.state[dep] >= _FINISHED, stop_at):
+            return False, None
+        if self.state[dep] == _NOT_SENT:
+            return True, (
+                f"request {after}, which must finish first, never ran: {self.records[dep].error}"
+            )[:MAX_ERROR_CHARS]
+        return True, None
 
-        async def dispatch() -> None:
-            nonlocal in_flight
-            t_begin: float | None = None
-            stop_at: float | None = None  # duration_s deadline, once the first was sent
-            position_of: dict[int, int] = {}  # index -> position of its latest occurrence
-            for pos, request in enumerate(requests):
-                if cancelled() or (stop_at is not None and time.perf_counter() >= stop_at):
+    async def dispatch(self, pool: ConnectionPool) -> None:
+        """Send the requests in list order (the steps in :func:`run_load`'s docstring)."""
+        t_begin: float | None = None
+        stop_at: float | None = None  # duration_s deadline, once the first was sent
+        for pos, request in enumerate(self.requests):
+            if self.past(stop_at):
+                return
+            measured = not request.warmup
+            if measured and t_begin is None:
+                t_begin = self.schedule_origin
+                if t_begin is None:
+                    t_begin = time.perf_counter()
+            scheduled_s: float | None = None
+            if measured and request.arrival_s is not None:
+                assert t_begin is not None
+                due = t_begin + request.arrival_s
+                scheduled_s = due - self.origin
+                if stop_at is not None and due >= stop_at:
                     return
-                measured = not request.warmup
-                if measured and t_begin is None:
-                    t_begin = time.perf_counter() if schedule_origin is None else schedule_origin
-                scheduled_s: float | None = None
-                if measured and request.arrival_s is not None:
-                    assert t_begin is not None
-                    due = t_begin + request.arrival_s
-                    scheduled_s = due - origin
-                    if stop_at is not None and due >= stop_at:
-                        return
-                    await _sleep_until(due)
-                    if cancelled():
-                        return
-                if request.after is not None:
-                    problem: str | None = None
-                    dep = position_of.get(request.after)
-                    if dep is None:
-                        where = (
-                            "comes only at or after this one in the list"
-                            if request.after in all_indexes
-                            else "is not in the request list"
-                        )
-                        problem = f"request {request.after}, which must finish first, {where}"
-                    else:
-                        if not await wait_until(finished_at(dep), stop_at):
-                            return
-                        if state[dep] == _NOT_SENT:
-                            problem = (
-                                f"request {request.after}, which must finish first, never ran: "
-                                f"{records[dep].error}"
-                            )[:_MAX_ERROR_CHARS]
-                    if problem is not None:
-                        position_of[request.index] = pos
-                        fields = _record_fields(request, time.perf_counter() - origin, scheduled_s)
-                        state[pos] = _NOT_SENT
-                        deliver(pos, RequestRecord(success=False, error=problem, **fields))
-                        continue
-                if not await wait_until(slot_free, stop_at):
+                await _sleep_until(due)
+                if self.cancelled():
                     return
-                if cancelled() or (stop_at is not None and time.perf_counter() >= stop_at):
+            if request.after is not None:
+                go_on, problem = await self.dependency(request.after, stop_at)
+                if not go_on:
                     return
-                position_of[request.index] = pos
-                in_flight += 1
-                state[pos] = _SENT
-                tasks.append(asyncio.create_task(send(pos, scheduled_s)))
-                # let it start now (its start_s is taken when it runs; tasks run FIFO)
-                await asyncio.sleep(0)
-                if measured and duration_s is not None and stop_at is None:
-                    stop_at = started_at.get(pos, time.perf_counter()) + duration_s
+                if problem is not None:
+                    self.position_of[request.index] = pos
+                    fields = record_fields(request, time.perf_counter() - self.origin, scheduled_s)
+                    self.state[pos] = _NOT_SENT
+                    self.deliver(pos, RequestRecord(success=False, error=problem, **fields))
+                    continue
+            if not await self.wait_until(self.slot_free, stop_at) or self.past(stop_at):
+                return
+            self.position_of[request.index] = pos
+            self.in_flight += 1
+            self.state[pos] = _SENT
+            self.tasks.append(asyncio.create_task(self.send(pool, pos, scheduled_s)))
+            # let it start now (its start_s is taken when it runs; tasks run FIFO)
+            await asyncio.sleep(0)
+            if measured and self.duration_s is not None and stop_at is None:
+                stop_at = self.started_at.get(pos, time.perf_counter()) + self.duration_s
 
-        dispatcher = asyncio.create_task(dispatch())
-
-        def abort() -> None:
-            dispatcher.cancel()
-            for task in tasks:
-                task.cancel()
-
-        def stop_now() -> None:
-            """``abort`` from inside a request's task (that one ends by itself)."""
-            me = asyncio.current_task()
-            dispatcher.cancel()
-            for task in tasks:
-                if task is not me:
-                    task.cancel()
-
-        stopping.append(stop_now)
-
-        watcher = asyncio.create_task(_watch_cancel(cancel, abort)) if cancel else None
+    async def run(self, pool: ConnectionPool) -> None:
+        """Dispatch, wait for what is in flight, and cancel everything on the way out."""
+        dispatcher = self.dispatcher = asyncio.create_task(self.dispatch(pool))
+        cancel = self.cancel
+        watcher = asyncio.create_task(_watch_cancel(cancel, self.abort)) if cancel else None
         try:
             # wait() (unlike gather) does not raise when the watcher cancels the tasks;
             # a cancellation of this coroutine itself still propagates from here.
             await asyncio.wait([dispatcher])
-            pending = [task for task in tasks if not task.done()]
+            pending = [task for task in self.tasks if not task.done()]
             if pending:
                 await asyncio.wait(pending)
         finally:
             if watcher is not None:
                 watcher.cancel()
-            abort()
+            self.abort()
             await asyncio.gather(
-                dispatcher, *tasks, *([watcher] if watcher else []), return_exceptions=True
+                dispatcher, *self.tasks, *([watcher] if watcher else []), return_exceptions=True
             )
-        for task in [dispatcher, *tasks]:
+        for task in [dispatcher, *self.tasks]:
             if not task.cancelled() and (exc := task.exception()) is not None:
                 raise exc  # a bug, not a request failure (those become records)
-    return [records[pos] for pos in sorted(records)]
 
 
 @contextlib.asynccontextmanager
@@ -723,6 +507,56 @@ def summarize(
     Source: ``calculate_metrics`` and ``benchmark`` in vLLM
     ``vllm/benchmarks/serve.py``; see the module docstring for deviations.
     """
+    percentiles, slos = _summary_args(duration_s, selected_percentiles, goodput_slos_ms)
+    measured = [r for r in records if not r.warmup]
+    ok = [r for r in measured if r.success and r.ttft_s is not None and r.e2el_s is not None]
+    out = _counts(measured, ok, duration_s)
+    if not ok:
+        return out
+    out["request_throughput"] = len(ok) / duration_s
+    out["output_throughput"] = out["total_output_tokens"] / duration_s
+    total_tokens = out["total_input_tokens"] + out["total_output_tokens"]
+    out["total_token_throughput"] = total_tokens / duration_s
+    if slos:
+        good = sum(1 for r in ok if _meets_slos(r, slos))
+        out["request_goodput"] = good / duration_s
+        out["goodput_fraction"] = good / len(ok)
+    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+    e2els = [r.e2el_s for r in ok if r.e2el_s is not None]
+    tpots = [r.tpot_s for r in ok if r.tpot_s is not None]
+    itls = [gap for r in ok for gap in r.itl_s]
+    for name, values in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
+        out.update(_stats_ms(name, values, percentiles))
+    return out
+
+
+def _counts(
+    measured: list[RequestRecord], ok: list[RequestRecord], duration_s: float
+) -> dict[str, float]:
+    """:func:`summarize`'s keys that need no successful request: counts, tokens, lags."""
+    out: dict[str, float] = {
+        "duration": float(duration_s),
+        "completed": float(len(ok)),
+        "failed": float(len(measured) - len(ok)),
+        "total_input_tokens": float(sum(r.prompt_tokens or 0 for r in ok)),
+        "total_output_tokens": float(sum(r.output_tokens or 0 for r in ok)),
+    }
+    cached = [r.cached_tokens for r in ok if r.cached_tokens is not None]
+    if cached:
+        out["total_cached_tokens"] = float(sum(cached))
+    lags = [r.start_s - r.scheduled_s for r in measured if r.scheduled_s is not None]
+    if lags:
+        out["mean_dispatch_lag_ms"] = float(np.mean(lags)) * 1000.0
+        out["max_dispatch_lag_ms"] = float(np.max(lags)) * 1000.0
+    return out
+
+
+def _summary_args(
+    duration_s: float,
+    selected_percentiles: Iterable[float],
+    goodput_slos_ms: Mapping[str, float] | None,
+) -> tuple[list[float], dict[str, float]]:
+    """:func:`summarize`'s percentiles (50 added, sorted) and SLOs, checked (ValueError)."""
     if not (math.isfinite(duration_s) and duration_s > 0):
         raise ValueError(f"duration_s must be a positive finite number, got {duration_s}")
     percentiles = sorted({50.0, *(float(p) for p in selected_percentiles)})
@@ -732,46 +566,10 @@ def summarize(
     unknown = set(slos) - set(_SLO_NAMES)
     if unknown:
         raise ValueError(f"unknown SLO names {sorted(unknown)}; valid: {list(_SLO_NAMES)}")
+    return percentiles, slos
 
-    measured = [r for r in records if not r.warmup]
-    ok = [r for r in measured if r.success and r.ttft_s is not None and r.e2el_s is not None]
-    total_input = sum(r.prompt_tokens or 0 for r in ok)
-    total_output = sum(r.output_tokens or 0 for r in ok)
-    out: dict[str, float] = {
-        "duration": float(duration_s),
-        "completed": float(len(ok)),
-        "failed": float(len(measured) - len(ok)),
-        "total_input_tokens": float(total_input),
-        "total_output_tokens": float(total_output),
-    }
-    cached = [r.cached_tokens for r in ok if r.cached_tokens is not None]
-    if cached:
-        out["total_cached_tokens"] = float(sum(cached))
-    lags = [r.start_s - r.scheduled_s for r in measured if r.scheduled_s is not None]
-    if lags:
-        out["mean_dispatch_lag_ms"] = float(np.mean(lags)) * 1000.0
-        out["max_dispatch_lag_ms"] = float(np.max(lags)) * 1000.0
-    if not ok:
-        return out
 
-    out["request_throughput"] = len(ok) / duration_s
-    out["output_throughput"] = total_output / duration_s
-    out["total_token_throughput"] = (total_input + total_output) / duration_s
-
-    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
-    e2els = [r.e2el_s for r in ok if r.e2el_s is not None]
-    tpots = [r.tpot_s for r in ok if r.tpot_s is not None]
-    itls = [gap for r in ok for gap in r.itl_s]
-
-    if slos:
-        good = 0
-        for r in ok:
-            value_s = {"ttft": r.ttft_s, "tpot": r.tpot_s or 0.0, "e2el": r.e2el_s}
-            if all((value_s[k] or 0.0) * 1000.0 <= slo for k, slo in slos.items()):
-                good += 1
-        out["request_goodput"] = good / duration_s
-        out["goodput_fraction"] = good / len(ok)
-
-    for name, values in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
-        out.update(_stats_ms(name, values, percentiles))
-    return out
+def _meets_slos(record: RequestRecord, slos: Mapping[str, float]) -> bool:
+    """Whether a successful record meets every SLO (ms); TPOT 0 below two output tokens."""
+    value_s = {"ttft": record.ttft_s, "tpot": record.tpot_s or 0.0, "e2el": record.e2el_s}
+    return all((value_s[k] or 0.0) * 1000.0 <= slo for k, slo in slos.items())

@@ -63,17 +63,14 @@ from pydantic import BaseModel, Field
 
 from jobs.load.loadgen import run_load
 from jobs.load.loadworker import WorkerJob, WorkerReport, lag_stats_ms
+from jobs.load.workerplan import assign, worker_cpus
 from jobs.schemas import ChatRequest, RequestRecord
 
 __all__ = [
     "LoadPool",
     "LoadResult",
     "WorkerReport",
-    "assign",
-    "cores_off_engine",
-    "engine_cpus",
     "run_load_workers",
-    "worker_cpus",
 ]
 
 logger = logging.getLogger(__name__)
@@ -97,91 +94,6 @@ class LoadResult(BaseModel):
     def cpu_per_request_ms(self) -> float | None:
         """Client CPU milliseconds per record; None without records."""
         return self.client_cpu_s * 1000.0 / len(self.records) if self.records else None
-
-
-def engine_cpus(binding: str | None) -> set[int] | None:
-    """The cores a CPU engine is bound to, from ``VLLM_CPU_OMP_THREADS_BIND`` (``"0-3"``,
-    ``"0-3|4-7"`` one list per rank, ``"0,2,5-6"``); None when it names no cores
-    (unset, ``auto``, ``all``, ``nobind``) or cannot be read."""
-    if not binding or not binding.strip() or binding.strip() in ("auto", "all", "nobind"):
-        return None
-    cores: set[int] = set()
-    try:
-        for part in binding.replace("|", ",").split(","):
-            lo, _, hi = part.strip().partition("-")
-            first, last = int(lo), int(hi) if hi else int(lo)
-            if first < 0 or last < first:
-                return None
-            cores.update(range(first, last + 1))
-    except ValueError:
-        return None
-    return cores or None
-
-
-def cores_off_engine(binding: str | None) -> set[int] | None:
-    """``avoid_cpus`` for a load generator beside an engine bound by ``binding``: the
-    engine's cores when this process may use others too; None (not pinned) when the
-    engine's cores are unknown or it holds every core this process may use."""
-    cores = engine_cpus(binding)
-    if cores is None or not (os.sched_getaffinity(0) - cores):
-        return None
-    return cores
-
-
-def worker_cpus(workers: int, avoid_cpus: Collection[int] | None) -> list[list[int] | None]:
-    """The cores each worker is pinned to: the cores this process may use minus
-    ``avoid_cpus``, one each while there are enough, else all of them; None each when
-    ``avoid_cpus`` is None (not pinned).
-
-    Raises:
-        ValueError: no core is left.
-    """
-    if avoid_cpus is None:
-        return [None] * workers
-    allowed = sorted(os.sched_getaffinity(0) - set(avoid_cpus))
-    if not allowed:
-        raise ValueError(
-            f"no core left for the load generator: this process may use "
-            f"{sorted(os.sched_getaffinity(0))}, all of them in avoid_cpus"
-        )
-    if len(allowed) >= workers:
-        return [[allowed[w]] for w in range(workers)]
-    return [list(allowed) for _ in range(workers)]
-
-
-def assign(
-    requests: Sequence[ChatRequest], workers: int, concurrency: int
-) -> list[tuple[list[int], int]]:
-    """How a request list is dealt to workers: ``(positions, slots)`` per used worker.
-
-    Requests joined by ``after`` (to an index anywhere in the list) form one group and
-    go to one worker; groups are dealt in the order of their first request, each to
-    the worker with the fewest requests per slot (ties: the lowest number). Positions
-    are in list order; the slots add up to ``concurrency``.
-    """
-    parent = list(range(len(requests)))
-
-    def root(pos: int) -> int:
-        while parent[pos] != pos:
-            parent[pos] = parent[parent[pos]]
-            pos = parent[pos]
-        return pos
-
-    position = {r.index: pos for pos, r in enumerate(requests)}
-    for pos, r in enumerate(requests):
-        if r.after is not None and r.after in position:
-            a, b = root(pos), root(position[r.after])
-            parent[max(a, b)] = min(a, b)
-    groups: dict[int, list[int]] = {}
-    for pos in range(len(requests)):
-        groups.setdefault(root(pos), []).append(pos)
-    k = max(1, min(workers, concurrency, len(groups)))
-    slots = [concurrency // k + (1 if w < concurrency % k else 0) for w in range(k)]
-    dealt: list[list[int]] = [[] for _ in range(k)]
-    for members in groups.values():  # insertion order: by first position
-        w = min(range(k), key=lambda i: (len(dealt[i]) / slots[i], i))
-        dealt[w].extend(members)
-    return [(sorted(d), s) for d, s in zip(dealt, slots, strict=True) if d]
 
 
 def _check_args(concurrency: int, timeout_s: float, duration_s: float | None) -> None:
@@ -380,9 +292,11 @@ class LoadPool:
         clock_origin: float | None = None,
         duration_s: float | None = None,
         stop_when: Callable[[RequestRecord], bool] | None = None,
+        on_start: Callable[[], None] | None = None,
     ) -> LoadResult:
         """One load over the pool's workers: :func:`jobs.load.loadgen.run_load`'s arguments and
         meaning (module docstring: what differs), the merged records and reports back.
+        ``on_start`` is called when the workers are armed and told to go.
 
         Raises:
             ValueError: as ``run_load``; repeated request indexes.
@@ -407,13 +321,18 @@ class LoadPool:
             warm: list[tuple[list[int], int, float | None]] = [
                 (list(range(lead)), concurrency, None)
             ]
-            await self._phase_run(state, base_url, model, warm, timeout_s, origin, False)
+            await self._phase_run(
+                state, base_url, model, warm, timeout_s, origin, False, on_go=on_start
+            )
+            on_start = None
         rest = list(range(lead, len(requests)))
         if rest and not state.stopped:
             shares = _measured_shares(
                 requests, rest, self.workers, concurrency, duration_s, self._procs
             )
-            await self._phase_run(state, base_url, model, shares, timeout_s, origin, True)
+            await self._phase_run(
+                state, base_url, model, shares, timeout_s, origin, True, on_go=on_start
+            )
         relay = sum(_thread_cpu_s(w.reader) for w in self._procs if w.reader is not None)
         reports = _merge_reports(state.reports)
         return LoadResult(
@@ -433,6 +352,7 @@ class LoadPool:
         timeout_s: float,
         origin: float,
         synced: bool,
+        on_go: Callable[[], None] | None = None,
     ) -> None:
         """Run one phase: share ``i`` (positions, slots, duration_s) on worker ``i``."""
         loop = asyncio.get_running_loop()
@@ -484,6 +404,8 @@ class LoadPool:
             start_at = time.perf_counter() + _START_MARGIN_S
             for w in used:
                 w.ctrl.send(("go", job, start_at, start_at if synced else None))
+            if on_go is not None:  # the load starts now, its workers armed
+                on_go()
             await asyncio.gather(*ended.values())
         except BaseException:
             stop_all()
@@ -613,16 +535,20 @@ async def run_load_workers(
     clock_origin: float | None = None,
     duration_s: float | None = None,
     stop_when: Callable[[RequestRecord], bool] | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> LoadResult:
     """:func:`jobs.load.loadgen.run_load` over ``workers`` processes, started for this call.
 
     With ``workers == 1`` and ``avoid_cpus`` None, ``run_load`` runs in this process
     (``in_process``; client CPU = this process's CPU time during the call, all threads).
     Otherwise a :class:`LoadPool` is started for the call (about a second per worker),
-    run once and closed; to run many loads, keep a ``LoadPool``.
+    run once and closed; to run many loads, keep a ``LoadPool``. ``on_start`` is called
+    (on this loop) as the load's dispatch starts, after the workers' start-up and arming.
     """
     _check_args(concurrency, timeout_s, duration_s)
     if workers == 1 and avoid_cpus is None:
+        if on_start is not None:
+            on_start()
         t0, cpu0 = time.perf_counter(), time.process_time()
         records = await run_load(
             base_url,
@@ -666,6 +592,7 @@ async def run_load_workers(
             clock_origin=clock_origin,
             duration_s=duration_s,
             stop_when=stop_when,
+            on_start=on_start,
         )
     finally:
         await asyncio.to_thread(pool.close)

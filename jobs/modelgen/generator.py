@@ -178,16 +178,9 @@ def _json_bytes(obj: Any) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
 
 
-def _build_files(shape_name: str, seed: int) -> dict[str, bytes]:
+def _config(shape_name: str, seed: int, ids: dict[str, int], trained_vocab: int) -> dict[str, Any]:
+    """``config.json`` of a generated model (Llama, the shape's sizes, vlab's marker)."""
     shape = SHAPES[shape_name]
-    tok = train_tokenizer(shape.vocab_size, seed=seed)
-    ids: dict[str, int] = {}
-    for t in SPECIAL_TOKENS:
-        tid = tok.token_to_id(t)
-        if tid is None:  # pragma: no cover - the trainer always adds special tokens
-            raise RuntimeError(f"special token {t} missing from the trained vocabulary")
-        ids[t] = tid
-    trained_vocab = tok.get_vocab_size()
     # Round the embedding rows up to a multiple of 64, as real checkpoints do.
     vocab_rows = -(-trained_vocab // 64) * 64
     rope_theta = 500000.0
@@ -225,14 +218,11 @@ def _build_files(shape_name: str, seed: int) -> dict[str, bytes]:
             **asdict(shape),
         },
     }
-    generation_config = {
-        "bos_token_id": ids[BOS_TOKEN],
-        "eos_token_id": [ids[EOS_TOKEN], ids[EOT_TOKEN]],
-        "pad_token_id": ids[PAD_TOKEN],
-        "do_sample": True,
-        "temperature": 1.0,
-        "top_p": 1.0,
-    }
+    return config
+
+
+def _tokenizer_config(ids: dict[str, int]) -> dict[str, Any]:
+    """``tokenizer_config.json``: the special tokens (by their trained ids) and chat template."""
     added = {
         str(ids[t]): {
             "content": t,
@@ -255,6 +245,29 @@ def _build_files(shape_name: str, seed: int) -> dict[str, bytes]:
         "model_max_length": MAX_POSITION_EMBEDDINGS,
         "chat_template": CHAT_TEMPLATE,
     }
+    return tokenizer_config
+
+
+def _build_files(shape_name: str, seed: int) -> dict[str, bytes]:
+    shape = SHAPES[shape_name]
+    tok = train_tokenizer(shape.vocab_size, seed=seed)
+    ids: dict[str, int] = {}
+    for t in SPECIAL_TOKENS:
+        tid = tok.token_to_id(t)
+        if tid is None:  # pragma: no cover - the trainer always adds special tokens
+            raise RuntimeError(f"special token {t} missing from the trained vocabulary")
+        ids[t] = tid
+    trained_vocab = tok.get_vocab_size()
+    config = _config(shape_name, seed, ids, trained_vocab)
+    generation_config = {
+        "bos_token_id": ids[BOS_TOKEN],
+        "eos_token_id": [ids[EOS_TOKEN], ids[EOT_TOKEN]],
+        "pad_token_id": ids[PAD_TOKEN],
+        "do_sample": True,
+        "temperature": 1.0,
+        "top_p": 1.0,
+    }
+    tokenizer_config = _tokenizer_config(ids)
     special_tokens_map = {"bos_token": BOS_TOKEN, "eos_token": EOT_TOKEN, "pad_token": PAD_TOKEN}
     tok_json = json.loads(tok.to_str())
     return {

@@ -22,7 +22,7 @@ from jobs.capacity.loadsteps import SearchOutcome, StepMeasurement
 from jobs.capacity.search import CapacityResult
 from jobs.load import loadgen
 from jobs.schemas import ChatRequest, MetricSample, RequestRecord, RunSegment
-from jobs.signals import cachecheck, enginemetrics
+from jobs.signals import cachecheck, enginemetrics, histograms
 
 Status = Literal["succeeded", "failed", "cancelled"]
 
@@ -168,7 +168,7 @@ class Segment:
         self.done_reported = False
         self.slos = dict(seg.goodput_slos_ms)
         self.stats_before = 0  # engine stats lines logged before this segment began
-        self.histograms: dict[str, dict[str, enginemetrics.Histogram]] = {}
+        self.histograms: dict[str, dict[str, histograms.Histogram]] = {}
         self.unresponsive: str | None = None  # why the server was judged unresponsive
         self.dead: str | None = None  # why the engine was seen dead during this segment
         self.dead_at: float | None = None  # seconds into the segment it was seen dead
@@ -263,7 +263,7 @@ class Segment:
             self.engine_info["gauges_not_observed"] = note
         before, after = step.histograms.get("before"), step.histograms.get("after")
         if before is not None and after is not None:
-            server_view, notes = enginemetrics.summarize_histograms(before, after)
+            server_view, notes = histograms.summarize_histograms(before, after)
             self.metrics.update(server_view)
             # Cross-check of the same requests seen from both ends: vLLM's TTFT histogram
             # starts when the engine got the request (after HTTP parsing, chat template and

@@ -512,50 +512,7 @@ def summarize_gpu_samples(
     elif has_counter:
         info["source"] = "nvml"
 
-    befores = [s for s in ordered if s.phase == "before"]
-    afters = [s for s in ordered if s.phase == "after"]
-    t_start = befores[-1].t_s if befores else ordered[0].t_s
-    t_end = afters[0].t_s if afters else ordered[-1].t_s
-
-    energy: float | None = None
-    span = 0.0
-    before_e = _last_with(befores, "gpu_energy_j")
-    after_e = _first_with(afters, "gpu_energy_j")
-    if before_e is not None and after_e is not None:
-        delta = after_e.values["gpu_energy_j"] - before_e.values["gpu_energy_j"]
-        if delta >= 0 and after_e.t_s > before_e.t_s:
-            energy = delta
-            span = after_e.t_s - before_e.t_s
-            info["energy_source"] = "nvml_energy_counter"
-        else:
-            notes.append(
-                "the energy counter went down between the before and after samples "
-                "(driver reload?): using the power integral instead"
-            )
-    if energy is None:
-        points = [
-            (s.t_s, s.values["gpu_power_w"])
-            for s in ordered
-            if "gpu_power_w" in s.values and t_start <= s.t_s <= t_end
-        ]
-        if len(points) >= 2 and points[-1][0] > points[0][0]:
-            energy = sum(
-                (t1 - t0) * (p0 + p1) / 2.0
-                for (t0, p0), (t1, p1) in zip(points, points[1:], strict=False)
-            )
-            span = points[-1][0] - points[0][0]
-            info["energy_source"] = "power_integral"
-            notes.append(
-                "energy is the trapezoid integral of sampled power "
-                f"({len(points)} points over {span:.1f} s): bursts between samples are missed"
-            )
-            if span < (t_end - t_start) - 1e-9:
-                notes.append(
-                    f"power samples cover {span:.1f} s of the {t_end - t_start:.1f} s window"
-                )
-        else:
-            notes.append("fewer than 2 usable GPU power/energy samples: energy metrics left out")
-
+    energy, span = _energy(ordered, info, notes)
     if energy is not None:
         metrics["gpu_energy_j"] = energy
         if output_tokens is not None and output_tokens > 0:
@@ -584,15 +541,44 @@ def summarize_gpu_samples(
     return metrics, info
 
 
-def _last_with(samples: Sequence[MetricSample], key: str) -> MetricSample | None:
-    for s in reversed(samples):
-        if key in s.values:
-            return s
-    return None
-
-
-def _first_with(samples: Sequence[MetricSample], key: str) -> MetricSample | None:
-    for s in samples:
-        if key in s.values:
-            return s
-    return None
+def _energy(
+    ordered: list[MetricSample], info: dict[str, Any], notes: list[str]
+) -> tuple[float | None, float]:
+    """The run's GPU energy (J) and the span (s) it covers: the counter's delta from
+    the last ``before`` to the first ``after`` sample, else the power integral over the
+    window; ``info["energy_source"]`` says which, ``notes`` what was missing."""
+    befores = [s for s in ordered if s.phase == "before"]
+    afters = [s for s in ordered if s.phase == "after"]
+    t_start = befores[-1].t_s if befores else ordered[0].t_s
+    t_end = afters[0].t_s if afters else ordered[-1].t_s
+    before_e = next((s for s in reversed(befores) if "gpu_energy_j" in s.values), None)
+    after_e = next((s for s in afters if "gpu_energy_j" in s.values), None)
+    if before_e is not None and after_e is not None:
+        delta = after_e.values["gpu_energy_j"] - before_e.values["gpu_energy_j"]
+        if delta >= 0 and after_e.t_s > before_e.t_s:
+            info["energy_source"] = "nvml_energy_counter"
+            return delta, after_e.t_s - before_e.t_s
+        notes.append(
+            "the energy counter went down between the before and after samples "
+            "(driver reload?): using the power integral instead"
+        )
+    points = [
+        (s.t_s, s.values["gpu_power_w"])
+        for s in ordered
+        if "gpu_power_w" in s.values and t_start <= s.t_s <= t_end
+    ]
+    if len(points) < 2 or points[-1][0] <= points[0][0]:
+        notes.append("fewer than 2 usable GPU power/energy samples: energy metrics left out")
+        return None, 0.0
+    energy = sum(
+        (t1 - t0) * (p0 + p1) / 2.0 for (t0, p0), (t1, p1) in zip(points, points[1:], strict=False)
+    )
+    span = points[-1][0] - points[0][0]
+    info["energy_source"] = "power_integral"
+    notes.append(
+        "energy is the trapezoid integral of sampled power "
+        f"({len(points)} points over {span:.1f} s): bursts between samples are missed"
+    )
+    if span < (t_end - t_start) - 1e-9:
+        notes.append(f"power samples cover {span:.1f} s of the {t_end - t_start:.1f} s window")
+    return energy, span

@@ -49,10 +49,12 @@ import re
 from dataclasses import dataclass, field
 
 __all__ = [
+    "ACCESS_RE",
     "LogRecord",
     "continuation",
     "decode_line",
     "dedup_count",
+    "is_access_line",
     "leading_tags",
     "number_tail",
     "process_key",
@@ -412,3 +414,12 @@ def continuation(rec: LogRecord, raw: str) -> str | None:
     if tags and tags not in (rec.tags[: len(tags)], rec.tags[-len(tags) :]):
         return None
     return line[len(prefix) :]
+
+
+#: An HTTP access-log entry anywhere in a line (uvicorn, common/combined formats).
+ACCESS_RE = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/[\d.]+"\s+(?P<status>\d{3})(?!\d)')
+
+
+def is_access_line(line: str) -> bool:
+    """True if ``line`` holds an HTTP access-log entry (``"GET /path HTTP/1.1" 200``)."""
+    return ACCESS_RE.search(line) is not None

@@ -176,32 +176,13 @@ class StatsMessage:
                 num = _number(raw)
                 extra[name] = num if num is not None else raw.strip().rstrip(".")
                 continue
-            key, kind, typ = known
+            key = known[0]
             if key in seen:
                 twice.add(key)
                 continue
             seen[key] = name
-            if kind == "kv_fetch":
-                fm = _KV_FETCH_RE.match(raw)
-                if fm is None:
-                    self._unreadable(name, raw, last)
-                    unreadable.add(key)
-                    continue
-                self.rec["kv_fetch_waiting_to_start"] = int(fm.group("a"))
-                self.rec["kv_fetch_in_progress"] = int(fm.group("b"))
-                self.rec["kv_fetch_completed_waiting"] = int(fm.group("c"))
-                continue
-            num = _number(raw)
-            # a ", piece" without a colon appended to the value: a cut field name
-            if num is None or not _VALUE_RES[kind].match(raw) or ", " in raw:
-                self._unreadable(name, raw, last)
+            if not self._read(name, raw, known, last):
                 unreadable.add(key)
-                continue
-            if kind == "pct" and not _pct_ok(num):
-                self.notes.append(f"{name!r} out of range ({raw.strip()[:40]!r}): absent")
-                unreadable.add(key)
-                continue
-            self.rec[key] = typ(num)
         for key in twice:
             self.rec.pop(key, None)
             self.notes.append(f"{seen[key]!r} logged twice in one record: not read")
@@ -216,6 +197,29 @@ class StatsMessage:
             self.rec.setdefault("prefix_cache_hit_rate_pct", None)
         if extra:
             self.rec["extra"] = extra
+
+    def _read(self, name: str, raw: str, known: tuple[str, str, Any], last: bool) -> bool:
+        """Put a known field's value into :attr:`rec`; False (noted) when it cannot be read."""
+        key, kind, typ = known
+        if kind == "kv_fetch":
+            fm = _KV_FETCH_RE.match(raw)
+            if fm is None:
+                self._unreadable(name, raw, last)
+                return False
+            self.rec["kv_fetch_waiting_to_start"] = int(fm.group("a"))
+            self.rec["kv_fetch_in_progress"] = int(fm.group("b"))
+            self.rec["kv_fetch_completed_waiting"] = int(fm.group("c"))
+            return True
+        num = _number(raw)
+        # a ", piece" without a colon appended to the value: a cut field name
+        if num is None or not _VALUE_RES[kind].match(raw) or ", " in raw:
+            self._unreadable(name, raw, last)
+            return False
+        if kind == "pct" and not _pct_ok(num):
+            self.notes.append(f"{name!r} out of range ({raw.strip()[:40]!r}): absent")
+            return False
+        self.rec[key] = typ(num)
+        return True
 
     def drop_last(self, why: str) -> None:
         """Leave the last field out (absent, with a note): its value may be cut."""

@@ -131,12 +131,26 @@ def run_findings(
         metrics: its summary metrics (``prefix_cache_hit_rate`` 0-1, ...).
         log_text: the engine log, searched for out-of-memory wordings when the run failed.
     """
-    out: list[Advice] = []
     rid = str(run.get("id"))
     args: Mapping[str, Any] = run.get("engine_args") or {}
     info: Mapping[str, Any] = run.get("engine_info") or {}
-    check = info.get("kv_cache_check")
+    out = _memory_findings(rid, run, args, info.get("kv_cache_check"), log_text)
+    out += _measurement_findings(rid, run, info, metrics)
+    if run.get("status") == "succeeded" and args.get("enable_prefix_caching"):
+        out += _prefix_findings(rid, metrics, info.get("prefix_analysis"), info.get("vllm_version"))
+    return sorted(out, key=lambda a: a.rank)
 
+
+def _memory_findings(
+    rid: str,
+    run: Mapping[str, Any],
+    args: Mapping[str, Any],
+    check: Mapping[str, Any] | None,
+    log_text: str | None,
+) -> list[Advice]:
+    """Out of memory in the log, a context cap that does not fit, a KV estimate that
+    disagrees with the engine."""
+    out: list[Advice] = []
     if run.get("status") in ("failed", "blocked"):
         text = "\n".join(filter(None, [run.get("error") or "", log_text or ""]))
         m = OOM_PATTERNS.search(text)
@@ -194,6 +208,14 @@ def run_findings(
                 },
             )
         )
+    return out
+
+
+def _measurement_findings(
+    rid: str, run: Mapping[str, Any], info: Mapping[str, Any], metrics: Mapping[str, float]
+) -> list[Advice]:
+    """Measurements that mislead: a warm prefix cache, streamed tokens in bursts."""
+    out: list[Advice] = []
     warm = info.get("cache_contamination") or {}
     if warm.get("status") == "contaminated":
         out.append(
@@ -242,9 +264,7 @@ def run_findings(
                 },
             )
         )
-    if run.get("status") == "succeeded" and args.get("enable_prefix_caching"):
-        out += _prefix_findings(rid, metrics, info.get("prefix_analysis"), info.get("vllm_version"))
-    return sorted(out, key=lambda a: a.rank)
+    return out
 
 
 def _prefix_findings(

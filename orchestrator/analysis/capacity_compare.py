@@ -85,6 +85,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from orchestrator.analysis.trust import finite_number
+
 CapacityVerdict = Literal["higher", "lower", "no_change", "unknown", "untrusted"]
 
 #: The unit of a capacity, by search variable (for tables and regressions).
@@ -191,17 +193,9 @@ class CapacityComparison(BaseModel):
     notes: list[str] = Field(default_factory=list)
 
 
-def _num(x: Any) -> float | None:
-    """A finite float, else None (``True`` is not a number here)."""
-    if isinstance(x, bool) or not isinstance(x, int | float):
-        return None
-    f = float(x)
-    return f if math.isfinite(f) else None
-
-
 def _positive(x: Any) -> float | None:
     """A finite positive float, else None."""
-    f = _num(x)
+    f = finite_number(x)
     return f if f is not None and f > 0 else None
 
 
@@ -276,13 +270,6 @@ def repeat_evidence(doc: Mapping[str, Any] | None) -> Evidence | str:
     if status in ("uncertain", "steps_exhausted") and (lo is not None or hi is not None):
         return Evidence(lo, hi)
     return _bound_text(status, doc)
-
-
-def repeat_problem(doc: Mapping[str, Any] | None) -> str | None:
-    """Why a succeeded repeat's document shows nothing; None when it shows a capacity or
-    a bound."""
-    ev = repeat_evidence(doc)
-    return ev if isinstance(ev, str) else None
 
 
 def _envelope(
@@ -365,6 +352,20 @@ def side_capacity(repeats: Sequence[CapacityRepeat], label: str = "side") -> Sid
                 f"({caps}); a side shows something only when every repeat does"
             )
         return out
+    _combine(out, usable, found, label, unit)
+    return out
+
+
+def _combine(
+    out: SideCapacity,
+    usable: Sequence[tuple[CapacityRepeat, Evidence]],
+    found: Sequence[tuple[CapacityRepeat, Evidence]],
+    label: str,
+    unit: str,
+) -> None:
+    """Fill ``out`` from repeats that all show something: the envelope of their bounds
+    (per device too), the mean capacity when every one found one, and what kind of bound
+    the side shows."""
     for r, ev in usable:
         out.notes += [f"{label}: run {r.run_id}: {n}" for n in ev.notes]
         if (r.capacity or {}).get("status") == "client_limited":
@@ -395,7 +396,6 @@ def side_capacity(repeats: Sequence[CapacityRepeat], label: str = "side") -> Sid
         if out.high is not None
         else "none"
     )
-    return out
 
 
 def _per(x: float | None, devices: int) -> float | None:

@@ -38,9 +38,10 @@ Uncertainty:
 
 Random numbers come from ``numpy.random.Generator(PCG64(seed))``: the same
 inputs and seed give the same output. Bootstrap percentiles are computed
-exactly on every resample (see :func:`_weighted_quantiles`), vectorised over
-the draws: 2000 draws of 3 repeats x 200 requests per side take well under a
-second.
+exactly on every resample (see :func:`orchestrator.analysis.bootstrap.weighted_quantiles`),
+vectorised over the draws: 2000 draws of 3 repeats x 200 requests per side take well
+under a second. A level's own estimates (one side, no reference) are
+:mod:`orchestrator.analysis.estimates`.
 
 Note: pooled request-level percentiles are *not* the mean of the per-run
 ``median_ttft_ms`` etc. stored with each run; they are the percentile of all
@@ -53,14 +54,26 @@ flat table of run rows for export (CSV / Parquet) in :mod:`orchestrator.analysis
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-import numpy.typing as npt
 from pydantic import BaseModel, Field
 
+from orchestrator.analysis.bootstrap import (
+    MIN_REQUEST_VALUES,
+    Effect,
+    FloatArray,
+    IntArray,
+    all_equal,
+    check_args,
+    effect,
+    finite_float,
+    hierarchical_counts,
+    run_effect,
+    weighted_quantiles,
+)
 from orchestrator.analysis.trust import USABLE_STATUSES, SidesTrust, sides_trust
 
 Direction = Literal["lower_is_better", "higher_is_better", "neutral"]
@@ -75,18 +88,6 @@ Verdict = Literal[
     "not applicable",
 ]
 Level = Literal["request", "run"]
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-
-#: A side needs at least this many values of a request-level metric for a CI.
-MIN_REQUEST_VALUES = 2
-#: A run-level CI needs at least this many repeats on *each* side.
-MIN_RUN_REPEATS = 2
-#: A CI needs at least this fraction of bootstrap draws to be defined.
-MIN_DEFINED_DRAWS = 0.5
-#: Elements of one block of hierarchical-resampling indices (caps memory).
-_DRAW_BLOCK = 2_000_000
 
 
 # --------------------------------------------------------------------------- inputs
@@ -262,17 +263,6 @@ class MetricComparison(BaseModel):
 # --------------------------------------------------------------------------- helpers
 
 
-def finite_float(x: Any) -> float | None:
-    """``float(x)`` when it is a finite number, else None."""
-    if x is None or isinstance(x, bool):
-        return None
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
-
-
 def usable_runs(runs: Iterable[RunData]) -> list[RunData]:
     """The runs whose data is compared (status in :data:`USABLE_STATUSES`)."""
     return [r for r in runs if r.status in USABLE_STATUSES]
@@ -316,7 +306,7 @@ def side_of(runs: Sequence[RunData], keep: Mapping[str, str] | None = None) -> S
     return Side(sizes, requests)
 
 
-def _field_values(side: Side, field: str) -> tuple[FloatArray, IntArray]:
+def field_values(side: Side, field: str) -> tuple[FloatArray, IntArray]:
     """(values in s, index of the owning request), dropping missing/non-finite values."""
     chunks: list[FloatArray] = []
     for q in side.requests:
@@ -338,158 +328,9 @@ def _field_values(side: Side, field: str) -> tuple[FloatArray, IntArray]:
     return values[keep], owner[keep]
 
 
-def hierarchical_counts(rng: np.random.Generator, sizes: Sequence[int], n_boot: int) -> FloatArray:
-    """Multiplicity of every request in each of ``n_boot`` hierarchical resamples.
-
-    Shape ``(n_boot, sum(sizes))`` (integers stored as float64; only the
-    counts matter for a statistic of the pooled resample). A draw picks
-    ``len(sizes)`` repeats with replacement, then for each pick draws as many
-    requests as that repeat has, with replacement, from that repeat.
-    """
-    size = np.asarray(sizes, dtype=np.int64)
-    n_rep, n_all, n_max = size.size, int(size.sum()), int(size.max())
-    start = np.cumsum(size) - size
-    out = np.empty((n_boot, n_all), dtype=np.float64)
-    step = max(1, _DRAW_BLOCK // (n_rep * n_max))
-    for lo in range(0, n_boot, step):
-        rows = min(n_boot, lo + step) - lo
-        picks = rng.integers(0, n_rep, size=(rows, n_rep))  # repeat of each slot
-        n_pick = size[picks][:, :, None]
-        # floor(U * n) is uniform on 0..n-1 (to 2**-53); much faster than integers(0, n_array)
-        within = np.minimum(
-            (rng.random((rows, n_rep, n_max)) * n_pick).astype(np.int64), n_pick - 1
-        )
-        valid = np.arange(n_max)[None, None, :] < n_pick
-        flat = np.arange(rows)[:, None, None] * n_all + start[picks][:, :, None] + within
-        out[lo : lo + rows] = np.bincount(flat[valid], minlength=rows * n_all).reshape(rows, n_all)
-    return out
-
-
-def _weighted_quantiles(
-    values: FloatArray, owner: IntArray, counts: FloatArray, quantiles: Sequence[float]
-) -> FloatArray:
-    """Linear-interpolation quantiles of each resample, shape ``(n_boot, len(quantiles))``.
-
-    Row ``b`` is the multiset where ``values[j]`` occurs ``counts[b, owner[j]]``
-    times; the result equals ``numpy.percentile`` of that multiset expanded
-    (NaN when the row is empty). Exact, without materialising a
-    ``(n_boot, len(values))`` matrix: the sorted values are cut into ``K``
-    bins of consecutive ranks; ``counts @ H`` (``H[i, k]`` = values of request
-    ``i`` in bin ``k``) gives every draw's weight per bin, which locates the
-    bin holding a target rank; only that bin is then scanned.
-    """
-    n_boot, n_owner = counts.shape
-    out = np.full((n_boot, len(quantiles)), np.nan)
-    g = values.size
-    if g == 0:
-        return out
-    order = np.argsort(values, kind="stable")
-    svals, sowner = values[order], owner[order]
-    n_bins = int(min(g, max(1, round(math.sqrt(2000.0 * g / max(n_owner, 1))))))
-    edges = np.linspace(0, g, n_bins + 1).round().astype(np.int64)
-    widths = np.diff(edges)
-    bin_of = np.repeat(np.arange(n_bins, dtype=np.int64), widths)
-    per_bin = np.bincount(sowner * n_bins + bin_of, minlength=n_owner * n_bins)
-    bin_weights = counts @ per_bin.reshape(n_owner, n_bins).astype(np.float64)  # (B, K)
-    cum = np.cumsum(bin_weights, axis=1)
-    total = cum[:, -1]
-    # Within-bin owners padded to the widest bin; padding points at a zero-weight column.
-    width = int(widths.max())
-    pos = edges[:-1, None] + np.arange(width, dtype=np.int64)[None, :]
-    pad_owner = np.where(pos < edges[1:, None], sowner[np.minimum(pos, g - 1)], n_owner)
-    counts_ext = np.concatenate([counts, np.zeros((n_boot, 1))], axis=1)
-    last = np.maximum(total - 1.0, 0.0)
-
-    h = np.asarray(quantiles, dtype=np.float64)[None, :] * last[:, None]  # (B, Q)
-    lo = np.floor(h)
-    rank = np.concatenate([lo, np.minimum(lo + 1.0, last[:, None])], axis=1)  # (B, 2Q)
-    # Bin holding each target rank, the weight before it, then the rank inside the bin.
-    j = np.minimum((cum[:, None, :] <= rank[:, :, None]).sum(axis=2), n_bins - 1)
-    before = np.take_along_axis(cum - bin_weights, j, axis=1)
-    flat_idx = pad_owner[j] + (np.arange(n_boot) * (n_owner + 1))[:, None, None]
-    inner = np.cumsum(np.take(counts_ext.ravel(), flat_idx), axis=2)  # (B, 2Q, width)
-    t = np.minimum((inner <= (rank - before)[:, :, None]).sum(axis=2), width - 1)
-    picked = svals[np.minimum(edges[j] + t, g - 1)]
-    n_q = len(quantiles)
-    v_lo, v_hi = picked[:, :n_q], picked[:, n_q:]
-    res = v_lo + (h - lo) * (v_hi - v_lo)
-    out[:] = np.where(total[:, None] > 0, res, np.nan)
-    return out
-
-
-def _run_values(runs: Sequence[RunData], name: str) -> FloatArray:
+def run_values(runs: Sequence[RunData], name: str) -> FloatArray:
     vals = [finite_float(r.metrics.get(name)) for r in usable_runs(runs)]
     return np.asarray([v for v in vals if v is not None], dtype=np.float64)
-
-
-def _mean_draws(rng: np.random.Generator, values: FloatArray, n_boot: int) -> FloatArray:
-    """Means of ``n_boot`` resamples (with replacement) of ``values``; shape ``(n_boot,)``."""
-    idx = rng.integers(0, values.size, size=(n_boot, values.size))
-    means: FloatArray = values[idx].mean(axis=1)
-    return means
-
-
-def _interval(draws: FloatArray, confidence: float) -> tuple[float, float] | None:
-    """Percentile interval of the finite draws (Efron & Tibshirani 1993, ch. 13)."""
-    finite = draws[np.isfinite(draws)]
-    if finite.size < max(2, MIN_DEFINED_DRAWS * draws.size):
-        return None
-    alpha = 1.0 - confidence
-    lo, hi = np.percentile(finite, [100.0 * alpha / 2.0, 100.0 * (1.0 - alpha / 2.0)])
-    lo_f, hi_f = finite_float(lo), finite_float(hi)
-    if lo_f is None or hi_f is None:
-        return None
-    return lo_f, hi_f
-
-
-@dataclass
-class Effect:
-    """Point estimates + CI of variant vs reference (compare's and the findings' bootstraps)."""
-
-    reference: float
-    variant: float
-    ratio: float | None
-    difference: float
-    ci: tuple[float, float] | None
-    ci_of: Literal["ratio", "difference"] | None
-    identical: bool = False  # every value equal on both sides (no CI needed)
-
-    def side(self) -> Literal["below", "above", "neither", "unknown"]:
-        """Where the CI lies relative to no effect (ratio 1 / difference 0)."""
-        if self.ci is None:
-            return "neither" if self.identical else "unknown"
-        null = 1.0 if self.ci_of == "ratio" else 0.0
-        if self.ci[1] < null:
-            return "below"
-        if self.ci[0] > null:
-            return "above"
-        return "neither"
-
-
-def _effect(
-    ref_point: float,
-    var_point: float,
-    ref_draws: FloatArray | None,
-    var_draws: FloatArray | None,
-    confidence: float,
-) -> Effect:
-    ratio = finite_float(var_point / ref_point) if ref_point > 0 else None
-    diff = finite_float(var_point - ref_point)
-    eff = Effect(ref_point, var_point, ratio, diff if diff is not None else 0.0, None, None)
-    if ref_draws is None or var_draws is None:
-        return eff
-    both = np.isfinite(ref_draws) & np.isfinite(var_draws)
-    if ratio is not None and bool(np.all(ref_draws[both] > 0)):
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            draws = np.where(both, var_draws / np.where(both, ref_draws, 1.0), np.nan)
-        eff.ci, eff.ci_of = _interval(draws, confidence), "ratio"
-    else:
-        with np.errstate(invalid="ignore", over="ignore"):
-            draws = np.where(both, var_draws - ref_draws, np.nan)
-        eff.ci, eff.ci_of = _interval(draws, confidence), "difference"
-    if eff.ci is None:
-        eff.ci_of = None
-    return eff
 
 
 def _verdict(direction: Direction, side: str) -> Verdict:
@@ -551,34 +392,26 @@ def request_effects(
     scale: float = 1000.0,
 ) -> tuple[list[Effect], int, int] | None:
     """Effects of ``field`` at each quantile (values x ``scale``); None if a side has no data."""
-    rv, ro = _field_values(ref, field)
-    vv, vo = _field_values(var, field)
+    rv, ro = field_values(ref, field)
+    vv, vo = field_values(var, field)
     if rv.size == 0 or vv.size == 0:
         return None
     rv, vv = rv * scale, vv * scale
     enough = rv.size >= MIN_REQUEST_VALUES and vv.size >= MIN_REQUEST_VALUES
-    r_draws = _weighted_quantiles(rv, ro, ref_counts, quantiles) if enough else None
-    v_draws = _weighted_quantiles(vv, vo, var_counts, quantiles) if enough else None
+    r_draws = weighted_quantiles(rv, ro, ref_counts, quantiles) if enough else None
+    v_draws = weighted_quantiles(vv, vo, var_counts, quantiles) if enough else None
     effects = []
     for k, q in enumerate(quantiles):
-        eff = _effect(
+        eff = effect(
             float(np.percentile(rv, 100.0 * q)),
             float(np.percentile(vv, 100.0 * q)),
             None if r_draws is None else r_draws[:, k],
             None if v_draws is None else v_draws[:, k],
             confidence,
         )
-        eff.identical = _all_equal(rv, vv)
+        eff.identical = all_equal(rv, vv)
         effects.append(eff)
     return effects, int(rv.size), int(vv.size)
-
-
-def check_args(n_boot: int, confidence: float) -> None:
-    """Raise ValueError unless ``n_boot >= 1`` and ``0 < confidence < 1``."""
-    if n_boot < 1:
-        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
 
 
 # --------------------------------------------------------------------------- compare
@@ -627,33 +460,12 @@ def compare_variant(
     """
     check_args(n_boot, confidence)
     rng = np.random.Generator(np.random.PCG64(seed))
-    out: list[MetricComparison] = []
-
-    ref_side, var_side = side_of(reference_runs), side_of(variant_runs)
-    if ref_side.requests and var_side.requests:
-        ref_counts = hierarchical_counts(rng, ref_side.sizes, n_boot)
-        var_counts = hierarchical_counts(rng, var_side.sizes, n_boot)
-        fields: dict[str, list[MetricSpec]] = {}
-        for spec in METRICS:
-            if spec.level == "request" and spec.field is not None:
-                fields.setdefault(spec.field, []).append(spec)
-        for field, specs in fields.items():
-            qs = [s.quantile if s.quantile is not None else 0.5 for s in specs]
-            res = request_effects(ref_side, var_side, field, qs, ref_counts, var_counts, confidence)
-            if res is None:
-                continue
-            effects, n_ref_req, n_var_req = res
-            counts = (ref_side.n_repeats, var_side.n_repeats, n_ref_req, n_var_req)
-            for spec, eff in zip(specs, effects, strict=True):
-                row = _comparison(spec, eff, confidence, *counts)
-                if row is not None:
-                    out.append(row)
-
+    out = _request_rows(rng, variant_runs, reference_runs, n_boot, confidence)
     trust = sides_trust(variant_runs, reference_runs)
     for spec in METRICS:
         if spec.level != "run":
             continue
-        rv, vv = _run_values(reference_runs, spec.name), _run_values(variant_runs, spec.name)
+        rv, vv = run_values(reference_runs, spec.name), run_values(variant_runs, spec.name)
         na = trust.not_applicable(spec.name)
         if na:
             out.append(_not_applicable(spec, rv, vv, na, confidence))
@@ -668,6 +480,47 @@ def compare_variant(
     order = {m.name: i for i, m in enumerate(METRICS)}
     out.sort(key=lambda c: order[c.metric])
     return [_withhold(c, trust) for c in out]
+
+
+def by_field(specs: Iterable[MetricSpec]) -> dict[str, list[MetricSpec]]:
+    """The request-level metrics grouped by the request field they are percentiles of."""
+    fields: dict[str, list[MetricSpec]] = {}
+    for spec in specs:
+        if spec.level == "request" and spec.field is not None:
+            fields.setdefault(spec.field, []).append(spec)
+    return fields
+
+
+def quantiles_of(specs: Sequence[MetricSpec]) -> list[float]:
+    return [s.quantile if s.quantile is not None else 0.5 for s in specs]
+
+
+def _request_rows(
+    rng: np.random.Generator,
+    variant_runs: Sequence[RunData],
+    reference_runs: Sequence[RunData],
+    n_boot: int,
+    confidence: float,
+) -> list[MetricComparison]:
+    """The request-level rows: pooled percentiles and a hierarchical bootstrap."""
+    out: list[MetricComparison] = []
+    ref_side, var_side = side_of(reference_runs), side_of(variant_runs)
+    if not (ref_side.requests and var_side.requests):
+        return out
+    ref_counts = hierarchical_counts(rng, ref_side.sizes, n_boot)
+    var_counts = hierarchical_counts(rng, var_side.sizes, n_boot)
+    for field, specs in by_field(METRICS).items():
+        qs = quantiles_of(specs)
+        res = request_effects(ref_side, var_side, field, qs, ref_counts, var_counts, confidence)
+        if res is None:
+            continue
+        effects, n_ref_req, n_var_req = res
+        counts = (ref_side.n_repeats, var_side.n_repeats, n_ref_req, n_var_req)
+        for spec, eff in zip(specs, effects, strict=True):
+            row = _comparison(spec, eff, confidence, *counts)
+            if row is not None:
+                out.append(row)
+    return out
 
 
 #: What an untrusted or not-applicable row does not carry: no number that compares.
@@ -702,99 +555,4 @@ def _not_applicable(
         verdict="not applicable",
         not_applicable=na,
         **_NO_VERDICT,
-    )
-
-
-def level_estimates(
-    runs: Sequence[RunData],
-    *,
-    only: Collection[str] | None = None,
-    n_boot: int = 2000,
-    seed: int = 0,
-    confidence: float = 0.95,
-) -> dict[str, dict[str, float | None]]:
-    """One level's own value and percentile-bootstrap CI for every metric of ``METRICS``.
-
-    Same estimators as :func:`orchestrator.analysis.compare.compare_variant`, one side
-    only: request-level metrics are percentiles (ms) of the pooled measured
-    requests of the succeeded repeats, with a hierarchical bootstrap (repeats,
-    then requests within each repeat); run-level metrics are the mean over
-    repeats, with a bootstrap over repeats when there are at least
-    ``MIN_RUN_REPEATS`` of them (else no interval).
-
-    ``only``: compute just these metric names (default: all).
-
-    Returns:
-        ``{metric: {"value": float, "ci_low": float | None, "ci_high": float | None}}``;
-        metrics without data are absent.
-    """
-    rng = np.random.Generator(np.random.PCG64(seed))
-    out: dict[str, dict[str, float | None]] = {}
-    wanted = [m for m in METRICS if only is None or m.name in only]
-    side = side_of(runs)
-    if side.requests and any(m.level == "request" for m in wanted):
-        counts = hierarchical_counts(rng, side.sizes, n_boot)
-        fields: dict[str, list[MetricSpec]] = {}
-        for spec in wanted:
-            if spec.level == "request" and spec.field is not None:
-                fields.setdefault(spec.field, []).append(spec)
-        for field, specs in fields.items():
-            values, owner = _field_values(side, field)
-            if values.size == 0:
-                continue
-            values = values * 1000.0
-            qs = [s.quantile if s.quantile is not None else 0.5 for s in specs]
-            draws = (
-                _weighted_quantiles(values, owner, counts, qs)
-                if values.size >= MIN_REQUEST_VALUES
-                else None
-            )
-            for k, (spec, q) in enumerate(zip(specs, qs, strict=True)):
-                ci = None if draws is None else _interval(draws[:, k], confidence)
-                out[spec.name] = {
-                    "value": float(np.percentile(values, 100.0 * q)),
-                    "ci_low": ci[0] if ci else None,
-                    "ci_high": ci[1] if ci else None,
-                }
-    for spec in wanted:
-        if spec.level != "run":
-            continue
-        vals = _run_values(runs, spec.name)
-        if vals.size == 0:
-            continue
-        ci = (
-            _interval(_mean_draws(rng, vals, n_boot), confidence)
-            if vals.size >= MIN_RUN_REPEATS
-            else None
-        )
-        out[spec.name] = {
-            "value": float(vals.mean()),
-            "ci_low": ci[0] if ci else None,
-            "ci_high": ci[1] if ci else None,
-        }
-    return out
-
-
-def _all_equal(a: FloatArray, b: FloatArray) -> bool:
-    return bool(a.size and b.size and np.all(a == a[0]) and np.all(b == a[0]))
-
-
-def run_effect(
-    rng: np.random.Generator, rv: FloatArray, vv: FloatArray, n_boot: int, confidence: float
-) -> Effect:
-    """Mean over repeats per side and a bootstrap over repeats (None CI below the minimum)."""
-    ref_point, var_point = float(rv.mean()), float(vv.mean())
-    if rv.size < MIN_RUN_REPEATS or vv.size < MIN_RUN_REPEATS:
-        identical = _all_equal(rv, vv)
-        if identical:
-            var_point = ref_point
-        eff = _effect(ref_point, var_point, None, None, confidence)
-        eff.identical = identical
-        return eff
-    return _effect(
-        ref_point,
-        var_point,
-        _mean_draws(rng, rv, n_boot),
-        _mean_draws(rng, vv, n_boot),
-        confidence,
     )

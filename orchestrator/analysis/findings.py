@@ -15,18 +15,20 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-from orchestrator.analysis.compare import (
+from orchestrator.analysis.bootstrap import (
     Effect,
     FloatArray,
-    MetricComparison,
-    RunData,
-    VariantRef,
     check_args,
     finite_float,
     hierarchical_counts,
+    run_effect,
+)
+from orchestrator.analysis.compare import (
+    MetricComparison,
+    RunData,
+    VariantRef,
     measured_requests,
     request_effects,
-    run_effect,
     side_of,
     usable_runs,
 )
@@ -158,8 +160,22 @@ def findings(
         order for the request-class check); JSON-safe evidence.
     """
     check_args(n_boot, confidence)
-    out: list[Finding] = []
+    rng = np.random.Generator(np.random.PCG64(seed))
+    return [
+        *_warm_cache_findings(comparisons_by_variant, runs_by_variant, refs),
+        *_hit_rate_findings(comparisons_by_variant, refs),
+        *_tp_findings(comparisons_by_variant, runs_by_variant, refs, rng, n_boot, confidence),
+        *_starve_findings(runs_by_variant, refs, rng, n_boot, confidence),
+    ]
 
+
+def _warm_cache_findings(
+    comparisons_by_variant: Mapping[str, Sequence[MetricComparison]],
+    runs_by_variant: Mapping[str, Sequence[RunData]],
+    refs: Mapping[str, VariantRef],
+) -> list[Finding]:
+    """``warm_cache_contamination``: a variant or its reference measured on a warm cache."""
+    out: list[Finding] = []
     for variant in comparisons_by_variant:
         ref_name = refs[variant].reference if variant in refs else None
         var_runs = runs_by_variant.get(variant, [])
@@ -179,7 +195,15 @@ def findings(
                     },
                 )
             )
+    return out
 
+
+def _hit_rate_findings(
+    comparisons_by_variant: Mapping[str, Sequence[MetricComparison]],
+    refs: Mapping[str, VariantRef],
+) -> list[Finding]:
+    """``hit_rate_up_e2e_flat``: hit rate up by >= 0.2 but median E2EL flat."""
+    out: list[Finding] = []
     for variant, comps in comparisons_by_variant.items():
         by = _by_metric(comps)
         hit, e2el = by.get("prefix_cache_hit_rate"), by.get("median_e2el_ms")
@@ -219,8 +243,20 @@ def findings(
                         },
                     )
                 )
+    return out
 
-    rng = np.random.Generator(np.random.PCG64(seed))
+
+def _tp_findings(
+    comparisons_by_variant: Mapping[str, Sequence[MetricComparison]],
+    runs_by_variant: Mapping[str, Sequence[RunData]],
+    refs: Mapping[str, VariantRef],
+    rng: np.random.Generator,
+    n_boot: int,
+    confidence: float,
+) -> list[Finding]:
+    """``tp_up_throughput_per_device_down``: more tensor parallelism, less throughput per
+    reserved device (bootstrap over repeats)."""
+    out: list[Finding] = []
     for variant in comparisons_by_variant:
         ref = refs.get(variant)
         tp = _tp_values(ref)
@@ -262,7 +298,19 @@ def findings(
                     },
                 )
             )
+    return out
 
+
+def _starve_findings(
+    runs_by_variant: Mapping[str, Sequence[RunData]],
+    refs: Mapping[str, VariantRef],
+    rng: np.random.Generator,
+    n_boot: int,
+    confidence: float,
+) -> list[Finding]:
+    """``long_requests_starve_short``: short requests' median TTFT beside long ones against
+    a short-only variant (hierarchical bootstrap)."""
+    out: list[Finding] = []
     short_only = [v for v, runs in runs_by_variant.items() if _classes(runs) == {"short"}]
     for variant, runs in runs_by_variant.items():
         if not {"short", "long"} <= _classes(runs) or not short_only:

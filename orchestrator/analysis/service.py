@@ -10,7 +10,7 @@ Parquet export; any stored runs side by side (the ``/compare`` page:
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -69,6 +69,36 @@ def _requests_by_run(session: Session, run_ids: list[str]) -> dict[str, list[dic
     return out
 
 
+def _changed(variant: Mapping[str, Any], ref_run: Run, run: Run) -> ChangedVariable:
+    """What a variant changes against its reference: each path's value in an example run
+    of either (the bare value when there is one path)."""
+    paths = list(variant.get("variable_paths") or [])
+    ref_vals = {p: _config_value(ref_run, p) for p in paths}
+    new_vals = {p: _config_value(run, p) for p in paths}
+    single = len(paths) == 1
+    return ChangedVariable(
+        name=str(variant.get("variable")),
+        paths=paths,
+        reference_value=ref_vals[paths[0]] if single else ref_vals,
+        variant_value=new_vals[paths[0]] if single else new_vals,
+    )
+
+
+def _repeat_notes(ok_ref: int, ok_mine: int, ref: str, name: str) -> list[str]:
+    """What the succeeded repeats on either side allow: nothing, or no run-level interval."""
+    if not ok_mine or not ok_ref:
+        return [
+            f"insufficient data: {ok_ref} succeeded run(s) of {ref!r} and {ok_mine} of "
+            f"{name!r}; nothing to compare yet"
+        ]
+    if min(ok_mine, ok_ref) < 2:
+        return [
+            "one repeat on a side: request-level intervals reflect request-to-request "
+            "noise only, not run-to-run drift; run-level metrics have no interval"
+        ]
+    return []
+
+
 def comparison(session: Session, experiment_id: str, *, n_boot: int = 2000) -> dict[str, Any]:
     """Each variant against its reference: per metric values, ratio, 95 % CI, verdict.
 
@@ -109,38 +139,16 @@ def comparison(session: Session, experiment_id: str, *, n_boot: int = 2000) -> d
         if ref is None or name not in example or ref not in example:
             chain.append(entry)
             continue
-        paths = list(v.get("variable_paths") or [])
-        ref_vals = {p: _config_value(example[ref], p) for p in paths}
-        new_vals = {p: _config_value(example[name], p) for p in paths}
-        single = len(paths) == 1
-        entry["reference_value"] = ref_vals[paths[0]] if single else ref_vals
-        entry["variant_value"] = new_vals[paths[0]] if single else new_vals
+        changed = _changed(v, example[ref], example[name])
+        entry["reference_value"] = changed.reference_value
+        entry["variant_value"] = changed.variant_value
         chain.append(entry)
-        refs[name] = VariantRef(
-            variant=name,
-            reference=ref,
-            changed=ChangedVariable(
-                name=str(v.get("variable")),
-                paths=paths,
-                reference_value=entry["reference_value"],
-                variant_value=entry["variant_value"],
-            ),
-        )
+        refs[name] = VariantRef(variant=name, reference=ref, changed=changed)
         comps = compare_variant(mine, data.get(ref, []), n_boot=n_boot, seed=0)
         by_variant[name] = comps
         ok_mine = sum(1 for d in mine if d.status == "succeeded")
         ok_ref = sum(1 for d in data.get(ref, []) if d.status == "succeeded")
-        notes = []
-        if not ok_mine or not ok_ref:
-            notes.append(
-                f"insufficient data: {ok_ref} succeeded run(s) of {ref!r} and {ok_mine} of "
-                f"{name!r}; nothing to compare yet"
-            )
-        elif min(ok_mine, ok_ref) < 2:
-            notes.append(
-                "one repeat on a side: request-level intervals reflect request-to-request "
-                "noise only, not run-to-run drift; run-level metrics have no interval"
-            )
+        notes = _repeat_notes(ok_ref, ok_mine, ref, name)
         capacity_doc = None
         if capacities is not None:
             cap = compare_capacity(capacities.get(name, []), capacities.get(ref, []))

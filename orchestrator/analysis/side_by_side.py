@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from orchestrator.analysis.compare import MetricComparison, RunData, compare_variant, finite_float
+from orchestrator.analysis.bootstrap import finite_float
+from orchestrator.analysis.compare import MetricComparison, RunData, compare_variant
 from orchestrator.analysis.trust import SidesTrust, na_text, trust_of
 
 #: The bootstrap's seed: the same runs give the same intervals.

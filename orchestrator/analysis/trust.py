@@ -132,7 +132,9 @@ def objectives_of_slos(slos: Mapping[str, Any] | None) -> frozenset[str]:
     return frozenset(_objective_quantity(k) for k, v in (slos or {}).items() if v is not None)
 
 
-def _finite(x: Any) -> float | None:
+def finite_number(x: Any) -> float | None:
+    """``x`` as a float when it is a finite int or float (``True`` is not a number here),
+    else None."""
     if isinstance(x, bool) or not isinstance(x, int | float):
         return None
     f = float(x)
@@ -146,7 +148,7 @@ def burst_fraction(requests: Iterable[Mapping[str, Any]]) -> float | None:
         g
         for q in requests
         if q.get("success") and not q.get("warmup")
-        for g in (_finite(x) for x in (q.get("itl_s") or []))
+        for g in (finite_number(x) for x in (q.get("itl_s") or []))
         if g is not None
     ]
     if not gaps:
@@ -189,7 +191,7 @@ def run_trust(
     metric is absent), its warm-cache status and what it cannot have
     (:func:`not_applicable_of`)."""
     flags: dict[str, str] = {}
-    burst = _finite(metrics.get("itl_burst_fraction"))
+    burst = finite_number(metrics.get("itl_burst_fraction"))
     if burst is None and requests:
         burst = burst_fraction(requests)
     if burst is not None and burst >= BURSTY:
@@ -197,7 +199,7 @@ def run_trust(
             f"token bursts: {burst:.0%} of inter-token gaps under 0.1 ms, so the client's "
             "TPOT and ITL do not measure decoding"
         )
-        lag = _finite(metrics.get("mean_ttft_client_minus_server_ms"))
+        lag = finite_number(metrics.get("mean_ttft_client_minus_server_ms"))
         if lag is not None and lag > TTFT_LAG_MS:
             flags["client_ttft_lag"] = (
                 f"token bursts: the client's TTFT is {lag:.0f} ms above the server's"
@@ -364,17 +366,8 @@ def step_untrusted(step: Mapping[str, Any], unit: str = "req/s") -> str | None:
         return None
     sig = step.get("signals")
     sig = sig if isinstance(sig, Mapping) else {}
-    asked, arrived = _finite(sig.get("asked_rate")), _finite(sig.get("arrived_rate"))
+    asked, arrived = finite_number(sig.get("asked_rate")), finite_number(sig.get("arrived_rate"))
     text = "client-limited: the load generator could not deliver this load"
     if asked is not None and arrived is not None:
         text += f" ({arrived:.3g} of the {asked:.3g} {unit} asked arrived)"
     return text
-
-
-def ceiling_text(doc: Mapping[str, Any] | None, unit: str = "req/s") -> str | None:
-    """``the load generator's ceiling here is 120 req/s`` from a capacity document's
-    ``client_ceiling``; None when unknown."""
-    ceiling = _finite((doc or {}).get("client_ceiling"))
-    if ceiling is None:
-        return None
-    return f"the load generator's ceiling here is {ceiling:.3g} {unit}"

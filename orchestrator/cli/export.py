@@ -1,10 +1,14 @@
-"""``vlab export``: an experiment's runs sent to systems outside the service.
+"""``vlab export``: an experiment's runs, or a tuning campaign, sent to systems outside the
+service.
 
 ``vlab export mlflow <experiment id> --tracking-uri URI`` exports straight from the
 database (no running API needed) with
 :func:`orchestrator.integrations.mlflow_export.export_experiment`;
 unlike the API it takes any tracking URI MLflow takes (``http(s)://``, ``sqlite:///``,
-``databricks`` ...).
+``databricks`` ...). ``vlab export mlflow-campaign <campaign id>`` exports a campaign
+(:func:`orchestrator.integrations.mlflow_campaign.export_campaign`): a parent run with the
+objective, space, rule, final configuration, gains and verdicts, the path as a JSON
+artifact, and the campaign's runs nested under it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from orchestrator.cli.runtime import Runtime
 from orchestrator.core.db import unit_of_work
 from orchestrator.core.errors import VlabError
 from orchestrator.core.settings import get_settings
+from orchestrator.integrations.mlflow_campaign import CampaignExportReport, export_campaign
 from orchestrator.integrations.mlflow_export import (
     ExportReport,
     export_experiment,
@@ -27,8 +32,19 @@ from orchestrator.integrations.mlflow_export import (
 )
 
 export_app = typer.Typer(
-    help="Export an experiment's runs to another system (MLflow).", no_args_is_help=True
+    help="Export an experiment's runs, or a tuning campaign, to another system (MLflow).",
+    no_args_is_help=True,
 )
+
+TrackingUri = Annotated[
+    str | None,
+    typer.Option(
+        "--tracking-uri",
+        envvar="MLFLOW_TRACKING_URI",
+        help="MLflow tracking URI: http(s)://server, sqlite:///path.db, ... "
+        "(default $MLFLOW_TRACKING_URI, then VLAB_MLFLOW__TRACKING_URI)",
+    ),
+]
 console = Console() if sys.stdout.isatty() else Console(width=200, soft_wrap=True)
 
 
@@ -89,6 +105,72 @@ def export_mlflow(
     finally:
         rt.stop()
     print_report(report)
+
+
+@export_app.command("mlflow-campaign")
+def export_mlflow_campaign(
+    campaign_id: Annotated[str, typer.Argument(help="the vlab campaign id")],
+    tracking_uri: TrackingUri = None,
+    experiment_name: Annotated[
+        str | None,
+        typer.Option(help="the MLflow experiment (default: the campaign's name)"),
+    ] = None,
+    replace: Annotated[
+        bool, typer.Option(help="delete the MLflow runs an earlier export made and export anew")
+    ] = False,
+    max_points: Annotated[
+        int | None,
+        typer.Option(min=1, help="at most this many time-series points per run (default: all)"),
+    ] = None,
+) -> None:
+    """Export a tuning campaign to MLflow: a parent run (objective, space, rule, final
+    configuration as params; cumulative gain with its interval and each step's gain as
+    metrics; verdicts as tags; the path as a JSON artifact) with the campaign's runs nested
+    under it. Runs exported before are left as they are (unless --replace)."""
+    settings = get_settings()
+    uri = _tracking_uri(tracking_uri, settings.mlflow.tracking_uri)
+    rt = Runtime(settings)
+    try:
+        rt.start_database()
+        with unit_of_work(rt.sessions) as session:
+            report = export_campaign(
+                session,
+                campaign_id,
+                uri,
+                experiment_name=experiment_name,
+                replace=replace,
+                max_points=max_points,
+                connect_timeout_s=settings.mlflow.connect_timeout_s,
+                base_url=settings.api.public_url,
+            )
+    except VlabError as exc:
+        _fail(exc.detail)
+    finally:
+        rt.stop()
+    print_campaign_report(report)
+
+
+def _tracking_uri(given: str | None, configured: str | None) -> str:
+    """The tracking URI to use; exits with a message when there is none or it is bad."""
+    uri = (given or configured or "").strip()
+    if not uri:
+        _fail("no tracking URI: give --tracking-uri (or set MLFLOW_TRACKING_URI)")
+    problem = tracking_uri_problem(uri)
+    if problem:
+        _fail(problem)
+    return uri
+
+
+def print_campaign_report(report: CampaignExportReport) -> None:
+    """The parent run, then each cycle's runs as :func:`print_report` shows them."""
+    console.print(
+        f"campaign {report.campaign_id}: parent MLflow run {report.parent_run_id} "
+        f"({report.parent_action}; {report.params} params, {report.metrics} metrics), "
+        f"{report.nested} run(s) nested",
+        markup=False,
+    )
+    for cycle in report.cycles:
+        print_report(cycle)
 
 
 def _fail(message: str) -> NoReturn:

@@ -65,25 +65,30 @@ see :class:`Rule`. Every rule that applies to a field is evaluated, not only the
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any
 
+from orchestrator.cluster.parity_cluster import (
+    canon,
+    check_model_files,
+    check_world_size,
+    odd_nodes,
+)
 from orchestrator.cluster.parity_copy import copy_checks, ifname_problem, interfaces_of
 from orchestrator.cluster.parity_env import (
     NodeEnv,
-    is_env_name,
     launch_environment_of,
     node_env,
     unset_reason,
 )
+from orchestrator.cluster.parity_fields import field_values, flatten, node_name
 from orchestrator.cluster.parity_rules import (
     COMM_ENV,
     PER_NODE_ENV,
     RULES,
     Rule,
-    not_captured_when_absent,
     rule_for,
     rules_for,
     rules_markdown,
@@ -101,29 +106,6 @@ __all__ = [
 ]
 
 
-# Top-level keys that identify a node or are handled with their group.
-_META_KEYS = {
-    "node",
-    "node_id",
-    "hostname",
-    "ip",
-    "model_path_exists",
-    "model_path",
-    "model_error",
-    "env",
-    "env_vars",
-    "environment",
-    "env_scope",
-    "launch_env",
-    "launch_env_source",
-    "interfaces",
-    "network_interfaces",
-    "engine_args",
-    "resolved_engine_args",
-    "launch_args",
-}
-# Top-level fingerprint keys whose null is a value, not "not captured".
-_NULL_IS_VALUE = {"model_revision"}  # None: the model is a directory, not a snapshot
 _SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "KEY")
 _NO_LAUNCH_ENV = (
     "the launching environment (the shell of vllm serve on the head, or the orchestrator) "
@@ -196,75 +178,120 @@ def check_parity(nodes: list[dict[str, Any]], launch: dict[str, Any] | None = No
         Env values of names with a TOKEN/KEY/SECRET/PASSWORD part (``HF_TOKEN``,
         ``VLLM_API_KEY``; not ``NCCL_IB_PKEY``) are shown as ``"<set sha256:12 hex>"``.
 
+    Size: the code is ~30 lines (a field's rules: :func:`_check_field`); the rest is the
+    report's contract.
+
     Raises:
         ValueError: no nodes, or two fingerprints with the same node name.
     """
     if not nodes:
         raise ValueError("parity check needs at least one node fingerprint")
     launch = launch or {}
-    names = [_node_name(n, i) for i, n in enumerate(nodes)]
+    names = [node_name(n, i) for i, n in enumerate(nodes)]
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate node names in fingerprints: {names}")
-    flat = [_flatten(n) for n in nodes]
+    flat = [flatten(n) for n in nodes]
     envs = [node_env(n) for n in nodes]
     launch_env, launch_source = launch_environment_of(nodes, names, launch)
     ctx = _Context(nodes, names, launch, launch_env, launch_source)
 
+    found = _Found({rule.name: i for i, rule in enumerate(RULES)})
+    for field in sorted(_fields(flat, envs, launch_env)):
+        _check_field(found, field, flat, envs, ctx)
+    world = check_world_size(nodes, names, launch, RULES[found.index["gpu_count"]])
+    if world is not None:
+        found.add("gpu_count", world)
+    if launch_env is None:
+        found.unknown.insert(
+            0, {"field": None, "rule": "comm_launch_shell_only", "note": _NO_LAUNCH_ENV}
+        )
+    unknown = found.unknown
+    findings = [entry for _, _, entry in sorted(found.ranked, key=lambda t: (t[0], t[1]))]
+    return {
+        **_verdict(findings, unknown, len(nodes)),
+        "unknown": unknown,
+        "nodes": names,
+        "unchecked_fields": found.unchecked,
+        "evaluations": found.evaluations,
+        "launch_env_source": launch_source,
+    }
+
+
+@dataclass
+class _Found:
+    """What the checks found so far: findings ranked by rule, every verdict, the unknowns."""
+
+    index: dict[str, int]  # rule name -> its row in RULES
+    ranked: list[tuple[int, int, dict[str, Any]]] = dataclass_field(default_factory=list)
+    evaluations: list[dict[str, Any]] = dataclass_field(default_factory=list)
+    unknown: list[dict[str, Any]] = dataclass_field(default_factory=list)
+    unchecked: list[str] = dataclass_field(default_factory=list)
+
+    def add(self, rule_name: str, entry: dict[str, Any]) -> None:
+        self.ranked.append((self.index[rule_name], len(self.ranked), entry))
+
+
+def _check_field(
+    found: _Found,
+    field: str,
+    flat: list[dict[str, Any]],
+    envs: list[NodeEnv],
+    ctx: _Context,
+) -> None:
+    """Evaluate every rule that applies to ``field`` into ``found``."""
+    rules = rules_for(field)
+    if not rules:
+        found.unchecked.append(field)
+        return
+    if field == "model_files":
+        entries = check_model_files(ctx.nodes, ctx.names, ctx.launch, rules[0])
+        for entry in entries:
+            found.add(rules[0].name, entry)
+        found.evaluations.append(_brief(field, rules[0], rules[0].severity if entries else "ok"))
+        return
+    values, not_captured = field_values(field, ctx.names, flat, envs)
+    verdicts = [_evaluate(rule, field, values, not_captured, ctx) for rule in rules]
+    found.evaluations += [
+        _brief(field, r, v["verdict"]) for r, v in zip(rules, verdicts, strict=True)
+    ]
+    found.unknown += _undecided(field, rules, verdicts, ctx.launch_env is None)
+    finding = _finding(field, values, not_captured, rules, verdicts, ctx)
+    if finding is not None:
+        found.add(finding["rule_name"], finding)
+
+
+def _fields(flat: list[dict[str, Any]], envs: list[NodeEnv], launch_env: Any) -> set[str]:
+    """Every field some node has, its captured env variables, and the launching side's
+    variables that a ``launch_env`` rule looks at (nothing else of the launching side)."""
     fields = {f for fl in flat for f in fl}
     for env in envs:
         fields |= {f"env.{k}" for k, v in env.values.items() if v is not None}
-    # the launching side adds the variables a launch_env rule looks at, nothing else
     launch_fields = {f"env.{k}" for k in launch_env or {}}
     fields |= {f for f in launch_fields if any(r.check == "launch_env" for r in rules_for(f))}
+    return fields
 
-    ranked: list[tuple[int, int, dict[str, Any]]] = []
-    evaluations: list[dict[str, Any]] = []
-    unknown: list[dict[str, Any]] = []
-    unchecked: list[str] = []
-    index = {rule.name: i for i, rule in enumerate(RULES)}
-    for field in sorted(fields):
-        rules = rules_for(field)
-        if not rules:
-            unchecked.append(field)
-            continue
-        if field == "model_files":
-            entries = _check_model_files(nodes, names, launch, rules[0])
-            ranked += [(index[rules[0].name], len(ranked), e) for e in entries]
-            verdict = rules[0].severity if entries else "ok"
-            evaluations.append(_brief(field, rules[0], verdict))
-            continue
-        values, not_captured = _field_values(field, names, flat, envs)
-        verdicts = [_evaluate(rule, field, values, not_captured, ctx) for rule in rules]
-        evaluations += [
-            _brief(field, r, v["verdict"]) for r, v in zip(rules, verdicts, strict=True)
-        ]
-        for rule, v in zip(rules, verdicts, strict=True):
-            if v["verdict"] == "unknown" and not (
-                rule.check in _LAUNCH_CHECKS and launch_env is None
-            ):
-                note = v.get("note") or "a value this rule needs was not captured"
-                extra: dict[str, Any] = {
-                    k: v[k] for k in ("not_captured_on", "undecided") if k in v
-                }
-                unknown.append(
-                    {
-                        "field": field,
-                        "rule": rule.name,
-                        "severity": rule.severity,
-                        "note": note,
-                        **extra,
-                    }
-                )
-        finding = _finding(field, values, not_captured, rules, verdicts, ctx)
-        if finding is not None:
-            ranked.append((index[finding["rule_name"]], len(ranked), finding))
-    world = _check_world_size(nodes, names, launch, RULES[index["gpu_count"]])
-    if world is not None:
-        ranked.append((index["gpu_count"], len(ranked), world))
-    if launch_env is None:
-        unknown.insert(0, {"field": None, "rule": "comm_launch_shell_only", "note": _NO_LAUNCH_ENV})
 
-    findings = [entry for _, _, entry in sorted(ranked, key=lambda t: (t[0], t[1]))]
+def _undecided(
+    field: str, rules: list[Rule], verdicts: list[dict[str, Any]], no_launch_env: bool
+) -> list[dict[str, Any]]:
+    """The ``unknown`` entries of a field's undecided rules (a launch rule without the
+    launching environment is reported once for the whole check instead)."""
+    out: list[dict[str, Any]] = []
+    for rule, v in zip(rules, verdicts, strict=True):
+        if v["verdict"] != "unknown" or (rule.check in _LAUNCH_CHECKS and no_launch_env):
+            continue
+        note = v.get("note") or "a value this rule needs was not captured"
+        extra: dict[str, Any] = {k: v[k] for k in ("not_captured_on", "undecided") if k in v}
+        out.append(
+            {"field": field, "rule": rule.name, "severity": rule.severity, "note": note, **extra}
+        )
+    return out
+
+
+def _verdict(
+    findings: list[dict[str, Any]], unknown: list[dict[str, Any]], node_count: int
+) -> dict[str, Any]:
+    """``verdict``, ``verdict_reasons``, ``mismatches`` and ``warnings`` of the findings."""
     mismatches = [f for f in findings if f["severity"] == "blocking"]
     warnings = [f for f in findings if f["severity"] == "warning"]
     # A blocking rule left undecided on a field of a multi-node check: not "ok".
@@ -274,7 +301,7 @@ def check_parity(nodes: list[dict[str, Any]], launch: dict[str, Any] | None = No
         + (f" on {', '.join(m['odd_nodes'])}" if m.get("odd_nodes") else "")
         for m in mismatches
     ]
-    if not mismatches and len(nodes) > 1:
+    if not mismatches and node_count > 1:
         reasons = [f"{u['field']}: {u['rule']} undecided: {u['note']}" for u in undecided]
     overall = "blocked" if mismatches else ("unknown" if reasons else "ok")
     return {
@@ -282,106 +309,10 @@ def check_parity(nodes: list[dict[str, Any]], launch: dict[str, Any] | None = No
         "verdict_reasons": reasons,
         "mismatches": mismatches,
         "warnings": warnings,
-        "unknown": unknown,
-        "nodes": names,
-        "unchecked_fields": unchecked,
-        "evaluations": evaluations,
-        "launch_env_source": launch_source,
     }
 
 
-# --------------------------------------------------------------------------- inputs
-
-
-def _node_name(node: Mapping[str, Any], index: int) -> str:
-    for key in ("node", "node_id", "hostname", "ip"):
-        if node.get(key):
-            return str(node[key])
-    return f"node-{index}"
-
-
-def _args(value: Any) -> dict[str, Any]:
-    """Engine/launch args as a dict; an argv list ``["--k", "v", "--flag"]`` is parsed."""
-    if isinstance(value, Mapping):
-        return {str(k).lstrip("-").replace("-", "_"): v for k, v in value.items()}
-    out: dict[str, Any] = {}
-    if isinstance(value, list | tuple):
-        items = [str(v) for v in value]
-        i = 0
-        while i < len(items):
-            item = items[i]
-            if item.startswith("--"):
-                key, eq, val = item[2:].partition("=")
-                key = key.replace("-", "_")
-                if eq:
-                    out[key] = val
-                elif i + 1 < len(items) and not items[i + 1].startswith("--"):
-                    out[key] = items[i + 1]
-                    i += 1
-                else:
-                    out[key] = True
-            else:
-                out.setdefault("_positional", []).append(item)
-            i += 1
-    return out
-
-
-def _flatten(node: Mapping[str, Any]) -> dict[str, Any]:
-    """Fingerprint -> ``{field: value}`` with ``engine_args.*``, ``launch_args.*``
-    (environment variables: :func:`node_env`)."""
-    flat: dict[str, Any] = {}
-    for key, value in node.items():
-        if key in _META_KEYS or is_env_name(str(key)):
-            continue
-        if value is None and key not in _NULL_IS_VALUE:
-            continue  # a fingerprint's null is "unknown": not captured (_field_values)
-        flat[key] = value
-    for src, prefix in (
-        ("engine_args", "engine_args"),
-        ("resolved_engine_args", "engine_args"),
-        ("launch_args", "launch_args"),
-        ("engine_env", "engine_env"),  # and "engine_env" itself: the per-node check
-    ):
-        if src in node:
-            for key, value in _args(node[src]).items():
-                flat[f"{prefix}.{key}"] = value
-    flat.pop("model_files", None)  # compared file by file, see _check_model_files
-    if "model_files" in node or "model_path_exists" in node:
-        flat["model_files"] = True  # marks the field as present (for rule matching)
-    return flat
-
-
-def _field_values(
-    field: str, names: list[str], flat: list[dict[str, Any]], envs: list[NodeEnv]
-) -> tuple[dict[str, Any], list[str]]:
-    """``({node: value}, [nodes where it was not captured])``; env: ``None`` = unset.
-
-    A top-level field a node lacks (absent or ``null``: the probe's "unknown") is
-    not captured there, except in :data:`_NULL_IS_VALUE`; engine/launch args keep
-    ``None`` (an argument not given); an ``engine_env.*`` sub-field a node did not
-    report is not captured there (``ABSENT_IS_NOT_CAPTURED``), its ``null`` a value."""
-    if not field.startswith("env."):
-        if ("." in field and not not_captured_when_absent(field)) or field in _NULL_IS_VALUE:
-            return {name: fl.get(field) for name, fl in zip(names, flat, strict=True)}, []
-        have = {name: fl[field] for name, fl in zip(names, flat, strict=True) if field in fl}
-        return have, [name for name in names if name not in have]
-    var = field.removeprefix("env.")
-    values: dict[str, Any] = {}
-    missing: list[str] = []
-    for name, env in zip(names, envs, strict=True):
-        known, value = env.state(var)
-        if known:
-            values[name] = value
-        else:
-            missing.append(name)
-    return values, missing
-
-
 # --------------------------------------------------------------------------- evaluation
-
-
-def _canon(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, default=str)
 
 
 def _display(field: str, value: Any) -> Any:
@@ -390,16 +321,6 @@ def _display(field: str, value: Any) -> Any:
     if value is not None and field.startswith("env.") and secret:
         return f"<set sha256:{hashlib.sha256(str(value).encode()).hexdigest()[:12]}>"
     return value
-
-
-def _odd_nodes(values: Mapping[str, Any]) -> list[str]:
-    """Nodes outside the largest group of equal values (ties: the first node's group)."""
-    groups: dict[str, list[str]] = {}
-    for node, value in values.items():
-        groups.setdefault(_canon(value), []).append(node)
-    first = next(iter(values))
-    majority = max(groups.values(), key=lambda g: (len(g), first in g))
-    return [n for n in values if n not in majority]
 
 
 def _brief(field: str, rule: Rule, verdict: str) -> dict[str, Any]:
@@ -431,8 +352,8 @@ def _evaluate(
     odd: list[str] = []
     var = field.removeprefix("env.")
     if rule.check == "identical":
-        if len({_canon(v) for v in values.values()}) > 1:
-            odd = _odd_nodes(values)
+        if len({canon(v) for v in values.values()}) > 1:
+            odd = odd_nodes(values)
     elif rule.check == "present_everywhere":
         set_on = [n for n, v in values.items() if _is_set(var, v)]
         odd = [n for n, v in values.items() if not _is_set(var, v)] if set_on else []
@@ -617,103 +538,3 @@ def _per_node_problems(
 
 
 # --------------------------------------------------------------------------- per node
-
-
-def _check_world_size(
-    nodes: list[dict[str, Any]], names: list[str], launch: Mapping[str, Any], rule: Rule
-) -> dict[str, Any] | None:
-    """All nodes together must hold TP x PP GPUs (only when every node reports gpu_count)."""
-    tp = int(launch.get("tensor_parallel_size") or 1)
-    pp = int(launch.get("pipeline_parallel_size") or 1)
-    counts: dict[str, Any] = {
-        name: node.get("gpu_count") for name, node in zip(names, nodes, strict=True)
-    }
-    if any(count is None for count in counts.values()):
-        return None
-    total = sum(int(count) for count in counts.values())
-    if total >= tp * pp:
-        return None
-    problem = f"{total} GPUs in all, TP x PP = {tp} x {pp} = {tp * pp} needed"
-    return {
-        "field": "gpu_count",
-        "values": counts,
-        "severity": rule.severity,
-        "odd_nodes": [],
-        "rule": rule.why,
-        "rule_name": rule.name,
-        "check": rule.check,
-        "problems": {"cluster": problem},
-    }
-
-
-# --------------------------------------------------------------------------- model files
-
-
-def _manifest(node: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """``{file name: (size, sha256)}`` from a list of dicts or a name-keyed dict."""
-    raw = node.get("model_files") or {}
-    if isinstance(raw, Mapping):
-        return {str(k): (v.get("size"), v.get("sha256")) for k, v in raw.items()}
-    out = {}
-    for item in raw:
-        name = item.get("path") or item.get("name")
-        out[str(name)] = (item.get("size"), item.get("sha256"))
-    return out
-
-
-def _check_model_files(
-    nodes: list[dict[str, Any]], names: list[str], launch: Mapping[str, Any], rule: Rule
-) -> list[dict[str, Any]]:
-    """Per-node model-directory findings against the per-file majority.
-
-    A node whose ``model_path_exists`` is false is reported as missing the whole
-    directory and takes no part in the majority. For every other node each file
-    name gets a value (``(size, sha256)`` or absent); the majority value (ties:
-    the first node's) is the reference: absent where the reference has it ->
-    ``missing``; another size/digest -> ``differs``; present where the reference
-    is absent -> ``extra``.
-    """
-    if not any("model_files" in n or "model_path_exists" in n for n in nodes):
-        return []
-    out: list[dict[str, Any]] = []
-    present = [
-        (name, _manifest(node))
-        for name, node in zip(names, nodes, strict=True)
-        if node.get("model_path_exists", True) is not False
-    ]
-    file_names: list[str] = []
-    for _, manifest in present:
-        file_names += [f for f in manifest if f not in file_names]
-    reference: dict[str, str] = {}
-    for fname in file_names:
-        values = {name: manifest.get(fname) for name, manifest in present}
-        odd = set(_odd_nodes(values))
-        majority_node = next(n for n in values if n not in odd)
-        reference[fname] = _canon(values[majority_node])
-    absent = _canon(None)
-    by_node = dict(present)
-    for name, node in zip(names, nodes, strict=True):
-        base = {"node": name, "field": "model_files"}
-        tail = {"severity": rule.severity, "odd_nodes": [name], "rule": rule.why}
-        if name not in by_node:
-            path = launch.get("model") or node.get("model_path")
-            why = {"error": node["model_error"]} if node.get("model_error") else {}
-            out.append({**base, "missing_model_path": path, **why, **tail})
-            continue
-        manifest = by_node[name]
-        missing, differs, extra = [], [], []
-        for fname in file_names:
-            ref, mine = reference[fname], _canon(manifest.get(fname))
-            if ref == mine:
-                continue
-            if mine == absent:
-                missing.append(fname)
-            elif ref == absent:
-                extra.append(fname)
-            else:
-                differs.append(fname)
-        lists = {"missing": missing, "differs": differs, "extra": extra}
-        found = {k: v for k, v in lists.items() if v}
-        if found:
-            out.append({**base, **found, **tail})
-    return out

@@ -54,7 +54,7 @@ from sqlalchemy import event, inspect
 from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator.core.errors import TokenInvalidError, TokenNameTakenError, TokenNotFoundError
-from orchestrator.core.models import ApiToken, Experiment, Run, Schedule, WebSession
+from orchestrator.core.models import ApiToken, Campaign, Experiment, Run, Schedule, WebSession
 from orchestrator.core.repositories import (
     AuditRepository,
     TokenRepository,
@@ -383,7 +383,7 @@ def _stamp(session: Session, _flush_context: Any, _instances: Any) -> None:
     if not actor:
         return
     for obj in session.new:
-        if isinstance(obj, Experiment | Run) and obj.submitted_by is None:
+        if isinstance(obj, Experiment | Run | Campaign) and obj.submitted_by is None:
             obj.submitted_by = actor
         elif isinstance(obj, Schedule):
             obj.created_by = obj.created_by or actor

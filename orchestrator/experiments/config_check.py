@@ -46,7 +46,7 @@ from typing import IO, TYPE_CHECKING, Any
 import jobs.engine.queries
 from jobs.engine.server import LAUNCHER_PATH, EngineError, engine_env
 from jobs.schemas import EngineLaunch
-from orchestrator.core.errors import EngineUnavailableError, VlabError
+from orchestrator.core.errors import EngineUnavailableError, SubmissionsBusyError
 from orchestrator.core.settings import Settings
 from orchestrator.core.telemetry import (
     CONFIG_CHECK,
@@ -63,14 +63,6 @@ log = logging.getLogger(__name__)
 
 #: Seconds a configuration check may take (as :func:`jobs.engine.queries.resolve_engine_configs`).
 RESOLVE_TIMEOUT_S = 300.0
-
-
-class SubmissionsBusyError(VlabError):
-    """Too many submissions are being checked: retry after ``retry_after_s`` seconds."""
-
-    status = 503
-    code = "submissions_busy"
-    title = "Too many submissions"
 
 
 class CheckGate:

@@ -107,6 +107,22 @@ class EngineArgCatalog:
         resolved.update(explicit)
         return resolved
 
+    def check_spec(
+        self, baseline: dict[str, Any], changes_at: list[tuple[list[str | int], Any]]
+    ) -> list[dict[str, Any]]:
+        """Problems with a spec's engine arguments: the baseline's (located at
+        ``body.baseline.engine_args``), then each ``engine_args.<name>`` change of
+        ``changes_at`` (``(loc, changes)`` per variant, located at ``[*loc, "changes",
+        path]``; ``changes`` may be anything a raw document holds). The one loop over a
+        submission's engine arguments, as :meth:`check` judges each."""
+        errors = self.check(baseline, ["body", "baseline", "engine_args"])
+        for loc, changes in changes_at:
+            for path, value in (changes if isinstance(changes, dict) else {}).items():
+                if isinstance(path, str) and path.startswith("engine_args."):
+                    for err in self.check({path.split(".", 1)[1]: value}, []):
+                        errors.append({**err, "loc": [*loc, "changes", path]})
+        return errors
+
     def check(self, engine_args: dict[str, Any], loc: list[str | int]) -> list[dict[str, Any]]:
         """Problems with ``engine_args`` as ``{"loc", "msg", "type"}`` entries (empty if fine).
 

@@ -2,8 +2,9 @@
 
 Each waits for a check slot (back-pressure: 503 ``submissions_busy``,
 :func:`orchestrator.experiments.config_check.gate_for`) with no database connection
-held, then checks and stores through :mod:`orchestrator.experiments.service`. The
-caller's unit of work commits.
+held, then checks (:func:`orchestrator.experiments.submission.check_experiment`, no
+connection held) and stores (:mod:`orchestrator.experiments.service`). The caller's unit
+of work commits.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from orchestrator.core.db import release_connection
 from orchestrator.core.errors import SpecInvalidError
 from orchestrator.core.models import Experiment, Run
 from orchestrator.core.settings import Settings
+from orchestrator.experiments.cluster_view import ClusterView
 from orchestrator.experiments.config_check import engine_resolver, gate_for
 from orchestrator.experiments.engine_catalog import load_catalog
-from orchestrator.experiments.service import parse_spec, submit_experiment, submit_variant
+from orchestrator.experiments.service import store_experiment, submit_variant
 from orchestrator.experiments.spec import Variant
+from orchestrator.experiments.submission import check_experiment
 
 
 def accept_experiment(session: Session, settings: Settings, body: Any) -> Experiment:
@@ -33,10 +36,12 @@ def accept_experiment(session: Session, settings: Settings, body: Any) -> Experi
     release_connection(session)  # nothing held while waiting for a slot or for vLLM
     with gate_for(settings).slot():
         catalog = load_catalog(settings)
-        spec = parse_spec(body, settings, catalog)
-        return submit_experiment(
-            session, settings, spec, catalog, resolver=engine_resolver(settings)
+        cluster = ClusterView.read(session, settings)
+        release_connection(session)  # the check holds no connection (6-80 s cold)
+        checked = check_experiment(
+            settings, catalog, cluster, body, resolver=engine_resolver(settings)
         )
+        return store_experiment(session, checked, catalog)
 
 
 def accept_variant(

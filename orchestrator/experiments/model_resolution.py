@@ -192,7 +192,8 @@ def _resolve_model(settings: Settings, model: str, revision: str | None) -> Reso
             with _generate_lock:  # concurrent first submissions generate it once
                 if not (path / "config.json").exists():
                     generate_model(path, model)
-        return ResolvedModel(model, path.resolve(), model_digest(path), generated=True)
+        digest = model_digest(path)
+        return ResolvedModel(model, path.resolve(), digest, generated=True)
     candidates = [Path(model).expanduser()] + [root / model for root in settings.model_roots]
     for cand in candidates:
         with contextlib.suppress(OSError):

@@ -13,33 +13,42 @@
    that vLLM derives from the changed variable (e.g. a batch-token limit
    that follows ``max_model_len``) counts as a second variable.
 
-It then lays the runs out: each variant ``repeats`` times, interleaved
-(A1 B1 A2 B2 ...), variants sharing a server configuration next to each
-other so they can reuse one vLLM server.
+5. each workload's request list (:class:`RequestLists`) and its longest request against
+   the context cap.
+
+It then lays the runs out (:mod:`orchestrator.experiments.run_layout`).
+
+Size: about 610 lines of one responsibility, the checks a plan passes in the order
+vLLM's answers allow; the vLLM-answer checks split into a module of their own would
+send a submission from here there and back again (the walk of ``POST /experiments``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from jobs.load.workload import build_requests, longest_request_tokens
+from jobs.load.workload import build_requests, longest_request_tokens, request_list_hash
+from jobs.modelgen.generator import load_tokenizer
 from jobs.schemas import WorkloadSpec
-from orchestrator.cluster.placement import NodeInventory, shape_problem
+from orchestrator.cluster.placement import RAY_EXECUTOR_ON_CPU, NodeInventory, shape_problem
+from orchestrator.experiments.cluster_view import ClusterView
 from orchestrator.experiments.engine_catalog import EngineArgCatalog, parse_human_int
+from orchestrator.experiments.run_layout import PlannedRun, lay_out
 from orchestrator.experiments.spec import (
     Expansion,
     ExperimentSpec,
     PlannedVariant,
     RunConfig,
-    execution_order,
     expand,
-    ladder_variants,
 )
+
+if TYPE_CHECKING:  # model_resolution -> config_check -> this module (for Resolver)
+    from orchestrator.experiments.model_resolution import ResolvedModel
 
 #: Fields of vLLM's resolved configuration that an experiment controls. A
 #: difference in one of them between a variant and its reference is a
@@ -73,19 +82,6 @@ Resolver = Callable[[str, list[dict[str, Any]]], list[dict[str, Any]]]
 
 
 @dataclass
-class PlannedRun:
-    variant: PlannedVariant
-    repeat_index: int
-    sequence: int
-    explicit_engine_args: dict[str, Any]
-    resolved_engine_args: dict[str, Any]
-    server_key: str
-    resolved_config: dict[str, Any] | None = None
-    #: the context cap the run really runs with (:func:`context_cap`)
-    max_model_len: int | None = None
-
-
-@dataclass
 class Plan:
     variants: list[PlannedVariant] = field(default_factory=list)
     runs: list[PlannedRun] = field(default_factory=list)
@@ -100,15 +96,19 @@ LADDER_PINNED = ("max_num_batched_tokens", "max_num_seqs")
 
 
 def pin_ladder_defaults(
-    spec: ExperimentSpec, resolver: Resolver, model_dir: str, generated_model: bool
+    spec: ExperimentSpec,
+    base: RunConfig,
+    resolver: Resolver,
+    model_dir: str,
+    generated_model: bool,
 ) -> tuple[ExperimentSpec, dict[str, Any]]:
     """Pin :data:`LADDER_PINNED` in the ladder's baseline to what vLLM resolves for step 1.
 
     vLLM 0.32 derives ``max_num_batched_tokens`` and ``max_num_seqs`` from the
     world size, so raising TP would otherwise change them too (a second
-    variable). Arguments the user set are left alone. Returns (spec, pins).
+    variable). Arguments the user set are left alone. ``base``: step 1's configuration
+    (the first variant of the ladder's expansion). Returns (spec, pins).
     """
-    base, _ = ladder_variants(spec)
     (answer,) = resolver(model_dir, [engine_args_of(base, generated_model)])
     if not answer.get("ok"):
         return spec, {}
@@ -146,12 +146,6 @@ def explicit_engine_args(variant: PlannedVariant, generated_model: bool) -> dict
     return engine_args_of(variant.config, generated_model)
 
 
-def server_key(model_digest: str, explicit: dict[str, Any], layout: dict[str, Any]) -> str:
-    """Runs with the same key can share one vLLM server (they differ only client-side)."""
-    doc = json.dumps([model_digest, explicit, layout], sort_keys=True, default=str)
-    return hashlib.sha256(doc.encode()).hexdigest()[:32]
-
-
 _EXC_PREFIX = re.compile(r"\b(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception):\s*")
 _SITE_PATH = re.compile(r"(?:/[^\s'\"]*)?/(?:site|dist)-packages/[^\s'\"]*")
 _PYDANTIC_NOISE = re.compile(
@@ -171,17 +165,6 @@ def public_reason(text: str) -> str:
     return " ".join(text.split())[:1000]
 
 
-def _variant_loc(spec: ExperimentSpec, variant: PlannedVariant) -> list[str | int]:
-    if variant.source == "variant":
-        idx = next(i for i, v in enumerate(spec.variants) if v.name == variant.name)
-        return ["body", "variants", idx]
-    if variant.source == "factor":
-        return ["body", "factors", variant.variable or ""]
-    if variant.source == "ladder":
-        return ["body", "preset", variant.name]
-    return ["body", "baseline"]
-
-
 def _tracked(config: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in config.items():
@@ -195,13 +178,41 @@ def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _workload_problem(workload: WorkloadSpec) -> str | None:
-    """Why ``workload``'s request list cannot be built (sized without a tokenizer), or None."""
-    try:
-        build_requests(workload, None)
-    except ValueError as exc:
-        return str(exc)
-    return None
+class RequestLists:
+    """The request lists of a submission's workloads: each distinct workload built once,
+    with the model's tokenizer (loaded on first use), by
+    :func:`jobs.load.workload.build_requests` (the one builder, also the runner's): why it
+    cannot be built (:meth:`problem`), else its hash (:meth:`hash`, stored with the runs).
+    ``model_path`` None sizes the texts without a tokenizer (4 characters a token)."""
+
+    def __init__(self, model_path: Path | None) -> None:
+        self.model_path = model_path
+        self._tokenizer: Any = None
+        self._built: dict[str, tuple[str | None, str | None]] = {}
+
+    def _build(self, workload: WorkloadSpec) -> tuple[str | None, str | None]:
+        key = workload.model_dump_json()
+        if key not in self._built:
+            if self._tokenizer is None and self.model_path is not None:
+                self._tokenizer = load_tokenizer(self.model_path)
+            try:
+                requests = build_requests(workload, self._tokenizer)
+            except ValueError as exc:
+                self._built[key] = (str(exc), None)
+            else:
+                self._built[key] = (None, request_list_hash(requests))
+        return self._built[key]
+
+    def problem(self, workload: WorkloadSpec) -> str | None:
+        """Why ``workload``'s request list cannot be built, or None."""
+        return self._build(workload)[0]
+
+    def hash(self, workload: WorkloadSpec) -> str:
+        """The hash of ``workload``'s request list (:func:`request_list_hash`)."""
+        digest = self._build(workload)[1]
+        if digest is None:
+            raise ValueError(self.problem(workload))
+        return digest
 
 
 def context_cap(
@@ -229,15 +240,82 @@ def _resolved_no_change(v: PlannedVariant, mine: dict[str, Any], ref: dict[str, 
     return ", ".join(shown)
 
 
-def _fill_from_vllm(resolved: dict[str, Any], by_vllm: dict[str, Any] | None) -> dict[str, Any]:
-    """Replace catalogue defaults of ``None`` (decided later by vLLM) with vLLM's own values."""
-    if not by_vllm:
-        return resolved
-    values = {k.rsplit(".", 1)[-1]: v for k, v in by_vllm.items()}
+def plan_submission(
+    spec: ExperimentSpec,
+    expanded: Expansion,
+    model: ResolvedModel,
+    cluster: ClusterView,
+    catalog: EngineArgCatalog,
+    arg_errors: list[dict[str, Any]],
+    resolver: Resolver | None,
+    request_lists: RequestLists,
+) -> Plan:
+    """:func:`plan_experiment` for a submission: ``spec`` (``expanded``: its :func:`expand`,
+    ``arg_errors``: its engine arguments' problems) on ``model``, checked against
+    ``cluster``, after what makes vLLM's check pointless:
+
+    - weights the node cannot load (an offline Hugging Face cache without them) for a
+      variant that does not use dummy weights;
+    - a variant with ``layout.executor: "ray"`` when the device kind in force is CPU
+      (the CPU build of vLLM refuses the Ray executor).
+
+    Uses no database.
+    """
+    variants = expanded[0]
+    if model.resolution.get("offline") and model.resolution.get("weights_cached") is False:
+        missing = [v.name for v in variants if v.config.engine_args.get("load_format") != "dummy"]
+        if missing:
+            return Plan(variants=variants, errors=[_weights_missing(model, missing)])
+    if cluster.kind == "CPU":
+        # before vLLM's (slow) configuration check: nothing else matters for these
+        refused = [
+            {
+                "loc": _executor_loc(spec, v),
+                "msg": f"{v.name}: {RAY_EXECUTOR_ON_CPU}",
+                "type": "executor_unsupported",
+            }
+            for v in variants
+            if v.config.layout.executor == "ray"
+        ]
+        if refused:
+            return Plan(variants=variants, errors=refused)
+    return _plan(
+        spec,
+        catalog,
+        expanded,
+        arg_errors,
+        model_dir=str(model.path),
+        model_digest=model.digest,
+        generated_model=model.generated,
+        cluster_devices=cluster.devices,
+        resolver=resolver,
+        model_max_len=model.max_position_embeddings,
+        cluster_nodes=cluster.nodes,
+        request_lists=request_lists,
+    )
+
+
+def _weights_missing(model: ResolvedModel, missing: list[str]) -> dict[str, Any]:
     return {
-        k: (values[k] if v is None and values.get(k) is not None else v)
-        for k, v in resolved.items()
+        "loc": ["body", "model"],
+        "msg": f"{model.model_id} @ {model.revision}: the node's Hugging Face "
+        f"cache ({model.resolution.get('hf_cache')}) has its config and "
+        "tokenizer but no weights, and HF_HUB_OFFLINE=1 there, so vLLM cannot "
+        "load it; download the weights into that cache, or set "
+        "engine_args.load_format 'dummy' (random weights) for: "
+        f"{', '.join(missing)}",
+        "type": "model_weights_missing",
     }
+
+
+def _executor_loc(spec: ExperimentSpec, v: PlannedVariant) -> list[str | int]:
+    """Where a variant's ``layout.executor`` comes from in the submitted document."""
+    if v.source == "variant" and "layout.executor" in v.changes:
+        index = next(i for i, x in enumerate(spec.variants) if x.name == v.name)
+        return ["body", "variants", index, "changes", "layout.executor"]
+    if v.source == "factor":
+        return ["body", "factors", v.variable or ""]
+    return ["body", "baseline", "layout", "executor"]
 
 
 def plan_experiment(
@@ -252,6 +330,8 @@ def plan_experiment(
     model_max_len: int | None = None,
     cluster_nodes: list[NodeInventory] | None = None,
     expanded: Expansion | None = None,
+    arg_errors: list[dict[str, Any]] | None = None,
+    request_lists: RequestLists | None = None,
 ) -> Plan:
     """Expand and check ``spec``; the plan's ``errors`` list every problem found.
 
@@ -264,123 +344,227 @@ def plan_experiment(
     (:func:`orchestrator.cluster.placement.shape_problem`: a TP group must fit in one
     node, PP stages split evenly over nodes). ``expanded``: :func:`expand` of ``spec``
     when the caller made it already (a submission expands its spec once); a ladder whose
-    baseline vLLM pins is a new spec, expanded here.
+    baseline vLLM pins is a new spec, expanded here. ``arg_errors``: the problems of the
+    spec's engine arguments (:meth:`EngineArgCatalog.check_spec`) when the caller found
+    them already. ``request_lists``: the workloads' request lists (sized without a
+    tokenizer when None).
     """
+    if expanded is None:
+        expanded = expand(spec)
+    if arg_errors is None:
+        arg_errors = catalog.check_spec(spec.baseline.engine_args, changes_at(expanded[0]))
+    return _plan(
+        spec,
+        catalog,
+        expanded,
+        arg_errors,
+        model_dir=model_dir,
+        model_digest=model_digest,
+        generated_model=generated_model,
+        cluster_devices=cluster_devices,
+        resolver=resolver,
+        model_max_len=model_max_len,
+        cluster_nodes=cluster_nodes,
+        request_lists=request_lists or RequestLists(None),
+    )
+
+
+def _plan(
+    spec: ExperimentSpec,
+    catalog: EngineArgCatalog,
+    expanded: Expansion,
+    arg_errors: list[dict[str, Any]],
+    *,
+    model_dir: str,
+    model_digest: str,
+    generated_model: bool,
+    cluster_devices: int | None,
+    resolver: Resolver | None,
+    model_max_len: int | None,
+    cluster_nodes: list[NodeInventory] | None,
+    request_lists: RequestLists,
+) -> Plan:
+    """:func:`plan_experiment` once the spec is expanded and its engine arguments checked."""
     plan = Plan()
     # vLLM is asked nothing about arguments the catalogue refuses (unknown, or naming
     # files or code the path policy does not allow): they are reported below
-    if (
-        spec.preset == "ladder"
-        and resolver is not None
-        and not catalog.check(spec.baseline.engine_args, [])
-    ):
-        spec, plan.pinned = pin_ladder_defaults(spec, resolver, model_dir, generated_model)
-    if expanded is None or plan.pinned:
-        expanded = expand(spec)
-    variants, errors = expanded[0], list(expanded[1])
-    plan.variants = variants
-    errors += catalog.check(spec.baseline.engine_args, ["body", "baseline", "engine_args"])
-    for v in variants[1:]:
-        for path, value in v.changes.items():
-            if path.startswith("engine_args."):
-                name = path.split(".", 1)[1]
-                for err in catalog.check({name: value}, []):
-                    errors.append({**err, "loc": [*_variant_loc(spec, v), "changes", path]})
-    if cluster_nodes:
-        for v in variants:
-            lay = v.config.layout
-            problem = shape_problem(
-                cluster_nodes, lay.tensor_parallel_size, lay.pipeline_parallel_size, lay.reserved
-            )
-            if problem is not None:
-                errors.append(
-                    {
-                        "loc": [*_variant_loc(spec, v), "layout"],
-                        "msg": f"{v.name}: {problem}",
-                        "type": "cluster_too_small",
-                    }
-                )
-    elif cluster_devices is not None:
-        for v in variants:
-            need = v.config.layout.reserved
-            if need > cluster_devices:
-                errors.append(
-                    {
-                        "loc": [*_variant_loc(spec, v), "layout"],
-                        "msg": f"{v.name} needs {need} devices; the cluster has {cluster_devices}",
-                        "type": "cluster_too_small",
-                    }
-                )
+    baseline_ok = not any(e["loc"][:3] == ["body", "baseline", "engine_args"] for e in arg_errors)
+    if spec.preset == "ladder" and resolver is not None and baseline_ok:
+        base = expanded[0][0].config
+        spec, plan.pinned = pin_ladder_defaults(spec, base, resolver, model_dir, generated_model)
+        if plan.pinned:
+            expanded = expand(spec)
+    plan.variants = variants = expanded[0]
+    errors = [
+        *expanded[1],
+        *arg_errors,
+        *_cluster_errors(spec, variants, cluster_nodes, cluster_devices),
+    ]
     if errors:
         plan.errors = errors
         return plan
-
     explicit = {v.name: explicit_engine_args(v, generated_model) for v in variants}
+    resolved: dict[str, dict[str, Any]] = {}
     flagged: set[str] = set()  # variants already refused (one reason each is enough)
-    resolved_by_vllm: dict[str, dict[str, Any]] = {}
     if resolver is not None:
-        distinct = list({json.dumps(a, sort_keys=True): a for a in explicit.values()}.values())
-        answers = resolver(model_dir, distinct)
-        by_key = {json.dumps(a, sort_keys=True): r for a, r in zip(distinct, answers, strict=True)}
-        for v in variants:
-            answer = by_key[json.dumps(explicit[v.name], sort_keys=True)]
-            if not answer.get("ok"):
-                errors.append(
-                    {
-                        "loc": _variant_loc(spec, v),
-                        "msg": f"vLLM refuses the configuration of {v.name!r}: "
-                        f"{public_reason(str(answer.get('error', 'unknown error')))}",
-                        "type": "engine_refuses_config",
-                    }
-                )
-            else:
-                resolved_by_vllm[v.name] = dict(answer.get("config") or {})
-        by_name = {v.name: v for v in variants}
-        for v in variants[1:]:
-            if v.name not in resolved_by_vllm or v.reference not in resolved_by_vllm:
-                continue
-            mine = _tracked(resolved_by_vllm[v.name])
-            ref = _tracked(resolved_by_vllm[str(v.reference)])
-            changed_names = {p.rsplit(".", 1)[-1] for p in v.variable_paths}
-            extra = {
-                k: (ref.get(k), mine.get(k))
-                for k in sorted(set(mine) | set(ref))
-                if mine.get(k) != ref.get(k) and k not in changed_names
-            }
-            if extra:
-                errors.append(
-                    {
-                        "loc": _variant_loc(spec, v),
-                        "msg": f"with {v.variable} changed, vLLM also resolves "
-                        + "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in extra.items())
-                        + f" vs {by_name[str(v.reference)].name!r}: that is more than one "
-                        "variable. Pin those arguments in the baseline, or declare a linked "
-                        "factor that sets them together",
-                        "type": "derived_default_changes",
-                        "variables": {k: list(ab) for k, ab in extra.items()},
-                    }
-                )
-        for v in variants[1:]:
-            if v.name not in resolved_by_vllm or v.reference not in resolved_by_vllm:
-                continue
-            same = _resolved_no_change(
-                v, resolved_by_vllm[v.name], resolved_by_vllm[str(v.reference)]
+        resolved, errors = _ask_vllm(
+            spec, variants, explicit, resolver(model_dir, _distinct(explicit))
+        )
+        errors += _derived_changes(spec, variants, resolved)
+        errors += _no_changes(spec, variants, resolved, flagged)
+    errors += _duplicates(spec, variants, explicit, resolved, flagged)
+    caps, problems = _workload_errors(spec, variants, resolved, model_max_len, request_lists)
+    if errors or problems:
+        plan.errors = errors + problems
+        return plan
+    plan.runs = lay_out(spec, variants, explicit, resolved, caps, catalog, model_dir, model_digest)
+    return plan
+
+
+def changes_at(variants: list[PlannedVariant]) -> list[tuple[list[str | int], Any]]:
+    """``(loc, changes)`` of each variant but the baseline, for
+    :meth:`EngineArgCatalog.check_spec`."""
+    return [(v.loc, v.changes) for v in variants[1:]]
+
+
+def _cluster_errors(
+    spec: ExperimentSpec,
+    variants: list[PlannedVariant],
+    cluster_nodes: list[NodeInventory] | None,
+    cluster_devices: int | None,
+) -> list[dict[str, Any]]:
+    """Each variant whose layout the cluster cannot hold: its TP x PP shape on the live
+    nodes when known, else its device count against the most the cluster offers."""
+    errors: list[dict[str, Any]] = []
+    for v in variants:
+        lay = v.config.layout
+        if cluster_nodes:
+            problem = shape_problem(
+                cluster_nodes, lay.tensor_parallel_size, lay.pipeline_parallel_size, lay.reserved
             )
-            if same:
-                flagged.add(v.name)
-                errors.append(
-                    {
-                        "loc": _variant_loc(spec, v),
-                        "msg": f"{v.name!r} changes nothing vLLM would run differently: "
-                        f"it resolves {same} the same as {v.reference!r}",
-                        "type": "no_change",
-                    }
-                )
+            msg = f"{v.name}: {problem}" if problem is not None else None
+        elif cluster_devices is not None and lay.reserved > cluster_devices:
+            msg = f"{v.name} needs {lay.reserved} devices; the cluster has {cluster_devices}"
+        else:
+            msg = None
+        if msg is not None:
+            loc = [*v.loc, "layout"]
+            errors.append({"loc": loc, "msg": msg, "type": "cluster_too_small"})
+    return errors
+
+
+def _distinct(explicit: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each distinct argument set of ``explicit`` once (what vLLM is asked)."""
+    return list({json.dumps(a, sort_keys=True): a for a in explicit.values()}.values())
+
+
+def _ask_vllm(
+    spec: ExperimentSpec,
+    variants: list[PlannedVariant],
+    explicit: dict[str, dict[str, Any]],
+    answers: list[dict[str, Any]],
+) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """vLLM's resolved configuration of each variant (``answers``: of :func:`_distinct`),
+    and a refusal for each variant whose configuration vLLM refuses."""
+    distinct = _distinct(explicit)
+    by_key = {json.dumps(a, sort_keys=True): r for a, r in zip(distinct, answers, strict=True)}
+    resolved: dict[str, dict[str, Any]] = {}
+    errors: list[dict[str, Any]] = []
+    for v in variants:
+        answer = by_key[json.dumps(explicit[v.name], sort_keys=True)]
+        if not answer.get("ok"):
+            errors.append(
+                {
+                    "loc": [*v.loc],
+                    "msg": f"vLLM refuses the configuration of {v.name!r}: "
+                    f"{public_reason(str(answer.get('error', 'unknown error')))}",
+                    "type": "engine_refuses_config",
+                }
+            )
+        else:
+            resolved[v.name] = dict(answer.get("config") or {})
+    return resolved, errors
+
+
+def _pairs(
+    variants: list[PlannedVariant], resolved: dict[str, dict[str, Any]]
+) -> list[tuple[PlannedVariant, dict[str, Any], dict[str, Any]]]:
+    """``(variant, its resolved config, its reference's)`` where vLLM resolved both."""
+    return [
+        (v, resolved[v.name], resolved[str(v.reference)])
+        for v in variants[1:]
+        if v.name in resolved and v.reference in resolved
+    ]
+
+
+def _derived_changes(
+    spec: ExperimentSpec, variants: list[PlannedVariant], resolved: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """A variant whose change makes vLLM resolve another tracked field differently too
+    (a second variable)."""
+    errors: list[dict[str, Any]] = []
+    for v, mine_all, ref_all in _pairs(variants, resolved):
+        mine, ref = _tracked(mine_all), _tracked(ref_all)
+        changed_names = {p.rsplit(".", 1)[-1] for p in v.variable_paths}
+        extra = {
+            k: (ref.get(k), mine.get(k))
+            for k in sorted(set(mine) | set(ref))
+            if mine.get(k) != ref.get(k) and k not in changed_names
+        }
+        if extra:
+            errors.append(
+                {
+                    "loc": [*v.loc],
+                    "msg": f"with {v.variable} changed, vLLM also resolves "
+                    + "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in extra.items())
+                    + f" vs {str(v.reference)!r}: that is more than one "
+                    "variable. Pin those arguments in the baseline, or declare a linked "
+                    "factor that sets them together",
+                    "type": "derived_default_changes",
+                    "variables": {k: list(ab) for k, ab in extra.items()},
+                }
+            )
+    return errors
+
+
+def _no_changes(
+    spec: ExperimentSpec,
+    variants: list[PlannedVariant],
+    resolved: dict[str, dict[str, Any]],
+    flagged: set[str],
+) -> list[dict[str, Any]]:
+    """A variant whose changed engine arguments vLLM resolves to its reference's values
+    (added to ``flagged``)."""
+    errors: list[dict[str, Any]] = []
+    for v, mine, ref in _pairs(variants, resolved):
+        same = _resolved_no_change(v, mine, ref)
+        if same:
+            flagged.add(v.name)
+            errors.append(
+                {
+                    "loc": [*v.loc],
+                    "msg": f"{v.name!r} changes nothing vLLM would run differently: "
+                    f"it resolves {same} the same as {v.reference!r}",
+                    "type": "no_change",
+                }
+            )
+    return errors
+
+
+def _duplicates(
+    spec: ExperimentSpec,
+    variants: list[PlannedVariant],
+    explicit: dict[str, dict[str, Any]],
+    resolved: dict[str, dict[str, Any]],
+    flagged: set[str],
+) -> list[dict[str, Any]]:
+    """A variant (not ``flagged`` already) that runs exactly an earlier one's configuration."""
+    errors: list[dict[str, Any]] = []
     seen: dict[str, str] = {}
     for v in variants:
         identity = json.dumps(
             [
-                resolved_by_vllm.get(v.name) or explicit[v.name],
+                resolved.get(v.name) or explicit[v.name],
                 v.config.layout.model_dump(mode="json"),
                 v.config.workload.model_dump(mode="json"),
             ],
@@ -390,63 +574,41 @@ def plan_experiment(
         if identity in seen and v.name not in flagged:
             errors.append(
                 {
-                    "loc": _variant_loc(spec, v),
+                    "loc": [*v.loc],
                     "msg": f"{v.name!r} runs exactly the same configuration as {seen[identity]!r}",
                     "type": "duplicate_variant",
                 }
             )
         seen.setdefault(identity, v.name)
-    workload_problems: dict[str, str | None] = {}
+    return errors
+
+
+def _workload_errors(
+    spec: ExperimentSpec,
+    variants: list[PlannedVariant],
+    resolved: dict[str, dict[str, Any]],
+    model_max_len: int | None,
+    request_lists: RequestLists,
+) -> tuple[dict[str, int | None], list[dict[str, Any]]]:
+    """Each variant's context cap (:func:`context_cap`), and the variants whose request
+    list cannot be built or whose longest request exceeds that cap."""
     caps: dict[str, int | None] = {}
+    errors: list[dict[str, Any]] = []
     for v in variants:
-        w = v.config.workload
-        key = w.model_dump_json()
-        if key not in workload_problems:
-            workload_problems[key] = _workload_problem(w)
-        if workload_problems[key] is not None:
-            errors.append(
-                {
-                    "loc": [*_variant_loc(spec, v), "workload"],
-                    "msg": f"{v.name}: {workload_problems[key]}",
-                    "type": "workload_invalid",
-                }
-            )
+        w, loc = v.config.workload, [*v.loc, "workload"]
+        problem = request_lists.problem(w)
+        if problem is not None:
+            errors.append({"loc": loc, "msg": f"{v.name}: {problem}", "type": "workload_invalid"})
             continue
-        cap = caps[v.name] = context_cap(v, resolved_by_vllm.get(v.name), model_max_len)
+        cap = caps[v.name] = context_cap(v, resolved.get(v.name), model_max_len)
         longest = longest_request_tokens(w) + PROMPT_OVERHEAD_TOKENS
         if cap is not None and longest > cap:
             errors.append(
                 {
-                    "loc": [*_variant_loc(spec, v), "workload"],
+                    "loc": loc,
                     "msg": f"{v.name}: the longest request needs about {longest} tokens "
                     f"(prompt and output), above max_model_len {cap}",
                     "type": "request_exceeds_context_cap",
                 }
             )
-    if errors:
-        plan.errors = errors
-        return plan
-
-    keys = {
-        v.name: server_key(model_digest, explicit[v.name], v.config.layout.model_dump(mode="json"))
-        for v in variants
-    }
-    by_name = {v.name: v for v in variants}
-    for seq, (name, rep) in enumerate(execution_order(variants, spec.repeats, keys)):
-        v = by_name[name]
-        plan.runs.append(
-            PlannedRun(
-                variant=v,
-                repeat_index=rep,
-                sequence=seq,
-                explicit_engine_args=explicit[name],
-                resolved_engine_args={
-                    **_fill_from_vllm(catalog.resolve(explicit[name]), resolved_by_vllm.get(name)),
-                    "model": model_dir,
-                },
-                server_key=keys[name],
-                resolved_config=resolved_by_vllm.get(name),
-                max_model_len=caps[name],
-            )
-        )
-    return plan
+    return caps, errors

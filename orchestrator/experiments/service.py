@@ -1,33 +1,29 @@
 """Submitting experiments: a spec document -> checks -> an experiment with its queued runs.
 
-:func:`parse_spec` validates the document; :func:`submit_experiment` (the API) and
-:func:`create_experiment` (scheduled sweeps) expand the spec once, resolve its model
-(:mod:`orchestrator.experiments.model_resolution`), plan it against the live cluster
-(:mod:`orchestrator.experiments.planner`, :class:`ClusterView`) and store the runs;
-:func:`submit_variant` adds one variant to an experiment. A run's launch job and its
-result live in :mod:`orchestrator.runs`.
+The checks are :func:`orchestrator.experiments.submission.check_experiment` (expand the
+spec, check its engine arguments, resolve its model and plan it against the live cluster
+and vLLM, each once); :func:`store_experiment` stores what passed. The API's submission is
+:func:`orchestrator.experiments.intake.accept_experiment` (check with no database
+connection held, then store); :func:`create_experiment` (scheduled sweeps) checks inside
+the caller's transaction. :func:`submit_variant` adds one variant to an experiment. A
+run's launch job and its result live in :mod:`orchestrator.runs`.
 
 Services take a session and never commit; the caller's unit of work does. The
-exceptions are :func:`submit_experiment` and :func:`submit_variant` (the API's
-submissions): they commit the caller's transaction once, after their reads,
-because vLLM's configuration check (6-80 s cold) must run with no database
-connection held; they store the result in a new transaction of the same session.
+exception is :func:`submit_variant` (the API's): it commits the caller's transaction
+once, after its reads, because vLLM's configuration check (6-80 s cold) must run with
+no database connection held; it stores the result in a new transaction of the same
+session.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from jobs.load.workload import build_requests, request_list_hash
-from jobs.modelgen.generator import load_tokenizer
-from jobs.schemas import WorkloadSpec
-from orchestrator.cluster.placement import RAY_EXECUTOR_ON_CPU
 from orchestrator.core.db import release_connection
 from orchestrator.core.errors import ConflictError, NotFoundError, SpecInvalidError
 from orchestrator.core.models import Experiment, Run
@@ -38,48 +34,26 @@ from orchestrator.experiments.capacity_spec import search_time_bound
 from orchestrator.experiments.cluster_view import ClusterView
 from orchestrator.experiments.config_check import engine_resolver, remembered_checks
 from orchestrator.experiments.engine_catalog import EngineArgCatalog
-from orchestrator.experiments.model_resolution import ResolvedModel, resolve_model
-from orchestrator.experiments.planner import Plan, PlannedRun, Resolver, plan_experiment
-from orchestrator.experiments.spec import (
-    Expansion,
-    ExperimentSpec,
-    PlannedVariant,
-    Variant,
-    expand,
+from orchestrator.experiments.model_resolution import ResolvedModel
+from orchestrator.experiments.planner import RequestLists, Resolver
+from orchestrator.experiments.run_layout import PlannedRun
+from orchestrator.experiments.spec import ExperimentSpec, PlannedVariant, Variant
+from orchestrator.experiments.submission import (
+    CheckedExperiment,
+    check_experiment,
+    screen_experiment,
 )
 
 
 def parse_spec(body: Any, settings: Settings, catalog: EngineArgCatalog) -> ExperimentSpec:
     """Validate a submitted spec document; on failure report every problem at once.
 
-    Schema problems (pydantic), unknown or ill-typed engine arguments found in
-    the raw document, and an unknown model are collected together into one
-    :class:`SpecInvalidError` (locations start with ``body``).
+    Schema problems (pydantic), the spec's own rules, unknown or ill-typed engine
+    arguments and an unknown model are collected together into one
+    :class:`SpecInvalidError` (locations start with ``body``):
+    :func:`orchestrator.experiments.submission.screen_experiment`.
     """
-    try:
-        return ExperimentSpec.model_validate(body)
-    except ValidationError as exc:
-        errors = SpecInvalidError.from_validation(exc).errors
-    if not isinstance(body, dict):
-        raise SpecInvalidError(errors)
-    baseline = body.get("baseline")
-    if isinstance(baseline, dict) and isinstance(baseline.get("engine_args"), dict):
-        errors += catalog.check(baseline["engine_args"], ["body", "baseline", "engine_args"])
-    variants = body.get("variants")
-    for i, v in enumerate(variants if isinstance(variants, list) else []):
-        changes = v.get("changes") if isinstance(v, dict) else None
-        for path, value in (changes if isinstance(changes, dict) else {}).items():
-            if isinstance(path, str) and path.startswith("engine_args."):
-                for err in catalog.check({path.split(".", 1)[1]: value}, []):
-                    errors.append({**err, "loc": ["body", "variants", i, "changes", path]})
-    revision_bad = any(e.get("loc", [])[:2] == ["body", "revision"] for e in errors)
-    if isinstance(body.get("model"), str) and body["model"] and not revision_bad:
-        revision = body.get("revision") if isinstance(body.get("revision"), str) else None
-        try:
-            resolve_model(settings, body["model"], revision)
-        except SpecInvalidError as exc:
-            errors += exc.errors
-    raise SpecInvalidError(errors)
+    return screen_experiment(settings, catalog, body).spec
 
 
 def validate_spec(
@@ -93,80 +67,9 @@ def validate_spec(
     """Every check :func:`create_experiment` makes (the spec's rules, its model, the plan
     against the live cluster read in ``session``, vLLM's through ``resolver``), storing
     nothing. Raises :class:`SpecInvalidError` listing every problem."""
-    model, expanded = _model_for(settings, spec)
-    plan = _plan_for(ClusterView.read(session, settings), spec, expanded, catalog, model, resolver)
-    if plan.errors:
-        raise SpecInvalidError(plan.errors)
-
-
-def _plan_for(
-    cluster: ClusterView,
-    spec: ExperimentSpec,
-    expanded: Expansion,
-    catalog: EngineArgCatalog,
-    model: ResolvedModel,
-    resolver: Resolver | None,
-) -> Plan:
-    """:func:`plan_experiment` for ``spec`` (``expanded``: its :func:`expand`) on ``model``,
-    checked against ``cluster``.
-
-    A variant with ``layout.executor: "ray"`` is refused when the device kind in force
-    is CPU (the CPU build of vLLM refuses the Ray executor). Uses no database.
-    """
-    variants = expanded[0]
-    if model.resolution.get("offline") and model.resolution.get("weights_cached") is False:
-        missing = [v.name for v in variants if v.config.engine_args.get("load_format") != "dummy"]
-        if missing:
-            return Plan(
-                variants=variants,
-                errors=[
-                    {
-                        "loc": ["body", "model"],
-                        "msg": f"{model.model_id} @ {model.revision}: the node's Hugging Face "
-                        f"cache ({model.resolution.get('hf_cache')}) has its config and "
-                        "tokenizer but no weights, and HF_HUB_OFFLINE=1 there, so vLLM cannot "
-                        "load it; download the weights into that cache, or set "
-                        "engine_args.load_format 'dummy' (random weights) for: "
-                        f"{', '.join(missing)}",
-                        "type": "model_weights_missing",
-                    }
-                ],
-            )
-    if cluster.kind == "CPU":
-        # before vLLM's (slow) configuration check: nothing else matters for these
-        refused = [
-            {
-                "loc": _executor_loc(spec, v),
-                "msg": f"{v.name}: {RAY_EXECUTOR_ON_CPU}",
-                "type": "executor_unsupported",
-            }
-            for v in variants
-            if v.config.layout.executor == "ray"
-        ]
-        if refused:
-            return Plan(variants=variants, errors=refused)
-    return plan_experiment(
-        spec,
-        catalog,
-        model_dir=str(model.path),
-        model_digest=model.digest,
-        generated_model=model.generated,
-        cluster_devices=cluster.devices,
-        resolver=resolver,
-        model_max_len=model.max_position_embeddings,
-        cluster_nodes=cluster.nodes,
-        expanded=expanded,
+    check_experiment(
+        settings, catalog, ClusterView.read(session, settings), spec, resolver=resolver
     )
-
-
-def _executor_loc(spec: ExperimentSpec, v: PlannedVariant) -> list[str | int]:
-    """Where a variant's ``layout.executor`` comes from in the submitted document."""
-    if v.source == "variant" and "layout.executor" in v.changes:
-        index = next(i for i, x in enumerate(spec.variants) if x.name == v.name)
-        return ["body", "variants", index, "changes", "layout.executor"]
-    if v.source == "factor":
-        return ["body", "factors", v.variable or ""]
-    return ["body", "baseline", "layout", "executor"]
 
 
 def create_experiment(
@@ -181,36 +84,12 @@ def create_experiment(
 
     Raises :class:`SpecInvalidError` listing every problem; nothing is stored then.
     The check (vLLM's, through ``resolver``) runs inside the caller's transaction:
-    the API uses :func:`submit_experiment` instead.
-    """
-    model, expanded = _model_for(settings, spec)
-    cluster = ClusterView.read(session, settings)
-    checked = _check_experiment(cluster, spec, expanded, catalog, model, resolver)
-    return _store_experiment(session, checked, catalog)
-
-
-def submit_experiment(
-    session: Session,
-    settings: Settings,
-    spec: ExperimentSpec,
-    catalog: EngineArgCatalog,
-    *,
-    resolver: Resolver | None = None,
-) -> Experiment:
-    """:func:`create_experiment` holding no database connection during the check.
-
-    The cluster's state is read, then the caller's transaction is committed
-    (:func:`orchestrator.core.db.release_connection`: its connection goes back to the pool);
-    the model, vLLM's check and the request lists are computed with no connection
-    held; the experiment is stored in a new transaction of ``session``, which the
-    caller's unit of work commits. Errors as :func:`create_experiment`, plus 503
-    ``submissions_busy`` from ``resolver``.
+    the API checks with no connection held instead
+    (:func:`orchestrator.experiments.intake.accept_experiment`).
     """
     cluster = ClusterView.read(session, settings)
-    release_connection(session)
-    model, expanded = _model_for(settings, spec)
-    checked = _check_experiment(cluster, spec, expanded, catalog, model, resolver)
-    return _store_experiment(session, checked, catalog)
+    checked = check_experiment(settings, catalog, cluster, spec, resolver=resolver)
+    return store_experiment(session, checked, catalog)
 
 
 def precheck(settings: Settings, catalog: EngineArgCatalog, doc: Any) -> None:
@@ -219,60 +98,16 @@ def precheck(settings: Settings, catalog: EngineArgCatalog, doc: Any) -> None:
     it again there in a transaction (:func:`validate_spec`) reuses the answers instead of
     holding a connection during vLLM's check. Reports nothing: problems are reported by
     that later check (which also knows the cluster)."""
-    try:
-        spec = parse_spec(doc, settings, catalog)
-        model, expanded = _model_for(settings, spec)
-    except SpecInvalidError:
-        return
-    _plan_for(ClusterView(), spec, expanded, catalog, model, engine_resolver(settings))
+    with contextlib.suppress(SpecInvalidError):
+        check_experiment(settings, catalog, ClusterView(), doc, resolver=engine_resolver(settings))
 
 
-def _model_for(settings: Settings, spec: ExperimentSpec) -> tuple[ResolvedModel, Expansion]:
-    """The spec's model and its expansion (:func:`expand`: done once per submission and
-    handed on to the planner). Raises :class:`SpecInvalidError` on the spec's own rules
-    before the model is looked up."""
-    expanded = expand(spec)
-    if expanded[1]:
-        raise SpecInvalidError(expanded[1])
-    return resolve_model(settings, spec.model, spec.revision), expanded
-
-
-@dataclass
-class _Checked:
-    """A spec that passed every check, with what storing it needs."""
-
-    spec: ExperimentSpec
-    model: ResolvedModel
-    plan: Plan
-    hasher: _RequestListHasher
-
-
-def _check_experiment(
-    cluster: ClusterView,
-    spec: ExperimentSpec,
-    expanded: Expansion,
-    catalog: EngineArgCatalog,
-    model: ResolvedModel,
-    resolver: Resolver | None,
-) -> _Checked:
-    """Plan ``spec`` and build its request lists (no database). Raises
-    :class:`SpecInvalidError` with every problem."""
-    plan = _plan_for(cluster, spec, expanded, catalog, model, resolver)
-    if plan.errors:
-        raise SpecInvalidError(plan.errors)
-    return _Checked(spec, model, plan, _hashed(model, plan))
-
-
-def _hashed(model: ResolvedModel, plan: Plan) -> _RequestListHasher:
-    """A hasher that already holds every workload's request list hash of ``plan``."""
-    hasher = _RequestListHasher(model.path)
-    for v in plan.variants:
-        hasher(v.config.workload)
-    return hasher
-
-
-def _store_experiment(session: Session, c: _Checked, catalog: EngineArgCatalog) -> Experiment:
-    spec, model, plan, hasher = c.spec, c.model, c.plan, c.hasher
+def store_experiment(
+    session: Session, c: CheckedExperiment, catalog: EngineArgCatalog
+) -> Experiment:
+    """Store checked experiment ``c`` with all its runs (``queued``) in ``session``'s
+    transaction (the caller's unit of work commits)."""
+    spec, model, plan, lists = c.spec, c.model, c.plan, c.request_lists
     experiment = Experiment(
         name=spec.name,
         description=spec.description,
@@ -280,7 +115,7 @@ def _store_experiment(session: Session, c: _Checked, catalog: EngineArgCatalog) 
         model_id=model.model_id,
         model_digest=model.digest,
         model_revision=model.revision,
-        request_list_hash=hasher(plan.variants[0].config.workload),
+        request_list_hash=lists.hash(plan.variants[0].config.workload),
         repeats=spec.repeats,
         variants=[_variant_doc(v) for v in plan.variants],
     )
@@ -293,23 +128,9 @@ def _store_experiment(session: Session, c: _Checked, catalog: EngineArgCatalog) 
         experiment.spec = {**experiment.spec, "capacity_estimate": bound}
     repo = ExperimentRepository(session)
     repo.add(experiment)
-    _store_runs(session, experiment, plan.runs, model, catalog, hasher, {})
+    _store_runs(session, experiment, plan.runs, model, catalog, lists, {})
     repo.reload(experiment)
     return experiment
-
-
-class _RequestListHasher:
-    """Hash of each distinct workload's request list, built with the model's tokenizer."""
-
-    def __init__(self, model_path: Path) -> None:
-        self.tokenizer = load_tokenizer(model_path)
-        self.hashes: dict[str, str] = {}
-
-    def __call__(self, workload: WorkloadSpec) -> str:
-        key = workload.model_dump_json()
-        if key not in self.hashes:
-            self.hashes[key] = request_list_hash(build_requests(workload, self.tokenizer))
-        return self.hashes[key]
 
 
 def _variant_doc(v: PlannedVariant) -> dict[str, Any]:
@@ -330,7 +151,7 @@ def _store_runs(
     runs: list[PlannedRun],
     model: ResolvedModel,
     catalog: EngineArgCatalog,
-    hasher: _RequestListHasher,
+    lists: RequestLists,
     run_ids: dict[tuple[str, int], str],
     sequence_offset: int = 0,
 ) -> list[Run]:
@@ -365,7 +186,7 @@ def _store_runs(
             model_revision=model.revision,
             max_model_len=p.max_model_len,
             seed=v.config.workload.seed,
-            request_list_hash=hasher(v.config.workload),
+            request_list_hash=lists.hash(v.config.workload),
             vllm_version=catalog.vllm_version,
             engine_info={},
             timings={},
@@ -448,7 +269,7 @@ def submit_variant(
 
 @dataclass
 class _CheckedVariant:
-    checked: _Checked
+    checked: CheckedExperiment
     variant: Variant
     #: facts the service added to the stored spec (not part of what a user submits)
     added: dict[str, Any]
@@ -471,20 +292,16 @@ def _check_variant(
     variant = variant.model_copy(update={"reference": reference})
     doc["variants"] = [*doc.get("variants", []), variant.model_dump(mode="json")]
     try:
-        spec = ExperimentSpec.model_validate(doc)
-    except ValidationError as exc:
-        raise SpecInvalidError.from_validation(exc) from exc
-    model = resolve_model(settings, spec.model, spec.revision)
-    plan = _plan_for(cluster, spec, expand(spec), catalog, model, resolver)
-    if plan.errors:
-        new_loc = ["body", "variants", len(spec.variants) - 1]
+        checked = check_experiment(settings, catalog, cluster, doc, resolver=resolver)
+    except SpecInvalidError as exc:
+        new_loc = ["body", "variants", len(doc["variants"]) - 1]
         raise SpecInvalidError(
             [
                 {**e, "loc": ["body", *e["loc"][3:]]} if e["loc"][:3] == new_loc else e
-                for e in plan.errors
+                for e in exc.errors
             ]
-        )
-    return _CheckedVariant(_Checked(spec, model, plan, _hashed(model, plan)), variant, added)
+        ) from exc
+    return _CheckedVariant(checked, variant, added)
 
 
 def _store_variant(
@@ -498,9 +315,9 @@ def _store_variant(
         p.sequence -= first
     experiment.spec = {**c.checked.spec.model_dump(mode="json"), **c.added}
     experiment.variants = [*experiment.variants, _variant_doc(new_runs[0].variant)]
-    model, hasher = c.checked.model, c.checked.hasher
+    model, lists = c.checked.model, c.checked.request_lists
     return _store_runs(
-        session, experiment, new_runs, model, catalog, hasher, existing, sequence_offset=offset
+        session, experiment, new_runs, model, catalog, lists, existing, sequence_offset=offset
     )
 
 

@@ -22,13 +22,18 @@ applied); :mod:`orchestrator.experiments.planner` repeats it on the configuratio
 itself resolves, so derived defaults are caught too.
 
 Each variant runs ``repeats`` times; repeats are interleaved
-(A1 B1 C1 A2 B2 C2 ...), see :func:`execution_order`.
+(A1 B1 C1 A2 B2 C2 ...), see :func:`orchestrator.experiments.run_layout.execution_order`.
 
 ``capacity`` (a :class:`jobs.capacity.search.CapacitySpec`) makes every run of the experiment
 a capacity search under SLOs: a measurement setting like the goodput ``slos``, the same
 for every run (the ladder's levels included), never a variable: a factor or variant
 cannot change it, nor the workload field the search drives, and its steps must be able
 to reach a steady state (:mod:`orchestrator.experiments.capacity_spec`).
+
+Size: about 670 lines: the document's models and the one-variable rules that expand it
+call each other (``Factor.changes_for``, :func:`set_path`, :func:`apply_changes`); in two
+modules a submission would go back and forth between them. The reading of a raw
+submitted document is :mod:`orchestrator.experiments.submission`'s.
 """
 
 from __future__ import annotations
@@ -353,6 +358,9 @@ class PlannedVariant(BaseModel):
     variable_paths: list[str] = Field(default_factory=list)
     config: RunConfig
     source: Literal["baseline", "ladder", "factor", "variant"]
+    #: where it comes from in the submitted document (:func:`variant_loc`), set by
+    #: :func:`expand`: where the planner locates its problems
+    loc: list[str | int] = Field(default_factory=list)
 
 
 def set_path(doc: dict[str, Any], path: str, value: Any) -> None:
@@ -509,6 +517,10 @@ def ladder_variants(spec: ExperimentSpec) -> tuple[RunConfig, list[Variant]]:
 Expansion = tuple[list[PlannedVariant], list[dict[str, Any]]]
 
 
+#: Where a variant comes from: (variant, its location, its source, its factor if any).
+_Source = tuple[Variant, list[str | int], str, "Factor | None"]
+
+
 def expand(spec: ExperimentSpec) -> Expansion:
     """Expand a spec into its variants (baseline first); return (variants, errors).
 
@@ -519,24 +531,7 @@ def expand(spec: ExperimentSpec) -> Expansion:
     invariant.
     """
     errors: list[dict[str, Any]] = []
-    base_name = "baseline"
-    base_config = spec.baseline
-    sources: list[tuple[Variant, list[str | int], str, Factor | None]] = []
-    if spec.preset == "ladder":
-        base_name = "1-baseline"
-        base_config, steps = ladder_variants(spec)
-        sources += [(v, ["body", "preset"], "ladder", None) for v in steps]
-    for fi, factor in enumerate(spec.factors):
-        for li, level in enumerate(factor.levels):
-            v = Variant(
-                name=factor.level_label(level),
-                changes=factor.changes_for(level),
-                reference=base_name,
-            )
-            sources.append((v, ["body", "factors", fi, "levels", li], "factor", factor))
-    for vi, variant in enumerate(spec.variants):
-        sources.append((variant, ["body", "variants", vi], "variant", None))
-
+    base_name, base_config, sources = _sources(spec)
     locs: dict[str, list[str | int]] = {base_name: ["body", "baseline"]}
     planned: dict[str, PlannedVariant] = {
         base_name: PlannedVariant(
@@ -558,7 +553,7 @@ def expand(spec: ExperimentSpec) -> Expansion:
                 }
             )
             continue
-        reference = variant.reference if source == "variant" else variant.reference
+        reference = variant.reference
         if source == "variant" and variant.reference == "baseline":
             reference = base_name
         ref = planned.get(reference)
@@ -571,90 +566,108 @@ def expand(spec: ExperimentSpec) -> Expansion:
                 }
             )
             continue
-        try:
-            config = apply_changes(ref.config, variant.changes)
-        except KeyError as exc:
-            errors.append(
-                {"loc": [*loc, "changes"], "msg": f"cannot set {exc.args[0]}", "type": "bad_path"}
-            )
+        derived = _derive(spec, (variant, loc, source, from_factor), ref, len(planned))
+        if isinstance(derived, list):
+            errors += derived
             continue
-        except ValidationError as exc:
-            for err in exc.errors():
-                errors.append(
-                    {
-                        "loc": [*loc, "changes", ".".join(str(p) for p in err["loc"])],
-                        "msg": err["msg"],
-                        "type": err["type"],
-                    }
-                )
-            continue
-        diff = config_diff(ref.config, config)
-        if not diff:
-            errors.append(
-                {
-                    "loc": [*loc, "changes"],
-                    "msg": "nothing changes: every value equals the reference "
-                    f"{ref.name!r} ("
-                    + ", ".join(f"{k}={v!r}" for k, v in variant.changes.items())
-                    + ")",
-                    "type": "no_change",
-                }
-            )
-            continue
-        owners = [from_factor] if from_factor is not None else []
-        owners += [
-            f
-            for f in spec.factors
-            if f.linked and f is not from_factor and set(f.paths) & set(diff)
-        ]
-        broken = next(
-            (msg for f in owners if (msg := check_invariant(f, ref.config, config))), None
-        )
-        if broken:
-            errors.append({"loc": [*loc, "changes"], "msg": broken, "type": "invariant_broken"})
-            continue
-        groups = variables_of(list(diff), spec.factors)
-        if len(groups) > 1:
-            errors.append(
-                {
-                    "loc": [*loc, "changes"],
-                    "msg": f"changes {len(groups)} variables vs {ref.name!r}, one is allowed: "
-                    + "; ".join(f"{p}: {diff[p][0]!r} -> {diff[p][1]!r}" for p in diff),
-                    "type": "more_than_one_variable",
-                    "variables": {p: list(diff[p]) for p in diff},
-                }
-            )
-            continue
-        ((variable, paths),) = groups.items()
-        planned[variant.name] = PlannedVariant(
-            name=variant.name,
-            position=len(planned),
-            reference=ref.name,
-            changes=dict(variant.changes),
-            variable=variable,
-            variable_paths=sorted(paths),
-            config=config,
-            source=source,  # type: ignore[arg-type]
-        )
+        planned[variant.name] = derived
         locs[variant.name] = loc
+    for pv in planned.values():
+        pv.loc = variant_loc(spec, pv)
     if spec.capacity is not None:
         errors += capacity_errors(spec.capacity, list(planned.values()), locs)
     return list(planned.values()), errors
 
 
-def execution_order(
-    variants: list[PlannedVariant], repeats: int, server_key: dict[str, str] | None = None
-) -> list[tuple[str, int]]:
-    """Interleaved order of (variant name, repeat index): A1 B1 C1 A2 B2 C2 ...
+def _sources(spec: ExperimentSpec) -> tuple[str, RunConfig, list[_Source]]:
+    """The baseline's name and configuration, and every variant the spec declares, in
+    order: the ladder's steps, each factor's levels, the explicit variants."""
+    base_name = "baseline"
+    base_config = spec.baseline
+    sources: list[_Source] = []
+    if spec.preset == "ladder":
+        base_name = "1-baseline"
+        base_config, steps = ladder_variants(spec)
+        sources += [(v, ["body", "preset"], "ladder", None) for v in steps]
+    for fi, factor in enumerate(spec.factors):
+        for li, level in enumerate(factor.levels):
+            v = Variant(
+                name=factor.level_label(level),
+                changes=factor.changes_for(level),
+                reference=base_name,
+            )
+            sources.append((v, ["body", "factors", fi, "levels", li], "factor", factor))
+    for vi, variant in enumerate(spec.variants):
+        sources.append((variant, ["body", "variants", vi], "variant", None))
+    return base_name, base_config, sources
 
-    Within a round, variants that share a server configuration
-    (``server_key``: variant -> key) are placed next to each other (stable,
-    by first appearance) so one vLLM server can serve them in turn.
-    """
-    names = [v.name for v in variants]
-    if server_key:
-        first: dict[str, int] = {}
-        for i, n in enumerate(names):
-            first.setdefault(server_key[n], i)
-        names = sorted(names, key=lambda n: (first[server_key[n]], names.index(n)))
-    return [(n, r) for r in range(repeats) for n in names]
+
+def _derive(
+    spec: ExperimentSpec, source: _Source, ref: PlannedVariant, position: int
+) -> PlannedVariant | list[dict[str, Any]]:
+    """One declared variant applied to its reference ``ref``: the planned variant, or why
+    not (invalid after its changes, no change, a broken invariant, more than one
+    variable)."""
+    variant, loc, kind, from_factor = source
+    try:
+        config = apply_changes(ref.config, variant.changes)
+    except KeyError as exc:
+        return [{"loc": [*loc, "changes"], "msg": f"cannot set {exc.args[0]}", "type": "bad_path"}]
+    except ValidationError as exc:
+        return [
+            {
+                "loc": [*loc, "changes", ".".join(str(p) for p in err["loc"])],
+                "msg": err["msg"],
+                "type": err["type"],
+            }
+            for err in exc.errors()
+        ]
+    diff = config_diff(ref.config, config)
+    if not diff:
+        same = (
+            f"nothing changes: every value equals the reference {ref.name!r} ("
+            + ", ".join(f"{k}={v!r}" for k, v in variant.changes.items())
+            + ")"
+        )
+        return [{"loc": [*loc, "changes"], "msg": same, "type": "no_change"}]
+    owners = [from_factor] if from_factor is not None else []
+    owners += [
+        f for f in spec.factors if f.linked and f is not from_factor and set(f.paths) & set(diff)
+    ]
+    broken = next((msg for f in owners if (msg := check_invariant(f, ref.config, config))), None)
+    if broken:
+        return [{"loc": [*loc, "changes"], "msg": broken, "type": "invariant_broken"}]
+    groups = variables_of(list(diff), spec.factors)
+    if len(groups) > 1:
+        return [
+            {
+                "loc": [*loc, "changes"],
+                "msg": f"changes {len(groups)} variables vs {ref.name!r}, one is allowed: "
+                + "; ".join(f"{p}: {diff[p][0]!r} -> {diff[p][1]!r}" for p in diff),
+                "type": "more_than_one_variable",
+                "variables": {p: list(diff[p]) for p in diff},
+            }
+        ]
+    ((variable, paths),) = groups.items()
+    return PlannedVariant(
+        name=variant.name,
+        position=position,
+        reference=ref.name,
+        changes=dict(variant.changes),
+        variable=variable,
+        variable_paths=sorted(paths),
+        config=config,
+        source=kind,  # type: ignore[arg-type]
+    )
+
+
+def variant_loc(spec: ExperimentSpec, variant: PlannedVariant) -> list[str | int]:
+    """Where ``variant`` comes from in the submitted document."""
+    if variant.source == "variant":
+        idx = next(i for i, v in enumerate(spec.variants) if v.name == variant.name)
+        return ["body", "variants", idx]
+    if variant.source == "factor":
+        return ["body", "factors", variant.variable or ""]
+    if variant.source == "ladder":
+        return ["body", "preset", variant.name]
+    return ["body", "baseline"]

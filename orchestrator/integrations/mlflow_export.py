@@ -352,21 +352,10 @@ def export_experiment(
             runs were exported before).
     """
     exp = get_experiment(session, experiment_id)
-    name = (experiment_name if experiment_name is not None else exp.name).strip()
-    if not name or len(name) > MAX_EXPERIMENT_NAME:
-        raise ExportRequestInvalidError(
-            [
-                {
-                    "loc": ["body", "experiment_name"],
-                    "msg": f"an MLflow experiment name has 1 to {MAX_EXPERIMENT_NAME} characters",
-                    "type": "value_error",
-                }
-            ]
-        )
+    name = _mlflow_name(experiment_name if experiment_name is not None else exp.name)
     heads = [RunHead.of(r) for r in sorted(exp.runs, key=lambda r: (r.sequence, r.id))]
     vlab_name = exp.name
     release_connection(session)
-
     ml = _load_mlflow()
     _check_reachable(tracking_uri, connect_timeout_s)
     report: ExportReport | None = None
@@ -396,26 +385,35 @@ def export_experiment(
         except VlabError:
             raise
         except Exception as exc:  # noqa: BLE001 - every MLflow/store failure is one problem
-            done = (
-                sum(1 for r in report.runs if r.action in ("created", "replaced")) if report else 0
-            )
-            message = _failure_message(exc, tracking_uri)
-            # one line, no traceback: an expected failure (a wrong URI, a server that is no
-            # MLflow server) is the caller's to fix; the traceback only at DEBUG
-            log.warning(
-                "MLflow export of %s to %s failed: %s",
-                experiment_id,
-                redact_uri(tracking_uri),
-                message,
-            )
-            log.debug("MLflow export failure", exc_info=True)
-            raise MlflowExportError(
-                f"the MLflow export to {redact_uri(tracking_uri)} failed after {done} run(s): "
-                f"{message}",
-                runs_done=done,
-            ) from exc
+            raise _export_failed(exc, report, tracking_uri, experiment_id) from exc
     assert report is not None
     return report
+
+
+def _mlflow_name(name: str) -> str:
+    """``name`` stripped; :class:`ExportRequestInvalidError` when MLflow cannot take it."""
+    name = name.strip()
+    if not name or len(name) > MAX_EXPERIMENT_NAME:
+        msg = f"an MLflow experiment name has 1 to {MAX_EXPERIMENT_NAME} characters"
+        loc = ["body", "experiment_name"]
+        raise ExportRequestInvalidError([{"loc": loc, "msg": msg, "type": "value_error"}])
+    return name
+
+
+def _export_failed(
+    exc: Exception, report: ExportReport | None, tracking_uri: str, experiment_id: str
+) -> MlflowExportError:
+    """The one-line error of a failed export (logged as one line, the traceback at DEBUG:
+    an expected failure, a wrong URI or a server that is no MLflow server, is the
+    caller's to fix), saying how many runs were exported before."""
+    done = sum(1 for r in report.runs if r.action in ("created", "replaced")) if report else 0
+    message = _failure_message(exc, tracking_uri)
+    where = redact_uri(tracking_uri)
+    log.warning("MLflow export of %s to %s failed: %s", experiment_id, where, message)
+    log.debug("MLflow export failure", exc_info=True)
+    return MlflowExportError(
+        f"the MLflow export to {where} failed after {done} run(s): {message}", runs_done=done
+    )
 
 
 _HTTP_STATUS = re.compile(r"failed with error code (\d{3})")

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from jobs.engine.server import RESERVED_ENGINE_ARGS
+from jobs.engine.command import RESERVED_ENGINE_ARGS
 from orchestrator.analysis.compare import METRICS
 from orchestrator.core.models import Run
 from orchestrator.runs.timeseries import Point

@@ -1,5 +1,9 @@
 """Schedules as the API creates, changes and deletes them: one call per request.
 
+A campaign schedule's request is checked as ``POST /api/v1/campaigns`` checks one
+(:func:`orchestrator.schedules.retune.check_campaign`: 422 ``campaign_invalid``, the
+problems under ``body.campaign``).
+
 A new schedule whose ``end_at`` is past, or whose cron never fires before it, is
 refused (422 ``schedule_invalid``). A template is asked of vLLM with no database
 connection held, inside a check slot (503 ``submissions_busy`` when too many are
@@ -26,7 +30,11 @@ from orchestrator.experiments.config_check import gate_for, remembered_checks
 from orchestrator.experiments.engine_catalog import load_catalog
 from orchestrator.experiments.service import precheck
 from orchestrator.schedules.cron import next_fire_times
+from orchestrator.schedules.retune import check_campaign
 from orchestrator.schedules.service import get_schedule, save_schedule
+
+#: Fields stored as the JSON documents given.
+_DOCUMENTS = ("template", "campaign")
 
 
 def check_end_at(cron: str, timezone: str, end_at: datetime | None, now: datetime) -> None:
@@ -63,6 +71,9 @@ def create_schedule(session: Session, settings: Settings, values: dict[str, Any]
     ``schedule_name_taken``; nothing stored then."""
     now = utcnow()
     check_end_at(values["cron"], values.get("timezone", "UTC"), values.get("end_at"), now)
+    if values.get("campaign") is not None:  # a scheduled campaign: checked by its intake
+        check_campaign(session, settings, values["campaign"])
+        return save_schedule(session, settings, None, values, now=now)
     release_connection(session)
     with gate_for(settings).slot(), remembered_checks():
         catalog = load_catalog(settings)
@@ -80,7 +91,13 @@ def update_schedule(
 ) -> Schedule:
     """Change the fields in ``changes``; the whole result is checked with ``schema``
     (the model a new schedule is checked with, the API's ``ScheduleIn``) and then like
-    a new schedule (422 / 409). A new template is checked by vLLM like a submission."""
+    a new schedule (422 / 409). A new template is checked by vLLM like a submission, a
+    new campaign request like a campaign submission; giving one replaces the other."""
+    if changes.get("campaign") is not None:
+        changes = {**changes, "template": None}
+        check_campaign(session, settings, changes["campaign"])
+    elif changes.get("template") is not None:
+        changes = {**changes, "campaign": None}
     with contextlib.ExitStack() as checking:
         if changes.get("template") is not None:
             release_connection(session)
@@ -93,7 +110,8 @@ def update_schedule(
             merged = schema.model_validate({**current, **changes})
         except ValidationError as exc:
             raise ScheduleInvalidError.from_validation(exc) from exc
-        values = {k: getattr(merged, k) for k in changes}
+        # the documents as given (a campaign request stored as submitted, not its model)
+        values = {k: changes[k] if k in _DOCUMENTS else getattr(merged, k) for k in changes}
         return save_schedule(
             session,
             settings,

@@ -1,5 +1,8 @@
 """Scheduled sweeps: cron schedules that submit an experiment template, and their fires.
 
+A schedule may hold a campaign request instead of a template: each fire then starts a
+tuning campaign (:mod:`orchestrator.schedules.retune`), once per fire time too.
+
 Fire times come from :mod:`orchestrator.schedules.cron` (the schedule's ``cron`` in
 its ``timezone``).
 
@@ -52,6 +55,7 @@ from orchestrator.experiments.config_check import engine_resolver
 from orchestrator.experiments.engine_catalog import EngineArgCatalog, load_catalog
 from orchestrator.experiments.service import create_experiment, parse_spec, validate_spec
 from orchestrator.experiments.spec import ExperimentSpec
+from orchestrator.schedules import retune
 from orchestrator.schedules.cron import fire_times, next_fire_at, zone
 
 log = logging.getLogger(__name__)
@@ -113,7 +117,7 @@ def save_schedule(
     (re-)enabled, so time spent disabled is not caught up.
     """
     repo = ScheduleRepository(session)
-    if "template" in values:
+    if values.get("template") is not None:
         cat = catalog if catalog is not None else load_catalog(settings)
         validate_template(session, settings, cat, values["template"])
     if "name" in values:
@@ -148,6 +152,7 @@ class FireOutcome:
     status: str
     experiment_id: str | None = None
     detail: str | None = None
+    campaign_id: str | None = None
 
 
 def fire_due_schedules(
@@ -180,7 +185,11 @@ def fire_due_schedules(
     for schedule_id in due:
         try:
             with unit_of_work(session_factory) as s:
-                written = _fire_one(s, settings, get_catalog, schedule_id, now)
+                # a campaign schedule's campaign goes through the intake first (it commits
+                # before asking vLLM), then is stored in the transaction of its fire row
+                prepared = retune.prepare_campaign(s, settings, schedule_id, now)
+                written = _fire_one(s, settings, get_catalog, schedule_id, now, prepared)
+                retune.discard_unused(s, prepared, [o.campaign_id for o in written])
         except Exception:  # noqa: BLE001 - one bad schedule must not stop the others
             log.exception("schedule %s: firing failed", schedule_id)
             continue
@@ -196,6 +205,7 @@ def _fire_one(
     get_catalog: Callable[[], EngineArgCatalog],
     schedule_id: str,
     now: datetime,
+    prepared: retune.Prepared = None,
 ) -> list[FireOutcome]:
     repo = ScheduleRepository(session)
     sched = repo.lock(schedule_id)
@@ -229,7 +239,9 @@ def _fire_one(
                 out.append(FireOutcome(sched.id, latest, "skipped"))
         else:
             note = f"{len(older)}{'+' if truncated else ''} older missed fire(s) skipped"
-            outcome = _fire(session, settings, get_catalog, sched, latest, note if older else None)
+            outcome = _fire(
+                session, settings, get_catalog, sched, latest, note if older else None, prepared
+            )
             if outcome is not None:
                 out.append(outcome)
         sched.last_fire_at = latest
@@ -244,21 +256,20 @@ def _fire(
     sched: Schedule,
     fire_time: datetime,
     note: str | None,
+    prepared: retune.Prepared = None,
 ) -> FireOutcome | None:
     repo = ScheduleRepository(session)
-    previous = repo.fired_before(sched.id, None, limit=1)
-    if (
-        sched.concurrency_policy == "skip"
-        and previous
-        and previous[0].experiment_id
-        and repo.has_active_runs(previous[0].experiment_id)
-    ):
-        detail = f"previous sweep {previous[0].experiment_id} still has unfinished runs"
+    detail = _busy(session, sched) if sched.concurrency_policy == "skip" else None
+    if detail is not None:
         fire = repo.insert_fire(sched.id, fire_time, "skipped_busy", detail)
         return FireOutcome(sched.id, fire_time, "skipped_busy", detail=detail) if fire else None
     fire = repo.insert_fire(sched.id, fire_time, "fired", note)
     if fire is None:
         return None  # another orchestrator won this fire time
+    if sched.campaign is not None:
+        status, detail = retune.fire_campaign(session, sched, fire, prepared)
+        log.info("schedule %s fired at %s: campaign %s", sched.id, fire_time, fire.campaign_id)
+        return FireOutcome(sched.id, fire_time, status, None, detail, fire.campaign_id)
     try:
         with session.begin_nested():
             catalog = get_catalog()
@@ -281,12 +292,26 @@ def _fire(
     return FireOutcome(sched.id, fire_time, "fired", exp.id, note)
 
 
+def _busy(session: Session, sched: Schedule) -> str | None:
+    """Why a fire under policy ``skip`` is skipped (the previous sweep or campaign still
+    runs), or None."""
+    if sched.campaign is not None:
+        busy = retune.busy_campaign(session, sched)
+        return None if busy is None else f"previous campaign {busy} is still running"
+    repo = ScheduleRepository(session)
+    previous = repo.fired_before(sched.id, None, limit=1)
+    if previous and previous[0].experiment_id and repo.has_active_runs(previous[0].experiment_id):
+        return f"previous sweep {previous[0].experiment_id} still has unfinished runs"
+    return None
+
+
 def sweep_regressions(
     session: Session, fire: ScheduleFire, *, n_boot: int = 1000
 ) -> dict[str, Any]:
     """Regressions of a fired sweep against the previous completed sweep of its schedule.
 
-    Shape: ``{"comparison": "not_fired" | "pending" | "no_previous" | "compared",
+    Shape: ``{"comparison": "not_fired" | "not_a_sweep" | "pending" | "no_previous" |
+    "compared",
     "compared_with": {"fire_time", "experiment_id"} | None, "regressions":
     [{"variant", "metric", "unit", "reference_value", "value", "ratio", "ci_low",
     "ci_high", "ci_of", "statement"}], "withheld": [{"variant", "metric", "reason"}]}``.
@@ -308,6 +333,8 @@ def sweep_regressions(
     ``concurrent requests``) and ``ci_of`` ``"ratio"``. Computed on read.
     """
     empty: dict[str, Any] = {"compared_with": None, "regressions": [], "withheld": []}
+    if fire.campaign_id is not None:  # a campaign's fire: its movement says what changed
+        return {"comparison": "not_a_sweep", **empty}
     if fire.status != "fired" or fire.experiment_id is None:
         return {"comparison": "not_fired", **empty}
     exps = ExperimentRepository(session)
@@ -328,54 +355,66 @@ def sweep_regressions(
     regressions: list[dict[str, Any]] = []
     withheld: list[dict[str, Any]] = []
     for variant in [v["name"] for v in exp.variants if v["name"] in old]:
-        for c in compare_variant(new.get(variant, []), old[variant], n_boot=n_boot, seed=0):
-            if not c.trustworthy:
-                withheld.append(
-                    {"variant": variant, "metric": c.metric, "reason": c.untrusted_reason}
-                )
-            elif c.verdict == "worse":
-                regressions.append(
-                    {
-                        "variant": variant,
-                        "metric": c.metric,
-                        "unit": c.unit,
-                        "reference_value": c.reference,
-                        "value": c.variant,
-                        "ratio": c.ratio,
-                        "ci_low": c.ci_low,
-                        "ci_high": c.ci_high,
-                        "ci_of": c.ci_of,
-                        "statement": None,
-                    }
-                )
-        if not (_searched(new_caps.get(variant, [])) and _searched(old_caps.get(variant, []))):
-            continue
-        cap = compare_capacity(new_caps[variant], old_caps[variant])
-        if not cap.trustworthy:
-            withheld.append(
-                {"variant": variant, "metric": "capacity", "reason": cap.untrusted_reason}
-            )
-        elif capacity_regression(cap):
-            regressions.append(
-                {
-                    "variant": variant,
-                    "metric": "capacity",
-                    "unit": UNITS.get(cap.variable or "", "load"),
-                    "reference_value": cap.reference_capacity,
-                    "value": cap.capacity,
-                    "ratio": cap.ratio,
-                    "ci_low": cap.ci_low,
-                    "ci_high": cap.ci_high,
-                    "ci_of": "ratio",
-                    "statement": _capacity_statement(cap),
-                }
-            )
+        metric_sides = (new.get(variant, []), old[variant])
+        capacity_sides = (new_caps.get(variant, []), old_caps.get(variant, []))
+        found, held = _regressions_of(variant, metric_sides, capacity_sides, n_boot)
+        regressions += found
+        withheld += held
     return {
         "comparison": "compared",
         "compared_with": {"fire_time": prev_fire.fire_time, "experiment_id": prev_exp.id},
         "regressions": regressions,
         "withheld": withheld,
     }
+
+
+def _regressions_of(
+    variant: str, metric_sides: tuple[Any, Any], capacity_sides: tuple[Any, Any], n_boot: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One variant's regressions and withheld metrics, new side against the previous
+    sweep's: every metric (:func:`compare_variant`), then the capacity when both sides
+    stored capacity searches."""
+    regressions: list[dict[str, Any]] = []
+    withheld: list[dict[str, Any]] = []
+    for c in compare_variant(*metric_sides, n_boot=n_boot, seed=0):
+        if not c.trustworthy:
+            withheld.append({"variant": variant, "metric": c.metric, "reason": c.untrusted_reason})
+        elif c.verdict == "worse":
+            regressions.append(
+                {
+                    "variant": variant,
+                    "metric": c.metric,
+                    "unit": c.unit,
+                    "reference_value": c.reference,
+                    "value": c.variant,
+                    "ratio": c.ratio,
+                    "ci_low": c.ci_low,
+                    "ci_high": c.ci_high,
+                    "ci_of": c.ci_of,
+                    "statement": None,
+                }
+            )
+    if not (_searched(capacity_sides[0]) and _searched(capacity_sides[1])):
+        return regressions, withheld
+    cap = compare_capacity(*capacity_sides)
+    if not cap.trustworthy:
+        withheld.append({"variant": variant, "metric": "capacity", "reason": cap.untrusted_reason})
+    elif capacity_regression(cap):
+        regressions.append(
+            {
+                "variant": variant,
+                "metric": "capacity",
+                "unit": UNITS.get(cap.variable or "", "load"),
+                "reference_value": cap.reference_capacity,
+                "value": cap.capacity,
+                "ratio": cap.ratio,
+                "ci_low": cap.ci_low,
+                "ci_high": cap.ci_high,
+                "ci_of": "ratio",
+                "statement": _capacity_statement(cap),
+            }
+        )
+    return regressions, withheld
 
 
 def _capacity_statement(cap: CapacityComparison) -> str:

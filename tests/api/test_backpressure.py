@@ -218,6 +218,7 @@ def _figures(samples: list[tuple[float, int]]) -> dict[str, float]:
     }
 
 
+@pytest.mark.timing
 def test_a_burst_of_40_submissions_is_held_back_never_a_500(
     base_url: str, slow: SlowResolver, pool_engine: Engine, tmp_path: Path
 ) -> None:
@@ -385,6 +386,7 @@ def test_warm_resolver_answers_as_a_one_shot_vllm_process(tmp_path: Path) -> Non
 
 
 @pytest.mark.engine
+@pytest.mark.timing  # /healthz within 1 s during the burst: beside three workers it took 1.9 s
 @needs_engine
 def test_burst_with_the_real_vllm_check(
     settings: Settings, pool_engine: Engine, tmp_path: Path

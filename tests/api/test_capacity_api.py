@@ -309,8 +309,13 @@ def test_real_vllm_capacity_apc_on_vs_off(
     (variant,) = comp["variants"]
     capacity = variant["capacity"]
     assert capacity is not None
-    assert capacity["verdict"] in ("higher", "lower", "no_change", "unknown")
-    if capacity["verdict"] != "unknown":  # a bound's missing end is None (one-sided)
+    assert capacity["verdict"] in ("higher", "lower", "no_change", "unknown", "untrusted")
+    if capacity["verdict"] == "untrusted":
+        # a step a finding flags (e.g. a client that could not keep up on a loaded machine)
+        # gives no verdict: the reason names the run and the finding, and no ratio is given
+        assert capacity["trustworthy"] is False and capacity["untrusted_reason"], capacity
+        assert capacity["ratio"] is None, capacity
+    elif capacity["verdict"] != "unknown":  # a bound's missing end is None (one-sided)
         lo, hi = capacity["ci_low"], capacity["ci_high"]
         assert lo is not None or hi is not None
         if capacity["ratio"] is not None:

@@ -29,6 +29,7 @@ from api.app import create_app
 from jobs.schemas import BatchJob
 from orchestrator.cluster.placement import NodeInventory
 from orchestrator.core.db import (
+    SETTLE_S,
     database_health,
     make_engine,
     make_session_factory,
@@ -53,6 +54,14 @@ SPEC: dict[str, Any] = {
 
 VARIANT = {"name": "seqs", "changes": {"engine_args.max_num_seqs": 4}}
 SCHEDULE = {"name": "nightly", "cron": "0 3 * * *", "template": SPEC}
+CAMPAIGN = {
+    "name": "tune",
+    "model": "tiny",
+    "baseline": SPEC["baseline"],
+    "objective": {"metric": "output_throughput"},
+    "space": [{"name": "engine_args.enable_prefix_caching", "levels": [False, True]}],
+    "budget": {"max_runs": 20},
+}
 
 
 class IdleBackend:
@@ -103,6 +112,7 @@ def _leaks(text: str, *paths: str) -> list[str]:
     return found
 
 
+@pytest.mark.timing
 def test_database_outage_is_503_everywhere_logged_once_and_recovers(
     own_postgres: tuple[Path, str],
     settings: Settings,
@@ -118,6 +128,7 @@ def test_database_outage_is_503_everywhere_logged_once_and_recovers(
     database_health.ok()
     caplog.set_level(logging.INFO)
     stop_dispatcher = threading.Event()
+    stop_polling = threading.Event()  # set in ``finally``: a failed assertion ends the poller too
     dispatcher = Dispatcher(settings, factory, IdleBackend())
     figures: dict[str, Any] = {}
     ticker: threading.Thread | None = None
@@ -133,7 +144,6 @@ def test_database_outage_is_503_everywhere_logged_once_and_recovers(
 
             # ---- the database goes away
             polled: list[tuple[float, int]] = []
-            stop_polling = threading.Event()
 
             def poll() -> None:
                 with httpx.Client(base_url=base, timeout=30) as pc:
@@ -145,7 +155,7 @@ def test_database_outage_is_503_everywhere_logged_once_and_recovers(
                         polled.append((time.monotonic(), status))
                         stop_polling.wait(0.02)
 
-            poller = threading.Thread(target=poll)
+            poller = threading.Thread(target=poll, daemon=True)
             poller.start()
             time.sleep(0.2)
             caplog.clear()
@@ -186,6 +196,7 @@ def test_database_outage_is_503_everywhere_logged_once_and_recovers(
                     "/api/v1/experiments": SPEC,
                     "/api/v1/runs/{run_id}/variants": VARIANT,
                     "/api/v1/schedules": SCHEDULE,
+                    "/api/v1/campaigns": CAMPAIGN,
                 }.get(template, {})
                 t0 = time.monotonic()
                 r = c.request(method, path, json=body if method != "GET" else None)
@@ -218,6 +229,9 @@ def test_database_outage_is_503_everywhere_logged_once_and_recovers(
                 "GET /api/v1/runs/{run_id}",
                 "POST /api/v1/runs/{run_id}/cancel",
                 "GET /api/v1/schedules",
+                "POST /api/v1/campaigns",
+                "GET /api/v1/campaigns",
+                "GET /api/v1/campaigns/{campaign_id}",
             ):
                 assert answers[key] == 503, (key, answers)
             figures["api_endpoints_503"] = f"{len(unavailable)}/{len(answers)}"
@@ -264,13 +278,21 @@ def test_database_outage_is_503_everywhere_logged_once_and_recovers(
             assert c.get(f"/api/v1/experiments/{exp_id}").status_code == 200
             assert c.get("/", headers={"accept": "text/html"}).status_code == 200
             assert c.post("/api/v1/experiments", json=SPEC).status_code == 201
+            # "back" is logged once the database has answered for SETTLE_S (the ticks go on)
+            deadline = time.monotonic() + SETTLE_S + 10
+
+            def back() -> list[logging.LogRecord]:
+                return [r for r in caplog.records if "database is back" in r.getMessage()]
+
+            while not back() and time.monotonic() < deadline:
+                time.sleep(0.05)
             time.sleep(0.3)
-            back = [rec for rec in caplog.records if "database is back" in rec.getMessage()]
-            assert len(back) == 1
+            assert len(back()) == 1, [r.getMessage() for r in caplog.records]
             assert not database_health.down
             stop_polling.set()
             poller.join()
     finally:
+        stop_polling.set()
         stop_dispatcher.set()
         if ticker is not None:
             ticker.join(timeout=30)

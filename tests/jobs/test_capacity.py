@@ -508,6 +508,29 @@ def stub_step(base_url: str, variable: str, requests: int, max_tokens: int) -> S
     return step
 
 
+def measured_baseline(base_url: str, max_tokens: int, count: int = 20) -> tuple[float, float]:
+    """This machine, now: the stub's p90 TTFT (ms) and median service time (s) at
+    concurrency 1, where nobody waits for a slot.
+
+    The stub promises a TTFT of ``ttft_s`` and a slot held ``ttft_s + (n - 1) * itl_s``
+    from its own clock; a loaded machine adds its scheduling delays to both (the
+    client's and the stub's wake-ups, the slot's release timer). Objectives and the
+    true capacity are set from these, measured right before the search on the same
+    stub, so a busy machine moves them as it moves what the search measures.
+    """
+    reqs = [
+        ChatRequest(
+            index=i, messages=[{"role": "user", "content": f"base {i}"}], max_tokens=max_tokens
+        )
+        for i in range(count)
+    ]
+    records = asyncio.run(run_load(base_url, "m", reqs, concurrency=1))
+    assert all(r.success and r.ttft_s is not None and r.e2el_s is not None for r in records)
+    ttft_p90_ms = float(np.percentile([(r.ttft_s or 0.0) * 1000 for r in records], 90))
+    service_s = float(np.median([r.e2el_s or 0.0 for r in records]))
+    return ttft_p90_ms, service_s
+
+
 @pytest.fixture(scope="module")
 def rate_stub() -> Iterator[StubServer]:
     """16 slots, S = 50 ms + 3 * 50 ms = 200 ms for 4 tokens: capacity 80 requests/s.
@@ -521,6 +544,7 @@ def rate_stub() -> Iterator[StubServer]:
         yield server
 
 
+@pytest.mark.timing
 def test_stub_capacity_mode_queues_fifo_and_reports_waiting(rate_stub: StubServer) -> None:
     reqs = [
         ChatRequest(index=i, messages=[{"role": "user", "content": "q"}], max_tokens=4)
@@ -539,27 +563,43 @@ def test_stub_capacity_mode_queues_fifo_and_reports_waiting(rate_stub: StubServe
     records = asyncio.run(run_load(rate_stub.base_url, "m", reqs, concurrency=32))
     stop.set()
     watcher.join()
-    ttfts = sorted(r.ttft_s or 0.0 for r in records)
-    # 16 served at once (TTFT ~50 ms), the next 16 wait one service time (200 ms) first;
-    # the upper bounds leave room for a loaded 2-core machine's timer jitter, the lower
-    # ones are the behaviour (nobody queued starts before a slot frees)
-    assert all(0.05 <= t < 0.2 for t in ttfts[:16]), ttfts
-    assert all(0.25 <= t < 0.6 for t in ttfts[16:]), ttfts
-    assert max(seen) >= 1 and rate_stub.stats()["slots"] == 16
+    # The stub's promise, in the server's terms: 16 slots, a base TTFT of 50 ms, a slot
+    # busy S = 200 ms. On the clock of the run (start + TTFT), whenever the client got
+    # the 32 requests out (a loaded machine dispatches them late), nobody beyond the 16
+    # slots sees a first token before a slot freed, and nobody sees one under the base.
+    assert all(r.success and r.ttft_s is not None for r in records)
+    first_token = sorted(r.start_s + (r.ttft_s or 0.0) for r in records)
+    t0 = min(r.start_s for r in records)
+    assert all((r.ttft_s or 0.0) >= 0.05 for r in records), [r.ttft_s for r in records]
+    assert all(t >= t0 + 0.2 + 0.05 for t in first_token[16:]), [t - t0 for t in first_token]
+    # requests that arrived while the 16 slots were busy waited, and /metrics said so
+    queued = [r for r in records if r.start_s < t0 + 0.2 and (r.ttft_s or 0.0) >= 0.2]
+    if queued:
+        assert max(seen) >= 1, seen
+    assert rate_stub.stats()["slots"] == 16
 
 
+@pytest.mark.timing
 def test_capacity_search_finds_the_rate_capacity_of_the_stub(rate_stub: StubServer) -> None:
-    truth = 16 / 0.2  # slots / S
-    # objective: base TTFT + S / 2 at p90; above the capacity the queue grows (the
-    # steadiness rule fails the step) and the TTFTs with it
+    # the stub promises 16 slots held S = 200 ms (80 requests/s); this machine's S and
+    # base TTFT, measured now, set the truth (slots / S) and the objective: base TTFT +
+    # S / 2 at p90. Above the capacity the queue grows (the steadiness rule fails the
+    # step) and the TTFTs with it.
+    base_p90_ms, service_s = measured_baseline(rate_stub.base_url, 4)
+    assert service_s >= 0.2  # never faster than promised
+    truth = 16 / service_s
     spec = CapacitySpec.model_validate(
-        {"slos": {"ttft_ms": {"p90": 50 + 100}}, "min": 20, "max": 160, "tolerance": 0.1}
+        {"slos": {"ttft_ms": {"p90": base_p90_ms + service_s * 1000 / 2}}}
+        | {"min": 20, "max": 160, "tolerance": 0.1}
         | {"min_step_s": 2.0, "step_time_factor": 5.0, "max_drain_s": 2.0}
     )
     result = run_search(spec, stub_step(rate_stub.base_url, "request_rate", 0, 4))
-    trace = "\n".join(
-        f"{s.load:.1f} {s.verdict}: {s.stationarity}; {s.client_limit}; {s.saturated}"
-        for s in result.steps
+    trace = (
+        "\n".join(
+            f"{s.load:.1f} {s.verdict}: {s.stationarity}; {s.client_limit}; {s.saturated}"
+            for s in result.steps
+        )
+        + f"\nbase p90 {base_p90_ms:.1f} ms, S {service_s * 1000:.1f} ms, truth {truth:.1f}"
     )
     assert result.status == "found", trace
     assert result.capacity is not None
@@ -568,22 +608,32 @@ def test_capacity_search_finds_the_rate_capacity_of_the_stub(rate_stub: StubServ
     assert result.binding_slo in ("ttft_ms:p90", "saturated")
 
 
+@pytest.mark.timing
 def test_capacity_search_finds_the_concurrency_capacity_of_the_stub() -> None:
-    # 3 slots, S = 50 ms + 3 * 50 ms = 200 ms for 4 tokens. Up to 3 users nobody waits
-    # (TTFT 50 ms); with 4, every round of service one request waits a whole S, so a
-    # quarter of the TTFTs are ~250 ms: over the 150 ms objective at p90, and with ~50
-    # requests a step the p90's order-statistic interval decides both ways.
-    spec = CapacitySpec.model_validate(
-        {"slos": {"ttft_ms": {"p90": 50 + 100}}, "variable": "concurrency", "min": 2}
-        | {"max": 12, "min_step_s": 1.0, "step_time_factor": 1.0}
-    )
-    with StubServer(0.05, 0.05, slots=3, process=True) as stub:
+    # 3 slots, S = 50 ms + 3 * 100 ms = 350 ms for 4 tokens. Up to 3 users nobody waits
+    # (TTFT: the base measured at concurrency 1); with 4, every round of service one
+    # request waits a whole S, so a quarter of the TTFTs are base + S: over the base + S
+    # / 2 objective at p90. S / 2 = 175 ms is well above a loaded machine's single
+    # delays (at S = 200 ms two of 34 requests at concurrency 2, with a spare slot, came
+    # in over base + 100 ms), and steps of 5 s hold ~40 requests near the capacity,
+    # where the p90's order-statistic interval decides both ways.
+    with StubServer(0.05, 0.1, slots=3, process=True) as stub:
+        base_p90_ms, service_s = measured_baseline(stub.base_url, 4, count=12)
+        assert service_s >= 0.35  # never faster than promised
+        spec = CapacitySpec.model_validate(
+            {"slos": {"ttft_ms": {"p90": base_p90_ms + service_s * 1000 / 2}}}
+            | {"variable": "concurrency", "min": 2, "max": 12}
+            | {"min_step_s": 5.0, "step_time_factor": 1.0}
+        )
         result = run_search(spec, stub_step(stub.base_url, "concurrency", 0, 4))
-    trace = [(s.load, s.verdict, s.requests, s.stationarity) for s in result.steps]
+    trace = [(s.load, s.verdict, s.requests, s.stationarity) for s in result.steps] + [
+        (base_p90_ms, service_s)
+    ]
     assert result.status == "found" and result.capacity == 3 and result.interval == (3, 4), trace
     assert len(result.steps) <= 10
 
 
+@pytest.mark.timing
 def test_noisy_stub_reports_uncertain_not_a_wrong_capacity() -> None:
     # TTFT = 50 ms + lognormal noise (median 20 ms, sigma 1): its p90 (~72 ms) is the
     # objective, and its sample p90 over a short step is far too spread to decide

@@ -5,7 +5,7 @@ its assumptions. The server has ``slots`` slots and a FIFO queue, each request h
 a slot for a fixed service time ``S`` (so its capacity, the truth, is ``slots / S``
 requests/s). The load generator sends the step's requests in list order at their due
 times (constant or Poisson arrivals, scaled as the runner does:
-:func:`jobs.capacity.steadystate.scale_schedule`), at most ``in_flight`` at once, and each
+:func:`jobs.capacity.stepplan.scale_schedule`), at most ``in_flight`` at once, and each
 dispatch costs it ``1 / client_rate`` seconds of its single thread (its ceiling; None:
 free), so it falls behind above its ceiling as a real client does. The records and
 the server's ``num_requests_waiting`` at the first and last dispatch are what the
@@ -32,7 +32,7 @@ from jobs.capacity.search import (
     StepSignals,
     run_search,
 )
-from jobs.capacity.steadystate import scale_schedule
+from jobs.capacity.stepplan import scale_schedule
 from jobs.schemas import RequestRecord
 
 TOKENS = 4

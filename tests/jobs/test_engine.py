@@ -19,19 +19,16 @@ from pathlib import Path
 
 import pytest
 
+from jobs.engine.command import LAUNCHER_PATH, build_serve_command, engine_env, render_engine_args
 from jobs.engine.processes import group_members
 from jobs.engine.queries import list_engine_args
 from jobs.engine.server import (
     DEAD_ENGINE_GRACE_S,
-    LAUNCHER_PATH,
     EngineCancelledError,
     EngineDiedError,
     EngineError,
     EngineServer,
     EngineStartError,
-    build_serve_command,
-    engine_env,
-    render_engine_args,
 )
 from jobs.schemas import EngineLaunch
 from jobs.signals.enginelog import error_lines

@@ -1,7 +1,7 @@
 """Tests of :func:`jobs.engine.queries.resolve_engine_configs` (the launcher's ``resolve``).
 
 The renderer of the standalone launcher must agree with
-:func:`jobs.engine.server.render_engine_args` (no engine needed). With vLLM
+:func:`jobs.engine.command.render_engine_args` (no engine needed). With vLLM
 (``needs_engine``): the configuration vLLM 0.32 CPU really resolves for the
 tiny model, including the defaults it derives from other settings.
 """
@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
+from jobs.engine.command import RESERVED_ENGINE_ARGS, render_engine_args
 from jobs.engine.queries import resolve_engine_configs
-from jobs.engine.server import RESERVED_ENGINE_ARGS, EngineError, render_engine_args
+from jobs.engine.server import EngineError
 from jobs.launcher import resolve as launcher_resolve
 from tests.conftest import ENGINE_PYTHON, needs_engine
 

@@ -16,8 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from jobs.engine.command import LAUNCHER_PATH
 from jobs.engine.envfacts import engine_env_facts
-from jobs.engine.server import LAUNCHER_PATH
 from orchestrator.cluster.parity_engineenv import engine_env_problem
 
 

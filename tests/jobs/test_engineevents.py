@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from jobs.signals import engineevents
+from jobs.signals import eventparse
 from jobs.signals.engineevents import (
     EVENT_KEYS,
     EVENT_TYPES,
@@ -369,7 +369,7 @@ def test_stats_notes_of_the_segment() -> None:
     assert segment_events(cut, T0 + 30, 60.0, first=False, tz=UTC)["stats_notes"] == []
 
 
-#: One line per pattern of jobs.signals.engineevents._PATTERNS (in its order), short forms of the
+#: One line per pattern of jobs.signals.eventparse._PATTERNS (in its order), short forms of the
 #: wordings its docstring cites: every pattern is reachable through the cheap prefilter.
 PATTERN_SAMPLES = [
     ("out_of_memory", "ray.exceptions.OutOfMemoryError: Task was killed due to low memory"),
@@ -424,10 +424,10 @@ def test_every_pattern_has_a_sample_that_passes_the_prefilter() -> None:
     matched = {
         i
         for _, line in PATTERN_SAMPLES
-        for i, (_, pattern, _) in enumerate(engineevents._PATTERNS)
+        for i, (_, pattern, _) in enumerate(eventparse._PATTERNS)
         if pattern.search(line)
     }
-    assert matched == set(range(len(engineevents._PATTERNS)))
+    assert matched == set(range(len(eventparse._PATTERNS)))
     for kind, line in PATTERN_SAMPLES:
         assert [e["type"] for e in parse_events(line)] == [kind], line
 

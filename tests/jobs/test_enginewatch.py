@@ -28,7 +28,8 @@ from jobs.engine.processes import group_members
 from jobs.engine.server import DEAD_ENGINE_GRACE_S, EngineServer
 from jobs.load import sseclient
 from jobs.run import enginewatch
-from jobs.run.runner import ENGINE_WATCH_INTERVAL_S, execute_batch
+from jobs.run.drive import ENGINE_WATCH_INTERVAL_S
+from jobs.run.runner import execute_batch
 from jobs.schemas import BatchJob, EngineLaunch, Progress, RunSegment, WorkloadSpec
 from jobs.signals.errorlines import error_lines, warning_and_error_lines
 

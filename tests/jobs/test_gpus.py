@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from jobs.engine.server import LAUNCHER_PATH
+from jobs.engine.command import LAUNCHER_PATH
 from jobs.schemas import MetricSample
 from jobs.signals.enginemetrics import SAMPLE_KEYS
 from jobs.signals.gpus import (

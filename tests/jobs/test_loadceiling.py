@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from jobs.load.loadceiling import arrival_rates, judge_step, measure_ceiling
 from jobs.schemas import ChatRequest, RequestRecord
 
@@ -46,6 +48,7 @@ def test_arrival_rates_from_due_times_and_starts() -> None:
     assert arrival_rates(closed) == (None, None)
 
 
+@pytest.mark.timing
 def test_a_rate_beyond_the_client_gives_a_finite_ceiling_with_its_evidence() -> None:
     heavy = [r.model_copy(update={"max_tokens": 64}) for r in REQUESTS]
     got = asyncio.run(measure_ceiling(heavy, start_rate=500, growth=2, max_rate=1e6, budget_s=6))
@@ -66,12 +69,14 @@ def test_a_rate_beyond_the_client_gives_a_finite_ceiling_with_its_evidence() -> 
     assert got.elapsed_s < 30
 
 
+@pytest.mark.timing
 def test_a_ramp_that_reaches_max_rate_is_a_lower_bound() -> None:
     got = asyncio.run(measure_ceiling(REQUESTS, start_rate=20, max_rate=40, budget_s=5))
     assert got.ceiling_rps == 40 and got.at_least and got.limit is None
     assert sorted({s.asked_rate for s in got.steps}) == [20, 32, 40]
 
 
+@pytest.mark.timing
 def test_a_saturated_client_over_two_workers_has_no_ceiling_and_says_why() -> None:
     # max_cpu near zero: every step counts as a client out of CPU (the rule's path end to end)
     got = asyncio.run(

@@ -19,17 +19,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client import Histogram as PromHistogram
 
 from jobs.schemas import MetricSample
-from jobs.signals.enginemetrics import (
+from jobs.signals.enginemetrics import SAMPLE_KEYS, parse_metrics, scrape, summarize_samples
+from jobs.signals.histograms import (
     HISTOGRAMS,
-    SAMPLE_KEYS,
     Histogram,
     histogram_delta,
     histogram_quantile,
     parse_histograms,
-    parse_metrics,
-    scrape,
     summarize_histograms,
-    summarize_samples,
 )
 
 DATA = Path(__file__).parent / "data" / "metrics"

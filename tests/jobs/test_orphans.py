@@ -21,8 +21,8 @@ import time
 import uuid
 from pathlib import Path
 
+from jobs.engine.command import LAUNCHER_PATH
 from jobs.engine.processes import group_members
-from jobs.engine.server import LAUNCHER_PATH
 
 REPO = Path(__file__).resolve().parents[2]
 

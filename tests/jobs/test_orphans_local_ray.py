@@ -21,8 +21,8 @@ import time
 import uuid
 from pathlib import Path
 
+from jobs.engine.command import LAUNCHER_PATH
 from jobs.engine.processes import LOCAL_RAY_OWNER_ENV, group_members, local_ray_marks
-from jobs.engine.server import LAUNCHER_PATH
 from jobs.launcher.lifetime_guard import GUARD_INTERVAL_S
 from tests.jobs.test_orphans import FAKE_ENGINE, OWNER, REPO, _marked
 

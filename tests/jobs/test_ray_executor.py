@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-from jobs.engine.server import LAUNCHER_PATH, build_serve_command
+from jobs.engine.command import LAUNCHER_PATH, build_serve_command
 from jobs.schemas import EngineLaunch
 
 

@@ -27,7 +27,7 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
-from jobs.engine.server import LAUNCHER_PATH
+from jobs.engine.command import LAUNCHER_PATH
 from jobs.modelgen.generator import generate_model
 
 PY = sys.executable

@@ -226,6 +226,7 @@ async def _serve(handler: Handler, client: Callable[[str], Awaitable[Any]]) -> A
         return await client(f"http://127.0.0.1:{port}")
 
 
+@pytest.mark.timing
 def test_lines_are_timed_when_they_arrive_and_connections_are_kept_alive() -> None:
     connections = 0
 
@@ -318,6 +319,7 @@ def test_a_server_that_dies_mid_stream_or_is_not_there() -> None:
         ConnectionPool("https://example.com")
 
 
+@pytest.mark.timing
 def test_a_cancelled_request_closes_its_connection() -> None:
     async def slow(reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await _read_request(reader)

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
+from jobs.load.template import length_bounds, template_segments
 from jobs.load.texts import (
     OUTPUT_FORMAT_INSTRUCTIONS,
     SYSTEM_INSTRUCTIONS,
@@ -21,10 +22,8 @@ from jobs.load.texts import (
 from jobs.load.workload import (
     arrival_offsets,
     build_requests,
-    length_bounds,
     longest_request_tokens,
     request_list_hash,
-    template_segments,
 )
 from jobs.modelgen import corpus
 from jobs.modelgen.generator import render_chat

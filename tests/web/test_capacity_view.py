@@ -9,6 +9,7 @@ import pytest
 
 from tests.web.seed import capacity_documents
 from web import capacity_view as view
+from web import experiment_capacity as experiment_view
 
 
 def _doc(status: str, **extra: Any) -> dict[str, Any]:
@@ -76,7 +77,7 @@ def test_objective_text_goodput_and_concurrency_loads() -> None:
 
 
 def test_pareto_frontier_is_the_non_dominated_set() -> None:
-    assert view.non_dominated([(1, 5), (2, 4), (1.5, 3), (2, 4), (0.5, 5)]) == [
+    assert experiment_view.non_dominated([(1, 5), (2, 4), (1.5, 3), (2, 4), (0.5, 5)]) == [
         True,
         True,
         False,
@@ -84,7 +85,7 @@ def test_pareto_frontier_is_the_non_dominated_set() -> None:
         False,
     ]
     docs = capacity_documents()
-    doc = view.pareto(
+    doc = experiment_view.pareto(
         [
             {"run_id": "a", "variant": "baseline", "repeat_index": 0, "devices": 2,
              "metrics": {"output_throughput": 1.0, "mean_tpot_ms": 1.0},
@@ -162,7 +163,7 @@ def test_pareto_leaves_out_runs_whose_speed_is_flagged() -> None:
          "metrics": {"output_throughput": 120.0, "mean_tpot_ms": 1.6},
          "untrusted": "token bursts: 94% of inter-token gaps under 0.1 ms"},
     ]  # fmt: skip
-    doc = view.pareto(runs)
+    doc = experiment_view.pareto(runs)
     assert [p["run_id"] for p in doc["points"]] == ["a"]
     assert doc["frontier"] == ["base #1"]
     assert doc["untrusted"] == [
@@ -173,10 +174,10 @@ def test_pareto_leaves_out_runs_whose_speed_is_flagged() -> None:
 
 
 def test_capacity_cell_reads_the_one_sided_fields_with_get() -> None:
-    old = view.capacity_cell({"verdict": "unknown", "reason": "reference: uncertain"})
+    old = experiment_view.capacity_cell({"verdict": "unknown", "reason": "reference: uncertain"})
     assert old is not None and old["bounds"] == {} and old["statement"] is None
     assert old["trustworthy"] and old["untrusted_reason"] is None
-    new = view.capacity_cell(
+    new = experiment_view.capacity_cell(
         {"verdict": "higher", "ci_low": 2.86, "ci_high": None,
          "statement": "higher: at least 2.86x",
          "bounds": {"variant": "at least 24", "reference": "found 8 [8, 8.4]"},

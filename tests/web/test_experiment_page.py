@@ -366,6 +366,7 @@ def test_unknown_experiment_is_a_404_page(page: Page, live_server: str) -> None:
     expect(page.locator("p.error")).to_contain_text("No experiment")
 
 
+@pytest.mark.timing
 def test_page_renders_fast_on_real_data(live_server: str, seeded: dict[str, Any]) -> None:
     """The bootstrap (2000 draws) runs on the first view; later views hit the cache."""
     import web.pages.experiment as module

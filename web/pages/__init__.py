@@ -3,7 +3,7 @@ rendered by :mod:`web.render`) with charts and live updates done in the browser 
 the ``/api/v1`` JSON.
 
 Pages: ``/`` run history, ``/experiments/{id}``, ``/runs/{id}``, ``/compare?run=...``,
-``/schedules``; ``/login`` (:mod:`web.pages.login`) signs in with an API token when
+``/schedules``, ``/campaigns``; ``/login`` (:mod:`web.pages.login`) signs in with an API token when
 tokens exist. Static assets are served from ``/static`` and all ship in
 ``web/static`` (Chart.js and its error-bar plugin are vendored in
 ``web/static/vendor``; no CDN, no web font).
@@ -14,7 +14,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from api.auth import PAGE_AUTH
-from web.pages import compare, experiment, history, login, run, schedules
+from web.pages import campaigns, compare, experiment, history, login, run, schedules
 
 
 def build_router() -> APIRouter:
@@ -22,7 +22,7 @@ def build_router() -> APIRouter:
     (:data:`api.auth.PAGE_AUTH`: viewer or above, else a redirect to ``/login``), and
     the sign-in pages themselves (open to anyone)."""
     pages = APIRouter(dependencies=PAGE_AUTH)
-    for module in (history, experiment, run, compare, schedules):
+    for module in (history, experiment, run, compare, schedules, campaigns):
         pages.include_router(module.router)
     router = APIRouter(include_in_schema=False)
     router.include_router(login.router)

@@ -95,10 +95,6 @@ _CACHE_SIZE = 16
 _cache = PageCache(_CACHE_SIZE)
 
 
-class CompareQueryError(ValueError):
-    """A bad selection; ``status`` is the HTTP status the page answers with."""
-
-
 # --------------------------------------------------------------------------- selection
 
 
@@ -361,17 +357,7 @@ def build_context(session: Session, sel: _Selection) -> tuple[dict[str, Any], in
         )
         return ctx, 422
     loaded = _load(session, sel.ids) if sel.ids else []
-    known = {run.id for run, _, _ in loaded}
-    unknown = [i for i in sel.ids if i not in known]
-    if unknown:
-        shown = ", ".join(unknown[:20]) + (
-            f" and {len(unknown) - 20} more" if len(unknown) > 20 else ""
-        )
-        ctx["errors"].append(f"Unknown run id{'s' if len(unknown) > 1 else ''}: {shown}")
-        ctx["unknown"] = unknown
-        return ctx, 422
-    if sel.ref is not None and sel.ref not in known:
-        ctx["errors"].append(f"Reference run {sel.ref} is not among the compared runs.")
+    if _refused(ctx, sel, {run.id for run, _, _ in loaded}):
         return ctx, 422
     if len(loaded) < 2:
         if loaded:
@@ -382,87 +368,16 @@ def build_context(session: Session, sel: _Selection) -> tuple[dict[str, Any], in
     runs = [run for run, _, _ in loaded]
     experiments = {run.experiment_id: name for run, name, _ in loaded}
     many = len(experiments) > 1
-    ref_note = None
-    if sel.ref is not None:
-        ref = sel.ids.index(sel.ref)
-    else:
-        ref = next((i for i, r in enumerate(runs) if r.status == "succeeded"), 0)
-        if ref != 0:
-            ref_note = (
-                f"the first selected run did not succeed ({runs[0].status}); the reference "
-                f"is the first one that did"
-            )
+    ref, ref_note = _reference(sel, runs)
     comparisons = sum(1 for i, r in enumerate(runs) if i != ref and r.status == "succeeded")
     n_boot = n_boot_for(comparisons)
     cells, cached = _cached_compare(session, runs, ref, n_boot)
 
     flats = [flatten_settings(run, name) for run, name, _ in loaded]
     differing, identical = settings_diff(flats)
-    ref_flat = flats[ref]
     ref_run = runs[ref]
-    rows: list[dict[str, Any]] = []
-    for i, ((run, exp_name, repeats), flat) in enumerate(zip(loaded, flats, strict=True)):
-        rows.append(
-            {
-                "index": i + 1,
-                "run": run,
-                "experiment": exp_name,
-                "label": run_label(run, exp_name, repeats, many),
-                "is_ref": i == ref,
-                "settings": [
-                    (
-                        setting_text(flat[k]) if k in flat else None,
-                        _canon(flat.get(k, _MISSING)) != _canon(ref_flat.get(k, _MISSING)),
-                    )
-                    for k in differing
-                ],
-                "cells": cells[i],
-            }
-        )
-
-    chart_values: dict[str, list[dict[str, Any] | None]] = {}
-    ref_cells = cells[ref]
-    for name, _ in KEY_METRICS:
-        series: list[dict[str, Any] | None] = []
-        base = ref_cells[name].value if name in ref_cells else None
-        for row_cells in cells:
-            c = row_cells.get(name)
-            if c is None or c.value is None:
-                series.append(None)
-                continue
-            interval = c.value_interval(base)
-            point = {
-                "v": _r(c.value),
-                "lo": _r(interval[0]) if interval else None,
-                "hi": _r(interval[1]) if interval else None,
-                "ratio": _r(c.ratio),
-                "difference": (
-                    _r(c.difference) if c.ratio is None or c.ci_of == "difference" else None
-                ),
-                "ci_low": _r(c.ci_low),
-                "ci_high": _r(c.ci_high),
-                "ci_of": c.ci_of,
-                "verdict": c.verdict,
-                "untrusted_reason": c.untrusted_reason,
-            }
-            series.append({k: v for k, v in point.items() if v is not None})
-        chart_values[name] = series
-    chart = {
-        "reference": ref,
-        "metric": sel.metric,
-        "n_boot": n_boot,
-        "metrics": [
-            {
-                "name": n,
-                "label": label,
-                "unit": METRICS_BY_NAME[n].unit,
-                "direction": METRICS_BY_NAME[n].direction,
-            }
-            for n, label in KEY_METRICS
-        ],
-        "runs": [{"id": r["run"].id, "label": r["label"], "status": r["run"].status} for r in rows],
-        "values": chart_values,
-    }
+    rows = _rows(loaded, flats, differing, ref, cells, many)
+    chart = _chart(cells, ref, sel.metric, n_boot, rows)
     statuses: dict[str, int] = {}
     for run in runs:
         statuses[run.status] = statuses.get(run.status, 0) + 1
@@ -493,6 +408,128 @@ def build_context(session: Session, sel: _Selection) -> tuple[dict[str, Any], in
     )
     ctx["elapsed_ms"] = (time.perf_counter() - started) * 1000
     return ctx, 200
+
+
+def _refused(ctx: dict[str, Any], sel: _Selection, known: set[str]) -> bool:
+    """Whether the selection names an unknown run or a reference outside it (the error
+    goes into ``ctx``)."""
+    unknown = [i for i in sel.ids if i not in known]
+    if unknown:
+        shown = ", ".join(unknown[:20]) + (
+            f" and {len(unknown) - 20} more" if len(unknown) > 20 else ""
+        )
+        ctx["errors"].append(f"Unknown run id{'s' if len(unknown) > 1 else ''}: {shown}")
+        ctx["unknown"] = unknown
+        return True
+    if sel.ref is not None and sel.ref not in known:
+        ctx["errors"].append(f"Reference run {sel.ref} is not among the compared runs.")
+        return True
+    return False
+
+
+def _reference(sel: _Selection, runs: Sequence[Run]) -> tuple[int, str | None]:
+    """The reference's index (the chosen run, else the first that succeeded) and a note
+    when it is not the first selected run for that reason."""
+    if sel.ref is not None:
+        return sel.ids.index(sel.ref), None
+    ref = next((i for i, r in enumerate(runs) if r.status == "succeeded"), 0)
+    if ref == 0:
+        return ref, None
+    return ref, (
+        f"the first selected run did not succeed ({runs[0].status}); the reference "
+        f"is the first one that did"
+    )
+
+
+def _rows(
+    loaded: Sequence[tuple[Run, str, int]],
+    flats: Sequence[dict[str, Any]],
+    differing: Sequence[str],
+    ref: int,
+    cells: Sequence[dict[str, Cell]],
+    many: bool,
+) -> list[dict[str, Any]]:
+    """One table row per run: its label, the settings that differ (and whether each differs
+    from the reference's) and its metric cells."""
+    ref_flat = flats[ref]
+    rows: list[dict[str, Any]] = []
+    for i, ((run, exp_name, repeats), flat) in enumerate(zip(loaded, flats, strict=True)):
+        rows.append(
+            {
+                "index": i + 1,
+                "run": run,
+                "experiment": exp_name,
+                "label": run_label(run, exp_name, repeats, many),
+                "is_ref": i == ref,
+                "settings": [
+                    (
+                        setting_text(flat[k]) if k in flat else None,
+                        _canon(flat.get(k, _MISSING)) != _canon(ref_flat.get(k, _MISSING)),
+                    )
+                    for k in differing
+                ],
+                "cells": cells[i],
+            }
+        )
+
+    return rows
+
+
+def _chart_point(c: Cell, base: float | None) -> dict[str, Any]:
+    """One run's value of one metric for the chart, None fields left out."""
+    interval = c.value_interval(base)
+    point = {
+        "v": _r(c.value),
+        "lo": _r(interval[0]) if interval else None,
+        "hi": _r(interval[1]) if interval else None,
+        "ratio": _r(c.ratio),
+        "difference": _r(c.difference) if c.ratio is None or c.ci_of == "difference" else None,
+        "ci_low": _r(c.ci_low),
+        "ci_high": _r(c.ci_high),
+        "ci_of": c.ci_of,
+        "verdict": c.verdict,
+        "untrusted_reason": c.untrusted_reason,
+    }
+    return {k: v for k, v in point.items() if v is not None}
+
+
+def _chart(
+    cells: Sequence[dict[str, Cell]],
+    ref: int,
+    metric: str,
+    n_boot: int,
+    rows: Sequence[dict[str, Any]],
+) -> dict[str, Any]:
+    """The chart's data: each key metric's value per run, against the reference."""
+    chart_values: dict[str, list[dict[str, Any] | None]] = {}
+    ref_cells = cells[ref]
+    for name, _ in KEY_METRICS:
+        series: list[dict[str, Any] | None] = []
+        base = ref_cells[name].value if name in ref_cells else None
+        for row_cells in cells:
+            c = row_cells.get(name)
+            if c is None or c.value is None:
+                series.append(None)
+                continue
+            series.append(_chart_point(c, base))
+        chart_values[name] = series
+    chart = {
+        "reference": ref,
+        "metric": metric,
+        "n_boot": n_boot,
+        "metrics": [
+            {
+                "name": n,
+                "label": label,
+                "unit": METRICS_BY_NAME[n].unit,
+                "direction": METRICS_BY_NAME[n].direction,
+            }
+            for n, label in KEY_METRICS
+        ],
+        "runs": [{"id": r["run"].id, "label": r["label"], "status": r["run"].status} for r in rows],
+        "values": chart_values,
+    }
+    return chart
 
 
 def _page(request: Request, session: Session, pairs: Sequence[tuple[str, str]]) -> HTMLResponse:

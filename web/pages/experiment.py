@@ -14,7 +14,8 @@ Capacity under SLOs (issue #15), when the experiment's runs searched for it: a l
 column per variant from the comparison document's ``capacity`` member (ratio with its
 interval and verdict; nothing is computed here), the runs' latency-vs-load curves with
 the SLO lines, and the Pareto chart of output tokens/s per device against tokens/s per
-user across the succeeded runs with the non-dominated runs marked (:mod:`web.capacity_view`).
+user across the succeeded runs with the non-dominated runs marked
+(:mod:`web.experiment_capacity`).
 
 Results are cached per experiment while the set of run ids and statuses does not
 change (a terminal run never changes again; only succeeded runs are compared).
@@ -29,14 +30,11 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 
 from api.deps import SessionDep
-from orchestrator.analysis.compare import (
-    METRICS,
-    METRICS_BY_NAME,
-    MetricSpec,
-    level_estimates,
-)
+from orchestrator.analysis.compare import METRICS, METRICS_BY_NAME, MetricSpec, RunData
+from orchestrator.analysis.estimates import level_estimates
 from orchestrator.analysis.service import comparison, experiment_advice, runs_as_data
 from orchestrator.analysis.trust import (
+    RunTrust,
     level_trust,
     na_text,
     objectives_of_capacity,
@@ -44,11 +42,11 @@ from orchestrator.analysis.trust import (
     runs_reason,
     trust_of,
 )
-from orchestrator.core.models import Experiment
+from orchestrator.core.models import Experiment, Run
 from orchestrator.core.repositories import ExperimentRepository
 from orchestrator.core.states import ACTIVE
 from orchestrator.experiments.status import experiment_status, server_reuse
-from web import capacity_view
+from web import experiment_capacity
 from web.render import PageCache, not_found, render
 
 router = APIRouter()
@@ -156,28 +154,9 @@ def _build(session: Session, exp: Experiment) -> dict[str, Any]:
         exp.variants,
         key=lambda v: (v.get("reference") is not None, v.get("position", 0)),
     )
-    by_name: dict[str, list[dict[str, Any]]] = {}  # plain data: the result is cached
-    for r in sorted(runs, key=lambda r: (r.position, r.repeat_index)):
-        by_name.setdefault(r.name, []).append(
-            {
-                "id": r.id,
-                "repeat_index": r.repeat_index,
-                "status": r.status,
-                "status_reason": r.status_reason,
-                "partial": r.partial,
-            }
-        )
+    by_name = _runs_by_name(runs)
     data = runs_as_data(session, runs)
-    own: dict[str, dict[str, dict[str, float | None]]] = {}
-    for v in variants:
-        name = v["name"]
-        rows = {m["metric"]: m for m in compared.get(name, {}).get("metrics", [])}
-        missing = {m.name for m in METRICS if m.name not in rows}
-        if v.get("reference") is None:
-            own[name] = level_estimates(data.get(name, []))
-        else:  # only what the comparison lacks (e.g. a metric the reference never had)
-            own[name] = level_estimates(data.get(name, []), only=missing) if missing else {}
-
+    own = _own_estimates(variants, compared, data)
     ladder = []
     chart_points: dict[str, list[dict[str, Any]]] = {m.name: [] for m in METRICS}
     labels = []
@@ -188,25 +167,7 @@ def _build(session: Session, exp: Experiment) -> dict[str, Any]:
         rows = {m["metric"]: m for m in (comp or {}).get("metrics", [])}
         changes = _changes(v, entry)
         flags = level_trust(data.get(name, []))
-        cells = []
-        for metric, heading in KEY_METRICS:
-            spec = METRICS_BY_NAME[metric]
-            row = rows.get(metric)
-            mine = own[name].get(metric)
-            cells.append(
-                {
-                    "metric": metric,
-                    "heading": heading,
-                    "fraction": spec.unit == "fraction",
-                    "row": row,
-                    "own": mine,
-                    "baseline": ref is None,
-                    # the level's own value: greyed without its interval when flagged
-                    "untrusted": runs_reason(flags, metric),
-                    "na": _na(row, "variant") or _na_own(flags, metric),
-                    "reference_na": _na(row, "reference"),
-                }
-            )
+        cells = _cells(rows, own[name], flags, ref is None)
         ladder.append(
             {
                 "name": name,
@@ -225,37 +186,8 @@ def _build(session: Session, exp: Experiment) -> dict[str, Any]:
             label.append(f"{ch['name']}={_text(ch['value'])}")
         labels.append(label)
         for spec in METRICS:
-            row = rows.get(spec.name)
             mine = own[name].get(spec.name)
-            point: dict[str, Any] = {
-                "variant": name,
-                "reference": ref,
-                "value": None,
-                "ci_low": None,
-                "ci_high": None,
-                "ci_source": None,
-                "verdict": None,
-            }
-            if row is not None:
-                lo, hi = _ci_on_scale(row["reference"], row)
-                point.update(
-                    value=row["variant"],
-                    ci_low=lo,
-                    ci_high=hi,
-                    ci_source="vs reference" if lo is not None else None,
-                    verdict=row["verdict"],
-                    untrusted_reason=row.get("untrusted_reason"),
-                )
-            elif mine is not None:
-                why = runs_reason(flags, spec.name)
-                point.update(
-                    value=mine["value"],
-                    ci_low=None if why else mine["ci_low"],
-                    ci_high=None if why else mine["ci_high"],
-                    ci_source="own" if mine["ci_low"] is not None and not why else None,
-                    verdict="untrusted" if why else None,
-                    untrusted_reason=why,
-                )
+            point = _chart_point(name, ref, rows.get(spec.name), mine, flags, spec.name)
             chart_points[spec.name].append(point)
     chart = {
         "experiment_id": exp.id,
@@ -282,6 +214,110 @@ def _build(session: Session, exp: Experiment) -> dict[str, Any]:
     }
 
 
+def _runs_by_name(runs: list[Run]) -> dict[str, list[dict[str, Any]]]:
+    """Each level's runs in order, as plain data (the result is cached)."""
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for r in sorted(runs, key=lambda r: (r.position, r.repeat_index)):
+        by_name.setdefault(r.name, []).append(
+            {
+                "id": r.id,
+                "repeat_index": r.repeat_index,
+                "status": r.status,
+                "status_reason": r.status_reason,
+                "partial": r.partial,
+            }
+        )
+    return by_name
+
+
+def _own_estimates(
+    variants: list[dict[str, Any]],
+    compared: dict[str, dict[str, Any]],
+    data: dict[str, list[RunData]],
+) -> dict[str, dict[str, dict[str, float | None]]]:
+    """Each level's own estimates: every metric for the baseline, only what the comparison
+    lacks for the others (e.g. a metric the reference never had)."""
+    own: dict[str, dict[str, dict[str, float | None]]] = {}
+    for v in variants:
+        name = v["name"]
+        rows = {m["metric"]: m for m in compared.get(name, {}).get("metrics", [])}
+        missing = {m.name for m in METRICS if m.name not in rows}
+        if v.get("reference") is None:
+            own[name] = level_estimates(data.get(name, []))
+        else:
+            own[name] = level_estimates(data.get(name, []), only=missing) if missing else {}
+    return own
+
+
+def _cells(
+    rows: dict[str, dict[str, Any]],
+    own: dict[str, dict[str, float | None]],
+    flags: list[RunTrust],
+    baseline: bool,
+) -> list[dict[str, Any]]:
+    """A ladder row's cells, one per key metric."""
+    cells = []
+    for metric, heading in KEY_METRICS:
+        spec = METRICS_BY_NAME[metric]
+        row = rows.get(metric)
+        cells.append(
+            {
+                "metric": metric,
+                "heading": heading,
+                "fraction": spec.unit == "fraction",
+                "row": row,
+                "own": own.get(metric),
+                "baseline": baseline,
+                # the level's own value: greyed without its interval when flagged
+                "untrusted": runs_reason(flags, metric),
+                "na": _na(row, "variant") or _na_own(flags, metric),
+                "reference_na": _na(row, "reference"),
+            }
+        )
+    return cells
+
+
+def _chart_point(
+    name: str,
+    ref: str | None,
+    row: dict[str, Any] | None,
+    mine: dict[str, float | None] | None,
+    flags: list[RunTrust],
+    metric: str,
+) -> dict[str, Any]:
+    """One level's point of one metric: against its reference, else its own estimate."""
+    point: dict[str, Any] = {
+        "variant": name,
+        "reference": ref,
+        "value": None,
+        "ci_low": None,
+        "ci_high": None,
+        "ci_source": None,
+        "verdict": None,
+    }
+    if row is not None:
+        lo, hi = _ci_on_scale(row["reference"], row)
+        point.update(
+            value=row["variant"],
+            ci_low=lo,
+            ci_high=hi,
+            ci_source="vs reference" if lo is not None else None,
+            verdict=row["verdict"],
+            untrusted_reason=row.get("untrusted_reason"),
+        )
+    elif mine is not None:
+        why = runs_reason(flags, metric)
+        point.update(
+            value=mine["value"],
+            ci_low=None if why else mine["ci_low"],
+            ci_high=None if why else mine["ci_high"],
+            ci_source="own" if mine["ci_low"] is not None and not why else None,
+            verdict="untrusted" if why else None,
+            untrusted_reason=why,
+        )
+    return point
+
+
 def _capacity(
     exp: Experiment,
     ladder: list[dict[str, Any]],
@@ -295,9 +331,31 @@ def _capacity(
     what each run reserved)."""
     runs = sorted(exp.runs, key=lambda r: (r.position, r.repeat_index))
     searches = [r for r in runs if isinstance(r.capacity, dict)]
+    _capacity_cells(ladder, compared)
+    pareto = _pareto(runs, data)
+    curves = experiment_capacity.experiment_curves(
+        (r.id, f"{r.name} #{r.repeat_index + 1}", r.capacity or {}) for r in searches
+    )
+    shown = (
+        bool(searches)
+        or any(e["capacity"] for e in ladder)
+        or bool((exp.spec or {}).get("capacity"))
+    )
+    units = [e["capacity"]["unit"] for e in ladder if e["capacity"] and e["capacity"]["unit"]]
+    return {
+        "capacity_shown": shown,
+        "capacity_unit": units[0] if units else curves["unit"],
+        "capacity_curves": curves,
+        "pareto": pareto,
+    }
+
+
+def _capacity_cells(ladder: list[dict[str, Any]], compared: dict[str, dict[str, Any]]) -> None:
+    """Each ladder entry's ``capacity`` cell, ``capacity_notes`` and ``own_capacity`` (a
+    reference level: the capacity its variants were compared against)."""
     reference_capacity: dict[str, dict[str, Any]] = {}
     for entry in ladder:
-        cell = capacity_view.capacity_cell(compared.get(entry["name"], {}).get("capacity"))
+        cell = experiment_capacity.capacity_cell(compared.get(entry["name"], {}).get("capacity"))
         entry["capacity"] = cell
         entry["capacity_notes"] = (
             ([f"capacity unknown: {cell['reason']}"] if cell["reason"] else [])
@@ -325,6 +383,10 @@ def _capacity(
                 "text": ref_cell["bounds"].get("reference"),
                 "unit": ref_cell["unit"],
             }
+
+
+def _pareto(runs: list[Run], data: dict[str, list[Any]]) -> dict[str, Any]:
+    """The Pareto document of the succeeded runs, each point with what taints it."""
     metrics = {d.run_id: d for ds in data.values() for d in ds}
 
     def pareto_taint(run_id: str, capacity: dict[str, Any] | None) -> str | None:
@@ -335,7 +397,7 @@ def _capacity(
         trust = trust_of(metrics[run_id], objectives_of_capacity(capacity))
         return trust.reason("output_tokens_per_s_per_user") or trust.reason("output_throughput")
 
-    pareto = capacity_view.pareto(
+    return experiment_capacity.pareto(
         {
             "run_id": r.id,
             "variant": r.name,
@@ -348,21 +410,6 @@ def _capacity(
         for r in runs
         if r.status == "succeeded"
     )
-    curves = capacity_view.experiment_curves(
-        (r.id, f"{r.name} #{r.repeat_index + 1}", r.capacity or {}) for r in searches
-    )
-    shown = (
-        bool(searches)
-        or any(e["capacity"] for e in ladder)
-        or bool((exp.spec or {}).get("capacity"))
-    )
-    units = [e["capacity"]["unit"] for e in ladder if e["capacity"] and e["capacity"]["unit"]]
-    return {
-        "capacity_shown": shown,
-        "capacity_unit": units[0] if units else curves["unit"],
-        "capacity_curves": curves,
-        "pareto": pareto,
-    }
 
 
 def _text(value: Any) -> str:

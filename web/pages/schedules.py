@@ -5,6 +5,10 @@ its settings, the next 3 fire times (in the schedule's time zone and in UTC)
 and the outcome of its latest fire: the sweep's experiment, its status and how
 many regressions were flagged against the previous completed sweep.
 
+A campaign schedule (one holding a campaign request) shows, for each fire, its campaign
+and whether the best configuration moved since the previous campaign (what changed,
+from -> to) or held.
+
 ``/schedules/{id}`` shows one schedule: settings, the experiment template, the
 next 10 fire times and the fire history (20 a page, ``?page=N``), each fired
 sweep with its regressions (metric, variant, previous and new value, ratio and
@@ -39,6 +43,7 @@ from orchestrator.core.repositories import (
 )
 from orchestrator.experiments.status import experiment_status
 from orchestrator.schedules.cron import next_fire_times, zone
+from orchestrator.schedules.retune import campaign_movement, describe_movement
 from orchestrator.schedules.service import sweep_regressions
 from web.pages.experiment import metric_label
 from web.render import PageCache, not_found, render
@@ -159,9 +164,23 @@ def regressions(session: Session, fire: ScheduleFire) -> dict[str, Any]:
     return result
 
 
+def movement_view(session: Session, sched: Schedule, fire: ScheduleFire) -> dict[str, Any] | None:
+    """A campaign fire's movement (:func:`orchestrator.schedules.retune.campaign_movement`,
+    as ``GET /api/v1/schedules/{id}/fires`` shows it) with its one-line summary and the
+    previous campaign's fire time; None for a sweep's fire."""
+    moved = campaign_movement(session, fire)
+    if moved is None:
+        return None
+    prev = moved["compared_with"]
+    if prev is not None:
+        prev = {**prev, "time": fire_time(prev["fire_time"], sched.timezone)}
+    return {**moved, "compared_with": prev, "summary": describe_movement(moved)}
+
+
 def fire_view(session: Session, sched: Schedule, fire: ScheduleFire) -> dict[str, Any]:
     """One fire for the templates: time, status, detail, its experiment (id, name,
-    aggregate status) and its regressions (:func:`regressions`) with display labels."""
+    aggregate status) and its regressions (:func:`regressions`) with display labels, or
+    its campaign and whether it moved the best configuration (:func:`movement_view`)."""
     exp = ExperimentRepository(session).get(fire.experiment_id) if fire.experiment_id else None
     check = regressions(session, fire)
     compared_with = check["compared_with"]
@@ -178,6 +197,8 @@ def fire_view(session: Session, sched: Schedule, fire: ScheduleFire) -> dict[str
         "experiment_id": fire.experiment_id,
         "experiment_name": exp.name if exp else None,
         "experiment_status": experiment_status(list(exp.runs)) if exp else None,
+        "campaign_id": fire.campaign_id,
+        "movement": movement_view(session, sched, fire),
         "comparison": check["comparison"],
         "compared_with": compared_with,
         "regressions": [_regression_row(r) for r in check["regressions"]],
@@ -249,7 +270,9 @@ def schedule(schedule_id: str, request: Request, session: SessionDep) -> HTMLRes
     context = {
         "nav": "schedules",
         "item": schedule_view(session, sched, DETAIL_NEXT_FIRES, with_latest=False),
-        "template_json": json.dumps(sched.template, indent=2, sort_keys=False),
+        "template_json": json.dumps(
+            sched.campaign if sched.campaign is not None else sched.template, indent=2
+        ),
         "fires": [fire_view(session, sched, f) for f in fires],
         "fire_total": total,
         "page": page,

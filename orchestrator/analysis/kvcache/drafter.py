@@ -214,48 +214,84 @@ def drafter(
         raise KVCacheUnknown((*sloc, "method"), f"{method} drafters are not modelled")
     if method not in ("mtp", "eagle", "eagle3", "draft_model"):
         raise KVConfigError((*sloc, "method"), f"unknown speculative method {method!r}")
-    draft_tp = spec.get("draft_tensor_parallel_size")
-    if draft_tp is None:
-        draft_tp = tp
-    elif isinstance(draft_tp, bool) or not isinstance(draft_tp, int) or draft_tp not in (1, tp):
-        raise KVConfigError(
-            (*sloc, "draft_tensor_parallel_size"),
-            f"{draft_tp} can only be 1 or the target's tensor_parallel_size ({tp})",
-        )
+    draft_tp = _draft_tp(spec, tp, sloc)
     own_dtype = spec.get("kv_cache_dtype")
     draft_dtype = str(own_dtype).lower() if own_dtype else target.kv_dtype
     summary.update(draft_tensor_parallel_size=draft_tp, kv_cache_dtype=draft_dtype)
     if method == "mtp":
-        n, key = _mtp_layers(target.cfg, draft_config)
-        if k is None:
-            k = n
-        elif k > n and k % n:
-            raise KVConfigError(
-                (*sloc, "num_speculative_tokens"),
-                f"{k} must be divisible by the {n} MTP modules ({key})",
-            )
-        if "sliding" in target.kinds:
-            raise KVCacheUnknown(
-                (*sloc, "method"),
-                "MTP on a sliding-window model: the MTP layers' attention type is model code",
-            )
-        nbytes, packed = (
-            (target.spec.dtype_bytes, target.spec.state_bytes)
-            if not own_dtype
-            else _dtype_of(draft_dtype, target.model_bytes, mla=target.mla)
+        return _mtp(target, draft_config, k, own_dtype, draft_dtype, draft_tp, summary)
+    return _model_drafter(
+        method, target, draft_config, k, draft_dtype, draft_tp, summary, notes, ignored
+    )
+
+
+def _draft_tp(spec: Mapping[str, Any], tp: int, sloc: tuple[str, ...]) -> int:
+    """The drafter's tensor parallelism: 1 or the target's (the default)."""
+    draft_tp = spec.get("draft_tensor_parallel_size")
+    if draft_tp is None:
+        return tp
+    if isinstance(draft_tp, bool) or not isinstance(draft_tp, int) or draft_tp not in (1, tp):
+        raise KVConfigError(
+            (*sloc, "draft_tensor_parallel_size"),
+            f"{draft_tp} can only be 1 or the target's tensor_parallel_size ({tp})",
         )
-        heads = 1 if target.mla else max(1, target.total_kv // draft_tp)
-        layer = LayerSpec(
-            "full", heads, target.spec.head_size, target.spec.head_size_v, nbytes, packed
+    return draft_tp
+
+
+def _mtp(
+    target: Target,
+    draft_config: Mapping[str, Any] | None,
+    k: int | None,
+    own_dtype: Any,
+    draft_dtype: str,
+    draft_tp: int,
+    summary: dict[str, Any],
+) -> tuple[list[tuple[LayerSpec, int]], dict[str, Any], int]:
+    """MTP modules: full-attention layers of the target's shape, one per module."""
+    sloc = ("engine", "speculative_config")
+    n, key = _mtp_layers(target.cfg, draft_config)
+    if k is None:
+        k = n
+    elif k > n and k % n:
+        raise KVConfigError(
+            (*sloc, "num_speculative_tokens"),
+            f"{k} must be divisible by the {n} MTP modules ({key})",
         )
-        # multi-module MTP keeps num_speculative_tokens - 1 more tokens in sliding
-        # windows (config/vllm.py L644-L662; kv_cache_utils.py get_kv_cache_configs)
-        retained = k - 1 if min(n, k) > 1 else 0
-        summary.update(
-            num_speculative_tokens=k, drafter_kv_layers=n, source=f"model config {key} = {n}"
+    if "sliding" in target.kinds:
+        raise KVCacheUnknown(
+            (*sloc, "method"),
+            "MTP on a sliding-window model: the MTP layers' attention type is model code",
         )
-        whole = (1 if target.mla else target.total_kv) * _per_head(layer)
-        return [(layer, whole)] * n, summary, retained
+    nbytes, packed = (
+        (target.spec.dtype_bytes, target.spec.state_bytes)
+        if not own_dtype
+        else _dtype_of(draft_dtype, target.model_bytes, mla=target.mla)
+    )
+    heads = 1 if target.mla else max(1, target.total_kv // draft_tp)
+    layer = LayerSpec("full", heads, target.spec.head_size, target.spec.head_size_v, nbytes, packed)
+    # multi-module MTP keeps num_speculative_tokens - 1 more tokens in sliding
+    # windows (config/vllm.py L644-L662; kv_cache_utils.py get_kv_cache_configs)
+    retained = k - 1 if min(n, k) > 1 else 0
+    summary.update(
+        num_speculative_tokens=k, drafter_kv_layers=n, source=f"model config {key} = {n}"
+    )
+    whole = (1 if target.mla else target.total_kv) * _per_head(layer)
+    return [(layer, whole)] * n, summary, retained
+
+
+def _model_drafter(
+    method: str,
+    target: Target,
+    draft_config: Mapping[str, Any] | None,
+    k: int | None,
+    draft_dtype: str,
+    draft_tp: int,
+    summary: dict[str, Any],
+    notes: list[str],
+    ignored: list[dict[str, Any]],
+) -> tuple[list[tuple[LayerSpec, int]], dict[str, Any], int]:
+    """An EAGLE head or a draft model: the layers its own ``config.json`` describes."""
+    sloc = ("engine", "speculative_config")
     if draft_config is None:
         raise KVCacheUnknown(
             ("draft_model",),

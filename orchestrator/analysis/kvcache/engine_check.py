@@ -85,6 +85,58 @@ def _tolerance(est: Mapping[str, Any], max_model_len: int) -> int:
     return max(int(est["block_size"]), math.ceil(blocks * per_block))
 
 
+def _block_size(engine: dict[str, Any], device: str, notes: list[str]) -> Any:
+    """The engine's block size; vLLM's default for ``device`` (set in ``engine``, with a
+    note) when the arguments have none."""
+    if engine.get("block_size") is None:
+        engine["block_size"] = 128 if device.upper() == "CPU" else 16
+        notes.append(
+            f"block_size not in the engine arguments: vLLM's {device} default "
+            f"{engine['block_size']} assumed (an attention backend may pick another)"
+        )
+    return engine["block_size"]
+
+
+def _difference(
+    est: Mapping[str, Any],
+    printed_tokens: Any,
+    printed_blocks: Any,
+    version: Any,
+    notes: list[str],
+) -> tuple[str | None, int | None]:
+    """``(printed formula, engine - estimate in tokens)``: the printed token count against
+    the formula of this version closest to it, else a V0 engine's GPU blocks; ``(None,
+    None)`` when the engine printed neither."""
+    if printed_tokens is not None:
+        candidates = {"group-aware": int(est["kv_cache_tokens"])}
+        parsed = _version(version)
+        if parsed is None or parsed < (0, 32):
+            candidates["blocks"] = _legacy_tokens(est)
+        formula, value = min(candidates.items(), key=lambda kv: abs(int(printed_tokens) - kv[1]))
+        return formula, int(printed_tokens) - value
+    if printed_blocks is not None:
+        notes.append("V0 engine: its '# GPU blocks' compared, in tokens")
+        return "v0-blocks", (int(printed_blocks) - int(est["gpu_blocks"])) * int(est["block_size"])
+    return None, None
+
+
+def _not_modelled(
+    exc: KVCacheUnknown | KVConfigError, engine_side: dict[str, Any], notes: list[str]
+) -> dict[str, Any]:
+    """The check without an estimate: the field that cannot be modelled, and why."""
+    return {
+        "estimate": None,
+        "unknown": {"field": ".".join(exc.loc), "reason": exc.msg},
+        "engine": engine_side,
+        "tolerance_tokens": None,
+        "difference_tokens": None,
+        "agrees": None,
+        "printed_formula": None,
+        "ignored_keys": [],
+        "notes": notes,
+    }
+
+
 def check_against_engine(
     model_config: Mapping[str, Any],
     engine_args: Mapping[str, Any],
@@ -123,14 +175,7 @@ def check_against_engine(
         return None
     notes: list[str] = []
     engine = {str(k).replace("-", "_"): v for k, v in engine_args.items()}
-    device = str(startup_facts.get("kv_cache_device") or "GPU")
-    if engine.get("block_size") is None:
-        engine["block_size"] = 128 if device.upper() == "CPU" else 16
-        notes.append(
-            f"block_size not in the engine arguments: vLLM's {device} default "
-            f"{engine['block_size']} assumed (an attention backend may pick another)"
-        )
-    block_size = engine["block_size"]
+    block_size = _block_size(engine, str(startup_facts.get("kv_cache_device") or "GPU"), notes)
     max_model_len = int(
         startup_facts.get("max_concurrency_context_tokens")
         or engine.get("max_model_len")
@@ -156,31 +201,9 @@ def check_against_engine(
             draft_config=draft_config,
         )
     except (KVCacheUnknown, KVConfigError) as exc:
-        return {
-            "estimate": None,
-            "unknown": {"field": ".".join(exc.loc), "reason": exc.msg},
-            "engine": engine_side,
-            "tolerance_tokens": None,
-            "difference_tokens": None,
-            "agrees": None,
-            "printed_formula": None,
-            "ignored_keys": [],
-            "notes": notes,
-        }
+        return _not_modelled(exc, engine_side, notes)
     tolerance = _tolerance(est, max_model_len)
-    diff: int | None = None
-    formula = None
-    if printed_tokens is not None:
-        candidates = {"group-aware": int(est["kv_cache_tokens"])}
-        parsed = _version(version)
-        if parsed is None or parsed < (0, 32):
-            candidates["blocks"] = _legacy_tokens(est)
-        formula, value = min(candidates.items(), key=lambda kv: abs(int(printed_tokens) - kv[1]))
-        diff = int(printed_tokens) - value
-    elif printed_blocks is not None:
-        formula = "v0-blocks"
-        diff = (int(printed_blocks) - int(est["gpu_blocks"])) * int(est["block_size"])
-        notes.append("V0 engine: its '# GPU blocks' compared, in tokens")
+    formula, diff = _difference(est, printed_tokens, printed_blocks, version, notes)
     return {
         "estimate": est,
         "engine": engine_side,

@@ -124,6 +124,45 @@ def _scaling(cfg: Mapping[str, Any], notes: list[str]) -> tuple[float, bool]:
     return float(factor), longrope
 
 
+def _given_only(given: Any, notes: list[str]) -> dict[str, Any]:
+    """The answer when only the given ``max_model_len`` is known."""
+    return {
+        "max_model_len": int(given),
+        "derived_max_model_len": None,
+        "key": None,
+        "model_max_length": None,
+        "notes": notes,
+    }
+
+
+def _config_length(
+    cfg: Mapping[str, Any], engine: Mapping[str, Any], loc: tuple[str, ...]
+) -> tuple[str | None, float, float | None]:
+    """``(key, the model's maximum before RoPE scaling (inf: none), model_max_length)``:
+    the smallest length key, overridden by ``model_max_length``, capped by the sliding
+    window when ``disable_sliding_window``."""
+    derived = math.inf
+    key: str | None = None
+    for name in LENGTH_KEYS:  # convertor L415-L420: the smallest
+        value = _number(cfg, name, loc)
+        if value is not None:
+            if value < derived:
+                key = name
+            derived = min(derived, value)
+    model_max_length = _number(cfg, "model_max_length", loc)
+    if model_max_length:  # convertor L422-L425: overrides the minimum
+        key, derived = "model_max_length", model_max_length
+    window = cfg.get("sliding_window")
+    if (
+        engine.get("disable_sliding_window")
+        and isinstance(window, int)
+        and not isinstance(window, bool)
+        and window < derived
+    ):
+        key, derived = "sliding_window", window
+    return key, derived, model_max_length
+
+
 def derive_max_model_len(
     model: Mapping[str, Any] | None,
     engine: Mapping[str, Any] | None = None,
@@ -154,45 +193,15 @@ def derive_max_model_len(
     if model is None:
         if given is None:
             raise KVConfigError(("engine", "max_model_len"), "give it, or the model's config")
-        return {
-            "max_model_len": int(given),
-            "derived_max_model_len": None,
-            "key": None,
-            "model_max_length": None,
-            "notes": notes,
-        }
+        return _given_only(given, notes)
     overrides = engine.get("hf_overrides")
     raw = merge_config(model, overrides) if isinstance(overrides, Mapping) else dict(model)
     cfg = text_config(raw)
     loc = ("model",)
-    derived = math.inf
-    key: str | None = None
-    for name in LENGTH_KEYS:  # convertor L415-L420: the smallest
-        value = _number(cfg, name, loc)
-        if value is not None:
-            if value < derived:
-                key = name
-            derived = min(derived, value)
-    model_max_length = _number(cfg, "model_max_length", loc)
-    if model_max_length:  # convertor L422-L425: overrides the minimum
-        key, derived = "model_max_length", model_max_length
-    window = cfg.get("sliding_window")
-    if (
-        engine.get("disable_sliding_window")
-        and isinstance(window, int)
-        and not isinstance(window, bool)
-        and window < derived
-    ):
-        key, derived = "sliding_window", window
+    key, derived, model_max_length = _config_length(cfg, engine, loc)
     if derived == math.inf:
         if given is not None:
-            return {
-                "max_model_len": int(given),
-                "derived_max_model_len": None,
-                "key": None,
-                "model_max_length": None,
-                "notes": notes,
-            }
+            return _given_only(given, notes)
         notes.append(
             "the model config has none of "
             f"{', '.join(LENGTH_KEYS)}: vLLM assumes {DEFAULT_MAX_LEN} (model.py L2567-L2575)"

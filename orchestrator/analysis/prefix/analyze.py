@@ -6,22 +6,22 @@ again), predict the hit rate before and after, and note what the rendering hides
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator.analysis.prefix.causes import field_root
 from orchestrator.analysis.prefix.changes import CHANGE_TEXT, rewrite
-from orchestrator.analysis.prefix.divergence import field_root, find_divergence, partition, raw_json
+from orchestrator.analysis.prefix.divergence import find_divergence, partition
 from orchestrator.analysis.prefix.inputs import coerce_sourced
-from orchestrator.analysis.prefix.patterns import TEMPLATE_DATE
+from orchestrator.analysis.prefix.notes import analysis_notes, generated_not_counted
 from orchestrator.analysis.prefix.prediction import predict_hit_rate, shared_prefix_length
 from orchestrator.analysis.prefix.rendering import RequestError, load_tokenizer, render
 from orchestrator.analysis.prefix.resend import (
     RETOKENIZATION,
+    Resend,
     find_resends,
-    previous_turns,
     resent_as_tokens,
 )
 from orchestrator.analysis.prefix.schemas import (
@@ -177,17 +177,7 @@ def _follow_causes(
             if key in seen:
                 continue
             seen.add(key)
-            nxt: list[RenderedPrompt] | None = None
-            changed = rewrite(cur, d)
-            if changed is not None:
-                try:
-                    nxt = _render_all(changed, tok, add_generation_prompt)
-                except ValueError:  # the rewritten request does not render: not simulated
-                    nxt = None
-                if nxt is not None and [r.token_ids for r in nxt] == [
-                    r.token_ids for r in cur_rendered
-                ]:
-                    nxt = None  # the rewrite changes nothing the engine sees
+            changed, nxt = _simulate(cur, cur_rendered, d, tok, add_generation_prompt)
             if nxt is None or changed is None:
                 if (d.cause, src) in listed:
                     continue
@@ -222,6 +212,28 @@ def _follow_causes(
     return causes, advice, (before if applied else None), (cur, cur_rendered)
 
 
+def _simulate(
+    cur: list[PrefixRequest],
+    cur_rendered: list[RenderedPrompt],
+    d: Divergence,
+    tok: Any,
+    add_generation_prompt: bool,
+) -> tuple[list[PrefixRequest] | None, list[RenderedPrompt] | None]:
+    """The requests rewritten as ``d``'s advice says and their renderings; a rendering
+    None when the rewrite does not render or changes no token the engine sees, the
+    requests None when the change cannot be simulated."""
+    nxt: list[RenderedPrompt] | None = None
+    changed = rewrite(cur, d)
+    if changed is not None:
+        try:
+            nxt = _render_all(changed, tok, add_generation_prompt)
+        except ValueError:  # the rewritten request does not render: not simulated
+            nxt = None
+        if nxt is not None and [r.token_ids for r in nxt] == [r.token_ids for r in cur_rendered]:
+            nxt = None  # the rewrite changes nothing the engine sees
+    return changed, nxt
+
+
 def _mark_plan(advice: list[Advice], prediction: HitRatePrediction) -> None:
     """Mark the plan: the simulated steps up to the one with the best cumulative hit rate
     (a step that gains nothing alone may be needed for a later one: a clock before an id),
@@ -240,92 +252,6 @@ def _mark_plan(advice: list[Advice], prediction: HitRatePrediction) -> None:
             and a.predicted_hit_rate_after is not None
             and a.step <= best.step
         )
-
-
-def _notes(
-    reqs: list[PrefixRequest], rendered: list[RenderedPrompt], tok: Any, add_generation_prompt: bool
-) -> list[str]:
-    """Facts about the rendering: tools the template ignores, a date it writes itself."""
-    notes: list[str] = []
-    with_tools = [i for i, r in enumerate(reqs) if r.tools]
-    if with_tools:
-        distinct: dict[str, int] = {}
-        for i in with_tools:
-            distinct.setdefault(raw_json(reqs[i].tools), i)
-        ignored = True
-        for i in list(distinct.values())[:4]:
-            try:
-                bare = render(
-                    PrefixRequest(messages=reqs[i].messages), tok, i, add_generation_prompt
-                )
-            except ValueError:
-                ignored = False
-                break
-            if bare.text != rendered[i].text:
-                ignored = False
-                break
-        if ignored:
-            what = (
-                f"the tools differ between requests ({len(distinct)} different tool lists)"
-                if len(distinct) > 1
-                else f"{len(with_tools)} of {len(reqs)} requests carry tools"
-            )
-            notes.append(
-                f"{what[0].upper()}{what[1:]}, but the model's chat template does not render "
-                "tools: they are not part of the prompt the engine sees, so they do not affect "
-                "the prefix (nor does the model see them)."
-            )
-    dates: dict[str, list[int]] = {}
-    for r in rendered[:64]:
-        covered = [(s.rendered_start, s.rendered_end) for s in r.spans]
-        for m in TEMPLATE_DATE.finditer(r.text):
-            if not any(a <= m.start() < b for a, b in covered):
-                dates.setdefault(m.group(), []).append(r.index)
-    if dates:
-        today = _today_strings()
-        shown = ", ".join(repr(v) for v in list(dates)[:3])
-        note = (
-            f"The chat template writes a date into the prompt itself ({shown}; not from the "
-            "requests)"
-        )
-        if len(dates) > 1:
-            note += ": it differs between requests and breaks the shared prefix there"
-        elif any(v in today or any(t in v for t in today) for v in dates):
-            note += (
-                ": it is today's date, so the rendered prompts (and the prefix they share) "
-                "change every day; pass a fixed date to the template (e.g. its date variable) "
-                "if it should not move"
-            )
-        notes.append(note + ".")
-    return notes
-
-
-def _today_strings() -> set[str]:
-    now = datetime.datetime.now()
-    fmts = ("%Y-%m-%d", "%d %b %Y", "%d %B %Y", "%b %d, %Y", "%B %d, %Y", "%m/%d/%Y", "%d/%m/%Y")
-    out = {now.strftime(f) for f in fmts}
-    return out | {x.lstrip("0") for x in out} | {x.replace(" 0", " ") for x in out}
-
-
-def _generated_not_counted(reqs: Sequence[PrefixRequest]) -> list[int]:
-    """The requests whose answer the prediction leaves out although a later request builds
-    on it: resent by a later chat turn, or extended by a later prompt (:func:`previous_turns`),
-    and given without ``generated_token_ids``."""
-    return sorted({j for j, _ in previous_turns(reqs).values() if not reqs[j].generated_token_ids})
-
-
-def _left_out_note(left_out: list[int], where: Sequence[str]) -> str:
-    shown = ", ".join(where[j] for j in left_out[:5]) + (
-        f" and {len(left_out) - 5} more" if len(left_out) > 5 else ""
-    )
-    return (
-        f"The predicted hit rate leaves out what {len(left_out)} request(s) generated "
-        f"({shown}): a later request continues each (an assistant message after its "
-        "messages, or a longer prompt), but its generated token ids were not given. The "
-        "engine caches the blocks of what it generated too: where the continuation resends "
-        "exactly those tokens, the later request hits more than predicted (give "
-        "generated_token_ids, or a vLLM response with return_token_ids, to count them)."
-    )
 
 
 def _vocab_limit(model_dir: str | Path | None, tok: Any) -> int | None:
@@ -404,6 +330,85 @@ def _resend_advice(
     return None
 
 
+def _comparable(
+    requests: Iterable[Any], model_dir: str | Path | None, tokenizer: Any, notes: list[str]
+) -> tuple[list[PrefixRequest], list[str], list[NotCompared], Any]:
+    """``(requests that can be compared, their sources, those that cannot, tokenizer)``.
+
+    Raises:
+        ValueError: no requests, or none that can be compared.
+    """
+    reqs, where, skipped = coerce_sourced(requests, notes)
+    if not reqs and not skipped:
+        raise ValueError("no requests to analyse")
+    tok = tokenizer
+    if tok is None and model_dir is not None:
+        tok = load_tokenizer(model_dir)
+    if tok is None:
+        reqs, where = _token_ids_only(reqs, where, skipped)
+    if not reqs:
+        raise ValueError(
+            "no request can be compared: "
+            + "; ".join(f"{x.request}: {x.reason}" for x in skipped[:3])
+            + (f" (and {len(skipped) - 3} more)" if len(skipped) > 3 else "")
+        )
+    return reqs, where, skipped, tok
+
+
+def _plan(
+    reqs: list[PrefixRequest],
+    rendered: list[RenderedPrompt],
+    first: tuple[Divergence | None, list[PrefixCluster]],
+    prediction: HitRatePrediction,
+    tok: Any,
+    add_generation_prompt: bool,
+    block_size: int,
+) -> tuple[
+    list[Divergence], list[Advice], HitRatePrediction | None, list[tuple[Resend, RenderedPrompt]]
+]:
+    """The causes along the prompts, the advice (the resends' included), the prediction
+    after every simulated change, and the resends found."""
+    causes, advice, after_all, state = _follow_causes(
+        reqs, rendered, first, prediction, tok, add_generation_prompt, block_size
+    )
+    resends = find_resends(reqs, rendered, tok, block_size)
+    after_resend = _resend_advice(reqs, state, resends, causes, advice, tok, block_size)
+    if after_resend is not None:
+        after_all = after_resend
+        _mark_plan(advice, prediction)
+    return causes, advice, after_all, resends
+
+
+def _after_plan(advice: Sequence[Advice]) -> float | None:
+    """The highest hit rate predicted after a change that raises it, None without one."""
+    return max(
+        (
+            a.predicted_hit_rate_after
+            for a in advice
+            if a.raises_hit_rate and a.predicted_hit_rate_after is not None
+        ),
+        default=None,
+    )
+
+
+def _token_ids_only(
+    reqs: list[PrefixRequest], where: list[str], skipped: list[NotCompared]
+) -> tuple[list[PrefixRequest], list[str]]:
+    """Without a tokenizer: the requests given as token ids (and their sources); the
+    others appended to ``skipped``."""
+    keep = [i for i, r in enumerate(reqs) if r.prompt_token_ids is not None]
+    skipped += [
+        NotCompared(
+            request=where[i],
+            reason="its text needs the model's tokenizer to become token ids, and no "
+            "model was given: it cannot be compared with the prompts given as token ids",
+        )
+        for i in range(len(reqs))
+        if i not in set(keep)
+    ]
+    return [reqs[i] for i in keep], [where[i] for i in keep]
+
+
 def analyze_prefix(
     requests: Iterable[Any],
     model_dir: str | Path | None = None,
@@ -442,59 +447,21 @@ def analyze_prefix(
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     input_notes: list[str] = []
-    reqs, where, skipped = coerce_sourced(requests, input_notes)
-    if not reqs and not skipped:
-        raise ValueError("no requests to analyse")
-    tok = tokenizer
-    if tok is None and model_dir is not None:
-        tok = load_tokenizer(model_dir)
-    if tok is None:
-        keep = [i for i, r in enumerate(reqs) if r.prompt_token_ids is not None]
-        skipped += [
-            NotCompared(
-                request=where[i],
-                reason="its text needs the model's tokenizer to become token ids, and no "
-                "model was given: it cannot be compared with the prompts given as token ids",
-            )
-            for i in range(len(reqs))
-            if i not in set(keep)
-        ]
-        reqs, where = [reqs[i] for i in keep], [where[i] for i in keep]
-    if not reqs:
-        raise ValueError(
-            "no request can be compared: "
-            + "; ".join(f"{x.request}: {x.reason}" for x in skipped[:3])
-            + (f" (and {len(skipped) - 3} more)" if len(skipped) > 3 else "")
-        )
+    reqs, where, skipped, tok = _comparable(requests, model_dir, tokenizer, input_notes)
     _check_ids(reqs, where, _vocab_limit(model_dir, tok))
     rendered = _render_all(reqs, tok, add_generation_prompt, where)
     lengths = [len(r.token_ids) for r in rendered]
     prediction = _predict(rendered, reqs, block_size)
     shared = prediction.shared_prefix_tokens  # headline and details: one computation
     divergence, clusters = _split(rendered, reqs, block_size)
-    causes, advice, after_all, state = _follow_causes(
+    causes, advice, after_all, resends = _plan(
         reqs, rendered, (divergence, clusters), prediction, tok, add_generation_prompt, block_size
     )
-    resends = find_resends(reqs, rendered, tok, block_size)
-    after_resend = _resend_advice(reqs, state, resends, causes, advice, tok, block_size)
-    if after_resend is not None:
-        after_all = after_resend
-        _mark_plan(advice, prediction)
-    notes = _notes(reqs, rendered, tok, add_generation_prompt) if tok is not None else []
-    notes[:0] = input_notes
-    left_out = _generated_not_counted(reqs)
-    if left_out:
-        notes.append(_left_out_note(left_out, where))
-    if skipped:
-        notes.append(
-            f"{len(skipped)} request(s) could not be compared and are left out of every "
-            "figure: " + "; ".join(f"{x.request}: {x.reason}" for x in skipped[:3])
-        )
-    if tok is None:
-        notes.append(
-            "No tokenizer: the prompts are compared as token ids only; causes are not "
-            "classified (the text is unknown) and ids are not checked against a vocabulary."
-        )
+    left_out = generated_not_counted(reqs)
+    notes = [
+        *input_notes,
+        *analysis_notes(reqs, rendered, tok, add_generation_prompt, where, left_out, skipped),
+    ]
     return PrefixAnalysis(
         model_dir=None if model_dir is None else str(model_dir),
         block_size=block_size,
@@ -511,14 +478,7 @@ def analyze_prefix(
         prediction_counts_generated_tokens=any(q.generated_token_ids for q in reqs),
         advice=advice,
         predicted_hit_rate_after_advice=after_all.hit_rate if after_all else None,
-        predicted_hit_rate_after_plan=max(
-            (
-                a.predicted_hit_rate_after
-                for a in advice
-                if a.raises_hit_rate and a.predicted_hit_rate_after is not None
-            ),
-            default=None,
-        ),
+        predicted_hit_rate_after_plan=_after_plan(advice),
         resends=[x for x, _ in resends],
         generated_tokens_not_counted=left_out,
         not_compared=skipped,

@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from orchestrator.analysis.prefix.divergence import canon_json, field_root, tool_names
+from orchestrator.analysis.prefix.causes import canon_json, field_root, tool_names
 from orchestrator.analysis.prefix.patterns import (
     NAME,
     NAME_CUE,

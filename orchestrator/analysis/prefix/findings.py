@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from orchestrator.analysis.prefix.schemas import PrefixAnalysis, PrefixFinding
@@ -91,33 +91,65 @@ def hit_rate_finding(
     diff = measured - predicted
     if abs(diff) <= tolerance:
         return None
-    m = metrics or {}
     sm = summary or {}
-    preempt = _num(m.get("num_preemptions_delta"))
-    kv_peak = _num(m.get("kv_cache_usage_peak"))
-    waiting = _num(m.get("num_requests_waiting_peak"))
-    q_meas, h_meas = (
-        _num(m.get("prefix_cache_queries_delta")),
-        _num(m.get("prefix_cache_hits_delta")),
-    )
-    q_pred, h_pred = _num(sm.get("queries_tokens")), _num(sm.get("hits_tokens"))
+    values = _signals(metrics or {}, sm)
+    preempt, kv_peak, waiting, q_meas, h_meas, q_pred, h_pred = values
     evidence: dict[str, Any] = {
         "predicted_hit_rate": predicted,
         "measured_hit_rate": measured,
         "difference": diff,
         "tolerance": tolerance,
     }
-    signals = {
-        "num_preemptions": preempt,
-        "kv_cache_usage_peak": kv_peak,
-        "num_requests_waiting_peak": waiting,
-        "measured_queries_tokens": q_meas,
-        "measured_hits_tokens": h_meas,
-        "predicted_queries_tokens": q_pred,
-        "predicted_hits_tokens": h_pred,
-        "vllm_version": vllm_version,
-    }
-    evidence.update({k: v for k, v in signals.items() if v is not None})
+    evidence.update({k: v for k, v in zip(_SIGNALS, values, strict=True) if v is not None})
+    if vllm_version is not None:
+        evidence["vllm_version"] = vllm_version
+    extra_q, excess_h = _beyond(q_meas, h_meas, q_pred, h_pred, evidence)
+    left_out = sm.get("generated_tokens_not_counted")
+    if isinstance(left_out, list) and left_out:
+        evidence["generated_tokens_not_counted"] = list(left_out)
+    pressure = _pressure(preempt, kv_peak, waiting)
+    if diff < 0:
+        return _below(predicted, measured, evidence, preempt, kv_peak, pressure)
+    return _above(
+        predicted, measured, evidence, preempt, kv_peak, waiting, extra_q, excess_h, vllm_version
+    )
+
+
+#: The evidence keys of :func:`_signals`, in its order.
+_SIGNALS = (
+    "num_preemptions",
+    "kv_cache_usage_peak",
+    "num_requests_waiting_peak",
+    "measured_queries_tokens",
+    "measured_hits_tokens",
+    "predicted_queries_tokens",
+    "predicted_hits_tokens",
+)
+
+
+def _signals(m: Mapping[str, Any], sm: Mapping[str, Any]) -> tuple[float | None, ...]:
+    """The run's server signals (``metrics``) and the prediction's token counts
+    (``summary``), in :data:`_SIGNALS` order; None where not measured."""
+    return (
+        _num(m.get("num_preemptions_delta")),
+        _num(m.get("kv_cache_usage_peak")),
+        _num(m.get("num_requests_waiting_peak")),
+        _num(m.get("prefix_cache_queries_delta")),
+        _num(m.get("prefix_cache_hits_delta")),
+        _num(sm.get("queries_tokens")),
+        _num(sm.get("hits_tokens")),
+    )
+
+
+def _beyond(
+    q_meas: float | None,
+    h_meas: float | None,
+    q_pred: float | None,
+    h_pred: float | None,
+    evidence: dict[str, Any],
+) -> tuple[float | None, float | None]:
+    """``(tokens queried beyond the prompts, tokens hit beyond the prediction)``, into
+    ``evidence`` too; both None when the server counted the list twice or more."""
     extra_q = q_meas - q_pred if q_meas is not None and q_pred is not None else None
     excess_h = h_meas - h_pred if h_meas is not None and h_pred is not None else None
     if extra_q is not None:
@@ -130,16 +162,8 @@ def hit_rate_finding(
         evidence["token_counts_not_compared"] = (
             "the server counted at least twice the tokens the request list holds"
         )
-        extra_q = excess_h = None
-    left_out = sm.get("generated_tokens_not_counted")
-    if isinstance(left_out, list) and left_out:
-        evidence["generated_tokens_not_counted"] = list(left_out)
-    pressure = _pressure(preempt, kv_peak, waiting)
-    if diff < 0:
-        return _below(predicted, measured, evidence, preempt, kv_peak, pressure)
-    return _above(
-        predicted, measured, evidence, preempt, kv_peak, waiting, extra_q, excess_h, vllm_version
-    )
+        return None, None
+    return extra_q, excess_h
 
 
 def _pressure(preempt: float | None, kv_peak: float | None, waiting: float | None) -> str:
@@ -194,6 +218,41 @@ def _below(
     )
 
 
+#: What to do when preemption recompute may explain a hit rate above the prediction.
+_RECOMPUTE_ACTION = (
+    "do not credit prefix caching with the excess: lower max_num_seqs (or give the KV "
+    "cache more memory) until vllm:num_preemptions stays at 0, or use a vLLM with "
+    "vllm-project/vllm#25787, and measure again"
+)
+#: What to do when it does not.
+_OTHER_ACTION = (
+    "check that the prefix cache is reset before the measured requests and whether later "
+    "turns resend generated answers; the excess is not reuse the prompts have"
+)
+
+
+def _other_causes(left_out: Sequence[Any]) -> str:
+    """What else raises the hit rate above the prediction."""
+    return (
+        "blocks cached before the run (warm-up, an earlier run: was the prefix cache reset?) "
+        + (
+            f"or the answers of {len(left_out)} request(s) that later turns resend: the "
+            "prediction leaves them out (their generated token ids were not given)"
+            if left_out
+            else "or generated tokens reused by later turns"
+        )
+    )
+
+
+def _may_preempt(preempt: float | None, kv_peak: float | None, waiting: float | None) -> bool:
+    """Whether requests were (or, the counter missing, may have been) preempted: a full
+    KV cache, or without its peak a waiting queue."""
+    full = kv_peak is not None and kv_peak >= KV_FULL
+    return (preempt or 0) > 0 or (
+        preempt is None and (full or (kv_peak is None and (waiting or 0) > 0))
+    )
+
+
 def _above(
     predicted: float,
     measured: float,
@@ -212,43 +271,22 @@ def _above(
     counts = _counts_preempted(vllm_version)
     version = f"vLLM {vllm_version}" if vllm_version else "this vLLM (version unknown)"
     pressure = _pressure(preempt, kv_peak, waiting)
-    numbers = ""
-    if extra_q is not None and excess_h is not None:
-        numbers = (
-            f"; the counters queried {extra_q:,.0f} tokens beyond the prompts and hit "
-            f"{excess_h:,.0f} more than predicted"
-        )
+    numbers = (
+        f"; the counters queried {extra_q:,.0f} tokens beyond the prompts and hit "
+        f"{excess_h:,.0f} more than predicted"
+        if extra_q is not None and excess_h is not None
+        else ""
+    )
     covered = extra_q is not None and excess_h is not None and extra_q >= excess_h > 0
-    full = kv_peak is not None and kv_peak >= KV_FULL
-    may_preempt = (preempt or 0) > 0 or (
-        preempt is None and (full or (kv_peak is None and (waiting or 0) > 0))
-    )
-    left_out = evidence.get("generated_tokens_not_counted") or []
-    other = (
-        "blocks cached before the run (warm-up, an earlier run: was the prefix cache reset?) "
-        + (
-            f"or the answers of {len(left_out)} request(s) that later turns resend: the "
-            "prediction leaves them out (their generated token ids were not given)"
-            if left_out
-            else "or generated tokens reused by later turns"
-        )
-    )
-    recompute_action = (
-        "do not credit prefix caching with the excess: lower max_num_seqs (or give the KV "
-        "cache more memory) until vllm:num_preemptions stays at 0, or use a vLLM with "
-        "vllm-project/vllm#25787, and measure again"
-    )
-    other_action = (
-        "check that the prefix cache is reset before the measured requests and whether later "
-        "turns resend generated answers; the excess is not reuse the prompts have"
-    )
+    may_preempt = _may_preempt(preempt, kv_peak, waiting)
+    other = _other_causes(evidence.get("generated_tokens_not_counted") or [])
     if not may_preempt:
         if preempt == 0:
             msg = (
                 f"{head}: no request was preempted ({pressure}), so preemption recompute "
                 f"does not explain it{numbers}: {other}."
             )
-            return _found(evidence, msg, "not_preemption", other_action)
+            return _found(evidence, msg, "not_preemption", _OTHER_ACTION)
         tail = f" ({pressure})" if pressure else ""
         msg = (
             f"{head}{tail}: the counters include preempted requests' re-computed tokens (vLLM "
@@ -261,14 +299,14 @@ def _above(
             f"({extra_q:,.0f} beyond them), so preempted requests' re-scheduled lookups were not "
             f"counted (as in vLLM with vllm-project/vllm#25787) and do not explain it: {other}."
         )
-        return _found(evidence, msg, "not_preemption", other_action)
+        return _found(evidence, msg, "not_preemption", _OTHER_ACTION)
     if counts is False:
         msg = (
             f"{head} ({pressure}). {version} does not count preempted requests' recomputed "
             "tokens in vllm:prefix_cache_hits (vllm-project/vllm#25787), so preemption does "
             f"not explain it{numbers}: {other}."
         )
-        return _found(evidence, msg, "not_preemption", other_action)
+        return _found(evidence, msg, "not_preemption", _OTHER_ACTION)
     why = (
         f"{version} counts a preempted request's recomputed prompt lookups as hits "
         "(vllm-project/vllm#25780, fixed by #25787)"
@@ -281,19 +319,19 @@ def _above(
             f"{head}: the excess is explained by preemption recompute, not by reuse the "
             f"prompts have ({pressure}); {why}{numbers}, enough for the whole excess."
         )
-        return _found(evidence, msg, "preemption_recompute", recompute_action)
+        return _found(evidence, msg, "preemption_recompute", _RECOMPUTE_ACTION)
     if extra_q is not None and excess_h is not None and excess_h > 0 and not covered:
         msg = (
             f"{head} ({pressure}): {why}, but the tokens queried beyond the prompts cover "
             f"only part of the excess{numbers}; the rest: {other}."
         )
-        return _found(evidence, msg, "preemption_recompute_possible", recompute_action)
+        return _found(evidence, msg, "preemption_recompute_possible", _RECOMPUTE_ACTION)
     not_counted = "; preemptions were not counted" if preempt is None else ""
     msg = (
         f"{head}: the excess may be preemption recompute rather than reuse the prompts have "
         f"({pressure}{not_counted}); {why}{numbers}. Otherwise: {other}."
     )
-    return _found(evidence, msg, "preemption_recompute_possible", recompute_action)
+    return _found(evidence, msg, "preemption_recompute_possible", _RECOMPUTE_ACTION)
 
 
 def _found(

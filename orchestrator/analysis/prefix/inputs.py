@@ -268,72 +268,101 @@ def coerce_sourced(
         messages = data.get("messages")
         if prompt is not None and not messages:  # ChatRequest keeps messages=[] for prompts
             messages = None
-        ids_field = next(
-            (k for k in ("prompt_token_ids", "token_ids") if data.get(k) is not None), None
-        )
-        both = data.get("prompt_token_ids") is not None and data.get("token_ids") is not None
-        if both and data["prompt_token_ids"] != data["token_ids"]:
-            raise ValueError(
-                f'{label}: has both "prompt_token_ids" and "token_ids", with different ids: '
-                "which one the engine reads depends on the entry point (vLLM's TokensPrompt "
-                'reads "prompt_token_ids", /inference/v1/generate reads "token_ids"); give one'
-            )
-        if ids_field is not None and (prompt is not None or messages) and notes is not None:
-            given = "prompt" if prompt is not None else "messages"
-            notes.append(
-                f'{label}: has both "{given}" and "{ids_field}"; vLLM has no '
-                f'"{ids_field}" field on this request and ignores it (with a warning), so '
-                f'"{given}" is compared and "{ids_field}" is not.'
-            )
-        if ids_field is not None and prompt is None and not messages:
-            problem = token_ids_problem(data[ids_field], ids_field)
-            if problem:
-                raise ValueError(f"{label}: {problem}")
-            prompt = list(data[ids_field])
-        if prompt is None and not messages and data.get("prompt_embeds") is not None:
-            skipped.append(
-                NotCompared(
-                    request=label,
-                    reason='the prompt is given as embeddings ("prompt_embeds"): embeddings '
-                    "are not token ids, so this request cannot be compared",
-                )
-            )
+        prompt = _token_ids(label, data, prompt, messages, notes)
+        not_compared = _not_compared(label, data, prompt, messages, tools)
+        if not_compared is not None:
+            skipped.append(not_compared)
             continue
-        problem = _request_problem(messages, tools, prompt)
-        if problem:
-            raise ValueError(f"{label}: {problem}")
-        embeds = _embeds_part(messages) if prompt is None else None
-        if embeds:
-            skipped.append(
-                NotCompared(
-                    request=label,
-                    reason=f'{embeds} is prompt embeddings (a "prompt_embeds" content part): '
-                    "embeddings are not token ids, so this request cannot be compared",
-                )
-            )
-            continue
-        singles, _ = _prompts(prompt) if prompt is not None else ([], None)
-        generated, problem = _generated(data, max(1, len(singles)))
-        if problem:
-            raise ValueError(f"{label}: {problem}")
-        try:
-            if prompt is None:
-                out.append(
-                    PrefixRequest(
-                        messages=[dict(m) for m in messages or []],
-                        tools=[dict(t) for t in tools] if tools else None,
-                        generated_token_ids=generated[0],
-                    )
-                )
-                where.append(label)
-                continue
-            for j, single in enumerate(singles):
-                if isinstance(single, str):
-                    req = PrefixRequest(prompt=single, generated_token_ids=generated[j])
-                else:
-                    req = PrefixRequest(prompt_token_ids=single, generated_token_ids=generated[j])
-                out.append(req)
-                where.append(label if len(singles) == 1 else f"{label}.prompt[{j}]")
-        except ValidationError as exc:
-            raise ValueError(f"{label}: {_plain_validation(exc)}") from None
+        for req, source in _requests(label, data, prompt, messages, tools):
+            out.append(req)
+            where.append(source)
     return out, where, skipped
+
+
+def _token_ids(
+    label: str, data: Mapping[str, Any], prompt: Any, messages: Any, notes: list[str] | None
+) -> Any:
+    """The prompt, or the token ids given in ``prompt_token_ids``/``token_ids`` when there
+    is neither a prompt nor messages (vLLM ignores those fields beside them: a note)."""
+    ids_field = next(
+        (k for k in ("prompt_token_ids", "token_ids") if data.get(k) is not None), None
+    )
+    both = data.get("prompt_token_ids") is not None and data.get("token_ids") is not None
+    if both and data["prompt_token_ids"] != data["token_ids"]:
+        raise ValueError(
+            f'{label}: has both "prompt_token_ids" and "token_ids", with different ids: '
+            "which one the engine reads depends on the entry point (vLLM's TokensPrompt "
+            'reads "prompt_token_ids", /inference/v1/generate reads "token_ids"); give one'
+        )
+    if ids_field is not None and (prompt is not None or messages) and notes is not None:
+        given = "prompt" if prompt is not None else "messages"
+        notes.append(
+            f'{label}: has both "{given}" and "{ids_field}"; vLLM has no '
+            f'"{ids_field}" field on this request and ignores it (with a warning), so '
+            f'"{given}" is compared and "{ids_field}" is not.'
+        )
+    if ids_field is not None and prompt is None and not messages:
+        problem = token_ids_problem(data[ids_field], ids_field)
+        if problem:
+            raise ValueError(f"{label}: {problem}")
+        prompt = list(data[ids_field])
+    return prompt
+
+
+def _not_compared(
+    label: str, data: Mapping[str, Any], prompt: Any, messages: Any, tools: Any
+) -> NotCompared | None:
+    """Why a request given as prompt embeddings cannot be compared, None for any other.
+
+    Raises:
+        ValueError: a malformed request.
+    """
+    if prompt is None and not messages and data.get("prompt_embeds") is not None:
+        return NotCompared(
+            request=label,
+            reason='the prompt is given as embeddings ("prompt_embeds"): embeddings '
+            "are not token ids, so this request cannot be compared",
+        )
+    problem = _request_problem(messages, tools, prompt)
+    if problem:
+        raise ValueError(f"{label}: {problem}")
+    embeds = _embeds_part(messages) if prompt is None else None
+    if embeds:
+        return NotCompared(
+            request=label,
+            reason=f'{embeds} is prompt embeddings (a "prompt_embeds" content part): '
+            "embeddings are not token ids, so this request cannot be compared",
+        )
+    return None
+
+
+def _requests(
+    label: str, data: Mapping[str, Any], prompt: Any, messages: Any, tools: Any
+) -> list[tuple[PrefixRequest, str]]:
+    """The request (one per prompt of a batch prompt) with where each is in the input.
+
+    Raises:
+        ValueError: malformed generated token ids, or a request the schema refuses.
+    """
+    singles, _ = _prompts(prompt) if prompt is not None else ([], None)
+    generated, problem = _generated(data, max(1, len(singles)))
+    if problem:
+        raise ValueError(f"{label}: {problem}")
+    try:
+        if prompt is None:
+            chat = PrefixRequest(
+                messages=[dict(m) for m in messages or []],
+                tools=[dict(t) for t in tools] if tools else None,
+                generated_token_ids=generated[0],
+            )
+            return [(chat, label)]
+        out: list[tuple[PrefixRequest, str]] = []
+        for j, single in enumerate(singles):
+            if isinstance(single, str):
+                req = PrefixRequest(prompt=single, generated_token_ids=generated[j])
+            else:
+                req = PrefixRequest(prompt_token_ids=single, generated_token_ids=generated[j])
+            out.append((req, label if len(singles) == 1 else f"{label}.prompt[{j}]"))
+    except ValidationError as exc:
+        raise ValueError(f"{label}: {_plain_validation(exc)}") from None
+    return out

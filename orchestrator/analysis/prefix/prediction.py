@@ -27,6 +27,49 @@ def shared_prefix_length(token_lists: Sequence[Sequence[int]]) -> int:
     return n
 
 
+class _BlockCache:
+    """vLLM's prefix cache without eviction: full blocks keyed by (parent block, exact
+    token ids), each with the request that first cached it and whether it then held
+    generated tokens."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.nodes: dict[tuple[int, tuple[int, ...]], int] = {}
+        self.owner: list[int] = []
+        self.from_generated: list[bool] = []
+
+    def lookup(self, toks: Sequence[int]) -> tuple[int, int, int | None]:
+        """``(hit blocks, of them first cached holding generated tokens, the request that
+        cached the last hit block)`` for a prompt: at most ``(n - 1) // block_size``."""
+        bs = self.block_size
+        parent, hit_blocks, generated_blocks = -1, 0, 0
+        reused: int | None = None
+        for b in range(max(0, (len(toks) - 1)) // bs):
+            node = self.nodes.get((parent, tuple(toks[b * bs : (b + 1) * bs])))
+            if node is None:
+                break
+            parent = node
+            hit_blocks += 1
+            generated_blocks += self.from_generated[node]
+            reused = self.owner[node]
+        return hit_blocks, generated_blocks, reused
+
+    def insert(self, j: int, held: Sequence[int], n: int) -> None:
+        """Cache request ``j``'s full blocks of ``held`` (its ``n`` prompt tokens, then
+        what it generated)."""
+        bs = self.block_size
+        parent = -1
+        for b in range(len(held) // bs):
+            key = (parent, tuple(held[b * bs : (b + 1) * bs]))
+            node = self.nodes.get(key)
+            if node is None:
+                node = len(self.owner)
+                self.nodes[key] = node
+                self.owner.append(j)
+                self.from_generated.append((b + 1) * bs > n)
+            parent = node
+
+
 def predict_hit_rate(
     token_lists: Sequence[Sequence[int]],
     block_size: int = DEFAULT_BLOCK_SIZE,
@@ -68,39 +111,16 @@ def predict_hit_rate(
     shared = shared_prefix_length(token_lists)
     shortest = min((len(t) for t in token_lists), default=0)
     reusable = block_size * (max(0, min(shared, shortest - 1)) // block_size)
-    nodes: dict[tuple[int, tuple[int, ...]], int] = {}
-    owner: list[int] = []
-    from_generated: list[bool] = []  # the block was first cached holding generated tokens
+    cache = _BlockCache(block_size)
     per: list[RequestPrediction] = []
     counted: list[int] = []
     for j, toks in enumerate(token_lists):
         n = len(toks)
-        parent = -1
-        hit_blocks = 0
-        generated_blocks = 0
-        reused: int | None = None
-        for b in range(max(0, (n - 1)) // block_size):
-            node = nodes.get((parent, tuple(toks[b * block_size : (b + 1) * block_size])))
-            if node is None:
-                break
-            parent = node
-            hit_blocks += 1
-            generated_blocks += from_generated[node]
-            reused = owner[node]
+        hit_blocks, generated_blocks, reused = cache.lookup(toks)
         gen = list(generated[j] or []) if generated is not None and j < len(generated) else []
         if gen:
             counted.append(j)
-        held = [*toks, *gen][: n + len(gen) - 1] if gen else list(toks)
-        parent = -1
-        for b in range(len(held) // block_size):
-            key = (parent, tuple(held[b * block_size : (b + 1) * block_size]))
-            node = nodes.get(key)
-            if node is None:
-                node = len(owner)
-                nodes[key] = node
-                owner.append(j)
-                from_generated.append((b + 1) * block_size > n)
-            parent = node
+        cache.insert(j, [*toks, *gen][: n + len(gen) - 1] if gen else list(toks), n)
         cached = hit_blocks * block_size
         per.append(
             RequestPrediction(

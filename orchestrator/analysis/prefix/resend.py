@@ -30,7 +30,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from orchestrator.analysis.prefix.divergence import canon_json, find_divergence
+from orchestrator.analysis.prefix.causes import canon_json
+from orchestrator.analysis.prefix.divergence import find_divergence
 from orchestrator.analysis.prefix.prediction import shared_prefix_length
 from orchestrator.analysis.prefix.rendering import RequestError, encode
 from orchestrator.analysis.prefix.schemas import (

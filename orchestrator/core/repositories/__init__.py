@@ -8,6 +8,7 @@ from orchestrator.core.repositories.auth import (
     WebSessionRepository,
 )
 from orchestrator.core.repositories.base import ping, utcnow
+from orchestrator.core.repositories.campaigns import CampaignRepository
 from orchestrator.core.repositories.experiments import ExperimentRepository
 from orchestrator.core.repositories.history import HistoryRepository
 from orchestrator.core.repositories.orchestrators import OrchestratorRepository
@@ -17,6 +18,7 @@ from orchestrator.core.repositories.schedules import ScheduleRepository
 
 __all__ = [
     "AuditRepository",
+    "CampaignRepository",
     "ExperimentRepository",
     "HistoryRepository",
     "OrchestratorRepository",

@@ -124,6 +124,17 @@ class ScheduleRepository:
             select(ScheduleFire).where(*conds).order_by(ScheduleFire.fire_time.desc()).limit(limit)
         ).all()
 
+    def campaign_fires_before(
+        self, schedule_id: str, before: datetime | None, limit: int = 20
+    ) -> Sequence[ScheduleFire]:
+        """Fires that started a campaign before ``before`` (all if None), newest first."""
+        conds = [ScheduleFire.schedule_id == schedule_id, ScheduleFire.campaign_id.is_not(None)]
+        if before is not None:
+            conds.append(ScheduleFire.fire_time < before)
+        return self.session.scalars(
+            select(ScheduleFire).where(*conds).order_by(ScheduleFire.fire_time.desc()).limit(limit)
+        ).all()
+
     def has_active_runs(self, experiment_id: str) -> bool:
         """Whether the experiment has a run that is not terminal."""
         return bool(

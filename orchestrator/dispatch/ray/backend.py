@@ -20,7 +20,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,22 +30,17 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.placement_group import (
     PlacementGroup,
     placement_group,
-    placement_group_table,
     remove_placement_group,
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from jobs.engine.nodeprobe import launch_environment
 from jobs.engine.processes import process_title
-from jobs.engine.server import render_engine_args
 from jobs.schemas import BatchJob, NodePart, RunResult
-from orchestrator.cluster.parity import check_parity
-from orchestrator.cluster.parity_engineenv import engine_env_problem, engine_only
+from orchestrator.cluster.parity_engineenv import engine_env_problem
 from orchestrator.cluster.placement import (
     RAY_EXECUTOR_ON_CPU,
     NodeInventory,
     Placement,
-    cpu_thread_binding,
     nodes_from_ray,
     plan_placement,
     reserved_devices,
@@ -54,22 +48,29 @@ from orchestrator.cluster.placement import (
 )
 from orchestrator.core.errors import RayClusterError
 from orchestrator.core.settings import Settings, detect_device_resource
-from orchestrator.dispatch.dispatcher import (
-    LaunchBlocked,
-    LaunchInfo,
-    LaunchRefused,
-    NoCapacity,
-    Poll,
-)
 from orchestrator.dispatch.ray.join import ensure_nodes_ready, join_cluster
 from orchestrator.dispatch.ray.join import forget as forget_joined_cluster
+from orchestrator.dispatch.ray.layout import (
+    actual_layout,
+    engine_summary,
+    planned_layout,
+    record_engines,
+)
 from orchestrator.dispatch.ray.localray import start_local_ray
+from orchestrator.dispatch.ray.nodereport import engine_report, nodes_report
 from orchestrator.dispatch.ray.probe import engine_env_on_nodes, probe_on_nodes
 from orchestrator.dispatch.ray.supervisor import (
     NAMESPACE,
     RunSupervisorActor,
     actor_name,
     ray_executor_launch,
+)
+from orchestrator.dispatch.run_backend import (
+    LaunchBlocked,
+    LaunchInfo,
+    LaunchRefused,
+    NoCapacity,
+    Poll,
 )
 
 log = logging.getLogger(__name__)
@@ -215,11 +216,57 @@ class RayRunBackend:
         Raises ``TimeoutError`` if the group is not ready within
         ``placement_timeout_s`` (the group is removed first).
         """
+        executor = str(layout.get("executor") or "mp")
+        plan = self._plan(layout, executor)
+        # the engine environment of every chosen node, before anything is placed
+        planned = [n.node_id for n in plan.nodes]
+        engines = self.engine_specs(planned, default=job.launch.engine_python)
+        shape = {"model": job.launch.model_dir, "tensor_parallel_size": plan.tp}
+        shape["pipeline_parallel_size"] = plan.pp
+        blocked = self.check_engine_envs(planned, engines, launch=shape)
+        if blocked is not None:
+            raise LaunchBlocked(
+                blocked,
+                planned_layout(
+                    plan,
+                    engines,
+                    executor=executor,
+                    resource=self.resource,
+                    resource_source=self.resource_source,
+                    engine_env=engine_summary(self.settings),
+                ),
+            )
+        per_node = self.resource == "GPU" and executor == "mp"
+        specs = plan.node_bundles(self.resource) if per_node else plan.bundles(self.resource)
+        pg = placement_group(specs, strategy="PACK", name=f"vlab-pg-{run_id}")
+        try:
+            ray.get(pg.ready(), timeout=self.settings.orchestrator.placement_timeout_s)
+        except GetTimeoutError as exc:
+            remove_placement_group(pg)
+            raise TimeoutError(
+                f"placement group of {plan.reserved} x {self.resource} not ready in time"
+            ) from exc
+        try:
+            ips = {n.node_id: n.ip for n in self.nodes()}
+            parts, doc = actual_layout(
+                pg, plan, specs, resource=self.resource, ips=ips, gpus_per_bundle=per_node
+            )
+            doc["executor"] = executor
+            doc["device_kind_source"] = self.resource_source
+            job, parts, parity = self._check_placed(job, parts, doc, engines, shape)
+            actor = self._start_supervisor(run_id, job, parts, pg, executor)
+        except BaseException:
+            remove_placement_group(pg)
+            raise
+        self._runs[run_id] = _Active(actor=actor, result_ref=actor.result.remote(), pg=pg)
+        return LaunchInfo(placement=doc, parity=parity)
+
+    def _plan(self, layout: dict[str, Any], executor: str) -> Placement:
+        """Step 1 of :meth:`launch`: TP x PP planned on the live nodes, each of them ready."""
         tp = int(layout.get("tensor_parallel_size", 1))
         pp = int(layout.get("pipeline_parallel_size", 1))
         devices = reserved_devices(layout)
         exclusive = bool(layout.get("exclusive_nodes", False))
-        executor = str(layout.get("executor") or "mp")
         if executor == "ray" and self.resource != "GPU":
             raise LaunchRefused(RAY_EXECUTOR_ON_CPU)
         nodes = self.nodes()
@@ -235,191 +282,71 @@ class RayRunBackend:
             )
         except RayClusterError as exc:
             raise LaunchRefused(exc.detail) from exc
-        # the engine environment of every chosen node, before anything is placed
-        planned = [n.node_id for n in plan.nodes]
-        default_python = job.launch.engine_python
-        engines = self.engine_specs(planned, default=default_python)
-        shape = {"model": job.launch.model_dir, "tensor_parallel_size": tp}
-        shape["pipeline_parallel_size"] = pp
-        blocked = self.check_engine_envs(planned, engines, launch=shape)
-        if blocked is not None:
-            raise LaunchBlocked(blocked, self._planned_layout(plan, engines, executor))
-        per_node = self.resource == "GPU" and executor == "mp"
-        specs = plan.node_bundles(self.resource) if per_node else plan.bundles(self.resource)
-        pg = placement_group(specs, strategy="PACK", name=f"vlab-pg-{run_id}")
-        try:
-            ray.get(pg.ready(), timeout=self.settings.orchestrator.placement_timeout_s)
-        except GetTimeoutError as exc:
-            remove_placement_group(pg)
-            raise TimeoutError(
-                f"placement group of {plan.reserved} x {self.resource} not ready in time"
-            ) from exc
-        try:
-            parts, doc = self._actual_layout(pg, plan, specs, gpus_per_bundle=per_node)
-            doc["executor"] = executor
-            doc["device_kind_source"] = self.resource_source
-            unchecked = [p.node_id for p in parts if p.node_id not in engines]
-            if unchecked:  # Ray put a bundle on another node than planned (shared IPs)
-                engines.update(self.engine_specs(unchecked, default=default_python))
-                ids = [p.node_id for p in parts]
-                blocked = self.check_engine_envs(ids, engines, launch=shape)
-                if blocked is not None:
-                    raise LaunchBlocked(blocked, doc)
-            parts = [
-                p.model_copy(update={"engine_python": engines[p.node_id]["python"]}) for p in parts
-            ]
-            _record_engines(doc, parts, engines)
-            launch = job.launch.model_copy(update={"engine_python": parts[0].engine_python})
-            job = job.model_copy(update={"launch": launch})
-            parity: dict[str, Any] | None = None
-            if len(parts) > 1:
-                parity = self.check_nodes(
-                    [p.node_id for p in parts],
-                    model_dir=job.launch.model_dir,
-                    engine_args=job.launch.engine_args,
-                    tp=tp,
-                    pp=pp,
-                    revision=job.launch.model_revision,
-                    by_id=job.launch.resolve_model_on_node,
-                    env=job.launch.env,
-                    engine_python=default_python,
-                )
-                if parity.get("verdict") == "blocked":
-                    raise LaunchBlocked(parity, doc)
-            if executor == "ray":
-                job = job.model_copy(update={"launch": ray_executor_launch(job.launch, pg)})
-            elif len(parts) > 1:
-                job = job.model_copy(update={"nodes": parts})
-            image = engine_runtime_env(self.settings)  # the engine parts inherit it
-            actor = RunSupervisorActor.options(  # type: ignore[attr-defined]
-                name=actor_name(run_id),
-                namespace=NAMESPACE,
-                num_gpus=parts[0].gpus,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=pg, placement_group_bundle_index=parts[0].bundle_index
-                ),
-                **({"runtime_env": image} if image else {}),
-            ).remote(job)
-            ray.get(actor.start.remote(), timeout=120)
-        except BaseException:
-            remove_placement_group(pg)
-            raise
-        self._runs[run_id] = _Active(actor=actor, result_ref=actor.result.remote(), pg=pg)
-        return LaunchInfo(placement=doc, parity=parity)
+        return plan
 
-    def _actual_layout(
+    def _check_placed(
         self,
-        pg: PlacementGroup,
-        plan: Placement,
-        specs: list[dict[str, float]],
-        *,
-        gpus_per_bundle: bool = False,
-    ) -> tuple[list[NodePart], dict[str, Any]]:
-        """The node parts as Ray placed the bundles, and the layout document to record.
+        job: BatchJob,
+        parts: list[NodePart],
+        doc: dict[str, Any],
+        engines: dict[str, dict[str, Any]],
+        shape: dict[str, Any],
+    ) -> tuple[BatchJob, list[NodePart], dict[str, Any] | None]:
+        """Steps 3 (end) and 4 of :meth:`launch` on the nodes Ray chose: their engine
+        pythons recorded (and checked where Ray did not place as planned), their parity
+        compared on two or more nodes. The job and parts with the engine pythons, and the
+        parity report (None on one node). Raises :class:`LaunchBlocked`."""
+        default_python = job.launch.engine_python
+        unchecked = [p.node_id for p in parts if p.node_id not in engines]
+        if unchecked:  # Ray put a bundle on another node than planned (shared IPs)
+            engines.update(self.engine_specs(unchecked, default=default_python))
+            ids = [p.node_id for p in parts]
+            blocked = self.check_engine_envs(ids, engines, launch=shape)
+            if blocked is not None:
+                raise LaunchBlocked(blocked, doc)
+        parts = [
+            p.model_copy(update={"engine_python": engines[p.node_id]["python"]}) for p in parts
+        ]
+        record_engines(doc, parts, engines)
+        launch = job.launch.model_copy(update={"engine_python": parts[0].engine_python})
+        job = job.model_copy(update={"launch": launch})
+        if len(parts) < 2:
+            return job, parts, None
+        parity = self.check_nodes(
+            [p.node_id for p in parts],
+            model_dir=job.launch.model_dir,
+            engine_args=job.launch.engine_args,
+            tp=shape["tensor_parallel_size"],
+            pp=shape["pipeline_parallel_size"],
+            revision=job.launch.model_revision,
+            by_id=job.launch.resolve_model_on_node,
+            env=job.launch.env,
+            engine_python=default_python,
+        )
+        if parity.get("verdict") == "blocked":
+            raise LaunchBlocked(parity, doc)
+        return job, parts, parity
 
-        ``gpus_per_bundle``: each node has one bundle with all its GPUs, which its
-        launcher holds (``NodePart.gpus``).
-        """
-        table = placement_group_table(pg)
-        by_bundle: dict[int, str] = {
-            int(i): str(n) for i, n in (table.get("bundles_to_node_id") or {}).items()
-        }
-        ips = {n.node_id: n.ip for n in self.nodes()}
-        order: list[str] = []
-        bundles: dict[str, list[int]] = {}
-        reserved: dict[str, int] = {}
-        for i, spec in enumerate(specs):
-            node_id = by_bundle.get(i, "")
-            if node_id not in bundles:
-                order.append(node_id)
-                bundles[node_id] = []
-                reserved[node_id] = 0
-            bundles[node_id].append(i)
-            reserved[node_id] += int(spec.get(self.resource, 0))
-        per_node = plan.devices // max(1, len(order))
-        parts: list[NodePart] = []
-        first_core: dict[str, int] = {}
-        for rank, node_id in enumerate(order):
-            ip = ips.get(node_id, "")
-            used = plan.devices if len(order) == 1 else per_node
-            env: dict[str, str] = {}
-            if self.resource == "CPU":
-                # each node binds its own cores; nodes sharing a host (a test cluster) get
-                # consecutive cores so their engines do not share one
-                start = first_core.get(ip, 0)
-                local = {"tensor_parallel_size": plan.tp, "devices": used}
-                local["pipeline_parallel_size"] = plan.pp // len(order)
-                env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(local, start)
-                first_core[ip] = start + used
-            parts.append(
-                NodePart(
-                    rank=rank,
-                    node_id=node_id,
-                    ip=ip,
-                    bundle_index=bundles[node_id][0],
-                    devices=used,
-                    gpus=reserved[node_id] if gpus_per_bundle else 0,
-                    env=env,
-                )
-            )
-        doc = {
-            "nodes": [
-                {
-                    "rank": p.rank,
-                    "node_id": p.node_id,
-                    "ip": p.ip,
-                    "devices": p.devices,
-                    "reserved": reserved[p.node_id],
-                    "bundles": bundles[p.node_id],
-                    "stages": list(
-                        range(p.rank * plan.pp // len(order), (p.rank + 1) * plan.pp // len(order))
-                    ),
-                    **({"cpu_binding": p.env["VLLM_CPU_OMP_THREADS_BIND"]} if p.env else {}),
-                }
-                for p in parts
-            ],
-            "nnodes": len(parts),
-            "exclusive": plan.exclusive,
-            "policy": plan.policy,
-            "resource": self.resource,
-            "bundle_shape": "per_node" if gpus_per_bundle else "per_device",
-            "tensor_parallel_size": plan.tp,
-            "pipeline_parallel_size": plan.pp,
-        }
-        return parts, doc
-
-    def _planned_layout(
-        self, plan: Placement, engines: dict[str, dict[str, Any]], executor: str
-    ) -> dict[str, Any]:
-        """The layout of a launch blocked before its placement group: the planned nodes."""
-        doc: dict[str, Any] = {
-            "nodes": [
-                {
-                    "rank": n.rank,
-                    "node_id": n.node_id,
-                    "ip": n.ip,
-                    "devices": n.devices,
-                    "reserved": n.reserved,
-                    "stages": list(n.stages),
-                }
-                for n in plan.nodes
-            ],
-            "nnodes": plan.nnodes,
-            "planned": True,
-            "exclusive": plan.exclusive,
-            "policy": plan.policy,
-            "resource": self.resource,
-            "tensor_parallel_size": plan.tp,
-            "pipeline_parallel_size": plan.pp,
-            "executor": executor,
-            "device_kind_source": self.resource_source,
-        }
-        for node in doc["nodes"]:
-            spec = engines.get(node["node_id"]) or {}
-            node["engine_python"] = spec.get("python")
-            node["engine_python_source"] = spec.get("source")
-        doc["engine_env"] = _engine_summary(self.settings)
-        return doc
+    def _start_supervisor(
+        self, run_id: str, job: BatchJob, parts: list[NodePart], pg: PlacementGroup, executor: str
+    ) -> Any:
+        """Step 5 of :meth:`launch`: the run's supervisor actor on the rank-0 bundle, started."""
+        if executor == "ray":
+            job = job.model_copy(update={"launch": ray_executor_launch(job.launch, pg)})
+        elif len(parts) > 1:
+            job = job.model_copy(update={"nodes": parts})
+        image = engine_runtime_env(self.settings)  # the engine parts inherit it
+        actor = RunSupervisorActor.options(  # type: ignore[attr-defined]
+            name=actor_name(run_id),
+            namespace=NAMESPACE,
+            num_gpus=parts[0].gpus,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=parts[0].bundle_index
+            ),
+            **({"runtime_env": image} if image else {}),
+        ).remote(job)
+        ray.get(actor.start.remote(), timeout=120)
+        return actor
 
     def engine_specs(
         self, node_ids: list[str], default: str | None = None
@@ -472,7 +399,7 @@ class RayRunBackend:
         fingerprints = [answers[n] for n in node_ids]
         if not any(engine_env_problem(fp.get("engine_env")) for fp in fingerprints):
             return None
-        return _engine_report(node_ids, fingerprints, launch or {})
+        return engine_report(node_ids, fingerprints, launch or {})
 
     def digest_cache_path(self, node_id: str) -> str:
         """The model-file digest cache of one node (a file per node under the home)."""
@@ -502,8 +429,8 @@ class RayRunBackend:
         reaches that node's engine, and blocks. Each node is probed with its own engine
         python (:meth:`engine_specs`; ``engine_python``: the default one) and reports it
         as ``engine_env``; when a node lacks it, the report compares the engine
-        environments only (:func:`_engine_report`: the other fields were not probed
-        there).
+        environments only (:func:`orchestrator.dispatch.ray.nodereport.engine_report`:
+        the other fields were not probed there).
 
         Returns the :func:`orchestrator.cluster.parity.check_parity` report with the nodes
         in the given order, each named ``rank<i>:<hostname>`` and carrying the engine
@@ -526,26 +453,9 @@ class RayRunBackend:
             engine_envs=engines,
             runtime_env=engine_runtime_env(self.settings),
         )
-        if any(engine_env_problem(fingerprints[n].get("engine_env")) for n in ids):
-            shape = {"model": model_dir, "tensor_parallel_size": tp, "pipeline_parallel_size": pp}
-            return _engine_report(ids, [fingerprints[n] for n in ids], shape)
-        ordered = []
-        for i, node_id in enumerate(ids):
-            fp = dict(fingerprints[node_id])
-            fp["node"] = f"rank{i}:{fp.get('hostname') or fp.get('ip') or node_id[:12]}"
-            fp["engine_args"] = dict(engine_args)
-            fp["launch_args"] = render_engine_args(engine_args)
-            ordered.append(fp)
-        launch = {
-            "model": model_dir,
-            "tensor_parallel_size": tp,
-            "pipeline_parallel_size": pp,
-            "launch_env": launch_environment(),
-            "launch_env_source": f"the orchestrator's environment on {socket.gethostname()}",
-        }
-        report = check_parity(ordered, launch)
-        report["node_ids"] = ids
-        return report
+        return nodes_report(
+            ids, fingerprints, model_dir=model_dir, engine_args=engine_args, tp=tp, pp=pp
+        )
 
     def attach(self, run_id: str) -> bool:
         try:
@@ -684,48 +594,3 @@ class RayRunBackend:
         if active.pg is not None:
             with contextlib.suppress(RayError, ValueError):
                 remove_placement_group(active.pg)
-
-
-def _engine_summary(settings: Settings) -> dict[str, Any]:
-    """How the engine runs on the nodes: ``{"kind": "path" | "image", "image_uri"?}``."""
-    summary: dict[str, Any] = {"kind": settings.engine.kind}
-    if settings.engine.image_uri:
-        summary["image_uri"] = settings.engine.image_uri
-    return summary
-
-
-def _record_engines(
-    doc: dict[str, Any], parts: list[NodePart], engines: dict[str, dict[str, Any]]
-) -> None:
-    """Write each node's engine python (and the setting that chose it) into the layout."""
-    for node in doc.get("nodes") or []:
-        spec = engines.get(str(node.get("node_id"))) or {}
-        node["engine_python"] = spec.get("python")
-        node["engine_python_source"] = spec.get("source")
-    first = engines.get(parts[0].node_id) or {} if parts else {}
-    doc["engine_env"] = {k: first[k] for k in ("kind", "image_uri") if k in first}
-
-
-def _engine_report(
-    node_ids: list[str], fingerprints: list[dict[str, Any]], launch: dict[str, Any]
-) -> dict[str, Any]:
-    """The parity report of the engine environments alone (a node lacks its engine).
-
-    Each node is ``rank<i>:<hostname>`` as in :meth:`RayRunBackend.check_nodes`; only its
-    identity and ``engine_env`` are compared
-    (:func:`orchestrator.cluster.parity_engineenv.engine_only`).
-    """
-    nodes = []
-    for i, (node_id, fp) in enumerate(zip(node_ids, fingerprints, strict=True)):
-        doc = engine_only(fp)
-        doc["node"] = f"rank{i}:{fp.get('hostname') or fp.get('ip') or node_id[:12]}"
-        doc["node_id"] = node_id
-        nodes.append(doc)
-    report = check_parity(nodes, launch)
-    report["node_ids"] = list(node_ids)
-    report["stage"] = "engine_env"
-    report["note"] = (
-        "a node lacks the engine environment: the engine was not run and the other fields "
-        "(versions, devices, model files, environment variables) were not compared"
-    )
-    return report

@@ -6,10 +6,11 @@ Ray actors and tasks (:data:`REMOTE_MODULES`): every node that runs them imports
 (:data:`WORKER_REQUIREMENTS`). A cluster the service did not start may have Ray and
 nothing else. :func:`join_cluster` therefore, before anything is placed:
 
-1. refuses a Ray Client address (``ray://``) with the reason (:func:`refuse_ray_client`);
+1. refuses a Ray Client address (``ray://``) with the reason
+   (:func:`orchestrator.dispatch.ray.connect.refuse_ray_client`);
 2. connects, turning Ray's authentication failure (a ``ConnectionError`` traceback
    whose cause is ``ray.exceptions.AuthenticationError``) into one line that says
-   what to set (:func:`auth_problem`);
+   what to set (:func:`orchestrator.dispatch.ray.connect.auth_problem`);
 3. asks every live node what it has (:func:`orchestrator.dispatch.ray.nodefacts.node_facts`,
    pickled by value: it runs where our packages are absent): the code digest of our
    packages and the version of each requirement;
@@ -46,37 +47,31 @@ import importlib.metadata
 import logging
 import os
 import platform
-import socket
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import ray
 import ray.cloudpickle
-from ray.exceptions import AuthenticationError, RayError, RuntimeEnvSetupError
+from ray.exceptions import RayError, RuntimeEnvSetupError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import jobs
 from orchestrator.core.errors import RayClusterError
 from orchestrator.core.settings import Settings
 from orchestrator.dispatch.ray import nodefacts
-from orchestrator.dispatch.ray.supervisor import NAMESPACE
+from orchestrator.dispatch.ray.connect import init_ray, refuse_ray_client
 
 __all__ = [
     "PACKAGES",
     "REMOTE_MODULES",
     "WORKER_REQUIREMENTS",
     "JoinReport",
-    "auth_problem",
-    "check_gcs_reachable",
     "ensure_nodes_ready",
     "forget",
-    "init_ray",
     "join_cluster",
     "node_lacks",
     "plan_runtime_env",
-    "refuse_ray_client",
 ]
 
 log = logging.getLogger(__name__)
@@ -159,229 +154,6 @@ def forget() -> None:
     """Drop the record of the joined cluster (on disconnect)."""
     global _joined
     _joined = None
-
-
-def refuse_ray_client(address: str) -> None:
-    """Raise :class:`RayClusterError` for a Ray Client address (``ray://host:10001``).
-
-    The orchestrator is a long-running Ray driver: through Ray Client its runs' named
-    supervisor actors live only as long as the client's connection (a drop longer than
-    ``RAY_CLIENT_RECONNECT_GRACE_PERIOD``, 30 s by default in Ray 2.60
-    ``ray_constants.DEFAULT_CLIENT_RECONNECT_GRACE_PERIOD``, ends the session and
-    its actors: ray-project/ray#14618, #60600), and Ray Client cannot answer
-    ``ray._private.state.available_resources_per_node()`` ("Ray has not been started
-    yet"), so placement could not tell a busy node from a free one. It also needs
-    ``ray[client]`` (grpcio), which the service does not install.
-    """
-    if address.strip().lower().startswith("ray://"):
-        host = address.strip()[len("ray://") :].split(":")[0] or "<head>"
-        raise RayClusterError(
-            f"RAY_ADDRESS={address} is a Ray Client address, which vlab does not use: its "
-            "runs' supervisor actors would end with the client connection (a drop of more "
-            "than 30 s ends the session) and Ray Client cannot report each node's free "
-            "devices, which placement needs; use the cluster's GCS address instead, "
-            f"RAY_ADDRESS={host}:6379 (`ray start --head --port`; KubeRay: the head "
-            "service's gcs-server port), from a machine the nodes can reach (e.g. the head)"
-        )
-
-
-#: Ray's words for a token failure (``ray/_private/authentication/authentication_constants.py``,
-#: the gRPC status ``InvalidAuthToken``), as they appear in a wrapped traceback's text.
-_AUTH_MARKERS = (
-    "ray.exceptions.AuthenticationError",
-    "InvalidAuthToken",
-    "Token authentication is enabled but",
-)
-
-
-def _is_auth_failure(exc: BaseException) -> bool:
-    cause: BaseException | None = exc
-    for _ in range(10):
-        if cause is None:
-            return False
-        if isinstance(cause, AuthenticationError) or any(m in str(cause) for m in _AUTH_MARKERS):
-            return True
-        cause = cause.__cause__ or cause.__context__
-    return False
-
-
-def auth_problem(exc: BaseException, address: str) -> str | None:
-    """One line saying what to set when ``exc`` is Ray's token-authentication failure.
-
-    Ray 2.60 raises ``ConnectionError("Failed to connect to Ray cluster at ...")`` whose
-    cause is either ``ray.exceptions.AuthenticationError`` ("RPC error:
-    InvalidAuthToken: Authentication token is missing or incorrect") or, after its GCS
-    connection retries (``ray/_private/node.py``, ``_init_gcs_client``: about 20 s), a
-    ``RuntimeError("Failed to connect to GCS. Last connection error: <traceback>")``
-    whose text holds that ``AuthenticationError``; or the ``AuthenticationError``
-    itself when ``RAY_AUTH_MODE=token`` and no token is found. With an explicit
-    address Ray sends a token only when ``RAY_AUTH_MODE=token`` is set in this process
-    (``ray._private.worker.init``: "an explicit address never" auto-enables auth); the
-    token is read from ``RAY_AUTH_TOKEN``, else the file ``RAY_AUTH_TOKEN_PATH``, else
-    ``~/.ray/auth_token``. Returns None for other errors.
-    """
-    if not _is_auth_failure(exc):
-        return None
-    mode = (os.environ.get("RAY_AUTH_MODE") or "").strip().lower()
-    where = "`ray get-auth-token` on the head prints it"
-    if mode != "token":
-        if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
-            return (
-                f"the Ray cluster at {address} requires token authentication: set "
-                "RAY_AUTH_MODE=token as well (a token is set, but Ray sends it to an "
-                "explicit RAY_ADDRESS only in token mode)"
-            )
-        return (
-            f"the Ray cluster at {address} requires token authentication: set "
-            "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN=<the cluster's token> (or "
-            "RAY_AUTH_TOKEN_PATH=<a file holding it>; default ~/.ray/auth_token; "
-            f"{where})"
-        )
-    if os.environ.get("RAY_AUTH_TOKEN"):
-        source = "RAY_AUTH_TOKEN"
-    elif os.environ.get("RAY_AUTH_TOKEN_PATH"):
-        source = f"RAY_AUTH_TOKEN_PATH={os.environ['RAY_AUTH_TOKEN_PATH']}"
-    elif (Path.home() / ".ray" / "auth_token").is_file():
-        source = str(Path.home() / ".ray" / "auth_token")
-    else:
-        return (
-            f"RAY_AUTH_MODE=token but no token for the Ray cluster at {address}: set "
-            "RAY_AUTH_TOKEN=<the cluster's token> (or RAY_AUTH_TOKEN_PATH=<a file holding "
-            f"it>; default ~/.ray/auth_token; {where})"
-        )
-    return (
-        f"the Ray cluster at {address} rejected the token from {source}: set the "
-        f"cluster's token ({where})"
-    )
-
-
-#: Seconds to reach the GCS of ``RAY_ADDRESS`` before ``ray.init`` (which retries an
-#: unreachable GCS for a long time, printing warnings).
-GCS_CONNECT_TIMEOUT_S = 5.0
-
-
-def _gcs_host_port(address: str) -> tuple[str, int] | None:
-    """``(host, port)`` of a GCS address ``host:port`` / ``[v6]:port``; None otherwise
-    (``auto``, ``local``, no port: left to Ray)."""
-    text = address.strip()
-    if not text or text.lower() in ("auto", "local") or "://" in text:
-        return None
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port_text = rest[1:] if rest.startswith(":") else ""
-    else:
-        host, sep, port_text = text.rpartition(":")
-        if not sep or ":" in host:
-            return None
-    try:
-        port = int(port_text)
-    except ValueError:
-        return None
-    return (host, port) if host and 0 < port < 65536 else None
-
-
-#: HTTP/2's client connection preface and an empty SETTINGS frame (RFC 9113 section 3.4).
-_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
-
-
-def _speaks_http2(sock: socket.socket) -> bool:
-    """Whether the server on ``sock`` answers HTTP/2's preface with a SETTINGS frame, as
-    every gRPC server (Ray's GCS) does; a TLS GCS (``RAY_USE_TLS``) is not probed."""
-    if (os.environ.get("RAY_USE_TLS") or "").strip().lower() in ("1", "true"):
-        return True
-    try:
-        sock.sendall(_H2_PREFACE)
-        head = b""
-        while len(head) < 9:
-            chunk = sock.recv(9 - len(head))
-            if not chunk:
-                return False
-            head += chunk
-    except OSError:
-        return False
-    return head[3] == 0x04  # frame type SETTINGS
-
-
-def check_gcs_reachable(address: str, timeout_s: float = GCS_CONNECT_TIMEOUT_S) -> None:
-    """Resolve and TCP-connect to the GCS that ``address`` names, within ``timeout_s``.
-
-    Raises :class:`RayClusterError` (``cannot join the Ray cluster at HOST:PORT
-    (RAY_ADDRESS): connection refused | name does not resolve | timed out``). No-op
-    for ``auto``, ``local`` and addresses without a port.
-    """
-    target = _gcs_host_port(address)
-    if target is None:
-        return
-    host, port = target
-    where = f"cannot join the Ray cluster at {address.strip()} (RAY_ADDRESS)"
-    # getaddrinfo has no timeout of its own: resolve in a daemon thread, bounded
-    result: dict[str, Any] = {}
-
-    def resolve() -> None:
-        try:
-            result["addrs"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except OSError as exc:
-            result["error"] = exc
-
-    resolver = threading.Thread(target=resolve, name="vlab-gcs-resolve", daemon=True)
-    resolver.start()
-    resolver.join(timeout_s)
-    if resolver.is_alive():
-        raise RayClusterError(f"{where}: timed out resolving {host} after {timeout_s:g} s")
-    if "error" in result or not result.get("addrs"):
-        raise RayClusterError(f"{where}: name does not resolve ({host})")
-    last = "connection refused"
-    for family, kind, proto, _, sockaddr in result["addrs"]:
-        sock = socket.socket(family, kind, proto)
-        sock.settimeout(timeout_s)
-        try:
-            sock.connect(sockaddr)
-            if not _speaks_http2(sock):
-                raise RayClusterError(
-                    f"{where}: what answers there is not a Ray GCS (it does not speak "
-                    "HTTP/2, the protocol of Ray's gRPC; Redis, Postgres or a web server "
-                    "on that port?): give the head's GCS address, `ray start --head "
-                    "--port` (default 6379), not the Ray Client (10001) or dashboard port"
-                )
-            return
-        except ConnectionRefusedError:
-            last = "connection refused"
-        except TimeoutError:
-            last = f"timed out after {timeout_s:g} s"
-        except OSError as exc:
-            last = exc.strerror or type(exc).__name__
-        finally:
-            sock.close()
-    raise RayClusterError(f"{where}: {last}")
-
-
-def init_ray(
-    address: str,
-    runtime_env: dict[str, Any] | None = None,
-    connect_timeout_s: float = GCS_CONNECT_TIMEOUT_S,
-) -> None:
-    """``ray.init`` on an existing cluster; Ray's connection failures become one line.
-
-    The GCS is reached first (:func:`check_gcs_reachable`, ``connect_timeout_s``): an
-    address nothing answers on fails at once instead of Ray's long retries. Raises
-    :class:`RayClusterError` (unreachable; authentication: :func:`auth_problem`;
-    anything else Ray raises while connecting: its first line).
-    """
-    check_gcs_reachable(address, connect_timeout_s)
-    try:
-        ray.init(
-            address=address,
-            namespace=NAMESPACE,
-            runtime_env=runtime_env,
-            log_to_driver=False,
-            configure_logging=False,
-        )
-    except (ConnectionError, AuthenticationError, RuntimeError, ValueError) as exc:
-        problem = auth_problem(exc, address)
-        if problem is None:
-            said = " ".join(str(exc).split())[:500] or type(exc).__name__
-            problem = f"cannot join the Ray cluster at {address} (RAY_ADDRESS): {said}"
-        raise RayClusterError(problem) from None
 
 
 def local_environment() -> dict[str, Any]:
@@ -589,51 +361,7 @@ def join_cluster(settings: Settings) -> JoinReport:
                 "VLAB_ORCHESTRATOR__SHIP_TO_NODES=auto to ship them with Ray's runtime_env"
             )
         if problems:
-            unusable = [a for a in answers.values() if isinstance(a, str)]
-            if unusable:  # the node did not even answer: shipping cannot help
-                raise RayClusterError(
-                    f"Ray cluster at {address}: cannot check every node: " + "; ".join(problems)
-                )
-            facts = {k: v for k, v in answers.items() if isinstance(v, dict)}
-            runtime_env, code, pip = plan_runtime_env(facts, local)
-            if runtime_env is None:  # nothing shipping could give them
-                raise RayClusterError(
-                    f"Ray cluster at {address}: not every node can run vlab's tasks: "
-                    + "; ".join(problems)
-                )
-            report.runtime_env, report.shipped_code, report.pip = runtime_env, code, pip
-            log.info(
-                "Ray cluster at %s: nodes lack %s; shipping %s",
-                address,
-                "; ".join(problems),
-                runtime_env,
-            )
-            ray.shutdown()
-            init_ray(address, runtime_env, connect_timeout_s=connect_s)
-            nodes = _live_nodes()
-            answers = _ask_nodes(nodes, modules, timeout_s)
-            still, _ = _problems(nodes, answers, local)
-            if still:
-                shipped = " and ".join(
-                    x
-                    for x in (
-                        f"py_modules {', '.join(code)}" if code else "",
-                        f"pip {', '.join(pip)}" if pip else "",
-                    )
-                    if x
-                )
-                raise RayClusterError(
-                    f"Ray cluster at {address}: vlab shipped {shipped or 'nothing'} with Ray's "
-                    "runtime_env, but not every node can run vlab's tasks: "
-                    + "; ".join(still)
-                    + (
-                        f" (Ray puts the service's working directory {os.getcwd()} on the "
-                        "workers' path: start vlab from a directory without jobs/ or "
-                        "orchestrator/)"
-                        if any("whose code differs" in p for p in still)
-                        else ""
-                    )
-                )
+            nodes = _ship(report, answers, problems, local, connect_s, timeout_s)
         report.ready = {str(n["NodeID"]) for n in nodes}
     except BaseException:
         ray.shutdown()
@@ -641,6 +369,66 @@ def join_cluster(settings: Settings) -> JoinReport:
     _joined = report
     log.info("%s", report.summary())
     return report
+
+
+def _ship(
+    report: JoinReport,
+    answers: dict[str, dict[str, Any] | str],
+    problems: list[str],
+    local: dict[str, Any],
+    connect_s: float,
+    timeout_s: float,
+) -> list[dict[str, Any]]:
+    """Step 4 of :func:`join_cluster`: reconnect with a ``runtime_env`` holding what the
+    nodes lack (recorded in ``report``) and ask every node again; the live nodes then.
+    Raises :class:`RayClusterError` when shipping cannot help or did not."""
+    address = report.address
+    modules = list(REMOTE_MODULES)
+    unusable = [a for a in answers.values() if isinstance(a, str)]
+    if unusable:  # the node did not even answer: shipping cannot help
+        raise RayClusterError(
+            f"Ray cluster at {address}: cannot check every node: " + "; ".join(problems)
+        )
+    facts = {k: v for k, v in answers.items() if isinstance(v, dict)}
+    runtime_env, code, pip = plan_runtime_env(facts, local)
+    if runtime_env is None:  # nothing shipping could give them
+        raise RayClusterError(
+            f"Ray cluster at {address}: not every node can run vlab's tasks: " + "; ".join(problems)
+        )
+    report.runtime_env, report.shipped_code, report.pip = runtime_env, code, pip
+    log.info(
+        "Ray cluster at %s: nodes lack %s; shipping %s",
+        address,
+        "; ".join(problems),
+        runtime_env,
+    )
+    ray.shutdown()
+    init_ray(address, runtime_env, connect_timeout_s=connect_s)
+    nodes = _live_nodes()
+    answers = _ask_nodes(nodes, modules, timeout_s)
+    still, _ = _problems(nodes, answers, local)
+    if still:
+        shipped = " and ".join(
+            x
+            for x in (
+                f"py_modules {', '.join(code)}" if code else "",
+                f"pip {', '.join(pip)}" if pip else "",
+            )
+            if x
+        )
+        raise RayClusterError(
+            f"Ray cluster at {address}: vlab shipped {shipped or 'nothing'} with Ray's "
+            "runtime_env, but not every node can run vlab's tasks: "
+            + "; ".join(still)
+            + (
+                f" (Ray puts the service's working directory {os.getcwd()} on the "
+                "workers' path: start vlab from a directory without jobs/ or "
+                "orchestrator/)"
+                if any("whose code differs" in p for p in still)
+                else ""
+            )
+        )
+    return nodes
 
 
 def ensure_nodes_ready(node_ids: list[str], timeout_s: float) -> None:

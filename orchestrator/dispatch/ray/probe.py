@@ -279,12 +279,18 @@ def probe_on_nodes(
     }
     if not refs:
         return {}
+    return _collect(refs, specs, timeout_s + RAY_SCHEDULING_GRACE_S)
+
+
+def _collect(
+    refs: dict[str, Any], specs: Mapping[str, Mapping[str, Any]], timeout_s: float
+) -> dict[str, dict[str, Any]]:
+    """The fingerprint of every node's probe task, waited for ``timeout_s`` in all;
+    :class:`ProbeError` naming every node that failed or did not finish."""
     results: dict[str, dict[str, Any]] = {}
     failures: dict[str, str] = {}
     tails: dict[str, list[str]] = {}
-    _ready, pending = ray.wait(
-        list(refs.values()), num_returns=len(refs), timeout=timeout_s + RAY_SCHEDULING_GRACE_S
-    )
+    _ready, pending = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
     for ref in pending:
         ray.cancel(ref, force=True)
     for node_id, ref in refs.items():

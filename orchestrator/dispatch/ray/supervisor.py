@@ -41,8 +41,9 @@ import ray
 from ray.exceptions import RayError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from jobs.engine.command import find_free_port
 from jobs.engine.queries import resolve_model
-from jobs.engine.server import EngineError, EngineServer, EngineStartError, find_free_port
+from jobs.engine.server import EngineError, EngineServer, EngineStartError
 from jobs.run.runner import execute_batch
 from jobs.schemas import (
     BatchJob,

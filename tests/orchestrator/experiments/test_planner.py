@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.experiments.planner import plan_experiment, server_key
+from orchestrator.experiments.planner import plan_experiment
+from orchestrator.experiments.run_layout import server_key
 from orchestrator.experiments.spec import ExperimentSpec
 from tests.factories import real_catalog
 

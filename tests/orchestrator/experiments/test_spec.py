@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from orchestrator.experiments.capacity_spec import search_time_bound
+from orchestrator.experiments.run_layout import execution_order
 from orchestrator.experiments.spec import (
     ExperimentSpec,
     RunConfig,
     config_diff,
-    execution_order,
     expand,
 )
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session
 
-from jobs.engine.server import RESERVED_ENGINE_ARGS
+from jobs.engine.command import RESERVED_ENGINE_ARGS
 from orchestrator.core.errors import (
     ExportRequestInvalidError,
     MlflowExperimentDeletedError,

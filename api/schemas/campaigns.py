@@ -1,0 +1,179 @@
+"""Bodies of ``/api/v1/campaigns``: a tuning campaign, its path, candidates and confirmation.
+
+A submission is :class:`orchestrator.tuning.campaign_request.CampaignRequest`. Gains are in
+log-ratio units, positive is better (:class:`orchestrator.campaigns.decision.Gain`); the
+``relative`` fields are the same as fractions (``0.10`` is 10 % better).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from api.schemas.common import IsoDatetime
+
+#: One level of a variable (a spec field's value).
+LevelOut = bool | int | float | str
+
+
+class CampaignGain(BaseModel):
+    """An effect over the incumbent (or the start): log ratio, positive is better."""
+
+    estimate: float
+    low: float = Field(description="one-sided lower bound at `confidence`")
+    high: float = Field(description="one-sided upper bound at `confidence`")
+    n: int = Field(description="pairs behind it")
+    confidence: float
+    relative: float = Field(description="the estimate as a fraction: 0.10 is 10 % better")
+    relative_low: float
+    relative_high: float
+
+    @classmethod
+    def from_stored(cls, gain: dict[str, Any] | None) -> CampaignGain | None:
+        if not gain:
+            return None
+        return cls(
+            estimate=gain["estimate"],
+            low=gain["low"],
+            high=gain["high"],
+            n=gain["n"],
+            confidence=gain["confidence"],
+            relative=math.expm1(gain["estimate"]),
+            relative_low=math.expm1(gain["low"]),
+            relative_high=math.expm1(gain["high"]),
+        )
+
+
+class CampaignCandidateOut(BaseModel):
+    """One candidate of one round and how it ended (``adopted``, ``inert``, ``worse``,
+    ``unknown``, ``skipped``, ``outpaid``, ``marginal``, ``undecided``, ``failed``, or
+    ``measuring`` in the round in progress)."""
+
+    round: int
+    label: str
+    variable: str
+    from_level: LevelOut
+    to_level: LevelOut
+    outcome: str
+    verdict: str | None
+    pairs: int
+    effect: str | None = Field(description="e.g. +10.2 % [+7.9 %, +12.6 %]")
+    gain: CampaignGain | None
+    reason: str
+
+
+class CampaignStepOut(BaseModel):
+    """One adopted change of the path."""
+
+    round: int
+    variable: str
+    from_level: LevelOut
+    to_level: LevelOut
+    verdict: str
+    effect: str
+    gain: CampaignGain
+    reason: str
+
+
+class CampaignConfirmationOut(BaseModel):
+    """The final configuration against the start: the measured ``total``, the sum of the
+    step gains (``steps``) and their difference (``interaction``); ``agrees`` when the
+    interaction's interval holds 0."""
+
+    total: CampaignGain
+    steps: CampaignGain
+    interaction: CampaignGain
+    agrees: bool
+
+
+class CampaignRunOut(BaseModel):
+    """A run the campaign queued, by its label (``r1.c2.incumbent``,
+    ``r1.c2.engine_args.max_num_seqs=64``, ``confirm.c1.final``)."""
+
+    label: str
+    id: str
+    status: str
+    experiment_id: str
+    url: str
+
+
+class CampaignWallTimeOut(BaseModel):
+    """Where the campaign's wall time went, in seconds: each phase summed over its runs
+    (:mod:`orchestrator.tuning.wall_time`), the wait for devices as wall time, and the
+    campaign's own elapsed time."""
+
+    elapsed_s: float = Field(description="from the campaign's creation to now, or its end")
+    queue_wait_s: float = Field(
+        description="wall time during which a run of it was queued, waiting for devices "
+        "(a cycle's runs wait together: counted once)"
+    )
+    startup_s: float = Field(description="engine start-ups (start to /health), summed")
+    warmup_s: float = Field(description="warm-up requests, summed")
+    measure_s: float = Field(description="measured phases (capacity steps), summed")
+    stop_s: float = Field(description="stopping engines, summed")
+    other_s: float = Field(
+        description="the rest of the runs' time: request lists, cache resets, failed starts"
+    )
+    lost_s: float = Field(description="runs lost to the infrastructure, claim to end, summed")
+    server_starts: int = Field(description="runs that started a vLLM server")
+    servers_reused: int = Field(description="runs that ran on a server an earlier run started")
+
+
+class CampaignOut(BaseModel):
+    """A tuning campaign: its request, status and what it decided so far."""
+
+    id: str
+    url: str
+    name: str
+    status: str = Field(description="queued, running, succeeded, failed or cancelled")
+    status_reason: str | None
+    submitted_by: str | None
+    created_at: IsoDatetime
+    updated_at: IsoDatetime
+    request: dict[str, Any] = Field(description="the submitted CampaignRequest")
+    phase: str | None = Field(description="rounds, confirming or done (None before a step)")
+    runs_used: int
+    budget: int
+    start: dict[str, LevelOut]
+    incumbent: dict[str, LevelOut]
+    path: list[CampaignStepOut]
+    candidates: list[CampaignCandidateOut]
+    cumulative: CampaignGain | None = Field(description="the sum of the step gains")
+    confirmation: CampaignConfirmationOut | None
+    pending: list[str] = Field(description="labels of the runs it waits for")
+    runs: list[CampaignRunOut]
+    retried: dict[str, str] = Field(
+        default_factory=dict,
+        description="runs lost to the infrastructure and measured again: label -> the "
+        "retry's label (`r1.c2.incumbent` -> `r1.c2.incumbent.retry1`)",
+    )
+    unmeasured: dict[str, str] = Field(
+        default_factory=dict,
+        description="runs lost to the infrastructure and not measured again: label -> why",
+    )
+    wall_time: CampaignWallTimeOut | None = Field(
+        None, description="where the wall time went (None before its first advance)"
+    )
+    serve_command: str | None = Field(
+        None,
+        description="the incumbent (the final configuration once done) as a `vllm serve` "
+        "command line, shell-quoted; None before the campaign was first advanced",
+    )
+    spec: dict[str, Any] | None = Field(
+        None,
+        description="an experiment document (POST /api/v1/experiments) that re-runs the "
+        "incumbent alone, with repeats; None before the campaign was first advanced",
+    )
+
+
+class CampaignListItem(BaseModel):
+    id: str
+    url: str
+    name: str
+    status: str
+    objective: str
+    created_at: IsoDatetime
+    updated_at: IsoDatetime
+    run_count: int

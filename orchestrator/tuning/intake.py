@@ -1,0 +1,203 @@
+"""A campaign as the API submits it: one call per request.
+
+The request is read (:class:`orchestrator.tuning.campaign_request.CampaignRequest`), its
+space checked (every ``engine_args`` level against vLLM's argument catalogue, every
+variable's starting level one of its levels, the budget large enough to confirm), and the
+experiment its first round would submit (the start as the baseline, every one-variable
+neighbour as a variant) checked as ``POST /experiments`` checks one: asked of vLLM with no
+database connection held inside a check slot (503 ``submissions_busy``), then validated
+against the live cluster reusing those answers. Every problem is one 422
+``campaign_invalid``; nothing is stored then. The caller's unit of work commits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from orchestrator.campaigns.space import neighbours
+from orchestrator.core.db import release_connection
+from orchestrator.core.errors import CampaignInvalidError, SpecInvalidError
+from orchestrator.core.models import Campaign
+from orchestrator.core.repositories import CampaignRepository
+from orchestrator.core.settings import Settings
+from orchestrator.experiments.config_check import engine_resolver, gate_for, remembered_checks
+from orchestrator.experiments.engine_catalog import EngineArgCatalog, load_catalog
+from orchestrator.experiments.service import parse_spec, precheck, validate_spec
+from orchestrator.tuning.campaign_request import OBJECTIVES, CampaignRequest
+
+
+def accept_campaign(
+    session: Session, settings: Settings, body: Any, submitted_by: str | None = None
+) -> Campaign:
+    """Check campaign document ``body`` and store the campaign ``queued`` (the dispatcher's
+    ``campaigns`` loop queues its runs). 422 ``campaign_invalid`` names every bad field."""
+    return CampaignRepository(session).add(checked_campaign(session, settings, body, submitted_by))
+
+
+def checked_campaign(
+    session: Session, settings: Settings, body: Any, submitted_by: str | None = None
+) -> Campaign:
+    """The campaign of document ``body``, checked as :func:`accept_campaign` checks it (422
+    ``campaign_invalid``; 503 when vLLM cannot be asked now), ``queued`` and not stored.
+    Commits the caller's transaction first: vLLM is asked with no connection held."""
+    try:
+        request = CampaignRequest.model_validate(body)
+    except ValidationError as exc:
+        raise CampaignInvalidError.from_validation(exc) from exc
+    release_connection(session)  # nothing held while waiting for a slot or for vLLM
+    with gate_for(settings).slot(), remembered_checks():
+        catalog = load_catalog(settings)
+        doc = first_round(request, catalog)
+        precheck(settings, catalog, doc)  # vLLM's answers, no connection held
+        try:
+            spec = parse_spec(doc, settings, catalog)
+            validate_spec(session, settings, spec, catalog, resolver=engine_resolver(settings))
+        except SpecInvalidError as exc:
+            raise CampaignInvalidError(_relocated(request, exc.errors)) from exc
+    stored = request.model_copy(  # what the defaults resolved to, as the campaign runs it
+        update={
+            "objective": request.objective.model_copy(
+                update={"direction": request.objective.resolved_direction}
+            ),
+            "space": [
+                v.model_copy(update={"start": request.start_level(v)}) for v in request.space
+            ],
+        }
+    )
+    return Campaign(
+        name=request.name,
+        status="queued",
+        request=stored.model_dump(mode="json"),
+        result={},
+        submitted_by=submitted_by,
+    )
+
+
+def metric_problems(request: CampaignRequest) -> list[dict[str, Any]]:
+    """The problems of the request's objective and constraints (each a stored run metric
+    a campaign can decide from, the objective in its own direction)."""
+    errors: list[dict[str, Any]] = []
+
+    def bad(loc: list[str | int], msg: str, kind: str) -> None:
+        errors.append({"loc": ["body", *loc], "msg": msg, "type": kind})
+
+    if request.objective.metric not in OBJECTIVES:
+        bad(
+            ["objective", "metric"],
+            f"{request.objective.metric!r} is not a stored run metric a campaign can "
+            f"optimise; one of {', '.join(OBJECTIVES)}",
+            "objective_unknown",
+        )
+    elif (
+        request.objective.direction is not None
+        and request.objective.direction != OBJECTIVES[request.objective.metric]
+    ):
+        bad(
+            ["objective", "direction"],
+            f"{request.objective.metric} improves when "
+            f"{OBJECTIVES[request.objective.metric].value}, not "
+            f"{request.objective.direction.value}",
+            "objective_direction",
+        )
+    for i, c in enumerate(request.constraints):
+        if c.metric not in OBJECTIVES:
+            bad(
+                ["constraints", i, "metric"],
+                f"{c.metric!r} is not a stored run metric a constraint can hold; one of "
+                f"{', '.join(OBJECTIVES)}",
+                "constraint_unknown",
+            )
+    return errors
+
+
+def first_round(request: CampaignRequest, catalog: EngineArgCatalog) -> dict[str, Any]:
+    """The experiment document of the campaign's first round (the start as the baseline,
+    each one-variable neighbour a variant named by its index); raises
+    :class:`CampaignInvalidError` with every problem of the space, objective and budget."""
+    errors: list[dict[str, Any]] = []
+
+    def bad(loc: list[str | int], msg: str, kind: str) -> None:
+        errors.append({"loc": ["body", *loc], "msg": msg, "type": kind})
+
+    errors += metric_problems(request)
+    for i, v in enumerate(request.space):
+        section, name = v.name.split(".", 1)
+        if section == "engine_args":
+            for j, level in enumerate(v.levels):
+                for err in catalog.check({name: level}, []):
+                    bad(["space", i, "levels", j], err.get("msg", "invalid"), err["type"])
+        start = request.start_level(v)
+        if start is None:
+            bad(
+                ["space", i, "start"],
+                f"the baseline does not set {v.name}: give its starting level",
+                "start_missing",
+            )
+    try:
+        space = request.core_space()
+    except ValidationError as exc:
+        for e in exc.errors():
+            bad(["space", *e["loc"][1:]], e["msg"], e["type"])
+        raise CampaignInvalidError(errors) from exc
+    for i, v in enumerate(request.space):
+        start = request.start_level(v)
+        if start is not None:
+            try:
+                space.variables[i].index(start)
+            except ValueError as exc:
+                bad(["space", i, "start"], str(exc), "start_not_a_level")
+    reserve = 2 * request.rule.max_repeats
+    if request.budget.max_runs < reserve + 2:
+        bad(
+            ["budget", "max_runs"],
+            f"{request.budget.max_runs} runs leave no room: the confirmation takes {reserve} "
+            "(2 x rule.max_repeats) and a round at least 2",
+            "budget_too_small",
+        )
+    if errors:
+        raise CampaignInvalidError(errors)
+    start_config = request.start()
+    variants = [
+        {"name": f"candidate {k}", "changes": {c.variable: c.to_level}}
+        for k, c in enumerate(neighbours(start_config, space))
+    ]
+    try:
+        return request.experiment_doc(f"{request.name} check", start_config, variants)
+    except KeyError as exc:  # a section of the baseline that is not an object
+        raise CampaignInvalidError(
+            [
+                {
+                    "loc": ["body", "baseline", str(exc.args[0]).split(".", 1)[0]],
+                    "msg": f"cannot set {exc.args[0]}: its section is not an object",
+                    "type": "baseline_invalid",
+                }
+            ]
+        ) from exc
+
+
+def _relocated(request: CampaignRequest, errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first round's problems where the campaign request has them: the baseline's
+    under ``body.baseline``, a variant's at its variable in ``body.space``."""
+    names = [v.name for v in request.space]
+    out = []
+    for e in errors:
+        loc = list(e.get("loc", []))
+        rest = loc[1:] if loc[:1] == ["body"] else loc
+        if rest[:1] == ["variants"] and len(rest) >= 2 and isinstance(rest[1], int):
+            changes = _first_round_variable(request, rest[1])
+            where: list[Any] = ["space", names.index(changes)] if changes in names else ["space"]
+            out.append({**e, "loc": ["body", *where]})
+        else:
+            out.append({**e, "loc": ["body", *rest]})
+    return out
+
+
+def _first_round_variable(request: CampaignRequest, index: int) -> str | None:
+    try:
+        cands = neighbours(request.start(), request.core_space())
+        return cands[index].variable
+    except (ValueError, IndexError):
+        return None

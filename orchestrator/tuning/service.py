@@ -1,0 +1,541 @@
+"""A tuning campaign as a stored, running thing: advance it, read its result, cancel it.
+
+The decisions are the pure core's (:class:`orchestrator.campaigns.loop.Campaign`), rebuilt
+on every :func:`advance` from the campaign's runs: each run carries its campaign and label
+(``runs.campaign_id``, ``runs.campaign_label``); a succeeded run is recorded with its
+objective (the stored summary metric the request names), a run that ended otherwise
+(failed, cancelled, blocked, or succeeded without the metric) as failed, and one the
+infrastructure lost (:func:`orchestrator.tuning.run_loss.lost_to_infrastructure`) as lost:
+the core plans it again under a retry label, queued as its own experiment (with the
+incumbent's retry when that was lost too, so that candidates stay one-variable
+variants of it). A succeeded run whose objective a finding flags
+(:mod:`orchestrator.analysis.trust`: a warm prefix cache, token bursts for TPOT/ITL, the
+client's TTFT lag) gives no verdict: it is recorded lost with that reason and measured
+again the same way. The core then
+says which runs come next; those not stored yet are queued as **one experiment per
+cycle**, through the same checks as a submitted experiment
+(:func:`orchestrator.experiments.service.create_experiment`): a round's cycle is the
+incumbent as the baseline with each candidate as a one-variable variant (so the
+one-variable rule applies to every candidate, also on what vLLM resolves); a
+confirmation cycle is the starting configuration as the baseline with the final one as
+its variant, the changed variables one linked factor. A cycle's runs are stored in one
+transaction, and ``(campaign_id, campaign_label)`` is unique: advancing again, or after a
+restart, queues nothing twice.
+
+When the core says done, the result (path, candidates, confirmation) is written and the
+campaign ends ``succeeded``; a cycle the experiment checks refuse (422) ends it
+``failed`` with their problems, while a check that cannot be done now (503: the engine
+environment, the submission gate) is raised and tried again on the next advance.
+Services take a session and never commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from orchestrator.analysis.trust import not_applicable_of, run_trust
+from orchestrator.campaigns.loop import Campaign as CoreCampaign
+from orchestrator.campaigns.outcomes import OrderHook, Phase, PlannedRun, Role
+from orchestrator.core.db import is_unavailable, unit_of_work
+from orchestrator.core.errors import ConflictError, InvalidInputError, NotFoundError
+from orchestrator.core.models import Campaign, Run
+from orchestrator.core.repositories import CampaignRepository, RunRepository
+from orchestrator.core.repositories.campaigns import ENDED
+from orchestrator.core.settings import Settings
+from orchestrator.core.states import RunStatus, is_terminal
+from orchestrator.experiments.config_check import engine_resolver, remembered_checks
+from orchestrator.experiments.engine_catalog import EngineArgCatalog, load_catalog
+from orchestrator.experiments.service import create_experiment, parse_spec, precheck
+from orchestrator.experiments.spec import Layout
+from orchestrator.tuning.campaign_request import CampaignRequest
+from orchestrator.tuning.evidence import Evidence
+from orchestrator.tuning.evidence_inputs import RoundOrders, gather_evidence
+from orchestrator.tuning.final_config import final_result
+from orchestrator.tuning.run_loss import lost_to_infrastructure
+from orchestrator.tuning.wall_time import wall_time
+
+log = logging.getLogger(__name__)
+
+#: Characters an experiment's variant name may not hold (``NAME_PATTERN``).
+_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.=:,\- ]")
+
+
+def get_campaign(session: Session, campaign_id: str) -> Campaign:
+    """The campaign; :class:`NotFoundError` (``campaign_not_found``) when missing."""
+    row = CampaignRepository(session).get(campaign_id)
+    if row is None:
+        raise NotFoundError(f"no campaign {campaign_id}", code_hint="campaign_not_found")
+    return row
+
+
+def rebuild(
+    request: CampaignRequest,
+    runs: list[Run],
+    metrics: dict[str, dict[str, float]],
+    order: OrderHook | None = None,
+) -> tuple[CoreCampaign, dict[str | None, Run]]:
+    """The core campaign replayed from ``runs`` (the campaign's stored runs) and their
+    ``metrics`` (run id -> summary metrics), each round's candidates ordered by ``order``
+    (:func:`order_hook`): returns ``(core, by_label)``.
+
+    Replays cycle by cycle: every run the core has planned whose stored run ended is
+    recorded (its objective, or ``None``: failed, or lost to the infrastructure) until the
+    core waits on a run that has not ended or was not stored yet.
+    """
+    core = CoreCampaign(
+        request.core_space(),
+        request.start(),
+        request.rule,
+        request.budget.max_runs,
+        direction=request.objective.resolved_direction,
+        order=order,
+        constraints=[c.core() for c in request.constraints],
+        max_device_s=(
+            None
+            if request.budget.max_device_hours is None
+            else request.budget.max_device_hours * 3600.0
+        ),
+    )
+    by_label: dict[str | None, Run] = {r.campaign_label: r for r in runs if r.campaign_label}
+    progressed = True
+    while progressed and core.phase is not Phase.DONE:
+        progressed = False
+        for planned in core.next_runs():
+            run = by_label.get(planned.label)
+            if run is None or not is_terminal(run.status):
+                continue
+            value = _objective(run, metrics, request.objective.metric)
+            flagged = _flagged(run, metrics, request.objective.metric) if value else None
+            if flagged is not None:  # no verdict from it: measured again, as if lost
+                core.record(planned.label, None, lost=True, why=flagged, device_s=_device_s(run))
+            else:
+                lost = lost_to_infrastructure(run)
+                checks = _checks(run, metrics, request) if value is not None else None
+                core.record(planned.label, value, lost=lost, checks=checks, device_s=_device_s(run))
+            progressed = True
+    return core, by_label
+
+
+def order_hook(
+    session: Session,
+    settings: Settings | None,
+    row: Campaign,
+    request: CampaignRequest,
+    runs: list[Run],
+) -> tuple[RoundOrders, OrderHook | None]:
+    """The hook that orders each round's candidates by evidence
+    (:mod:`orchestrator.tuning.evidence`): a round already opened answers as it was kept in
+    ``result["order"]``, a new one from the evidence gathered now (once, when first needed;
+    the space's order when it cannot be gathered). A campaign that queued runs before
+    rounds were kept has no hook (its rounds were opened in the space's order)."""
+    result = row.result or {}
+    orders = RoundOrders(result.get("order"))
+    if runs and "order" not in result:
+        return orders, None
+
+    def evidence() -> Evidence:
+        if settings is None:
+            return Evidence(baseline=request.baseline)
+        try:
+            return gather_evidence(session, settings, request, runs)
+        except Exception as exc:
+            if is_unavailable(exc):
+                raise
+            log.warning("campaign %s: no evidence to order its candidates: %s", row.id, exc)
+            return Evidence(baseline=request.baseline)
+
+    return orders, orders.hook(evidence)
+
+
+def _keep_orders(row: Campaign, orders: RoundOrders) -> None:
+    row.result = {**(row.result or {}), "order": orders.kept}
+
+
+#: The stored run metrics the findings read (:func:`orchestrator.analysis.trust.run_trust`).
+_TRUST_METRICS = ("itl_burst_fraction", "mean_ttft_client_minus_server_ms")
+
+
+def _metric_names(request: CampaignRequest) -> list[str]:
+    """The stored run metrics a campaign decides from: its objective, its constraints'
+    metrics and what the findings that may flag them read."""
+    return [request.objective.metric, *(c.metric for c in request.constraints), *_TRUST_METRICS]
+
+
+def _device_s(run: Run) -> float:
+    """Device-seconds ``run`` held: its reserved devices x its time from claim to end."""
+    if run.claimed_at is None or run.finished_at is None:
+        return 0.0
+    held = max((run.finished_at - run.claimed_at).total_seconds(), 0.0)
+    return held * Layout.model_validate(run.layout or {}).reserved
+
+
+def _checks(
+    run: Run, metrics: dict[str, dict[str, float]], request: CampaignRequest
+) -> dict[str, float | None]:
+    """The run's value of each constraint's metric; None where it has none, or a finding
+    flags it (no verdict from it: :func:`_flagged`)."""
+    out: dict[str, float | None] = {}
+    for c in request.constraints:
+        value = _objective(run, metrics, c.metric)
+        out[c.metric] = None if value is None or _flagged(run, metrics, c.metric) else value
+    return out
+
+
+def _flagged(run: Run, metrics: dict[str, dict[str, float]], metric: str) -> str | None:
+    """Why a finding withholds ``run``'s ``metric`` from any verdict
+    (:mod:`orchestrator.analysis.trust`: token bursts, the client's TTFT lag, a warm prefix
+    cache), as "flagged by a finding (...)"; None when nothing flags it."""
+    warm = (run.engine_info or {}).get("cache_contamination") or {}
+    trust = run_trust(
+        run.id,
+        metrics.get(run.id, {}),
+        cache_contamination=warm.get("status") if isinstance(warm, dict) else None,
+        not_applicable=not_applicable_of(run.engine_args),
+    )
+    reason = trust.reason(metric)
+    return None if reason is None else f"flagged by a finding ({reason})"
+
+
+def _objective(run: Run, metrics: dict[str, dict[str, float]], metric: str) -> float | None:
+    if run.status != RunStatus.SUCCEEDED.value:
+        return None
+    value = metrics.get(run.id, {}).get(metric)
+    if value is None or not math.isfinite(value) or value <= 0:
+        return None
+    return float(value)
+
+
+def advance(
+    session: Session,
+    settings: Settings,
+    campaign_id: str,
+    *,
+    catalog: Callable[[], EngineArgCatalog] | None = None,
+) -> Campaign | None:
+    """One step of campaign ``campaign_id``: rebuild it from its runs, queue the runs it
+    plans next that are not stored yet, write its result; end it when the core is done.
+
+    Locks the campaign's row (``SKIP LOCKED``: None when another transaction advances it
+    now). A campaign that ended is returned unchanged. ``catalog`` loads vLLM's argument
+    catalogue, only when runs are to be queued (default :func:`load_catalog`).
+    """
+    repo = CampaignRepository(session)
+    row = repo.get(campaign_id, for_update=True, skip_locked=True)
+    if row is None or row.status in ENDED:
+        return row
+    runs = repo.runs(row.id)
+    try:
+        request = CampaignRequest.model_validate(row.request)
+        metrics = RunRepository(session).metrics_for([r.id for r in runs], _metric_names(request))
+        orders, hook = order_hook(session, settings, row, request, runs)
+        core, by_label = rebuild(request, runs, metrics, hook)
+    except ValueError as exc:  # a stored request or run the core cannot replay
+        row.status, row.status_reason = "failed", f"campaign_broken: {exc}"[:4000]
+        log.warning("campaign %s: cannot be replayed: %s", row.id, exc)
+        repo.touch(row)
+        return row
+    if core.phase is Phase.DONE:
+        _write_result(row, request, core, by_label)
+        _keep_orders(row, orders)
+        row.status = "succeeded"
+        row.status_reason = _done_reason(core)
+        repo.touch(row)
+        return row
+    missing = [p for p in core.next_runs() if p.label not in by_label]
+    if missing:
+        try:
+            with session.begin_nested():
+                stored = _queue_cycle(
+                    session, settings, row, request, core.next_runs(), missing, catalog
+                )
+        except (InvalidInputError, ConflictError) as exc:  # others (503s) are retried
+            _write_result(row, request, core, by_label)
+            _keep_orders(row, orders)
+            row.status = "failed"
+            row.status_reason = f"{exc.code}: {exc.detail}"[:4000]
+            log.warning("campaign %s: cycle refused: %s", row.id, exc.detail)
+            repo.touch(row)
+            return row
+        by_label.update({r.campaign_label: r for r in stored if r.campaign_label})
+    row.status = "running"
+    _write_result(row, request, core, by_label)
+    _keep_orders(row, orders)
+    repo.touch(row)
+    return row
+
+
+def _queue_cycle(
+    session: Session,
+    settings: Settings,
+    row: Campaign,
+    request: CampaignRequest,
+    cycle: list[PlannedRun],
+    missing: list[PlannedRun],
+    catalog: Callable[[], EngineArgCatalog] | None,
+) -> list[Run]:
+    """Store the runs of one cycle as one experiment, and the retries of runs lost to the
+    infrastructure as :func:`_retry_groups` groups them (see the module docstring)."""
+    cat = catalog() if catalog is not None else load_catalog(settings)
+    stored: list[Run] = []
+    for group in _experiments(cycle, missing):
+        stored += _queue_experiment(session, settings, row, request, group, cat)
+    return stored
+
+
+def _experiments(cycle: list[PlannedRun], missing: list[PlannedRun]) -> list[list[PlannedRun]]:
+    """The runs of ``missing`` (of the planned ``cycle``) grouped as the experiments that
+    store them: the cycle's first runs together, then the retries (:func:`_retry_groups`).
+    409 ``campaign_cycle_partial`` when the first runs of the cycle are stored in part."""
+    fresh = [p for p in missing if p.attempt == 0]
+    if fresh and len(fresh) != sum(1 for p in cycle if p.attempt == 0):
+        raise ConflictError(
+            "the runs of cycle " + ", ".join(p.label for p in cycle) + " are stored in part",
+            code_hint="campaign_cycle_partial",
+        )
+    return ([fresh] if fresh else []) + _retry_groups([p for p in missing if p.attempt])
+
+
+def _retry_groups(retries: list[PlannedRun]) -> list[list[PlannedRun]]:
+    """The retries to queue, as experiments: with the incumbent's (or the start's) retry,
+    one experiment (the candidates its one-variable variants; the final configuration
+    against the start); each other retry an experiment of its own (its configuration as
+    the baseline)."""
+    heads = [p for p in retries if p.role in (Role.INCUMBENT, Role.START)]
+    if not heads:
+        return [[p] for p in retries]
+    return [heads + [p for p in retries if p not in heads]]
+
+
+def _queue_experiment(
+    session: Session,
+    settings: Settings,
+    row: Campaign,
+    request: CampaignRequest,
+    cycle: list[PlannedRun],
+    cat: EngineArgCatalog,
+) -> list[Run]:
+    """Store ``cycle`` (its first run the baseline) as one experiment."""
+    doc = cycle_doc(row, request, cycle)
+    prefix = cycle_name(cycle[0])
+    spec = parse_spec(doc, settings, cat)
+    experiment = create_experiment(session, settings, spec, cat, resolver=engine_resolver(settings))
+    experiment.submitted_by = f"campaign:{row.name}"[:200]
+    ordered = sorted(experiment.runs, key=lambda r: (r.position, r.repeat_index))
+    if len(ordered) != len(cycle):
+        raise ConflictError(
+            f"cycle {prefix} planned {len(cycle)} runs, its experiment has {len(ordered)}",
+            code_hint="campaign_cycle_mismatch",
+        )
+    for run, planned in zip(ordered, cycle, strict=True):
+        run.campaign_id = row.id
+        run.campaign_label = planned.label
+        run.submitted_by = experiment.submitted_by
+    session.flush()
+    return ordered
+
+
+def cycle_doc(row: Campaign, request: CampaignRequest, cycle: list[PlannedRun]) -> dict[str, Any]:
+    """The experiment spec document of one cycle (see the module docstring): the
+    incumbent as the baseline and each candidate a one-variable variant, or, for the
+    confirmation, the start as the baseline and the final configuration as its one
+    variant (the changed variables one linked factor)."""
+    head, rest = cycle[0], cycle[1:]
+    prefix = cycle_name(head)
+    if head.role is Role.START and rest:  # the confirmation: final vs start, the changes one factor
+        final = rest[0].config
+        changed = [
+            k
+            for k in final
+            if final[k] != head.config[k] or type(final[k]) is not type(head.config[k])
+        ]
+        level: Any = final[changed[0]] if len(changed) == 1 else {k: final[k] for k in changed}
+        doc = request.experiment_doc(
+            f"{row.name} {prefix}",
+            head.config,
+            [],
+            description=f"campaign {row.id}: {prefix}, the final configuration vs the start",
+        )
+        doc["factors"] = [{"name": "final", "paths": changed, "levels": [level]}]
+    else:
+        names = _variant_names([p.candidate.label for p in rest if p.candidate is not None])
+        variants = [
+            {"name": name, "changes": {p.candidate.variable: p.candidate.to_level}}
+            for name, p in zip(names, rest, strict=True)
+            if p.candidate is not None
+        ]
+        doc = request.experiment_doc(
+            f"{row.name} {prefix}",
+            head.config,
+            variants,
+            description=f"campaign {row.id}: {prefix}, the incumbent and its candidates",
+        )
+    if head.attempt:
+        doc["description"] = (
+            f"campaign {row.id}: {prefix}, measured again (lost to the infrastructure): "
+            + ", ".join(p.label for p in cycle)
+        )
+    return doc
+
+
+def cycle_name(head: PlannedRun) -> str:
+    """``r2.c3`` or ``confirm.c1`` for the experiment of the cycle ``head`` opens; a retry
+    of runs lost to the infrastructure adds ``retry<attempt>``."""
+    name = f"confirm.c{head.cycle}" if head.round == 0 else f"r{head.round}.c{head.cycle}"
+    return f"{name} retry{head.attempt}" if head.attempt else name
+
+
+def next_cycle_docs(
+    session: Session, campaign_id: str, settings: Settings | None = None
+) -> list[dict[str, Any]]:
+    """The experiment documents :func:`advance` would submit for campaign ``campaign_id``
+    now (read without a lock; a cycle, or the retries of runs lost to the infrastructure),
+    empty when it would submit nothing: to ask vLLM about them before, with no database
+    connection held (:func:`orchestrator.experiments.service.precheck`)."""
+    row = CampaignRepository(session).get(campaign_id)
+    if row is None or row.status in ENDED:
+        return []
+    try:
+        request = CampaignRequest.model_validate(row.request)
+        runs = CampaignRepository(session).runs(row.id)
+        metrics = RunRepository(session).metrics_for([r.id for r in runs], _metric_names(request))
+        _, hook = order_hook(session, settings, row, request, runs)
+        core, by_label = rebuild(request, runs, metrics, hook)
+        cycle = core.next_runs()
+        missing = [p for p in cycle if p.label not in by_label]
+        return [cycle_doc(row, request, group) for group in _experiments(cycle, missing)]
+    except (ValueError, ConflictError):
+        return []  # advance says why
+
+
+def _variant_names(labels: list[str]) -> list[str]:
+    """Experiment variant names for candidate labels (what a name may not hold is ``_``;
+    a name taken already gets ``-2``, ``-3``...)."""
+    names: list[str] = []
+    for label in labels:
+        base = (_NAME_UNSAFE.sub("_", label)[:90].strip() or "candidate").lstrip("_.=:,- ")
+        name, k = base or "candidate", 2
+        while name in names or name == "baseline":
+            name, k = f"{base}-{k}", k + 1
+        names.append(name)
+    return names
+
+
+def _done_reason(core: CoreCampaign) -> str:
+    steps = core.path()
+    if not steps:
+        return "no candidate paid: the starting configuration stays"
+    moved = ", ".join(f"{s.variable}: {s.from_level} -> {s.to_level}" for s in steps)
+    return f"{len(steps)} change(s) adopted: {moved}"
+
+
+def _write_result(
+    row: Campaign,
+    request: CampaignRequest,
+    core: CoreCampaign,
+    by_label: dict[str | None, Run],
+) -> None:
+    """``row.result`` from the core's state (JSON), with the incumbent (the final
+    configuration once done) as a ``serve_command`` and a re-run ``spec``
+    (:func:`orchestrator.tuning.final_config.final_result`)."""
+    cumulative = core.cumulative()
+    confirmation = core.confirmed()
+    row.result = {
+        "phase": core.phase.value,
+        "runs_used": core.runs_used,
+        "budget": core.budget,
+        "start": dict(core.start),
+        "incumbent": dict(core.incumbent),
+        "path": [{**s.model_dump(mode="json"), "effect": s.gain.describe()} for s in core.path()],
+        "candidates": [
+            {
+                **c.model_dump(mode="json"),
+                "label": c.candidate.label,
+                "effect": c.gain.describe() if c.gain is not None else None,
+            }
+            for c in core.candidates()
+        ],
+        "cumulative": cumulative.model_dump(mode="json") if cumulative else None,
+        "confirmation": confirmation.model_dump(mode="json") if confirmation else None,
+        "pending": [p.label for p in core.next_runs()],
+        "runs": {
+            label: {"id": r.id, "status": r.status, "experiment_id": r.experiment_id}
+            for label, r in by_label.items()
+            if label
+        },
+        "retried": core.retries(),
+        "unmeasured": core.unmeasured(),
+        "wall_time": wall_time(row, [r for label, r in by_label.items() if label]),
+        **final_result(request, dict(core.incumbent)),
+    }
+
+
+def advance_campaigns(factory: sessionmaker[Session], settings: Settings) -> int:
+    """A turn of the dispatcher's ``campaigns`` loop: :func:`advance` every queued or
+    running campaign, each in its own unit of work (one that fails is logged and the
+    next goes on; a database outage is raised). The cycle a campaign is about to queue is
+    asked of vLLM first with no database connection held (:func:`next_cycle_docs`), so the
+    check inside the locked advance reuses the answers. Returns how many were advanced."""
+    with unit_of_work(factory) as session:
+        ids = CampaignRepository(session).advancing_ids()
+    cache: dict[str, EngineArgCatalog] = {}
+
+    def catalog() -> EngineArgCatalog:
+        if "c" not in cache:
+            cache["c"] = load_catalog(settings)
+        return cache["c"]
+
+    done = 0
+    for campaign_id in ids:
+        try:
+            with remembered_checks():
+                with unit_of_work(factory) as session:
+                    docs = next_cycle_docs(session, campaign_id, settings)
+                for doc in docs:  # vLLM's answers with no connection held, reused below
+                    precheck(settings, catalog(), doc)
+                with unit_of_work(factory) as session:
+                    if advance(session, settings, campaign_id, catalog=catalog) is not None:
+                        done += 1
+        except Exception as exc:
+            if is_unavailable(exc):
+                raise
+            log.exception("campaign %s: advance failed", campaign_id)
+    return done
+
+
+def cancel_campaign(session: Session, campaign_id: str, by: str | None = None) -> Campaign:
+    """Cancel a campaign: its queued runs end ``cancelled``, it ends ``cancelled``; runs
+    already started finish and are kept. 409 ``campaign_already_ended`` when it ended."""
+    repo = CampaignRepository(session)
+    row = repo.get(campaign_id, for_update=True)
+    if row is None:
+        raise NotFoundError(f"no campaign {campaign_id}", code_hint="campaign_not_found")
+    if row.status in ENDED:
+        raise ConflictError(
+            f"campaign {campaign_id} already ended ({row.status}); nothing to cancel",
+            code_hint="campaign_already_ended",
+        )
+    runs = RunRepository(session)
+    for run in repo.runs(row.id):
+        if run.status == RunStatus.QUEUED.value:
+            if by is not None:
+                run.cancelled_by = by
+            runs.transition(run, RunStatus.CANCELLED, "its campaign was cancelled")
+    row.status = "cancelled"
+    row.status_reason = f"cancelled by {by}" if by else "cancelled"
+    result = dict(row.result or {})
+    labelled = [r for r in repo.runs(row.id) if r.campaign_label]
+    result["runs"] = {
+        r.campaign_label: {"id": r.id, "status": r.status, "experiment_id": r.experiment_id}
+        for r in labelled
+    }
+    result["pending"] = []
+    result["wall_time"] = wall_time(row, labelled)
+    row.result = result
+    repo.touch(row)
+    return row

@@ -1,0 +1,208 @@
+"""``vlab campaign submit|list|show|cancel`` against the real API (a TestClient of
+``api.app``; the CLI's HTTP calls routed to it). Runs are advanced by the service and
+their results are **fake recorded results** (``finish_queued`` of the service tests: the
+objective written as each run's stored metric). A fresh database per module."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+from rich.console import Console
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session, sessionmaker
+from typer.testing import CliRunner
+
+from api.app import create_app
+from orchestrator.cli import campaign as campaign_cli
+from orchestrator.cli.main import app
+from orchestrator.core.db import normalize_url, unit_of_work, upgrade_to_head
+from orchestrator.core.settings import Settings, get_settings
+from orchestrator.tuning import service
+from tests.api.conftest import settings as settings  # noqa: F401 - fixture
+from tests.conftest import fresh_database
+from tests.orchestrator.tuning.test_campaign_service import campaign_doc, finish_queued
+
+API = "http://vlab.test"
+
+
+@pytest.fixture(scope="module")
+def factory(server_url: str) -> Iterator[sessionmaker[Session]]:
+    with fresh_database(server_url) as url:
+        upgrade_to_head(url)
+        engine = create_engine(normalize_url(url))
+        try:
+            yield sessionmaker(bind=engine, expire_on_commit=False)
+        finally:
+            engine.dispose()
+
+
+@pytest.fixture
+def api(
+    settings: Settings,  # noqa: F811
+    factory: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[TestClient]:
+    """The CLI's calls (``httpx.request``) answered by a TestClient of the real app."""
+    with TestClient(create_app(settings, factory), base_url=API) as client:
+
+        def request(method: str, url: str, **kw: Any) -> httpx.Response:
+            kw.pop("timeout", None)
+            return client.request(method, url, **kw)
+
+        monkeypatch.setattr(campaign_cli.httpx, "request", request)
+        yield client
+
+
+def cli(*args: str) -> Any:
+    return CliRunner().invoke(app, ["campaign", *args, "--api", API])
+
+
+def submit(tmp_path: Path, doc: dict[str, Any], name: str = "c.yaml") -> str:
+    f = tmp_path / name
+    f.write_text(yaml.safe_dump(doc) if name.endswith(".yaml") else json.dumps(doc))
+    result = cli("submit", str(f))
+    assert result.exit_code == 0, result.output
+    assert "queued" in result.output
+    return result.output.split("campaign ")[1].split(" ")[0]
+
+
+def drive(factory: sessionmaker[Session], settings: Settings, cid: str) -> None:  # noqa: F811
+    for _ in range(200):
+        with unit_of_work(factory) as s:
+            row = service.advance(s, settings, cid)
+            assert row is not None
+            if row.status != "running" and row.status != "queued":
+                return
+        finish_queued(factory, cid)
+    raise AssertionError("the campaign did not end")
+
+
+def test_submit_show_a_finished_campaign(
+    api: TestClient,
+    factory: sessionmaker[Session],
+    settings: Settings,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    cid = submit(tmp_path, campaign_doc(name="cli tune"))
+    drive(factory, settings, cid)
+    result = cli("show", cid)
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert f"({cid}): succeeded, done" in out
+    # the path: the variable, from -> to, its effect with the interval, verdict, reason
+    path = out.split("path (adopted steps)")[1].split("candidates")[0]
+    assert "engine_args.enable_prefix_caching" in path and "false -> true" in path
+    assert "effect [interval]" in path and "pays" in path
+    assert "% [" in path and "%]" in path
+    # the candidates with their outcomes
+    cands = out.split("candidates")[-1].split("confirmation")[0]
+    assert "adopted (pays)" in cands and "128 -> 64" in cands and "worse" in cands
+    assert "inert" in cands and "equivalent within" in cands and "skipped" in cands
+    conf = out.split("─ confirmation ─")[1] if "─ confirmation ─" in out else out
+    assert "measured total" in conf and "product of the step gains" in conf
+    assert "agrees with the path" in conf
+    # the final configuration as a vllm serve line and a re-run spec
+    line = next(ln.strip() for ln in out.splitlines() if ln.strip().startswith("vllm serve tiny"))
+    argv = shlex.split(line)
+    assert argv[:3] == ["vllm", "serve", "tiny"] and "--enable-prefix-caching" in argv
+    assert argv[argv.index("--max-num-seqs") + 1] == "128"
+    assert '"enable_prefix_caching": true' in out
+    # where the wall time went (the fake results record no timings: zeros, no start)
+    costs = out.split("where the wall time went")[1]
+    assert "waiting for devices" in costs and "engine start-ups" in costs
+    assert "server starts: 0" in costs
+    # --json: the API's answer with the final configuration
+    doc = json.loads(cli("show", cid, "--json").output)
+    assert doc["id"] == cid and doc["serve_command"] == line
+    assert doc["spec"]["baseline"]["engine_args"]["enable_prefix_caching"] is True
+
+
+def test_list_and_cancel(api: TestClient, tmp_path: Path) -> None:
+    cid = submit(tmp_path, campaign_doc(name="cli cancel me"), name="c.json")
+    listed = cli("list")
+    assert listed.exit_code == 0, listed.output
+    assert cid in listed.output and "cli cancel me" in listed.output
+    assert "output_throughput" in listed.output
+    show = cli("show", cid)
+    assert show.exit_code == 0 and "queued" in show.output and "not run (yet)" in show.output
+    cancelled = cli("cancel", cid)
+    assert cancelled.exit_code == 0, cancelled.output
+    assert f"campaign {cid}: cancelled" in cancelled.output
+    again = cli("cancel", cid)  # 409: the problem, exit 1
+    assert again.exit_code == 1 and "409" in again.output and "already ended" in again.output
+
+
+def test_bad_documents_and_unknown_ids(api: TestClient, tmp_path: Path) -> None:
+    bad = campaign_doc(space=[{"name": "engine_args.max_num_seq", "levels": [1, 2], "start": 1}])
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(bad))
+    result = cli("submit", str(f))
+    assert result.exit_code == 1
+    assert "422" in result.output and "body.space.0.levels.0" in result.output
+    missing = cli("show", "nope")
+    assert missing.exit_code == 1 and "404" in missing.output
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: [unclosed\n")
+    result = cli("submit", str(broken))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+
+
+def test_an_unreachable_api_is_one_line(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["campaign", "list", "--api", "http://127.0.0.1:9"])
+    assert result.exit_code == 2
+    assert "cannot reach the API" in result.output and "Traceback" not in result.output
+
+
+def test_settings_that_do_not_load_are_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLAB_API__PORT", "not-a-port")
+    get_settings.cache_clear()
+    try:
+        result = CliRunner().invoke(app, ["campaign", "list"])
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
+    assert result.exit_code == 2, result.output
+    assert "invalid settings" in result.output and "Traceback" not in result.output
+
+
+def test_show_prints_where_the_wall_time_went_and_the_lost_runs() -> None:
+    body = {
+        "id": "c1",
+        "name": "costs",
+        "status": "running",
+        "request": {"objective": {"metric": "output_throughput"}},
+        "wall_time": {
+            "elapsed_s": 200.0,
+            "queue_wait_s": 50.0,
+            "startup_s": 40.0,
+            "warmup_s": 2.0,
+            "measure_s": 80.0,
+            "stop_s": 3.0,
+            "other_s": 5.0,
+            "lost_s": 10.0,
+            "server_starts": 2,
+            "servers_reused": 3,
+        },
+        "retried": {"r1.c1.incumbent": "r1.c1.incumbent.retry1"},
+        "unmeasured": {"r1.c2.x=1.retry2": "lost 3 times"},
+    }
+    out = Console(width=200, record=True)
+    campaign_cli.print_campaign(body, out)
+    text = out.export_text()
+    costs = text.split("where the wall time went")[1]
+    rows = {ln.split("│")[1].strip(): ln for ln in costs.splitlines() if ln.count("│") >= 3}
+    assert "50.0" in rows["waiting for devices"] and "25%" in rows["waiting for devices"]
+    assert "40.0" in rows["engine start-ups"] and "20%" in rows["engine start-ups"]
+    assert "80.0" in rows["measurement"] and "40%" in rows["measurement"]
+    assert "200.0" in rows["elapsed (the campaign)"]
+    assert "server starts: 2 (3 run(s) reused a running server)" in costs
+    assert "measured again: r1.c1.incumbent -> r1.c1.incumbent.retry1" in costs
+    assert "lost, not measured again: r1.c2.x=1.retry2: lost 3 times" in costs

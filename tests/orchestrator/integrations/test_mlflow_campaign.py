@@ -1,0 +1,118 @@
+"""A tuning campaign exported to a real local MLflow store (SQLite, mlflow-skinny's own
+store) and read back with MLflow's ``MlflowClient``: the parent run (params, metrics with
+the step gains as a history, verdict tags, the path artifact) and its runs nested.
+
+The campaign is advanced by the service with **fake recorded results** (the objective as
+the run's stored metric, from a known surface: prefix caching pays, ``max_num_seqs`` 64 is
+worse); a fresh database per module.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from orchestrator.core.db import normalize_url, unit_of_work, upgrade_to_head
+from orchestrator.core.errors import NotFoundError
+from orchestrator.core.models import Campaign
+from orchestrator.core.repositories import CampaignRepository
+from orchestrator.core.settings import Settings
+from orchestrator.integrations.mlflow_campaign import PATH_ARTIFACT, export_campaign
+from orchestrator.tuning.intake import accept_campaign
+from tests.api.conftest import settings as settings  # noqa: F401 - fixture
+from tests.conftest import fresh_database
+from tests.orchestrator.tuning.test_campaign_service import campaign_doc, drive
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # never report home from tests
+mlflow = pytest.importorskip("mlflow")
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def factory(server_url: str) -> Iterator[sessionmaker[Session]]:
+    with fresh_database(server_url) as url:
+        upgrade_to_head(url)
+        engine = create_engine(normalize_url(url))
+        try:
+            yield sessionmaker(bind=engine, expire_on_commit=False)
+        finally:
+            engine.dispose()
+
+
+@pytest.fixture
+def ended(factory: sessionmaker[Session], settings: Settings) -> Campaign:  # noqa: F811
+    with unit_of_work(factory) as s:
+        cid = accept_campaign(s, settings, campaign_doc(name="tune apc export")).id
+    row = drive(factory, settings, cid)
+    assert row.status == "succeeded", row.status_reason
+    return row
+
+
+def test_a_campaign_exports_as_a_parent_run_with_its_runs_nested(
+    factory: sessionmaker[Session],
+    ended: Campaign,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)  # a SQLite store keeps artifacts under the working directory
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with factory() as s:
+        report = export_campaign(s, ended.id, uri, base_url="http://vlab.example")
+        n_runs = len(CampaignRepository(s).runs(ended.id))
+    assert report.parent_action == "created" and report.nested == n_runs
+    client = MlflowClient(tracking_uri=uri)
+    parent = client.get_run(report.parent_run_id)
+    p, tags = parent.data.params, parent.data.tags
+    assert p["objective.metric"] == "output_throughput" and p["objective.direction"] == "higher"
+    assert json.loads(p["space"])[0]["name"] == "engine_args.enable_prefix_caching"
+    assert p["final.engine_args.enable_prefix_caching"] == "true"
+    assert p["start.engine_args.enable_prefix_caching"] == "false"
+    assert p["rule.max_repeats"] == "3" and p["serve_command"].startswith("vllm serve tiny")
+    assert parent.info.status == "FINISHED" and tags["vlab.kind"] == "campaign"
+    assert tags["vlab.campaign_url"] == f"http://vlab.example/campaigns/{ended.id}"
+    assert tags["vlab.verdict.r1.engine_args.enable_prefix_caching:true"] == "adopted"
+    assert tags["vlab.verdict.r1.engine_args.max_num_seqs:64"] == "worse"
+    assert tags["vlab.path"].startswith("engine_args.enable_prefix_caching: False -> True")
+    # the cumulative gain and its interval; each adopted step's gain as a history
+    cumulative = ended.result["cumulative"]
+    m = parent.data.metrics
+    assert math.isclose(m["cumulative_gain"], cumulative["estimate"])
+    assert m["cumulative_gain_low"] < m["cumulative_gain"] < m["cumulative_gain_high"]
+    assert math.isclose(m["cumulative_gain_relative"], math.expm1(cumulative["estimate"]))
+    history = client.get_metric_history(report.parent_run_id, "step_gain")
+    assert [h.step for h in history] == list(range(1, len(ended.result["path"]) + 1))
+    assert math.isclose(history[0].value, ended.result["path"][0]["gain"]["estimate"])
+    # the path as a JSON artifact
+    local = client.download_artifacts(report.parent_run_id, PATH_ARTIFACT, str(tmp_path))
+    doc = json.loads(Path(local).read_text())
+    assert doc["path"][0]["variable"] == "engine_args.enable_prefix_caching"
+    assert doc["incumbent"] == ended.result["incumbent"] and doc["candidates"]
+    # every run of the campaign nested under the parent, with its label
+    children = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.`mlflow.parentRunId` = '{report.parent_run_id}'",
+        max_results=1000,
+    )
+    assert len(children) == n_runs
+    assert all(c.data.tags["vlab.campaign_id"] == ended.id for c in children)
+    assert {c.data.tags["vlab.campaign_label"] for c in children} == set(ended.result["runs"])
+    assert all("output_throughput" in c.data.metrics for c in children)
+    # again: nothing new; the parent and the runs are left as they are
+    with factory() as s:
+        again = export_campaign(s, ended.id, uri)
+    assert again.parent_action == "unchanged" and again.parent_run_id == report.parent_run_id
+    assert {r.action for c in again.cycles for r in c.runs} == {"unchanged"}
+    found = client.search_runs([parent.info.experiment_id], max_results=1000)
+    assert len(found) == n_runs + 1
+
+
+def test_an_unknown_campaign_is_not_found(factory: sessionmaker[Session], tmp_path: Path) -> None:
+    with factory() as s, pytest.raises(NotFoundError):
+        export_campaign(s, "no-such-campaign", f"sqlite:///{tmp_path / 'm.db'}")

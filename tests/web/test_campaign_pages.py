@@ -1,0 +1,229 @@
+"""The campaign pages in a real Chromium: the list, and a finished campaign's page (the
+path as a chart with its adopted, inert and worse candidates, the path and candidates
+tables with verdicts, reasons and links to the runs, the confirmation, where the wall time
+went, a run lost to the infrastructure and measured again, the final ``vllm serve`` line),
+the navigation link and the 404 page.
+
+The campaigns are made through the service functions (``accept_campaign``,
+:func:`orchestrator.tuning.service.advance`) with **fake recorded run metrics** (the
+test double of ``tests/orchestrator/tuning/test_campaign_service.py``: each queued run's
+objective written from a known surface: prefix caching x1.30, max_num_seqs 64 x0.90, 256
+inert; each run given timings, and one run lost the way the dispatcher ends a lost run,
+``fail_lost``). They live in a database and a server of this module's own, so the other dashboard
+tests' counts stay exact.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from playwright.sync_api import Page, expect
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.app import create_app
+from orchestrator.core.db import normalize_url, unit_of_work, upgrade_to_head
+from orchestrator.core.repositories import CampaignRepository, RunRepository
+from orchestrator.core.settings import EngineSettings, Settings
+from orchestrator.core.states import RunStatus
+from orchestrator.dispatch.lost_runs import fail_lost
+from orchestrator.tuning import service
+from orchestrator.tuning.intake import accept_campaign
+from tests.conftest import fresh_database
+from tests.orchestrator.tuning.test_campaign_service import (
+    campaign_doc,
+    record_fake_result,
+    surface,
+)
+from tests.web.conftest import ENGINE_ARGS, _free_port, allow_console_error
+
+#: The run of the finished campaign that is lost once (and measured again).
+LOST = "r1.c1.engine_args.max_num_seqs=256"
+
+
+@pytest.fixture(scope="module")
+def campaign_site(
+    server_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    """A fresh database with a finished campaign and a queued one, served by uvicorn."""
+    home = tmp_path_factory.mktemp("campaign-web-home")
+    python = home / "engine-python-placeholder"
+    settings = Settings(home=home, engine=EngineSettings(python=python, resolve_configs=False))
+    doc = json.loads(Path(ENGINE_ARGS).read_text())
+    doc["engine_python"] = str(python)
+    settings.engine_args_cache.write_text(json.dumps(doc))
+    with fresh_database(server_url) as url:
+        upgrade_to_head(url)
+        engine = create_engine(normalize_url(url))
+        factory = sessionmaker(bind=engine, expire_on_commit=False)
+        done = _finished_campaign(factory, settings)
+        with unit_of_work(factory) as s:
+            queued = accept_campaign(s, settings, campaign_doc(name="web waiting")).id
+        port = _free_port()
+        server = uvicorn.Server(
+            uvicorn.Config(
+                create_app(settings, factory), host="127.0.0.1", port=port, log_level="warning"
+            )
+        )
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline, "the server did not start in 30 s"
+            time.sleep(0.05)
+        try:
+            yield {"base": f"http://127.0.0.1:{port}", "done": done, "queued": queued}
+        finally:
+            server.should_exit = True
+            thread.join(10)
+            engine.dispose()
+
+
+def _finished_campaign(factory: sessionmaker[Session], settings: Settings) -> str:
+    with unit_of_work(factory) as s:
+        cid = accept_campaign(s, settings, campaign_doc(name="web tune")).id
+    for _ in range(200):
+        with unit_of_work(factory) as s:
+            row = service.advance(s, settings, cid)
+            assert row is not None
+            if row.status not in ("queued", "running"):
+                assert row.status == "succeeded", row.status_reason
+                return cid
+        _finish_with_costs(factory, cid)
+    raise AssertionError("the campaign did not end")
+
+
+def _finish_with_costs(factory: sessionmaker[Session], cid: str) -> None:
+    """Fake results for the queued runs, each with timings (10 s start-up on every other
+    run, 5 s measured); :data:`LOST` lost to the infrastructure."""
+    with unit_of_work(factory) as s:
+        repo = RunRepository(s)
+        for run in CampaignRepository(s).runs(cid):
+            if run.status != "queued":
+                continue
+            if run.campaign_label == LOST:
+                repo.transition(run, RunStatus.PREPARING)
+                fail_lost(repo, run, "orchestrator restarted and the run's supervisor is gone")
+                continue
+            record_fake_result(s, run, surface(run))
+            starts = run.sequence % 2 == 0
+            run.engine_info = {"server_reused": not starts}
+            run.timings = {"startup_s": 10.0 if starts else 0.0, "measure_s": 5.0}
+
+
+def test_the_list_links_each_campaign(page: Page, campaign_site: dict[str, Any]) -> None:
+    base = campaign_site["base"]
+    page.goto(base + "/")
+    page.locator("header nav a", has_text="Campaigns").click()
+    expect(page).to_have_url(base + "/campaigns")
+    expect(page.locator("#total")).to_have_text("2 campaigns")
+    done = page.locator(f"#campaign-{campaign_site['done']}")
+    expect(done.locator(".status")).to_have_text("succeeded")
+    expect(done).to_contain_text("output_throughput")
+    expect(page.locator(f"#campaign-{campaign_site['queued']} .status")).to_have_text("queued")
+    done.locator("a", has_text="web tune").click()
+    expect(page).to_have_url(f"{base}/campaigns/{campaign_site['done']}")
+    expect(page.locator("#campaign-name")).to_have_text("web tune")
+
+
+def test_a_finished_campaign_shows_its_path_verdicts_and_runs(
+    page: Page, campaign_site: dict[str, Any]
+) -> None:
+    base = campaign_site["base"]
+    page.goto(f"{base}/campaigns/{campaign_site['done']}")
+    expect(page.locator("#status")).to_have_text("succeeded")
+    expect(page.locator("#phase")).to_have_text("done")
+    # the path: one adopted step, prefix caching false -> true, about +30 % with its interval
+    steps = page.locator("#path tr.step")
+    expect(steps).to_have_count(1)
+    expect(steps.locator(".variable")).to_have_text("engine_args.enable_prefix_caching")
+    expect(steps.locator(".change")).to_have_text("false → true")
+    pct = float(steps.locator(".gain").get_attribute("data-pct") or "nan")
+    assert 25 < pct < 35
+    expect(steps.locator(".gain")).to_contain_text("[")
+    # the chart: a bar per decided candidate with its interval, coloured by outcome
+    chart = page.evaluate(
+        """() => { const c = Chart.getChart('path-chart'); const d = c.data.datasets[0];
+        return {labels: c.data.labels, data: d.data, colors: d.backgroundColor}; }"""
+    )
+    bars = json.loads(page.locator("#chart-data").text_content() or "{}")["bars"]
+    assert len(chart["labels"]) == len(bars) >= 3
+    outcomes = [b["outcome"] for b in bars]
+    assert outcomes[0] == "adopted" and "inert" in outcomes and "worse" in outcomes
+    first = chart["data"][0]
+    assert first["yMin"] < first["y"] < first["yMax"] and 25 < first["y"] < 35
+    assert chart["colors"][0] == "#1a7f37"
+    assert chart["colors"][outcomes.index("worse")] == "#cf222e"
+    # the candidates: verdicts, reasons, and their runs linked
+    rows = page.locator("#candidates tr.candidate")
+    adopted = page.locator('#candidates tr[data-outcome="adopted"]')
+    expect(adopted).to_have_count(1)
+    expect(adopted.locator(".change")).to_have_text("false → true")
+    worse = page.locator('#candidates tr[data-outcome="worse"]')
+    assert worse.count() >= 1
+    expect(worse.first.locator(".change")).to_have_text("128 → 64")
+    expect(worse.first.locator(".reason")).to_contain_text("worse")
+    inert = page.locator('#candidates tr[data-outcome="inert"]')
+    assert inert.count() >= 1
+    expect(inert.first.locator(".reason")).to_contain_text("equivalent within")
+    expect(page.locator('#candidates tr[data-outcome="skipped"] .reason').first).to_contain_text(
+        "undoes"
+    )
+    assert rows.count() >= 5
+    links = adopted.locator("a.run-link")
+    assert links.count() >= 2
+    href = links.first.get_attribute("href") or ""
+    assert href.startswith("/runs/")
+    assert href.removeprefix("/runs/") in campaign_run_ids(campaign_site)
+    # the confirmation: measured total vs the product of the step gains
+    expect(page.locator("#confirm-total .gain")).to_contain_text("%")
+    expect(page.locator("#confirm-steps .gain")).to_contain_text("%")
+    expect(page.locator("#confirm-verdict")).to_contain_text("agrees with the path")
+    # the final configuration as a vllm serve line
+    argv = shlex.split(page.locator("#serve-command").text_content() or "")
+    assert argv[:3] == ["vllm", "serve", "tiny"] and "--enable-prefix-caching" in argv
+    assert argv[argv.index("--max-num-seqs") + 1] == "128"
+    # where the wall time went, and the lost run measured again
+    wall = page.locator("#wall-time-table")
+    startups = float(wall.locator('tr[data-kind="startup_s"] td.num').first.inner_text())
+    measured = float(wall.locator('tr[data-kind="measure_s"] td.num').first.inner_text())
+    runs = len(campaign_run_ids(campaign_site))
+    assert startups > 0 and startups % 10 == 0 and measured == 5.0 * (runs - 1)
+    starts = int((page.locator("#server-starts").inner_text()).split()[0])
+    assert starts == startups / 10
+    expect(wall.locator('tr[data-kind="elapsed_s"]')).to_contain_text("100%")
+    expect(page.locator("#lost-runs")).to_contain_text(f"{LOST} → {LOST}.retry1")
+    retry = page.locator('#candidates a.run-link[title^="' + LOST + '.retry1"]')
+    expect(retry).to_have_count(1)
+    expect(retry).to_contain_text("(retry)")
+    # a run link opens the run page
+    links.first.click()
+    expect(page).to_have_url(base + href)
+
+
+def campaign_run_ids(site: dict[str, Any]) -> set[str]:
+    """The ids of the finished campaign's runs, read over the API."""
+    body = httpx.get(f"{site['base']}/api/v1/campaigns/{site['done']}", timeout=30).json()
+    return {r["id"] for r in body["runs"]}
+
+
+def test_a_queued_campaign_and_a_missing_one(page: Page, campaign_site: dict[str, Any]) -> None:
+    base = campaign_site["base"]
+    page.goto(f"{base}/campaigns/{campaign_site['queued']}")
+    expect(page.locator("#status")).to_have_text("queued")
+    expect(page.locator("#no-step")).to_contain_text("No step adopted yet")
+    expect(page.locator("#chart-empty")).to_be_visible()
+    expect(page.locator("#no-confirmation")).to_have_text("Not run yet.")
+    allow_console_error(page, "404")
+    resp = page.goto(f"{base}/campaigns/nope")
+    assert resp is not None and resp.status == 404
+    expect(page.locator("main")).to_contain_text("No campaign nope")
