@@ -1,6 +1,7 @@
 """``/api/v1/campaigns``: start a tuning campaign, list and read campaigns (status, path,
-candidates with verdicts, confirmation, runs), cancel one. The dispatcher's ``campaigns``
-loop advances them (:mod:`orchestrator.tuning.service`)."""
+candidates with verdicts, confirmation, runs), cancel one, export one to an MLflow tracking
+server. The dispatcher's ``campaigns`` loop advances them
+(:mod:`orchestrator.tuning.service`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from api.schemas import (
     CampaignConfirmationOut,
     CampaignGain,
     CampaignListItem,
+    CampaignMlflowExportOut,
+    CampaignMlflowExportRequest,
     CampaignOut,
     CampaignRunOut,
     CampaignStepOut,
@@ -25,6 +28,8 @@ from api.schemas import (
 )
 from orchestrator.core.models import Campaign
 from orchestrator.core.repositories import CampaignRepository
+from orchestrator.integrations.mlflow_campaign import export_campaign
+from orchestrator.integrations.mlflow_export import check_api_tracking_uri
 from orchestrator.tuning import service as tuning
 from orchestrator.tuning.campaign_request import CampaignRequest
 from orchestrator.tuning.intake import accept_campaign
@@ -197,3 +202,50 @@ def cancel_campaign(campaign_id: str, request: Request, session: SessionDep) -> 
     """Cancel the campaign: its queued runs end ``cancelled`` and it ends ``cancelled``;
     runs already started finish and are kept."""
     return campaign_out(request, session, tuning.cancel_campaign(session, campaign_id))
+
+
+@router.post(
+    "/campaigns/{campaign_id}/export/mlflow",
+    response_model=CampaignMlflowExportOut,
+    responses={
+        404: _problem("No such campaign (`campaign_not_found`)"),
+        409: _problem(
+            "The MLflow experiment of that name is deleted (`mlflow_experiment_deleted`)"
+        ),
+        501: _problem("The mlflow package is not installed (`mlflow_not_installed`)"),
+        502: _problem(
+            "The tracking server cannot be reached (`mlflow_unreachable`) or refused or "
+            "failed a request (`mlflow_error`, with `runs_done`)"
+        ),
+    },
+)
+def export_campaign_to_mlflow(
+    campaign_id: str,
+    body: CampaignMlflowExportRequest,
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+) -> CampaignMlflowExportOut:
+    """Export the campaign to an MLflow tracking server (``vlab export mlflow-campaign``):
+    a parent run (objective, space, rule, start and final configuration as params; the
+    cumulative gain with its interval and each adopted step's gain as metrics; verdicts as
+    tags; the path as a JSON artifact), with the campaign's runs exported as
+    ``POST /experiments/{id}/export/mlflow`` exports them and nested under it.
+
+    Idempotent: a parent exported when the campaign was as it is now is left as it is
+    (``unchanged``), and so are runs exported before, unless ``replace``. Only ``http(s)``
+    tracking URIs unless ``VLAB_MLFLOW__ALLOW_LOCAL_STORES`` (422
+    ``export_request_invalid``). See ``orchestrator.integrations.mlflow_campaign``.
+    """
+    uri = check_api_tracking_uri(body.tracking_uri, settings.mlflow)
+    report = export_campaign(
+        session,
+        campaign_id,
+        uri,
+        experiment_name=body.experiment_name,
+        replace=body.replace,
+        max_points=body.max_points,
+        connect_timeout_s=settings.mlflow.connect_timeout_s,
+        base_url=settings.api.public_url or str(request.base_url),
+    )
+    return CampaignMlflowExportOut.model_validate(report.as_dict())

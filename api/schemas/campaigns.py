@@ -8,11 +8,12 @@ log-ratio units, positive is better (:class:`orchestrator.campaigns.decision.Gai
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from api.schemas.common import IsoDatetime
+from api.schemas.experiments import MlflowExportOut
 
 #: One level of a variable (a spec field's value).
 LevelOut = bool | int | float | str
@@ -177,3 +178,50 @@ class CampaignListItem(BaseModel):
     created_at: IsoDatetime
     updated_at: IsoDatetime
     run_count: int
+
+
+class CampaignMlflowExportRequest(BaseModel):
+    """``POST /api/v1/campaigns/{id}/export/mlflow``: where to export the campaign."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tracking_uri: str | None = Field(
+        None,
+        min_length=1,
+        max_length=2000,
+        description="the MLflow tracking server, e.g. https://mlflow.example.com (default "
+        "VLAB_MLFLOW__TRACKING_URI); http(s) only unless VLAB_MLFLOW__ALLOW_LOCAL_STORES",
+    )
+    experiment_name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=500,
+        description="the MLflow experiment (default: the campaign's name)",
+    )
+    replace: StrictBool = Field(
+        False, description="delete the MLflow runs an earlier export made and export anew"
+    )
+    max_points: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        strict=True,
+        description="at most this many time-series points per run (default: every sample)",
+    )
+
+
+class CampaignMlflowExportOut(BaseModel):
+    """The export of one campaign
+    (:class:`orchestrator.integrations.mlflow_campaign.CampaignExportReport`): its parent
+    run and the export of each cycle (one experiment per cycle), its runs nested."""
+
+    campaign_id: str
+    tracking_uri: str = Field(description="where it went (without user name or password)")
+    mlflow_experiment_name: str
+    mlflow_experiment_id: str
+    parent_run_id: str | None = Field(description="the MLflow run of the campaign")
+    parent_action: Literal["created", "replaced", "unchanged"]
+    params: int = Field(description="params written on the parent run")
+    metrics: int = Field(description="metric values written on the parent run")
+    nested: int = Field(description="exported runs nested under the parent run")
+    cycles: list[MlflowExportOut] = Field(description="the export of each cycle's experiment")
