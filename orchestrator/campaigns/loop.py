@@ -23,7 +23,8 @@ The **budget** is a number of runs. ``2 * max_repeats`` of them are reserved for
 **confirmation**, which runs the final configuration against the starting one, interleaved
 (``max_repeats`` pairs), and reports the measured total next to the sum of the step gains
 (log gains add; their difference is the interaction between the steps). Candidates the
-budget leaves unmeasured end ``unknown``.
+budget leaves unmeasured end ``unknown``; so do those cut by ``max_device_s`` or
+``max_wall_s`` (:class:`CostBudget`: the runs left at the mean cost per run so far).
 
 A run **lost to the infrastructure** (its orchestrator, supervisor or node died: recorded
 with ``lost``) says nothing of its configuration: the same run (role, configuration,
@@ -65,6 +66,7 @@ from orchestrator.campaigns.outcomes import (
     CandidateResult,
     Confirmation,
     Constraint,
+    CostBudget,
     OrderHook,
     Outcome,
     Phase,
@@ -139,10 +141,12 @@ class Campaign:
         max_retries: int = MAX_RETRIES,
         constraints: Sequence[Constraint] = (),
         max_device_s: float | None = None,
+        max_wall_s: float | None = None,
     ) -> None:
         space.check(start)
-        self.constraints, self.max_device_s = tuple(constraints), max_device_s
-        self.device_s_used, self._costed = 0.0, 0  # device-seconds of the recorded runs
+        self.constraints = tuple(constraints)
+        self.device = CostBudget("device-hour budget", max_device_s)
+        self.wall = CostBudget("wall-time budget", max_wall_s, clock=True)
         self.space, self.rule, self.budget, self.direction = space, rule, budget, direction
         self.start: dict[str, Level] = dict(start)
         self.incumbent: dict[str, Level] = dict(start)
@@ -169,7 +173,9 @@ class Campaign:
         self._checks: dict[str, Mapping[str, float | None]] = {}  # constraints' metrics
         self._open_round()
         for run in recorded:
-            self.record(run.label, run.value, run.lost, run.why, run.checks, run.device_s)
+            self.record(
+                run.label, run.value, run.lost, run.why, run.checks, run.device_s, run.ended_s
+            )
 
     # ----------------------------------------------------------------- the executor's side
 
@@ -186,13 +192,14 @@ class Campaign:
         why: str | None = None,
         checks: Mapping[str, float | None] | None = None,
         device_s: float | None = None,
+        ended_s: float | None = None,
     ) -> None:
         """Record the objective of a planned run (``None``: the run failed; ``lost``: it
         measured nothing usable, and is planned again: see the module docstring; ``why``:
         what happened to it, "lost to the infrastructure" unless said, such as a
         measurement a finding flagged; ``checks``: the run's values of the constraints'
         metrics, ``None`` where it has none that gives a verdict; ``device_s``: the
-        device-seconds it held, counted against ``max_device_s``).
+        device-seconds it held; ``ended_s``: when it ended, seconds after the campaign began).
 
         The runs of one cycle may be recorded in any order; when its last run is, its lost
         runs are planned again (in the cycle's order, so the order they were recorded in
@@ -211,8 +218,8 @@ class Campaign:
         self._values[label] = value
         self._checks[label] = dict(checks or {})
         self.runs_used += 1
-        if device_s is not None:
-            self.device_s_used, self._costed = self.device_s_used + device_s, self._costed + 1
+        self.device.add(device_s)
+        self.wall.add(ended_s)
         if lost:
             self._lost.append(label)
             self._lost_why[label] = why or LOST
@@ -348,11 +355,10 @@ class Campaign:
     def _open_cycle(self, rnd: _Round) -> None:
         live = [arm for arm in rnd.arms if arm.live]
         room, which = self.budget - self.reserve - self.runs_used - 1, "budget"
-        if self.max_device_s is not None and self._costed:  # runs it affords at their mean
-            per_run = self.device_s_used / self._costed
-            left = int((self.max_device_s - self.device_s_used) // per_run) if per_run else room
-            if left - self.reserve - 1 < room:
-                room, which = left - self.reserve - 1, "device-hour budget"
+        for cost in (self.device, self.wall):
+            left = cost.runs_left()
+            if left is not None and left - self.reserve - 1 < room:
+                room, which = left - self.reserve - 1, cost.name
         for arm in live[max(room, 0) :]:
             n = _pairs(rnd, arm)
             arm.live, arm.outcome = False, Outcome.UNKNOWN

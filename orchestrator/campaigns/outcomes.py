@@ -96,6 +96,32 @@ class Recorded:
     why: str | None = None  # what happened to a lost run (its finding, ...)
     checks: Mapping[str, float | None] | None = None  # its constraints' metrics
     device_s: float | None = None  # device-seconds it held
+    ended_s: float | None = None  # when it ended, seconds after the campaign began
+
+
+@dataclass
+class CostBudget:
+    """A budget besides the runs (``limit``; None: none): what the ``count`` runs recorded
+    with a cost used, their sum (device-seconds) or, for a ``clock``, the latest (the
+    campaign's wall time at a run's end)."""
+
+    name: str
+    limit: float | None
+    clock: bool = False
+    used: float = 0.0
+    count: int = 0
+
+    def add(self, cost: float | None) -> None:
+        if cost is not None:
+            self.used = max(self.used, cost) if self.clock else self.used + cost
+            self.count += 1
+
+    def runs_left(self) -> int | None:
+        """The runs it affords at the mean cost per run so far; None when it has no limit
+        or no cost was seen yet."""
+        if self.limit is None or not self.count or not self.used:
+            return None
+        return int((self.limit - self.used) // (self.used / self.count))
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,10 @@
 A campaign request is the fixed part of every run (``model``, ``revision``, ``baseline``:
 engine arguments, layout and workload as an experiment spec writes them), the
 **objective** (one of the summary metrics every run stores, named as ``vllm bench
-serve`` names them, and its direction), the **space** (variables as dotted spec paths,
+serve`` names them, such a throughput per device the run reserved, or the GPUs' energy
+per output token, and its direction), the **space** (variables as dotted spec paths,
 each with its levels in order and a starting level), the **budget** (runs in all, the
-confirmation included) and the **decision rule**
+confirmation included; optionally device-hours and wall-clock hours) and the **decision rule**
 (:class:`orchestrator.campaigns.decision.DecisionRule`).
 """
 
@@ -36,7 +37,27 @@ OBJECTIVES: dict[str, Direction] = {
     "p99_itl_ms": Direction.LOWER,
     "median_e2el_ms": Direction.LOWER,
     "p99_e2el_ms": Direction.LOWER,
+    "output_throughput_per_device": Direction.HIGHER,
+    "total_token_throughput_per_device": Direction.HIGHER,
+    "energy_per_output_token_j": Direction.LOWER,
 }
+
+#: Objectives read as a stored metric over the devices the run reserved (TP x PP, or its
+#: ``layout.devices``): what a configuration yields per device it holds.
+PER_DEVICE: dict[str, str] = {
+    "output_throughput_per_device": "output_throughput",
+    "total_token_throughput_per_device": "total_token_throughput",
+}
+
+#: Objectives only GPU telemetry gives (NVML's energy counter over the measured phase,
+#: :mod:`jobs.signals.gpus`): a run without the reading says nothing of its configuration.
+GPU_TELEMETRY = ("energy_per_output_token_j",)
+
+
+def stored_metric(name: str) -> str:
+    """The stored run metric objective or constraint ``name`` is read from."""
+    return PER_DEVICE.get(name, name)
+
 
 #: Workload fields the load generator applies: changing only these keeps the server.
 CLIENT_SIDE = ("workload.concurrency", "workload.request_rate")
@@ -106,6 +127,14 @@ class Budget(BaseModel):
         description="device-hours the campaign's runs may hold (each run: its reserved "
         "devices x its time from claim to end); the rounds stop when the runs left at the "
         "mean so far would pass it, the confirmation's included",
+    )
+    max_wall_hours: float | None = Field(
+        None,
+        gt=0,
+        le=10_000,
+        description="wall-clock hours from the campaign's submission: a cycle is queued only "
+        "while the runs it and the confirmation need, at the mean wall time per run so far, "
+        "end before it",
     )
 
 

@@ -23,10 +23,11 @@ from orchestrator.core.errors import CampaignInvalidError, SpecInvalidError
 from orchestrator.core.models import Campaign
 from orchestrator.core.repositories import CampaignRepository
 from orchestrator.core.settings import Settings
+from orchestrator.experiments.cluster_view import ClusterView
 from orchestrator.experiments.config_check import engine_resolver, gate_for, remembered_checks
 from orchestrator.experiments.engine_catalog import EngineArgCatalog, load_catalog
 from orchestrator.experiments.service import parse_spec, precheck, validate_spec
-from orchestrator.tuning.campaign_request import OBJECTIVES, CampaignRequest
+from orchestrator.tuning.campaign_request import GPU_TELEMETRY, OBJECTIVES, CampaignRequest
 
 
 def accept_campaign(
@@ -57,6 +58,8 @@ def checked_campaign(
             validate_spec(session, settings, spec, catalog, resolver=engine_resolver(settings))
         except SpecInvalidError as exc:
             raise CampaignInvalidError(_relocated(request, exc.errors)) from exc
+        if problems := telemetry_problems(request, ClusterView.read(session, settings)):
+            raise CampaignInvalidError(problems)
     stored = request.model_copy(  # what the defaults resolved to, as the campaign runs it
         update={
             "objective": request.objective.model_copy(
@@ -111,6 +114,25 @@ def metric_problems(request: CampaignRequest) -> list[dict[str, Any]]:
                 "constraint_unknown",
             )
     return errors
+
+
+def telemetry_problems(request: CampaignRequest, view: ClusterView) -> list[dict[str, Any]]:
+    """An objective or constraint only GPU telemetry gives (J/token), on a live cluster
+    of CPU devices: refused, since no run of it could be measured (an unknown cluster is
+    not refused)."""
+    if view.devices is None or (view.kind or "").upper() != "CPU":
+        return []
+    named: list[tuple[list[str | int], str]] = [(["objective", "metric"], request.objective.metric)]
+    named += [(["constraints", i, "metric"], c.metric) for i, c in enumerate(request.constraints)]
+    return [
+        {
+            "loc": ["body", *loc],
+            "msg": f"{metric} needs GPU energy telemetry (NVML); this cluster's devices are CPUs",
+            "type": "objective_needs_gpu",
+        }
+        for loc, metric in named
+        if metric in GPU_TELEMETRY
+    ]
 
 
 def first_round(request: CampaignRequest, catalog: EngineArgCatalog) -> dict[str, Any]:

@@ -11,7 +11,9 @@ incumbent's retry when that was lost too, so that candidates stay one-variable
 variants of it). A succeeded run whose objective a finding flags
 (:mod:`orchestrator.analysis.trust`: a warm prefix cache, token bursts for TPOT/ITL, the
 client's TTFT lag) gives no verdict: it is recorded lost with that reason and measured
-again the same way. The core then
+again the same way, as is a succeeded run without the GPU energy reading a J/token
+objective needs. A per-device objective is the stored throughput over the devices the
+run reserved. The core then
 says which runs come next; those not stored yet are queued as **one experiment per
 cycle**, through the same checks as a submitted experiment
 (:func:`orchestrator.experiments.service.create_experiment`): a round's cycle is the
@@ -35,6 +37,7 @@ import logging
 import math
 import re
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -53,7 +56,12 @@ from orchestrator.experiments.config_check import engine_resolver, remembered_ch
 from orchestrator.experiments.engine_catalog import EngineArgCatalog, load_catalog
 from orchestrator.experiments.service import create_experiment, parse_spec, precheck
 from orchestrator.experiments.spec import Layout
-from orchestrator.tuning.campaign_request import CampaignRequest
+from orchestrator.tuning.campaign_request import (
+    GPU_TELEMETRY,
+    PER_DEVICE,
+    CampaignRequest,
+    stored_metric,
+)
 from orchestrator.tuning.evidence import Evidence
 from orchestrator.tuning.evidence_inputs import RoundOrders, gather_evidence
 from orchestrator.tuning.final_config import final_result
@@ -79,10 +87,13 @@ def rebuild(
     runs: list[Run],
     metrics: dict[str, dict[str, float]],
     order: OrderHook | None = None,
+    began: datetime | None = None,
 ) -> tuple[CoreCampaign, dict[str | None, Run]]:
     """The core campaign replayed from ``runs`` (the campaign's stored runs) and their
     ``metrics`` (run id -> summary metrics), each round's candidates ordered by ``order``
-    (:func:`order_hook`): returns ``(core, by_label)``.
+    (:func:`order_hook`): returns ``(core, by_label)``. ``began``: when the campaign was
+    submitted (its wall-time budget counts from it; each run's end is read from its
+    ``finished_at``, so a replay decides as the first pass did).
 
     Replays cycle by cycle: every run the core has planned whose stored run ended is
     recorded (its objective, or ``None``: failed, or lost to the infrastructure) until the
@@ -96,11 +107,8 @@ def rebuild(
         direction=request.objective.resolved_direction,
         order=order,
         constraints=[c.core() for c in request.constraints],
-        max_device_s=(
-            None
-            if request.budget.max_device_hours is None
-            else request.budget.max_device_hours * 3600.0
-        ),
+        max_device_s=_seconds(request.budget.max_device_hours),
+        max_wall_s=_seconds(request.budget.max_wall_hours),
     )
     by_label: dict[str | None, Run] = {r.campaign_label: r for r in runs if r.campaign_label}
     progressed = True
@@ -111,13 +119,18 @@ def rebuild(
             if run is None or not is_terminal(run.status):
                 continue
             value = _objective(run, metrics, request.objective.metric)
-            flagged = _flagged(run, metrics, request.objective.metric) if value else None
+            flagged = (
+                _flagged(run, metrics, request.objective.metric)
+                if value
+                else _unread(run, request.objective.metric)
+            )
+            device_s, ended_s = _device_s(run), _ended_s(run, began)
             if flagged is not None:  # no verdict from it: measured again, as if lost
-                core.record(planned.label, None, lost=True, why=flagged, device_s=_device_s(run))
+                core.record(planned.label, None, True, flagged, device_s=device_s, ended_s=ended_s)
             else:
                 lost = lost_to_infrastructure(run)
                 checks = _checks(run, metrics, request) if value is not None else None
-                core.record(planned.label, value, lost=lost, checks=checks, device_s=_device_s(run))
+                core.record(planned.label, value, lost, None, checks, device_s, ended_s)
             progressed = True
     return core, by_label
 
@@ -162,9 +175,21 @@ _TRUST_METRICS = ("itl_burst_fraction", "mean_ttft_client_minus_server_ms")
 
 
 def _metric_names(request: CampaignRequest) -> list[str]:
-    """The stored run metrics a campaign decides from: its objective, its constraints'
-    metrics and what the findings that may flag them read."""
-    return [request.objective.metric, *(c.metric for c in request.constraints), *_TRUST_METRICS]
+    """The stored run metrics a campaign decides from: its objective's, its constraints'
+    and what the findings that may flag them read."""
+    named = [request.objective.metric, *(c.metric for c in request.constraints)]
+    return [*(stored_metric(m) for m in named), *_TRUST_METRICS]
+
+
+def _seconds(hours: float | None) -> float | None:
+    return None if hours is None else hours * 3600.0
+
+
+def _ended_s(run: Run, began: datetime | None) -> float | None:
+    """When ``run`` ended, in seconds after the campaign began (None when unknown)."""
+    if began is None or run.finished_at is None:
+        return None
+    return max((run.finished_at - began).total_seconds(), 0.0)
 
 
 def _device_s(run: Run) -> float:
@@ -198,17 +223,30 @@ def _flagged(run: Run, metrics: dict[str, dict[str, float]], metric: str) -> str
         cache_contamination=warm.get("status") if isinstance(warm, dict) else None,
         not_applicable=not_applicable_of(run.engine_args),
     )
-    reason = trust.reason(metric)
+    reason = trust.reason(stored_metric(metric))
     return None if reason is None else f"flagged by a finding ({reason})"
 
 
 def _objective(run: Run, metrics: dict[str, dict[str, float]], metric: str) -> float | None:
+    """``run``'s value of objective or constraint ``metric``: its stored metric, over the
+    devices it reserved for a per-device one; None unless it succeeded with a positive
+    finite value."""
     if run.status != RunStatus.SUCCEEDED.value:
         return None
-    value = metrics.get(run.id, {}).get(metric)
+    value = metrics.get(run.id, {}).get(stored_metric(metric))
     if value is None or not math.isfinite(value) or value <= 0:
         return None
+    if metric in PER_DEVICE:
+        return float(value) / max(Layout.model_validate(run.layout or {}).reserved, 1)
     return float(value)
+
+
+def _unread(run: Run, metric: str) -> str | None:
+    """Why a succeeded run without a value of telemetry objective ``metric`` gives no
+    verdict (measured again, then ``unknown``, never ``failed``); None otherwise."""
+    if metric in GPU_TELEMETRY and run.status == RunStatus.SUCCEEDED.value:
+        return f"measured without a {metric} value (its GPU telemetry read no energy counter)"
+    return None
 
 
 def advance(
@@ -234,7 +272,7 @@ def advance(
         request = CampaignRequest.model_validate(row.request)
         metrics = RunRepository(session).metrics_for([r.id for r in runs], _metric_names(request))
         orders, hook = order_hook(session, settings, row, request, runs)
-        core, by_label = rebuild(request, runs, metrics, hook)
+        core, by_label = rebuild(request, runs, metrics, hook, row.created_at)
     except ValueError as exc:  # a stored request or run the core cannot replay
         row.status, row.status_reason = "failed", f"campaign_broken: {exc}"[:4000]
         log.warning("campaign %s: cannot be replayed: %s", row.id, exc)
@@ -405,7 +443,7 @@ def next_cycle_docs(
         runs = CampaignRepository(session).runs(row.id)
         metrics = RunRepository(session).metrics_for([r.id for r in runs], _metric_names(request))
         _, hook = order_hook(session, settings, row, request, runs)
-        core, by_label = rebuild(request, runs, metrics, hook)
+        core, by_label = rebuild(request, runs, metrics, hook, row.created_at)
         cycle = core.next_runs()
         missing = [p for p in cycle if p.label not in by_label]
         return [cycle_doc(row, request, group) for group in _experiments(cycle, missing)]

@@ -416,7 +416,7 @@ def test_a_device_hour_budget_stops_the_rounds_at_the_runs_it_affords() -> None:
         for run in batch:
             campaign.record(run.label, measure(run), device_s=200.0)
     assert campaign.phase is Phase.DONE and campaign.confirmed() is not None
-    assert campaign.device_s_used == 200.0 * campaign.runs_used
+    assert campaign.device.used == 200.0 * campaign.runs_used
     assert campaign.runs_used <= 25
     unknown = [r for r in campaign.candidates() if r.outcome is Outcome.UNKNOWN]
     assert unknown and all(r.reason.startswith("the device-hour budget ran out") for r in unknown)
@@ -424,3 +424,26 @@ def test_a_device_hour_budget_stops_the_rounds_at_the_runs_it_affords() -> None:
     free = Campaign(SPACE, START, RULE, budget=200)
     _drive(free, measure)
     assert free.runs_used > 25
+
+
+def test_a_wall_time_budget_stops_the_rounds_at_the_runs_it_affords() -> None:
+    """Runs end 60 s apart, one after another: a wall-time budget of 1,800 s affords 30
+    runs at that pace, the confirmation's reserve among them; the rounds stop there with
+    the candidates left unknown saying which budget ran out, the confirmation still runs
+    and ends within the budget; replayed from its records it decides the same."""
+    measure = _measure(CLIMB, sigma=0.005)
+    campaign = Campaign(SPACE, START, RULE, budget=200, max_wall_s=1_800.0)
+    records: list[Recorded] = []
+    while batch := campaign.next_runs():
+        for run in batch:
+            records.append(Recorded(run.label, measure(run), ended_s=60.0 * (len(records) + 1)))
+            campaign.record(run.label, records[-1].value, ended_s=records[-1].ended_s)
+    assert campaign.phase is Phase.DONE and campaign.confirmed() is not None
+    assert campaign.wall.used == 60.0 * campaign.runs_used <= 1_800.0
+    unknown = [r for r in campaign.candidates() if r.outcome is Outcome.UNKNOWN]
+    assert unknown and all(r.reason.startswith("the wall-time budget ran out") for r in unknown)
+    again = Campaign(SPACE, START, RULE, budget=200, max_wall_s=1_800.0, recorded=records)
+    assert again.phase is Phase.DONE
+    assert [(c.candidate.label, c.outcome) for c in again.candidates()] == [
+        (c.candidate.label, c.outcome) for c in campaign.candidates()
+    ]

@@ -662,3 +662,95 @@ def test_a_device_hour_budget_counts_each_runs_devices_from_claim_to_end(
     assert row.result["confirmation"] is not None, (row.result["candidates"], row.result["path"])
     reasons = [c["reason"] for c in row.result["candidates"] if c["outcome"] == "unknown"]
     assert reasons and all(r.startswith("the device-hour budget ran out") for r in reasons)
+
+
+def test_a_wall_time_budget_counts_from_the_submission_to_each_runs_end(
+    factory: sessionmaker[Session],
+    settings: Settings,  # noqa: F811
+) -> None:
+    """Each run ends 6 minutes after the one before it (a tenth of an hour a run, the
+    first 6 minutes after the submission): a budget of 1.5 wall-clock hours affords 15
+    runs, the confirmation's 6 among them, so the rounds stop early with their candidates
+    unknown saying which budget ran out, and the confirmation runs."""
+    cid = create(factory, settings, budget={"max_runs": 40, "max_wall_hours": 1.5})
+    with unit_of_work(factory) as s:
+        began = CampaignRepository(s).get(cid).created_at  # type: ignore[union-attr]
+    ended = 0
+    for _ in range(60):
+        row = step(factory, settings, cid)
+        if row.status in ("succeeded", "failed"):
+            break
+        with unit_of_work(factory) as s:
+            for run in CampaignRepository(s).runs(cid):
+                if run.status == "queued":
+                    record_fake_result(s, run, surface(run))
+                    ended += 1
+                    run.finished_at = began + timedelta(minutes=6 * ended)
+    assert row.status == "succeeded", row.result
+    assert row.result["runs_used"] <= 15
+    assert row.result["confirmation"] is not None, (row.result["candidates"], row.result["path"])
+    reasons = [c["reason"] for c in row.result["candidates"] if c["outcome"] == "unknown"]
+    assert reasons and all(r.startswith("the wall-time budget ran out") for r in reasons)
+
+
+def test_a_per_device_objective_is_the_stored_throughput_over_the_reserved_devices(
+    factory: sessionmaker[Session],
+    settings: Settings,  # noqa: F811
+) -> None:
+    """``output_throughput_per_device`` is read from the stored ``output_throughput``
+    divided by the devices each run reserved: a run on TP=2 yields half its throughput per
+    device; on one device each, the campaign decides as on the throughput itself."""
+    cid = create(factory, settings, objective={"metric": "output_throughput_per_device"})
+    row = drive(factory, settings, cid)
+    assert row.status == "succeeded", row.status_reason
+    assert [s["variable"] for s in row.result["path"]] == ["engine_args.enable_prefix_caching"]
+    with factory() as s:
+        run = CampaignRepository(s).runs(cid)[0]
+        metrics = {run.id: {"output_throughput": 1000.0}}
+        assert service._objective(run, metrics, "output_throughput_per_device") == 1000.0
+        run.layout = {**(run.layout or {}), "tensor_parallel_size": 2}
+        assert service._objective(run, metrics, "output_throughput_per_device") == 500.0
+        assert service._objective(run, metrics, "output_throughput") == 1000.0
+
+
+def test_a_j_per_token_run_without_the_energy_reading_is_unknown_not_failed(
+    factory: sessionmaker[Session],
+    settings: Settings,  # noqa: F811
+) -> None:
+    """A J/token objective on runs that succeeded without GPU energy telemetry: each run
+    is measured again (at most twice), then its candidate ends ``unknown`` with the
+    reason; nothing is judged ``failed`` or ``worse`` for a missing reading."""
+    cid = create(factory, settings, objective={"metric": "energy_per_output_token_j"})
+    row = drive(factory, settings, cid)  # the fake results store output_throughput only
+    outcomes = {c["outcome"] for c in row.result["candidates"] if c["round"] == 1}
+    assert outcomes == {"unknown"}, row.result["candidates"]
+    assert row.result["path"] == []
+    why = next(iter(row.result["unmeasured"].values()))
+    assert "without a energy_per_output_token_j value" in why, why
+    with factory() as s:
+        stored = CampaignRepository(s).get(cid)
+        assert stored is not None and stored.request["objective"]["direction"] == "lower"
+
+
+def test_j_per_token_is_refused_on_a_cluster_of_cpus() -> None:
+    """An objective or constraint only GPU telemetry gives, on a live CPU cluster: one
+    problem per field naming why; a GPU cluster, or one not known yet, is not refused."""
+    from orchestrator.experiments.cluster_view import ClusterView
+    from orchestrator.tuning.intake import telemetry_problems
+
+    request = CampaignRequest.model_validate(
+        campaign_doc(
+            objective={"metric": "energy_per_output_token_j"},
+            constraints=[{"metric": "energy_per_output_token_j", "max": 0.5}],
+        )
+    )
+    problems = telemetry_problems(request, ClusterView(devices=2, kind="CPU"))
+    assert [p["loc"] for p in problems] == [
+        ["body", "objective", "metric"],
+        ["body", "constraints", 0, "metric"],
+    ]
+    assert all(p["type"] == "objective_needs_gpu" and "NVML" in p["msg"] for p in problems)
+    assert telemetry_problems(request, ClusterView(devices=8, kind="GPU")) == []
+    assert telemetry_problems(request, ClusterView()) == []
+    plain = CampaignRequest.model_validate(campaign_doc())
+    assert telemetry_problems(plain, ClusterView(devices=2, kind="CPU")) == []
