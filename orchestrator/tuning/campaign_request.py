@@ -3,8 +3,9 @@
 A campaign request is the fixed part of every run (``model``, ``revision``, ``baseline``:
 engine arguments, layout and workload as an experiment spec writes them), the
 **objective** (one of the summary metrics every run stores, named as ``vllm bench
-serve`` names them, such a throughput per device the run reserved, or the GPUs' energy
-per output token, and its direction), the **space** (variables as dotted spec paths,
+serve`` names them, such a throughput per device the run reserved, the GPUs' energy
+per output token, or, with a ``capacity`` search, the capacity under SLOs, and its
+direction), the **space** (variables as dotted spec paths,
 each with its levels in order and a starting level), the **budget** (runs in all, the
 confirmation included; optionally device-hours and wall-clock hours) and the **decision rule**
 (:class:`orchestrator.campaigns.decision.DecisionRule`).
@@ -17,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from jobs.capacity.search import CapacitySpec
 from orchestrator.campaigns.decision import DecisionRule, Direction
 from orchestrator.campaigns.outcomes import Constraint
 from orchestrator.campaigns.space import Level, Space, Variable
@@ -40,7 +42,13 @@ OBJECTIVES: dict[str, Direction] = {
     "output_throughput_per_device": Direction.HIGHER,
     "total_token_throughput_per_device": Direction.HIGHER,
     "energy_per_output_token_j": Direction.LOWER,
+    "capacity": Direction.HIGHER,
+    "capacity_per_device": Direction.HIGHER,
 }
+
+#: Objectives a capacity search under SLOs gives (the request's ``capacity``): the load at
+#: the boundary, and the same over the devices the run reserved.
+CAPACITY_OBJECTIVES = ("capacity", "capacity_per_device")
 
 #: Objectives read as a stored metric over the devices the run reserved (TP x PP, or its
 #: ``layout.devices``): what a configuration yields per device it holds.
@@ -159,6 +167,11 @@ class CampaignRequest(BaseModel):
         description="metrics that must keep holding (SLOs): a paying candidate that breaks "
         "one is infeasible",
     )
+    capacity: CapacitySpec | None = Field(
+        None,
+        description="a capacity search under SLOs in every run (as an experiment's "
+        "`capacity`); the objective is then `capacity` or `capacity_per_device`",
+    )
     space: list[SpaceVariable] = Field(min_length=1, max_length=20)
     budget: Budget = Field(default_factory=Budget)
     rule: DecisionRule = Field(default_factory=DecisionRule)  # type: ignore[arg-type]
@@ -220,6 +233,8 @@ class CampaignRequest(BaseModel):
         }
         if self.revision is not None:
             doc["revision"] = self.revision
+        if self.capacity is not None:
+            doc["capacity"] = self.capacity.model_dump(mode="json", exclude_unset=True)
         if description:
             doc["description"] = description
         return doc

@@ -27,7 +27,12 @@ from orchestrator.experiments.cluster_view import ClusterView
 from orchestrator.experiments.config_check import engine_resolver, gate_for, remembered_checks
 from orchestrator.experiments.engine_catalog import EngineArgCatalog, load_catalog
 from orchestrator.experiments.service import parse_spec, precheck, validate_spec
-from orchestrator.tuning.campaign_request import GPU_TELEMETRY, OBJECTIVES, CampaignRequest
+from orchestrator.tuning.campaign_request import (
+    CAPACITY_OBJECTIVES,
+    GPU_TELEMETRY,
+    OBJECTIVES,
+    CampaignRequest,
+)
 
 
 def accept_campaign(
@@ -104,6 +109,18 @@ def metric_problems(request: CampaignRequest) -> list[dict[str, Any]]:
             f"{OBJECTIVES[request.objective.metric].value}, not "
             f"{request.objective.direction.value}",
             "objective_direction",
+        )
+    searching = request.capacity is not None
+    if request.objective.metric in OBJECTIVES and searching != (
+        request.objective.metric in CAPACITY_OBJECTIVES
+    ):
+        bad(
+            ["objective", "metric"] if not searching else ["capacity"],
+            f"{request.objective.metric} needs a capacity search (`capacity`)"
+            if not searching
+            else "with a capacity search the objective is capacity or capacity_per_device, "
+            f"not {request.objective.metric} (the numbers of the step the search kept)",
+            "objective_capacity",
         )
     for i, c in enumerate(request.constraints):
         if c.metric not in OBJECTIVES:

@@ -12,8 +12,8 @@ variants of it). A succeeded run whose objective a finding flags
 (:mod:`orchestrator.analysis.trust`: a warm prefix cache, token bursts for TPOT/ITL, the
 client's TTFT lag) gives no verdict: it is recorded lost with that reason and measured
 again the same way, as is a succeeded run without the GPU energy reading a J/token
-objective needs. A per-device objective is the stored throughput over the devices the
-run reserved. The core then
+objective needs, or without a capacity (its search found no boundary). A per-device
+objective is the stored throughput over the devices the run reserved. The core then
 says which runs come next; those not stored yet are queued as **one experiment per
 cycle**, through the same checks as a submitted experiment
 (:func:`orchestrator.experiments.service.create_experiment`): a round's cycle is the
@@ -57,6 +57,7 @@ from orchestrator.experiments.engine_catalog import EngineArgCatalog, load_catal
 from orchestrator.experiments.service import create_experiment, parse_spec, precheck
 from orchestrator.experiments.spec import Layout
 from orchestrator.tuning.campaign_request import (
+    CAPACITY_OBJECTIVES,
     GPU_TELEMETRY,
     PER_DEVICE,
     CampaignRequest,
@@ -242,10 +243,18 @@ def _objective(run: Run, metrics: dict[str, dict[str, float]], metric: str) -> f
 
 
 def _unread(run: Run, metric: str) -> str | None:
-    """Why a succeeded run without a value of telemetry objective ``metric`` gives no
-    verdict (measured again, then ``unknown``, never ``failed``); None otherwise."""
-    if metric in GPU_TELEMETRY and run.status == RunStatus.SUCCEEDED.value:
+    """Why a succeeded run without a value of objective ``metric`` says nothing of its
+    configuration (measured again, then ``unknown``, never ``failed``): no GPU energy
+    reading for J/token, a capacity search that found no boundary (client-limited, cut
+    short, out of range); None otherwise."""
+    if run.status != RunStatus.SUCCEEDED.value:
+        return None
+    if metric in GPU_TELEMETRY:
         return f"measured without a {metric} value (its GPU telemetry read no energy counter)"
+    if metric in CAPACITY_OBJECTIVES:
+        search = run.capacity or {}
+        why = search.get("note") or "no boundary in its range"
+        return f"measured without a capacity: the search ended {search.get('status')} ({why})"
     return None
 
 

@@ -754,3 +754,105 @@ def test_j_per_token_is_refused_on_a_cluster_of_cpus() -> None:
     assert telemetry_problems(request, ClusterView()) == []
     plain = CampaignRequest.model_validate(campaign_doc())
     assert telemetry_problems(plain, ClusterView(devices=2, kind="CPU")) == []
+
+
+CAPACITY = {"slos": {"ttft_ms": {"p50": 500}}, "min": 0.5, "max": 16}
+CAPACITY_BASELINE = {
+    "engine_args": {"max_model_len": 1024, "enable_prefix_caching": False},
+    "workload": {
+        "num_requests": 10,
+        "prefix_tokens": 128,
+        "seed": 3,
+        "arrival": "poisson",
+        "request_rate": 1.0,
+        "concurrency": 64,
+    },
+}
+
+
+def test_a_capacity_objective_needs_a_capacity_search_and_the_search_needs_it(
+    factory: sessionmaker[Session],
+    settings: Settings,  # noqa: F811
+) -> None:
+    """``capacity`` without a search, or a search with a latency objective: one 422 each,
+    nothing stored; with both, every cycle's experiment carries the search."""
+    with pytest.raises(CampaignInvalidError) as no_search:
+        create(factory, settings, objective={"metric": "capacity"})
+    assert [e["type"] for e in no_search.value.errors] == ["objective_capacity"]
+    with pytest.raises(CampaignInvalidError) as wrong_objective:
+        create(factory, settings, baseline=CAPACITY_BASELINE, capacity=CAPACITY)
+    assert [(e["type"], e["loc"]) for e in wrong_objective.value.errors] == [
+        ("objective_capacity", ["body", "capacity"])
+    ]
+    cid = create(
+        factory,
+        settings,
+        baseline=CAPACITY_BASELINE,
+        capacity=CAPACITY,
+        objective={"metric": "capacity_per_device"},
+    )
+    step(factory, settings, cid)
+    with factory() as s:
+        runs = CampaignRepository(s).runs(cid)
+        assert runs
+        for run in runs:
+            experiment = s.get(Experiment, run.experiment_id)
+            assert experiment is not None and experiment.spec["capacity"]["min"] == 0.5
+
+
+def test_a_capacity_search_without_a_boundary_leaves_its_candidate_unknown(
+    factory: sessionmaker[Session],
+    settings: Settings,  # noqa: F811
+) -> None:
+    """Runs whose search was client-limited (no ``capacity`` stored): measured again, then
+    their candidates end ``unknown`` quoting the search, never ``failed`` or ``worse``."""
+    cid = create(
+        factory,
+        settings,
+        baseline=CAPACITY_BASELINE,
+        capacity=CAPACITY,
+        objective={"metric": "capacity"},
+    )
+    for _ in range(100):
+        row = step(factory, settings, cid)
+        if row.status != "running":
+            break
+        with unit_of_work(factory) as s:
+            for run in CampaignRepository(s).runs(cid):
+                if run.status == "queued":
+                    record_fake_result(s, run, 3.0, metric="median_ttft_ms")
+                    run.capacity = {
+                        "variable": "request_rate",
+                        "status": "client_limited",
+                        "note": "at least 4 req/s; the load generator's ceiling here is 4 req/s",
+                    }
+    first = {c["outcome"] for c in row.result["candidates"] if c["round"] == 1}
+    assert first == {"unknown"}, row.result["candidates"]
+    why = next(iter(row.result["unmeasured"].values()))
+    assert "the search ended client_limited (at least 4 req/s" in why, why
+
+
+def test_a_capacity_campaign_decides_from_the_capacity_each_search_found(
+    factory: sessionmaker[Session],
+    settings: Settings,  # noqa: F811
+) -> None:
+    """Searches that found a boundary: the stored ``capacity`` is the objective, and the
+    campaign adopts what raises it (prefix caching on the fake surface)."""
+    cid = create(
+        factory,
+        settings,
+        baseline=CAPACITY_BASELINE,
+        capacity=CAPACITY,
+        objective={"metric": "capacity"},
+    )
+    for _ in range(100):
+        row = step(factory, settings, cid)
+        if row.status != "running":
+            break
+        with unit_of_work(factory) as s:
+            for run in CampaignRepository(s).runs(cid):
+                if run.status == "queued":
+                    record_fake_result(s, run, surface(run) / 100, metric="capacity")
+    assert row.status == "succeeded", row.status_reason
+    assert [s["variable"] for s in row.result["path"]] == ["engine_args.enable_prefix_caching"]
+    assert row.result["confirmation"]["agrees"] is True
