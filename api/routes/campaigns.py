@@ -22,6 +22,7 @@ from api.schemas import (
     CampaignMlflowExportRequest,
     CampaignOut,
     CampaignRunOut,
+    CampaignSpaceNoteOut,
     CampaignStepOut,
     CampaignWallTimeOut,
     Page,
@@ -46,6 +47,11 @@ def _problem(description: str) -> dict[str, Any]:
 
 def _gain(doc: dict[str, Any] | None) -> CampaignGain | None:
     return CampaignGain.from_stored(doc)
+
+
+def _proposal(notes: list[dict[str, Any]] | None) -> list[CampaignSpaceNoteOut] | None:
+    """The notes of a ``"space": "auto"`` campaign's proposal (None for a listed space)."""
+    return None if notes is None else [CampaignSpaceNoteOut(**n) for n in notes]
 
 
 def campaign_out(request: Request, session: Session, row: Campaign) -> CampaignOut:
@@ -125,6 +131,7 @@ def campaign_out(request: Request, session: Session, row: Campaign) -> CampaignO
         wall_time=CampaignWallTimeOut(**wall) if (wall := result.get("wall_time")) else None,
         serve_command=result.get("serve_command"),
         spec=result.get("spec"),
+        space_proposal=_proposal(result.get("space_proposal")),
     )
 
 

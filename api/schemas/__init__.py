@@ -54,6 +54,7 @@ from api.schemas.campaigns import (
     CampaignMlflowExportRequest,
     CampaignOut,
     CampaignRunOut,
+    CampaignSpaceNoteOut,
     CampaignStepOut,
     CampaignWallTimeOut,
 )
@@ -112,6 +113,7 @@ __all__ = [
     "CampaignMlflowExportRequest",
     "CampaignOut",
     "CampaignRunOut",
+    "CampaignSpaceNoteOut",
     "CampaignStepOut",
     "CampaignWallTimeOut",
     "CapacityResult",

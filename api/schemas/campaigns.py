@@ -122,6 +122,14 @@ class CampaignWallTimeOut(BaseModel):
     servers_reused: int = Field(description="runs that ran on a server an earlier run started")
 
 
+class CampaignSpaceNoteOut(BaseModel):
+    """One variable vlab considered for a ``"space": "auto"`` campaign."""
+
+    name: str = Field(description="the variable's dotted spec path")
+    proposed: bool = Field(description="whether it is in the proposed space")
+    why: str = Field(description="why it is in with its levels, or why it is left out")
+
+
 class CampaignOut(BaseModel):
     """A tuning campaign: its request, status and what it decided so far."""
 
@@ -166,6 +174,12 @@ class CampaignOut(BaseModel):
         None,
         description="an experiment document (POST /api/v1/experiments) that re-runs the "
         "incumbent alone, with repeats; None before the campaign was first advanced",
+    )
+    space_proposal: list[CampaignSpaceNoteOut] | None = Field(
+        None,
+        description='a campaign submitted with "space": "auto": each variable vlab '
+        "considered, whether it proposed it and why (the proposed space is the request's "
+        "`space`); None for a listed space",
     )
 
 

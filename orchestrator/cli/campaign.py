@@ -7,9 +7,10 @@ ID`` read and cancel through ``/api/v1/campaigns``. ``show`` prints the status, 
 candidates, the confirmation and the final configuration as a ``vllm serve`` line and a
 re-run spec (from the answer when it carries them, else rebuilt from its ``request`` and
 ``incumbent`` by :mod:`orchestrator.tuning.final_config`), where the wall time went (a
-table: waiting for devices, start-ups, measurement..., with the server starts) and the runs
-lost to the infrastructure and measured again. ``VLAB_TOKEN`` is sent as a bearer token
-when set.
+table: waiting for devices, start-ups, measurement..., with the server starts), the runs
+lost to the infrastructure and measured again, and for a ``"space": "auto"`` campaign the
+space vlab proposed (each variable considered: its levels, or why it was left out).
+``VLAB_TOKEN`` is sent as a bearer token when set.
 """
 
 from __future__ import annotations
@@ -190,6 +191,25 @@ def wall_time_table(wall: dict[str, Any]) -> Table:
     return table
 
 
+def proposal_table(body: dict[str, Any]) -> Table:
+    """The space vlab proposed (``"space": "auto"``): each variable it considered, its
+    levels when proposed (as the stored request has them), and why."""
+    levels = {
+        v.get("name"): v.get("levels") or []
+        for v in (body.get("request") or {}).get("space") or []
+        if isinstance(v, dict)
+    }
+    table = Table("variable", "levels", "why")
+    for note in body.get("space_proposal") or []:
+        shown = (
+            ", ".join(level_text(x) for x in levels.get(note["name"], []))
+            if note.get("proposed")
+            else "left out"
+        )
+        table.add_row(*_cells(note["name"], shown, note.get("why", "")))
+    return table
+
+
 def print_costs(body: dict[str, Any], out: Console) -> None:
     """The wall-time table, the server starts, and the runs lost and measured again."""
     wall = body.get("wall_time")
@@ -226,6 +246,9 @@ def print_campaign(body: dict[str, Any], out: Console) -> None:
     )
     if body.get("url"):
         out.print(f"  {body['url']}", markup=False)
+    if body.get("space_proposal"):
+        out.rule("space proposed by vlab")
+        out.print(proposal_table(body))
     out.rule("path (adopted steps)")
     if body.get("path"):
         out.print(path_table(body))

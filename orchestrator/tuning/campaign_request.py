@@ -6,7 +6,8 @@ engine arguments, layout and workload as an experiment spec writes them), the
 serve`` names them, such a throughput per device the run reserved, the GPUs' energy
 per output token, or, with a ``capacity`` search, the capacity under SLOs, and its
 direction), the **space** (variables as dotted spec paths,
-each with its levels in order and a starting level), the **budget** (runs in all, the
+each with its levels in order and a starting level; or ``"auto"``: the intake proposes
+them, :mod:`orchestrator.tuning.auto_space`), the **budget** (runs in all, the
 confirmation included; optionally device-hours and wall-clock hours) and the **decision rule**
 (:class:`orchestrator.campaigns.decision.DecisionRule`).
 """
@@ -14,9 +15,17 @@ confirmation included; optionally device-hours and wall-clock hours) and the **d
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 
 from jobs.capacity.search import CapacitySpec
 from orchestrator.campaigns.decision import DecisionRule, Direction
@@ -99,6 +108,16 @@ class SpaceVariable(BaseModel):
     start: Level | None = Field(None, description="the starting level (default: the baseline's)")
 
 
+#: A listed space as validated (errors located at ``space``, ``space.<i>...``, without the
+#: union's member names).
+_SPACE_LIST: TypeAdapter[list[SpaceVariable]] = TypeAdapter(
+    Annotated[list[SpaceVariable], Field(min_length=1, max_length=20)]
+)
+
+#: The space that asks vlab to propose the variables and their levels.
+AUTO_SPACE = "auto"
+
+
 class ConstraintIn(BaseModel):
     """A stored run metric that must keep holding (an SLO), in its unit: ``max`` and/or
     ``min``. A candidate that pays but breaks it (the median of its runs) is
@@ -172,9 +191,29 @@ class CampaignRequest(BaseModel):
         description="a capacity search under SLOs in every run (as an experiment's "
         "`capacity`); the objective is then `capacity` or `capacity_per_device`",
     )
-    space: list[SpaceVariable] = Field(min_length=1, max_length=20)
+    space: list[SpaceVariable] | Literal["auto"] = Field(
+        description='1 to 20 variables, or "auto": vlab proposes them from the workload, '
+        "the model and the cluster (the intake replaces it with the proposal)"
+    )
     budget: Budget = Field(default_factory=Budget)
     rule: DecisionRule = Field(default_factory=DecisionRule)  # type: ignore[arg-type]
+
+    @field_validator("space", mode="wrap")
+    @classmethod
+    def _space(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return value if value == AUTO_SPACE else _SPACE_LIST.validate_python(value)
+
+    @property
+    def auto_space(self) -> bool:
+        """Whether vlab is to propose the space (the request as submitted)."""
+        return self.space == AUTO_SPACE
+
+    def variables(self) -> list[SpaceVariable]:
+        """The space's variables; ``ValueError`` while the space is still ``"auto"`` (the
+        intake replaces it with the proposal before anything reads it)."""
+        if isinstance(self.space, str):
+            raise ValueError('the space is still "auto": the intake proposes it')
+        return self.space
 
     def core_space(self) -> Space:
         """The space as the pure core takes it (raises ``ValueError`` when it is not one)."""
@@ -185,26 +224,28 @@ class CampaignRequest(BaseModel):
                     levels=tuple(v.levels),
                     client_side=v.name in CLIENT_SIDE,
                 )
-                for v in self.space
+                for v in self.variables()
             )
         )
 
-    def start_level(self, v: SpaceVariable) -> Level | None:
-        """``v``'s starting level: its ``start``, else the baseline's value, else None."""
-        if v.start is not None:
-            return v.start
+    def baseline_value(self, path: str) -> Level | None:
+        """The baseline's value at dotted ``path`` when it is a level, else None."""
         node: Any = self.baseline
-        for part in v.name.split("."):
+        for part in path.split("."):
             if not isinstance(node, dict) or part not in node:
                 return None
             node = node[part]
         return node if isinstance(node, bool | int | float | str) else None
 
+    def start_level(self, v: SpaceVariable) -> Level | None:
+        """``v``'s starting level: its ``start``, else the baseline's value, else None."""
+        return v.start if v.start is not None else self.baseline_value(v.name)
+
     def start(self) -> dict[str, Level]:
         """The starting configuration (every variable at its start level); ``ValueError``
         when one has none."""
         config: dict[str, Level] = {}
-        for v in self.space:
+        for v in self.variables():
             level = self.start_level(v)
             if level is None:
                 raise ValueError(f"{v.name}: no starting level")

@@ -102,13 +102,14 @@ class Devices:
 
     ``kind`` ``GPU`` or ``CPU``; ``count`` devices in the cluster; ``memory_gib`` one
     device's memory; ``kv_cache_gib`` the KV cache memory one device gives an engine (on
-    CPU hosts ``VLLM_CPU_KVCACHE_SPACE``).
+    CPU hosts ``VLLM_CPU_KVCACHE_SPACE``); ``per_node`` the most devices one live node has.
     """
 
     kind: str | None = None
     count: int | None = None
     memory_gib: float | None = None
     kv_cache_gib: float | None = None
+    per_node: int | None = None
 
 
 @dataclass(frozen=True)

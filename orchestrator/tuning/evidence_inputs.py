@@ -108,6 +108,7 @@ def gather_evidence(
         kv_cache_gib=float(settings.engine.kv_cache_space_gib)
         if (kind or "").upper() == "CPU"
         else None,
+        per_node=max((n.total for n in view.nodes or [] if n.alive), default=None),
     )
     return Evidence(
         baseline=request.baseline,
@@ -159,7 +160,7 @@ def run_config(request: CampaignRequest, run: Run) -> dict[str, Level] | None:
         "workload": run.workload or {},
     }
     config: dict[str, Level] = {}
-    for v in request.space:
+    for v in request.variables():
         section, name = v.name.split(".", 1)
         value = sections.get(section, {}).get(name)
         if not isinstance(value, bool | int | float | str):

@@ -66,7 +66,7 @@ def serve_command(request: CampaignRequest, config: dict[str, Level]) -> str:
 def final_result(request: CampaignRequest, config: dict[str, Level]) -> dict[str, Any]:
     """``{"serve_command", "spec"}`` for ``config``, as a campaign's result stores them;
     ``{}`` when ``config`` does not give every variable a level (before a first step)."""
-    if not config or any(v.name not in config for v in request.space):
+    if not config or request.auto_space or any(v.name not in config for v in request.variables()):
         return {}
     try:
         return {

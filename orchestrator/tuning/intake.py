@@ -8,6 +8,10 @@ neighbour as a variant) checked as ``POST /experiments`` checks one: asked of vL
 database connection held inside a check slot (503 ``submissions_busy``), then validated
 against the live cluster reusing those answers. Every problem is one 422
 ``campaign_invalid``; nothing is stored then. The caller's unit of work commits.
+
+A space of ``"auto"`` is proposed first (:func:`auto_space`, the rules of
+:mod:`orchestrator.tuning.auto_space`) and checked as a listed one; the proposal's notes
+are kept with the campaign (``result["space_proposal"]``).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from orchestrator.campaigns.space import neighbours
+from orchestrator.campaigns.space import Level, neighbours
 from orchestrator.core.db import release_connection
 from orchestrator.core.errors import CampaignInvalidError, SpecInvalidError
 from orchestrator.core.models import Campaign
@@ -26,13 +30,18 @@ from orchestrator.core.settings import Settings
 from orchestrator.experiments.cluster_view import ClusterView
 from orchestrator.experiments.config_check import engine_resolver, gate_for, remembered_checks
 from orchestrator.experiments.engine_catalog import EngineArgCatalog, load_catalog
+from orchestrator.experiments.model_resolution import resolve_model
 from orchestrator.experiments.service import parse_spec, precheck, validate_spec
+from orchestrator.tuning.auto_space import AUTO_VARIABLES, propose_space
 from orchestrator.tuning.campaign_request import (
     CAPACITY_OBJECTIVES,
     GPU_TELEMETRY,
     OBJECTIVES,
     CampaignRequest,
+    SpaceVariable,
 )
+from orchestrator.tuning.evidence import Evidence
+from orchestrator.tuning.evidence_inputs import gather_evidence
 
 
 def accept_campaign(
@@ -54,7 +63,10 @@ def checked_campaign(
     except ValidationError as exc:
         raise CampaignInvalidError.from_validation(exc) from exc
     release_connection(session)  # nothing held while waiting for a slot or for vLLM
+    proposal: list[dict[str, Any]] | None = None
     with gate_for(settings).slot(), remembered_checks():
+        if request.auto_space:
+            request, proposal = auto_space(session, settings, request)
         catalog = load_catalog(settings)
         doc = first_round(request, catalog)
         precheck(settings, catalog, doc)  # vLLM's answers, no connection held
@@ -71,7 +83,7 @@ def checked_campaign(
                 update={"direction": request.objective.resolved_direction}
             ),
             "space": [
-                v.model_copy(update={"start": request.start_level(v)}) for v in request.space
+                v.model_copy(update={"start": request.start_level(v)}) for v in request.variables()
             ],
         }
     )
@@ -79,9 +91,73 @@ def checked_campaign(
         name=request.name,
         status="queued",
         request=stored.model_dump(mode="json"),
-        result={},
+        result={} if proposal is None else {"space_proposal": proposal},
         submitted_by=submitted_by,
     )
+
+
+#: Where vLLM's resolved configuration holds each proposed variable's value.
+RESOLVED_KEYS = {
+    "engine_args.enable_prefix_caching": "cache_config.enable_prefix_caching",
+    "engine_args.max_num_seqs": "scheduler_config.max_num_seqs",
+    "engine_args.max_num_batched_tokens": "scheduler_config.max_num_batched_tokens",
+    "engine_args.max_model_len": "model_config.max_model_len",
+    "layout.tensor_parallel_size": "parallel_config.tensor_parallel_size",
+}
+
+
+def auto_space(
+    session: Session, settings: Settings, request: CampaignRequest
+) -> tuple[CampaignRequest, list[dict[str, Any]]]:
+    """``request`` with its ``"auto"`` space replaced by vlab's proposal, and the
+    proposal's notes. Inside the intake's check slot and :func:`remembered_checks`: the
+    evidence is read as the tuning service reads it (no runs yet), the starts are the
+    baseline's values, else vLLM's resolved configuration of the baseline (one call, no
+    connection held). 422 ``space_auto_empty`` when nothing is proposed."""
+    evidence = gather_evidence(session, settings, request, [])
+    release_connection(session)
+    starts = auto_starts(settings, request, evidence)
+    proposal = propose_space(evidence, starts, request.objective.metric.endswith("_ms"))
+    if not proposal.variables:
+        raise CampaignInvalidError(
+            [
+                {
+                    "loc": ["body", "space"],
+                    "msg": "vlab proposes no variable for this campaign: "
+                    + "; ".join(f"{n['name']}: {n['why']}" for n in proposal.notes),
+                    "type": "space_auto_empty",
+                }
+            ]
+        )
+    space = [SpaceVariable.model_validate(v) for v in proposal.variables]
+    return request.model_copy(update={"space": space}), proposal.notes
+
+
+def auto_starts(
+    settings: Settings, request: CampaignRequest, evidence: Evidence
+) -> dict[str, Level | None]:
+    """Each proposed variable's start: the baseline's value, else vLLM's resolved value
+    of the baseline's engine arguments (when the resolver is enabled), else None; the
+    layout's tensor parallel size defaults to 1 as an experiment's does."""
+    starts = {name: request.baseline_value(name) for name in AUTO_VARIABLES}
+    resolver = engine_resolver(settings)
+    if resolver is not None and evidence.model.model_dir is not None and None in starts.values():
+        layout = request.baseline.get("layout") or {}
+        args: dict[str, Any] = {}
+        if resolve_model(settings, request.model, request.revision).generated:
+            args["load_format"] = "dummy"  # as a run of a generated model launches
+        args.update(request.baseline.get("engine_args") or {})
+        for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+            args[key] = layout.get(key, 1) if isinstance(layout, dict) else 1
+        (answer,) = resolver(str(evidence.model.model_dir), [args])
+        config = (answer.get("config") or {}) if answer.get("ok") else {}
+        for name, key in RESOLVED_KEYS.items():
+            value = config.get(key)
+            if starts.get(name) is None and isinstance(value, bool | int | float | str):
+                starts[name] = value
+    if starts.get("layout.tensor_parallel_size") is None:
+        starts["layout.tensor_parallel_size"] = 1
+    return starts
 
 
 def metric_problems(request: CampaignRequest) -> list[dict[str, Any]]:
@@ -162,7 +238,7 @@ def first_round(request: CampaignRequest, catalog: EngineArgCatalog) -> dict[str
         errors.append({"loc": ["body", *loc], "msg": msg, "type": kind})
 
     errors += metric_problems(request)
-    for i, v in enumerate(request.space):
+    for i, v in enumerate(request.variables()):
         section, name = v.name.split(".", 1)
         if section == "engine_args":
             for j, level in enumerate(v.levels):
@@ -181,7 +257,7 @@ def first_round(request: CampaignRequest, catalog: EngineArgCatalog) -> dict[str
         for e in exc.errors():
             bad(["space", *e["loc"][1:]], e["msg"], e["type"])
         raise CampaignInvalidError(errors) from exc
-    for i, v in enumerate(request.space):
+    for i, v in enumerate(request.variables()):
         start = request.start_level(v)
         if start is not None:
             try:
@@ -220,7 +296,7 @@ def first_round(request: CampaignRequest, catalog: EngineArgCatalog) -> dict[str
 def _relocated(request: CampaignRequest, errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The first round's problems where the campaign request has them: the baseline's
     under ``body.baseline``, a variant's at its variable in ``body.space``."""
-    names = [v.name for v in request.space]
+    names = [v.name for v in request.variables()]
     out = []
     for e in errors:
         loc = list(e.get("loc", []))

@@ -492,7 +492,9 @@ def _write_result(
     (:func:`orchestrator.tuning.final_config.final_result`)."""
     cumulative = core.cumulative()
     confirmation = core.confirmed()
+    proposal = (row.result or {}).get("space_proposal")  # the intake's, kept
     row.result = {
+        **({"space_proposal": proposal} if proposal else {}),
         "phase": core.phase.value,
         "runs_used": core.runs_used,
         "budget": core.budget,
