@@ -43,8 +43,8 @@ from orchestrator.tuning.evidence import (
     MAX_NUM_SEQS,
     PREFIX_CACHING,
     Evidence,
-    _no_prefix_hits,
-    _target_concurrency,
+    no_prefix_hits,
+    target_concurrency,
 )
 
 MAX_NUM_BATCHED_TOKENS = "engine_args.max_num_batched_tokens"
@@ -82,7 +82,7 @@ class _Workload:
 
     @classmethod
     def of(cls, baseline: Mapping[str, Any]) -> _Workload:
-        concurrency = _target_concurrency(baseline)
+        concurrency = target_concurrency(baseline)
         try:
             spec = WorkloadSpec.model_validate(baseline.get("workload") or {})
             longest = longest_request_tokens(spec) + PROMPT_OVERHEAD_TOKENS
@@ -156,7 +156,7 @@ def _prefix_caching(
 ) -> tuple[list[Level] | None, Level, str]:
     if not isinstance(start, bool):
         return None, start, f"its starting value {start!r} is not true or false"
-    no_hits = _no_prefix_hits(evidence, dict(evidence.baseline))
+    no_hits = no_prefix_hits(evidence, dict(evidence.baseline))
     if no_hits:
         return None, start, no_hits
     return (

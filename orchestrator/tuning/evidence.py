@@ -216,7 +216,7 @@ def _call(
             return _Call(_BATCH_DOWN if lowers else _BATCH_UP)
         return _Call(seed)
     if cand.variable == PREFIX_CACHING and cand.to_level is True:
-        no_hits = _no_prefix_hits(evidence, spec)
+        no_hits = no_prefix_hits(evidence, spec)
         return _Call(seed, no_hits, soft=True) if no_hits else _Call(seed)
     if cand.variable in PARALLEL_SIZES:
         return _parallel(evidence, spec, cand, lowers, seed)
@@ -248,7 +248,7 @@ def _context_cap(
     lowers: bool,
     seed: int,
 ) -> _Call:
-    target = _target_concurrency(spec)
+    target = target_concurrency(spec)
     reach = _kv_reach(evidence, spec, runs, _number(cand.to_level))
     if reach is not None:
         concurrency, fits = reach
@@ -272,7 +272,7 @@ def _context_cap(
     return _Call(seed)
 
 
-def _target_concurrency(spec: Mapping[str, Any]) -> int:
+def target_concurrency(spec: Mapping[str, Any]) -> int:
     value = (spec.get("workload") or {}).get("concurrency", 1)
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else 1
 
@@ -328,7 +328,7 @@ def _waiting(runs: Sequence[RunFacts]) -> float | None:
 # ----------------------------------------------------------------- prefix caching
 
 
-def _no_prefix_hits(evidence: Evidence, spec: Mapping[str, Any]) -> str | None:
+def no_prefix_hits(evidence: Evidence, spec: Mapping[str, Any]) -> str | None:
     """The reason to skip prefix caching for this workload, or None."""
     block_size = int(_engine(evidence, spec)["block_size"])
     model_dir = evidence.model.model_dir
