@@ -68,6 +68,7 @@ def campaign_site(
         done = _finished_campaign(factory, settings)
         with unit_of_work(factory) as s:
             queued = accept_campaign(s, settings, campaign_doc(name="web waiting")).id
+            auto = accept_campaign(s, settings, campaign_doc(name="web auto", space="auto")).id
         port = _free_port()
         server = uvicorn.Server(
             uvicorn.Config(
@@ -81,7 +82,12 @@ def campaign_site(
             assert time.monotonic() < deadline, "the server did not start in 30 s"
             time.sleep(0.05)
         try:
-            yield {"base": f"http://127.0.0.1:{port}", "done": done, "queued": queued}
+            yield {
+                "base": f"http://127.0.0.1:{port}",
+                "done": done,
+                "queued": queued,
+                "auto": auto,
+            }
         finally:
             server.should_exit = True
             thread.join(10)
@@ -125,7 +131,7 @@ def test_the_list_links_each_campaign(page: Page, campaign_site: dict[str, Any])
     page.goto(base + "/")
     page.locator("header nav a", has_text="Campaigns").click()
     expect(page).to_have_url(base + "/campaigns")
-    expect(page.locator("#total")).to_have_text("2 campaigns")
+    expect(page.locator("#total")).to_have_text("3 campaigns")
     done = page.locator(f"#campaign-{campaign_site['done']}")
     expect(done.locator(".status")).to_have_text("succeeded")
     expect(done).to_contain_text("output_throughput")
@@ -223,7 +229,24 @@ def test_a_queued_campaign_and_a_missing_one(page: Page, campaign_site: dict[str
     expect(page.locator("#no-step")).to_contain_text("No step adopted yet")
     expect(page.locator("#chart-empty")).to_be_visible()
     expect(page.locator("#no-confirmation")).to_have_text("Not run yet.")
+    expect(page.locator("#space-proposal")).to_have_count(0)  # a space the user listed
     allow_console_error(page, "404")
     resp = page.goto(f"{base}/campaigns/nope")
     assert resp is not None and resp.status == 404
     expect(page.locator("main")).to_contain_text("No campaign nope")
+
+
+def test_a_space_vlab_proposed_shows_each_variable_in_or_out_and_why(
+    page: Page, campaign_site: dict[str, Any]
+) -> None:
+    """``"space": "auto"``: the page lists every variable vlab considered, the ones in the
+    space with their levels, the ones left out with the reason (here max_num_seqs: the
+    baseline does not set it and vLLM is not asked in this test)."""
+    page.goto(f"{campaign_site['base']}/campaigns/{campaign_site['auto']}")
+    rows = page.locator("#space-proposal tbody tr")
+    expect(rows.first).to_be_visible()
+    apc = page.locator("#space-proposal tr.in", has_text="engine_args.enable_prefix_caching")
+    expect(apc).to_contain_text("false, true")
+    seqs = page.locator("#space-proposal tr.out", has_text="engine_args.max_num_seqs")
+    expect(seqs).to_contain_text("its starting value is unknown: set it in the baseline")
+    expect(seqs.locator("td").nth(2)).to_have_text("–")

@@ -214,6 +214,20 @@ def campaign_view(row: Campaign, runs: list[Run]) -> dict[str, Any]:
         "wall": wall_view(result.get("wall_time")),
         "retried": result.get("retried") or {},
         "unmeasured": result.get("unmeasured") or {},
+        "space_proposal": [
+            {
+                "name": str(n.get("name", "")),
+                "proposed": bool(n.get("proposed")),
+                "why": n.get("why"),
+            }
+            for n in result.get("space_proposal") or []
+            if isinstance(n, dict)
+        ],
+        "space": [
+            {"name": v.get("name"), "levels": ", ".join(level_text(x) for x in v.get("levels", []))}
+            for v in request.get("space") or []
+            if isinstance(v, dict)
+        ],
         "chart": chart_doc(rows),
         "run_count": len(runs),
     }
