@@ -15,12 +15,10 @@ again the same way, as is a succeeded run without the GPU energy reading a J/tok
 objective needs, or without a capacity (its search found no boundary). A per-device
 objective is the stored throughput over the devices the run reserved. The core then
 says which runs come next; those not stored yet are queued as **one experiment per
-cycle**, through the same checks as a submitted experiment
-(:func:`orchestrator.experiments.service.create_experiment`): a round's cycle is the
-incumbent as the baseline with each candidate as a one-variable variant (so the
-one-variable rule applies to every candidate, also on what vLLM resolves); a
-confirmation cycle is the starting configuration as the baseline with the final one as
-its variant, the changed variables one linked factor. A cycle's runs are stored in one
+cycle** (:mod:`orchestrator.tuning.cycles`), through the same checks as a submitted
+experiment (:func:`orchestrator.experiments.service.create_experiment`), several pairs at
+once when the cluster holds the cycle side by side (:mod:`orchestrator.tuning.measuring_slots`,
+fixed at the first advance). A cycle's runs are stored in one
 transaction, and ``(campaign_id, campaign_label)`` is unique: advancing again, or after a
 restart, queues nothing twice.
 
@@ -35,7 +33,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -44,7 +41,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator.analysis.trust import not_applicable_of, run_trust
 from orchestrator.campaigns.loop import Campaign as CoreCampaign
-from orchestrator.campaigns.outcomes import OrderHook, Phase, PlannedRun, Role
+from orchestrator.campaigns.outcomes import OrderHook, Phase, PlannedRun
 from orchestrator.core.db import is_unavailable, unit_of_work
 from orchestrator.core.errors import ConflictError, InvalidInputError, NotFoundError
 from orchestrator.core.models import Campaign, Run
@@ -63,16 +60,15 @@ from orchestrator.tuning.campaign_request import (
     CampaignRequest,
     stored_metric,
 )
+from orchestrator.tuning.cycles import cycle_doc, experiments_of, label_runs
 from orchestrator.tuning.evidence import Evidence
 from orchestrator.tuning.evidence_inputs import RoundOrders, gather_evidence
 from orchestrator.tuning.final_config import final_result
+from orchestrator.tuning.measuring_slots import campaign_slots
 from orchestrator.tuning.run_loss import lost_to_infrastructure
 from orchestrator.tuning.wall_time import wall_time
 
 log = logging.getLogger(__name__)
-
-#: Characters an experiment's variant name may not hold (``NAME_PATTERN``).
-_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.=:,\- ]")
 
 
 def get_campaign(session: Session, campaign_id: str) -> Campaign:
@@ -89,6 +85,7 @@ def rebuild(
     metrics: dict[str, dict[str, float]],
     order: OrderHook | None = None,
     began: datetime | None = None,
+    slots: int = 1,
 ) -> tuple[CoreCampaign, dict[str | None, Run]]:
     """The core campaign replayed from ``runs`` (the campaign's stored runs) and their
     ``metrics`` (run id -> summary metrics), each round's candidates ordered by ``order``
@@ -110,6 +107,7 @@ def rebuild(
         constraints=[c.core() for c in request.constraints],
         max_device_s=_seconds(request.budget.max_device_hours),
         max_wall_s=_seconds(request.budget.max_wall_hours),
+        slots=slots,
     )
     by_label: dict[str | None, Run] = {r.campaign_label: r for r in runs if r.campaign_label}
     progressed = True
@@ -281,7 +279,8 @@ def advance(
         request = CampaignRequest.model_validate(row.request)
         metrics = RunRepository(session).metrics_for([r.id for r in runs], _metric_names(request))
         orders, hook = order_hook(session, settings, row, request, runs)
-        core, by_label = rebuild(request, runs, metrics, hook, row.created_at)
+        slots = campaign_slots(session, settings, row, request, started=bool(runs))
+        core, by_label = rebuild(request, runs, metrics, hook, row.created_at, slots)
     except ValueError as exc:  # a stored request or run the core cannot replay
         row.status, row.status_reason = "failed", f"campaign_broken: {exc}"[:4000]
         log.warning("campaign %s: cannot be replayed: %s", row.id, exc)
@@ -327,36 +326,12 @@ def _queue_cycle(
     catalog: Callable[[], EngineArgCatalog] | None,
 ) -> list[Run]:
     """Store the runs of one cycle as one experiment, and the retries of runs lost to the
-    infrastructure as :func:`_retry_groups` groups them (see the module docstring)."""
+    infrastructure as :func:`orchestrator.tuning.cycles.retry_groups` groups them."""
     cat = catalog() if catalog is not None else load_catalog(settings)
     stored: list[Run] = []
-    for group in _experiments(cycle, missing):
+    for group in experiments_of(cycle, missing):
         stored += _queue_experiment(session, settings, row, request, group, cat)
     return stored
-
-
-def _experiments(cycle: list[PlannedRun], missing: list[PlannedRun]) -> list[list[PlannedRun]]:
-    """The runs of ``missing`` (of the planned ``cycle``) grouped as the experiments that
-    store them: the cycle's first runs together, then the retries (:func:`_retry_groups`).
-    409 ``campaign_cycle_partial`` when the first runs of the cycle are stored in part."""
-    fresh = [p for p in missing if p.attempt == 0]
-    if fresh and len(fresh) != sum(1 for p in cycle if p.attempt == 0):
-        raise ConflictError(
-            "the runs of cycle " + ", ".join(p.label for p in cycle) + " are stored in part",
-            code_hint="campaign_cycle_partial",
-        )
-    return ([fresh] if fresh else []) + _retry_groups([p for p in missing if p.attempt])
-
-
-def _retry_groups(retries: list[PlannedRun]) -> list[list[PlannedRun]]:
-    """The retries to queue, as experiments: with the incumbent's (or the start's) retry,
-    one experiment (the candidates its one-variable variants; the final configuration
-    against the start); each other retry an experiment of its own (its configuration as
-    the baseline)."""
-    heads = [p for p in retries if p.role in (Role.INCUMBENT, Role.START)]
-    if not heads:
-        return [[p] for p in retries]
-    return [heads + [p for p in retries if p not in heads]]
 
 
 def _queue_experiment(
@@ -367,74 +342,16 @@ def _queue_experiment(
     cycle: list[PlannedRun],
     cat: EngineArgCatalog,
 ) -> list[Run]:
-    """Store ``cycle`` (its first run the baseline) as one experiment."""
-    doc = cycle_doc(row, request, cycle)
-    prefix = cycle_name(cycle[0])
-    spec = parse_spec(doc, settings, cat)
+    """Store ``cycle`` (its first run the baseline) as one experiment
+    (:mod:`orchestrator.tuning.cycles`)."""
+    spec = parse_spec(cycle_doc(row, request, cycle), settings, cat)
     experiment = create_experiment(session, settings, spec, cat, resolver=engine_resolver(settings))
     experiment.submitted_by = f"campaign:{row.name}"[:200]
-    ordered = sorted(experiment.runs, key=lambda r: (r.position, r.repeat_index))
-    if len(ordered) != len(cycle):
-        raise ConflictError(
-            f"cycle {prefix} planned {len(cycle)} runs, its experiment has {len(ordered)}",
-            code_hint="campaign_cycle_mismatch",
-        )
-    for run, planned in zip(ordered, cycle, strict=True):
-        run.campaign_id = row.id
-        run.campaign_label = planned.label
+    ordered = label_runs(row, list(experiment.runs), cycle)
+    for run in ordered:
         run.submitted_by = experiment.submitted_by
     session.flush()
     return ordered
-
-
-def cycle_doc(row: Campaign, request: CampaignRequest, cycle: list[PlannedRun]) -> dict[str, Any]:
-    """The experiment spec document of one cycle (see the module docstring): the
-    incumbent as the baseline and each candidate a one-variable variant, or, for the
-    confirmation, the start as the baseline and the final configuration as its one
-    variant (the changed variables one linked factor)."""
-    head, rest = cycle[0], cycle[1:]
-    prefix = cycle_name(head)
-    if head.role is Role.START and rest:  # the confirmation: final vs start, the changes one factor
-        final = rest[0].config
-        changed = [
-            k
-            for k in final
-            if final[k] != head.config[k] or type(final[k]) is not type(head.config[k])
-        ]
-        level: Any = final[changed[0]] if len(changed) == 1 else {k: final[k] for k in changed}
-        doc = request.experiment_doc(
-            f"{row.name} {prefix}",
-            head.config,
-            [],
-            description=f"campaign {row.id}: {prefix}, the final configuration vs the start",
-        )
-        doc["factors"] = [{"name": "final", "paths": changed, "levels": [level]}]
-    else:
-        names = _variant_names([p.candidate.label for p in rest if p.candidate is not None])
-        variants = [
-            {"name": name, "changes": {p.candidate.variable: p.candidate.to_level}}
-            for name, p in zip(names, rest, strict=True)
-            if p.candidate is not None
-        ]
-        doc = request.experiment_doc(
-            f"{row.name} {prefix}",
-            head.config,
-            variants,
-            description=f"campaign {row.id}: {prefix}, the incumbent and its candidates",
-        )
-    if head.attempt:
-        doc["description"] = (
-            f"campaign {row.id}: {prefix}, measured again (lost to the infrastructure): "
-            + ", ".join(p.label for p in cycle)
-        )
-    return doc
-
-
-def cycle_name(head: PlannedRun) -> str:
-    """``r2.c3`` or ``confirm.c1`` for the experiment of the cycle ``head`` opens; a retry
-    of runs lost to the infrastructure adds ``retry<attempt>``."""
-    name = f"confirm.c{head.cycle}" if head.round == 0 else f"r{head.round}.c{head.cycle}"
-    return f"{name} retry{head.attempt}" if head.attempt else name
 
 
 def next_cycle_docs(
@@ -452,25 +369,13 @@ def next_cycle_docs(
         runs = CampaignRepository(session).runs(row.id)
         metrics = RunRepository(session).metrics_for([r.id for r in runs], _metric_names(request))
         _, hook = order_hook(session, settings, row, request, runs)
-        core, by_label = rebuild(request, runs, metrics, hook, row.created_at)
+        slots = campaign_slots(session, settings, row, request, started=bool(runs))
+        core, by_label = rebuild(request, runs, metrics, hook, row.created_at, slots)
         cycle = core.next_runs()
         missing = [p for p in cycle if p.label not in by_label]
-        return [cycle_doc(row, request, group) for group in _experiments(cycle, missing)]
+        return [cycle_doc(row, request, group) for group in experiments_of(cycle, missing)]
     except (ValueError, ConflictError):
         return []  # advance says why
-
-
-def _variant_names(labels: list[str]) -> list[str]:
-    """Experiment variant names for candidate labels (what a name may not hold is ``_``;
-    a name taken already gets ``-2``, ``-3``...)."""
-    names: list[str] = []
-    for label in labels:
-        base = (_NAME_UNSAFE.sub("_", label)[:90].strip() or "candidate").lstrip("_.=:,- ")
-        name, k = base or "candidate", 2
-        while name in names or name == "baseline":
-            name, k = f"{base}-{k}", k + 1
-        names.append(name)
-    return names
 
 
 def _done_reason(core: CoreCampaign) -> str:
@@ -496,6 +401,7 @@ def _write_result(
     row.result = {
         **({"space_proposal": proposal} if proposal else {}),
         "phase": core.phase.value,
+        "slots": core.slots,
         "runs_used": core.runs_used,
         "budget": core.budget,
         "start": dict(core.start),

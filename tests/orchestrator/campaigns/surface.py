@@ -37,7 +37,6 @@ from orchestrator.campaigns.decision import DecisionRule
 from orchestrator.campaigns.loop import Campaign
 from orchestrator.campaigns.outcomes import Outcome, PlannedRun, server_starts
 from orchestrator.campaigns.space import (
-    ConfigKey,
     Level,
     Space,
     Variable,
@@ -77,6 +76,9 @@ THIRD_OF_GRID = GRID_RUNS // 3
 #: The proof's rule: the defaults, with 8 pairs at most instead of 6 (see docs/BENCHMARKS.md:
 #: at 2 % noise a run, 6 pairs show a +10 % step above +5 % about 19 times in 20).
 PROOF_RULE = DecisionRule(max_repeats=8)
+#: Server slots for a cluster that holds every configuration of a cycle at once (a round
+#: here has at most 7 candidates and the incumbent).
+SIDE_BY_SIDE = 8
 
 
 def objective(config: Mapping[str, Level]) -> float:
@@ -139,24 +141,15 @@ class Outcomes:
         """Whether the budget left a candidate unmeasured."""
         return any(r.outcome is Outcome.UNKNOWN for r in self.campaign.candidates())
 
-    @property
-    def resident_starts(self) -> int:
-        """Server starts when each round keeps one server per configuration up (side by
-        side) and the adopted candidate's server stays up as the next incumbent's."""
-        up: set[ConfigKey] = set()
-        starts = 0
-        for rnd in sorted({r.round for r in self.runs} - {0}):
-            keys = {r.server_key for r in self.runs if r.round == rnd}
-            starts += len(keys - up)
-            up = keys
-        confirm = {r.server_key for r in self.runs if r.round == 0}
-        return starts + len(confirm - up)
 
-
-def run_campaign(seed: int, rule: DecisionRule | None = None, budget: int = GRID_RUNS) -> Outcomes:
-    """One campaign from :data:`START` on a surface seeded with ``seed``."""
+def run_campaign(
+    seed: int, rule: DecisionRule | None = None, budget: int = GRID_RUNS, slots: int = 1
+) -> Outcomes:
+    """One campaign from :data:`START` on a surface seeded with ``seed``; ``slots`` server
+    slots measuring at once (:data:`SIDE_BY_SIDE`: each configuration of a cycle on its own
+    devices; 1: interleaved on one)."""
     surface = Surface(seed)
-    campaign = Campaign(SPACE, START, rule or DecisionRule(), budget)
+    campaign = Campaign(SPACE, START, rule or DecisionRule(), budget, slots=slots)
     done: list[PlannedRun] = []
     while batch := campaign.next_runs():
         for run in batch:
@@ -166,10 +159,10 @@ def run_campaign(seed: int, rule: DecisionRule | None = None, budget: int = GRID
 
 
 def summary(
-    count: int = 50, rule: DecisionRule = PROOF_RULE, budget: int = THIRD_OF_GRID
+    count: int = 50, rule: DecisionRule = PROOF_RULE, budget: int = THIRD_OF_GRID, slots: int = 1
 ) -> dict[str, float | int]:
     """The proof's figures over ``count`` seeded campaigns (seeds 0 .. count - 1)."""
-    results = [run_campaign(seed, rule, budget) for seed in range(count)]
+    results = [run_campaign(seed, rule, budget, slots) for seed in range(count)]
     runs = [len(r.runs) for r in results]
     return {
         "campaigns": count,
@@ -184,9 +177,9 @@ def summary(
             r.runs_to_optimum for r in results if r.runs_to_optimum is not None
         ),
         "budget_ran_out": sum(r.ran_out for r in results),
-        "sequential_starts_mean": statistics.fmean(server_starts(r.runs) for r in results),
-        "resident_starts_mean": statistics.fmean(r.resident_starts for r in results),
-        "resident_starts_max": max(r.resident_starts for r in results),
+        "slots": slots,
+        "server_starts_mean": statistics.fmean(server_starts(r.runs) for r in results),
+        "server_starts_max": max(server_starts(r.runs) for r in results),
         "optimum_rate": sum(r.final_ratio >= 0.98 for r in results) / count,
         "inert_adopted_rate": sum(r.adopted(BLOCK) for r in results) / count,
         "harmful_adopted_rate": sum(r.adopted(EAGER) for r in results) / count,
@@ -334,9 +327,13 @@ def _show(value: float | int) -> str:
 
 if __name__ == "__main__":
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 50
-    for title, rule in (("proof rule", PROOF_RULE), ("default rule", DecisionRule())):
+    for title, rule, slots in (
+        ("proof rule, one server slot (interleaved)", PROOF_RULE, 1),
+        ("proof rule, side by side", PROOF_RULE, SIDE_BY_SIDE),
+        ("default rule, one server slot", DecisionRule(), 1),
+    ):
         print(f"# campaign, {title}")
-        for key, value in summary(n, rule).items():
+        for key, value in summary(n, rule, slots=slots).items():
             print(f"{key}: {_show(value)}")
     for name, figures in baselines(n).items():
         print(f"# {name}: " + ", ".join(f"{k} {_show(v)}" for k, v in figures.items()))

@@ -447,3 +447,64 @@ def test_a_wall_time_budget_stops_the_rounds_at_the_runs_it_affords() -> None:
     assert [(c.candidate.label, c.outcome) for c in again.candidates()] == [
         (c.candidate.label, c.outcome) for c in campaign.candidates()
     ]
+
+
+def test_side_by_side_plans_pairs_at_once_each_configuration_in_a_row() -> None:
+    """With a server slot for each of the cycle's 4 configurations, the first cycle plans
+    ``min_repeats`` pairs at once, each configuration's runs in a row (one server each);
+    the next ones 2 pairs; with one slot too few, one pair a cycle as before."""
+    campaign = Campaign(SPACE, START, RULE, budget=200, slots=4)
+    runs = campaign.next_runs()
+    n = RULE.min_repeats
+    assert [r.label for r in runs[: n + 1]] == [
+        *(f"r1.c{c}.incumbent" for c in range(1, n + 1)),
+        "r1.c1.engine_args.enable_prefix_caching=true",
+    ]
+    assert len(runs) == 4 * n and server_starts(runs) == 4
+    assert [r.cycle for r in runs] == list(range(1, n + 1)) * 4
+    measure = _measure({(S, 3): 1.02}, sigma=0.05)  # nothing decided after 3 pairs
+    for run in runs:
+        campaign.record(run.label, measure(run))
+    second = campaign.next_runs()
+    assert {(r.round, r.cycle) for r in second} == {(1, n + 1), (1, n + 2)}
+    assert server_starts(second) == len({r.server_key for r in second})
+    narrow = Campaign(SPACE, START, RULE, budget=200, slots=3)
+    assert [r.cycle for r in narrow.next_runs()] == [1, 1, 1, 1]
+
+
+def test_side_by_side_decides_as_interleaving_does_on_the_same_values() -> None:
+    """Noise-free values: the same path, outcomes and confirmation whatever the slots; the
+    confirmation's pairs all at once (2 servers); a replay from the records (in any order
+    within a cycle) gives the same state; the budget holds."""
+    measure = _measure(CLIMB, sigma=0.0)
+    one = Campaign(SPACE, START, RULE, budget=200)
+    _drive(one, measure)
+    wide = Campaign(SPACE, START, RULE, budget=200, slots=8)
+    records: list[Recorded] = []
+    while batch := wide.next_runs():
+        if batch[0].round == 0:
+            assert len(batch) == 2 * RULE.max_repeats and server_starts(batch) == 2
+        for run in reversed(batch):
+            records.append(Recorded(run.label, measure(run)))
+            wide.record(run.label, records[-1].value)
+    assert wide.phase is Phase.DONE and wide.runs_used <= 200
+    assert [(s.variable, s.to_level) for s in wide.path()] == [
+        (s.variable, s.to_level) for s in one.path()
+    ]
+    assert {(r.candidate.label, r.outcome) for r in wide.candidates()} == {
+        (r.candidate.label, r.outcome) for r in one.candidates()
+    }
+    confirmed = wide.confirmed()
+    assert confirmed is not None and confirmed.agrees
+    again = Campaign(SPACE, START, RULE, budget=200, slots=8, recorded=records)
+    assert again.phase is Phase.DONE and again.path() == wide.path()
+
+
+def test_side_by_side_keeps_to_the_budget() -> None:
+    """A budget that affords fewer pairs than ``min_repeats`` for every configuration:
+    the cycle plans what it affords, and the campaign never passes the budget."""
+    campaign = Campaign(SPACE, START, RULE, budget=2 * RULE.max_repeats + 10, slots=4)
+    first = campaign.next_runs()
+    assert len(first) <= 10 and len(first) % 4 == 0
+    _drive(campaign, _measure(CLIMB, sigma=0.02))
+    assert campaign.runs_used <= campaign.budget

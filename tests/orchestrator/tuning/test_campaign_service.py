@@ -28,7 +28,7 @@ from orchestrator.core.states import RunStatus
 from orchestrator.dispatch.dispatcher import Dispatcher
 from orchestrator.experiments.engine_catalog import load_catalog
 from orchestrator.experiments.service import parse_spec, validate_spec
-from orchestrator.tuning import service
+from orchestrator.tuning import cycles, service
 from orchestrator.tuning.campaign_request import CampaignRequest
 from orchestrator.tuning.intake import accept_campaign
 from tests.api.conftest import settings as settings  # noqa: F401 - fixture
@@ -596,7 +596,7 @@ def test_a_confirmation_of_several_steps_passes_the_experiment_checks(
         PlannedRun("confirm.c1.final", final, Role.FINAL, 0, 1, None, space.server_key(final)),
     ]
     row = Campaign(id="c" * 36, name="tune apc", request={}, result={})
-    doc = service.cycle_doc(row, request, cycle)
+    doc = cycles.cycle_doc(row, request, cycle)
     assert doc["factors"] == [
         {
             "name": "final",
