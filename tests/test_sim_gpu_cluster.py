@@ -16,7 +16,9 @@ placement, supervisor, parity probe, telemetry and persistence are the real ones
 - two 2-GPU nodes: a TP=2 x PP=2 run spans both (``--nnodes 2``), with parity, and
   records its GPUs per node and rank;
 - ``layout.executor: "ray"``: vLLM's Ray executor (simulated) takes the run's own
-  placement group, one GPU per worker, without creating a second group.
+  placement group, one GPU per worker, without creating a second group;
+- a tuning campaign side by side (2 runs at once, 4 GPUs): each configuration's pairs on one
+  server, the two configurations at the same time on disjoint GPUs, J/token the objective.
 """
 
 from __future__ import annotations
@@ -275,3 +277,54 @@ def test_sim_ray_executor_uses_the_runs_placement_group(two_nodes: dict[str, Any
     log = httpx.get(f"{api}/api/v1/runs/{run['id']}/log", params={"raw": 1}, timeout=30).text
     assert "Using the existing placement group" in log
     assert "Creating a new one" not in log
+
+
+def test_sim_a_campaign_measures_its_configurations_side_by_side(one_node: dict[str, Any]) -> None:
+    """A campaign on the 4-GPU node whose dispatcher runs 2 runs at once: its 2
+    configurations (prefix caching off/on) get a slot each, so the cycle is 2 pairs at
+    once, each configuration's 2 runs on one server (the second reuses it) and the two
+    servers at the same time on disjoint GPUs; the objective is the GPUs' J/token, which
+    the simulated telemetry gives every run."""
+    api = one_node["api"]
+    doc = {
+        "name": "sim side by side",
+        "model": "tiny",
+        "baseline": _spec("x", {"tensor_parallel_size": 1}, num_requests=24)["baseline"],
+        "objective": {"metric": "energy_per_output_token_j"},
+        "space": [
+            {"name": "engine_args.enable_prefix_caching", "levels": [False, True], "start": False}
+        ],
+        "budget": {"max_runs": 8},
+        "rule": {"min_repeats": 2, "max_repeats": 2},
+    }
+    resp = httpx.post(f"{api}/api/v1/campaigns", json=doc, timeout=120)
+    assert resp.status_code == 201, resp.text
+    cid = resp.json()["id"]
+    deadline = time.monotonic() + 240
+    while True:
+        body = httpx.get(f"{api}/api/v1/campaigns/{cid}", timeout=30).json()
+        if body["status"] not in ("queued", "running"):
+            break
+        assert time.monotonic() < deadline, body
+        time.sleep(1)
+    assert body["status"] == "succeeded", body["status_reason"]
+    runs = {r["label"]: httpx.get(r["url"], timeout=30).json() for r in body["runs"]}
+    first = ["r1.c1.incumbent", "r1.c2.incumbent"]
+    second = ["r1.c1.engine_args.enable_prefix_caching=true"]
+    second.append("r1.c2.engine_args.enable_prefix_caching=true")
+    assert set(first + second) <= set(runs)
+    for pair in (first, second):  # one server per configuration: the second run reuses it
+        a, b = (runs[label] for label in pair)
+        assert a["status"] == b["status"] == "succeeded", (a["error"], b["error"])
+        assert a["engine_info"]["server_reused"] is False
+        assert b["engine_info"]["server_reused"] is True
+    inc, cand = (runs[pair[0]] for pair in (first, second))
+    assert inc["started_at"] < cand["finished_at"] and cand["started_at"] < inc["finished_at"]
+    gpus = [
+        {g["uuid"] for node in r["engine_info"]["gpu_assignment"] for g in node["gpus"]}
+        for r in (inc, cand)
+    ]
+    assert len(gpus[0]) == len(gpus[1]) == 1 and not gpus[0] & gpus[1]
+    candidate = next(c for c in body["candidates"] if c["round"] == 1)
+    assert candidate["pairs"] == 2, candidate
+    assert body["wall_time"]["servers_reused"] >= 2
