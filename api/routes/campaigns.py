@@ -132,6 +132,7 @@ def campaign_out(request: Request, session: Session, row: Campaign) -> CampaignO
         serve_command=result.get("serve_command"),
         spec=result.get("spec"),
         space_proposal=_proposal(result.get("space_proposal")),
+        slots=result.get("slots"),
     )
 
 

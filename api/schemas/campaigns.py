@@ -175,6 +175,12 @@ class CampaignOut(BaseModel):
         description="an experiment document (POST /api/v1/experiments) that re-runs the "
         "incumbent alone, with repeats; None before the campaign was first advanced",
     )
+    slots: int | None = Field(
+        None,
+        description="server slots the campaign measures on at once (side by side: each "
+        "configuration of a cycle on its own devices, several pairs a cycle); 1: interleaved "
+        "on one; None before its first advance",
+    )
     space_proposal: list[CampaignSpaceNoteOut] | None = Field(
         None,
         description='a campaign submitted with "space": "auto": each variable vlab '

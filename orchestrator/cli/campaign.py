@@ -224,6 +224,13 @@ def print_costs(body: dict[str, Any], out: Console) -> None:
             "phases are summed over runs (side by side runs overlap), the wait is wall time",
             markup=False,
         )
+    slots = body.get("slots")
+    if isinstance(slots, int) and slots > 1:
+        out.print(
+            f"measured side by side: up to {slots} configurations at once, each on its own "
+            "devices, each configuration's pairs of a cycle on one server",
+            markup=False,
+        )
     for label, retry in (body.get("retried") or {}).items():
         out.print(f"lost to the infrastructure, measured again: {label} -> {retry}", markup=False)
     for label, why in (body.get("unmeasured") or {}).items():

@@ -103,6 +103,7 @@ def test_a_campaign_read_back_with_path_candidates_confirmation_and_runs(
     advance(factory, settings, cid)
     body = client.get(f"/api/v1/campaigns/{cid}").json()
     assert body["status"] == "running" and body["phase"] == "rounds"
+    assert body["slots"] == 1  # no orchestrator reports GPUs here: interleaved
     assert [r["label"] for r in body["runs"]][0] == "r1.c1.incumbent"
     assert all(r["status"] == "queued" and "/api/v1/runs/" in r["url"] for r in body["runs"])
     run = client.get(body["runs"][1]["url"]).json()  # a run links back to its campaign

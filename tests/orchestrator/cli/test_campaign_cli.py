@@ -193,6 +193,7 @@ def test_show_prints_where_the_wall_time_went_and_the_lost_runs() -> None:
         },
         "retried": {"r1.c1.incumbent": "r1.c1.incumbent.retry1"},
         "unmeasured": {"r1.c2.x=1.retry2": "lost 3 times"},
+        "slots": 4,
     }
     out = Console(width=200, record=True)
     campaign_cli.print_campaign(body, out)
@@ -206,3 +207,6 @@ def test_show_prints_where_the_wall_time_went_and_the_lost_runs() -> None:
     assert "server starts: 2 (3 run(s) reused a running server)" in costs
     assert "measured again: r1.c1.incumbent -> r1.c1.incumbent.retry1" in costs
     assert "lost, not measured again: r1.c2.x=1.retry2: lost 3 times" in costs
+    assert "measured side by side: up to 4 configurations at once" in costs
+    campaign_cli.print_campaign({**body, "slots": 1}, quiet := Console(width=200, record=True))
+    assert "measured side by side" not in quiet.export_text()
