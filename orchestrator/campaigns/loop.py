@@ -52,7 +52,7 @@ run is lost or repeated). The ``order`` hook must therefore be deterministic.
 
 Pure: no database, no Ray, no HTTP.
 
-Size: about 650 lines of one state machine (rounds, cycles, retries of lost runs, budgets,
+Size: about 660 lines of one state machine (rounds, cycles, retries of lost runs, budgets,
 the confirmation) over one shared state; split, each part would take the whole state.
 """
 
@@ -194,7 +194,14 @@ class Campaign:
         self._open_round()
         for run in recorded:
             self.record(
-                run.label, run.value, run.lost, run.why, run.checks, run.device_s, run.ended_s
+                run.label,
+                run.value,
+                run.lost,
+                run.why,
+                run.checks,
+                run.device_s,
+                run.ended_s,
+                run.again,
             )
 
     # ----------------------------------------------------------------- the executor's side
@@ -213,9 +220,12 @@ class Campaign:
         checks: Mapping[str, float | None] | None = None,
         device_s: float | None = None,
         ended_s: float | None = None,
+        again: bool = True,
     ) -> None:
         """Record the objective of a planned run (``None``: the run failed; ``lost``: it
-        measured nothing usable, and is planned again: see the module docstring; ``why``:
+        measured nothing usable, and is planned again unless ``again`` is False (measuring
+        it again would give the same: a search that found its boundary outside the range,
+        no energy counter): see the module docstring; ``why``:
         what happened to it, "lost to the infrastructure" unless said, such as a
         measurement a finding flagged; ``checks``: the run's values of the constraints'
         metrics, ``None`` where it has none that gives a verdict; ``device_s``: the
@@ -243,6 +253,11 @@ class Campaign:
         if lost:
             self._lost.append(label)
             self._lost_why[label] = why or LOST
+            if not again:
+                self._unmeasured[label] = (
+                    f"run {label} was {why or LOST}, which measuring it again would not "
+                    "change; not measured again"
+                )
         if len(self._values) < len(self._pending):
             return
         lost_runs = [run for run in self._pending.values() if run.label in self._lost]
@@ -257,6 +272,8 @@ class Campaign:
 
     def _retry(self, run: PlannedRun) -> None:
         """Plan ``run`` (lost to the infrastructure) again, or say why it is not."""
+        if run.label in self._unmeasured:  # recorded as not worth measuring again
+            return
         cap = self.budget if self.phase is Phase.CONFIRMING else self.budget - self.reserve
         waiting = sum(1 for label in self._pending if label not in self._values)  # retries
         if run.attempt >= self.max_retries:

@@ -97,6 +97,7 @@ class Recorded:
     checks: Mapping[str, float | None] | None = None  # its constraints' metrics
     device_s: float | None = None  # device-seconds it held
     ended_s: float | None = None  # when it ended, seconds after the campaign began
+    again: bool = True  # a lost run: whether measuring it again could give a value
 
 
 @dataclass

@@ -118,14 +118,12 @@ def rebuild(
             if run is None or not is_terminal(run.status):
                 continue
             value = _objective(run, metrics, request.objective.metric)
-            flagged = (
-                _flagged(run, metrics, request.objective.metric)
-                if value
-                else _unread(run, request.objective.metric)
-            )
+            unread = None if value else _unread(run, request.objective.metric)
+            flagged = _flagged(run, metrics, request.objective.metric) if value else None
             device_s, ended_s = _device_s(run), _ended_s(run, began)
-            if flagged is not None:  # no verdict from it: measured again, as if lost
-                core.record(planned.label, None, True, flagged, device_s=device_s, ended_s=ended_s)
+            if flagged is not None or unread is not None:  # no verdict: measured again, as lost
+                why, again = unread if unread is not None else (flagged, True)
+                core.record(planned.label, None, True, why, None, device_s, ended_s, again)
             else:
                 lost = lost_to_infrastructure(run)
                 checks = _checks(run, metrics, request) if value is not None else None
@@ -240,19 +238,21 @@ def _objective(run: Run, metrics: dict[str, dict[str, float]], metric: str) -> f
     return float(value)
 
 
-def _unread(run: Run, metric: str) -> str | None:
+def _unread(run: Run, metric: str) -> tuple[str, bool] | None:
     """Why a succeeded run without a value of objective ``metric`` says nothing of its
-    configuration (measured again, then ``unknown``, never ``failed``): no GPU energy
-    reading for J/token, a capacity search that found no boundary (client-limited, cut
-    short, out of range); None otherwise."""
+    configuration (``unknown``, never ``failed``), and whether measuring it again may
+    change that: not for a missing GPU energy reading (J/token) or a capacity search whose
+    boundary lies outside its range; yes for a client-limited, uncertain or cut-short
+    search. None otherwise."""
     if run.status != RunStatus.SUCCEEDED.value:
         return None
     if metric in GPU_TELEMETRY:
-        return f"measured without a {metric} value (its GPU telemetry read no energy counter)"
+        return f"measured without {metric} (its GPU telemetry read no energy counter)", False
     if metric in CAPACITY_OBJECTIVES:
         search = run.capacity or {}
-        why = search.get("note") or "no boundary in its range"
-        return f"measured without a capacity: the search ended {search.get('status')} ({why})"
+        status, why = search.get("status"), search.get("note") or "no boundary in its range"
+        again = status not in ("below_min", "at_least_max")
+        return f"measured without a capacity: the search ended {status} ({why})", again
     return None
 
 

@@ -726,7 +726,9 @@ def test_a_j_per_token_run_without_the_energy_reading_is_unknown_not_failed(
     assert outcomes == {"unknown"}, row.result["candidates"]
     assert row.result["path"] == []
     why = next(iter(row.result["unmeasured"].values()))
-    assert "without a energy_per_output_token_j value" in why, why
+    assert "measured without energy_per_output_token_j (its GPU telemetry" in why, why
+    assert "measuring it again would not change" in why
+    assert row.result["retried"] == {}  # no run spent on measuring it again
     with factory() as s:
         stored = CampaignRepository(s).get(cid)
         assert stored is not None and stored.request["objective"]["direction"] == "lower"
@@ -800,12 +802,20 @@ def test_a_capacity_objective_needs_a_capacity_search_and_the_search_needs_it(
             assert experiment is not None and experiment.spec["capacity"]["min"] == 0.5
 
 
+@pytest.mark.parametrize(
+    ("status", "retried"),
+    [("client_limited", True), ("below_min", False), ("at_least_max", False)],
+)
 def test_a_capacity_search_without_a_boundary_leaves_its_candidate_unknown(
     factory: sessionmaker[Session],
     settings: Settings,  # noqa: F811
+    status: str,
+    retried: bool,
 ) -> None:
-    """Runs whose search was client-limited (no ``capacity`` stored): measured again, then
-    their candidates end ``unknown`` quoting the search, never ``failed`` or ``worse``."""
+    """Runs whose search found no boundary (no ``capacity`` stored): their candidates end
+    ``unknown`` quoting the search, never ``failed`` or ``worse``; a client-limited search
+    is measured again first (a quieter client may find it), a boundary outside the range
+    is not (it would be again)."""
     cid = create(
         factory,
         settings,
@@ -823,13 +833,14 @@ def test_a_capacity_search_without_a_boundary_leaves_its_candidate_unknown(
                     record_fake_result(s, run, 3.0, metric="median_ttft_ms")
                     run.capacity = {
                         "variable": "request_rate",
-                        "status": "client_limited",
+                        "status": status,
                         "note": "at least 4 req/s; the load generator's ceiling here is 4 req/s",
                     }
     first = {c["outcome"] for c in row.result["candidates"] if c["round"] == 1}
     assert first == {"unknown"}, row.result["candidates"]
     why = next(iter(row.result["unmeasured"].values()))
-    assert "the search ended client_limited (at least 4 req/s" in why, why
+    assert f"the search ended {status} (at least 4 req/s" in why, why
+    assert bool(row.result["retried"]) is retried
 
 
 def test_a_capacity_campaign_decides_from_the_capacity_each_search_found(
