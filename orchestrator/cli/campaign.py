@@ -275,7 +275,16 @@ def print_campaign(body: dict[str, Any], out: Console) -> None:
             f"measured total (final vs start): {gain_text(conf['total'])}\n"
             f"product of the step gains:       {gain_text(conf['steps'])}\n"
             f"interaction (the difference):    {gain_text(conf['interaction'])}: "
-            + ("agrees with the path" if conf.get("agrees") else "does NOT agree with the path"),
+            + ("agrees with the path" if conf.get("agrees") else "does NOT agree with the path")
+            + (
+                ""
+                if conf.get("agrees")
+                else (
+                    " (the variables may interact, or the steps read high)"
+                    if len(body.get("path") or []) > 1
+                    else " (one change: noise or drift between rounds, not an interaction)"
+                )
+            ),
             markup=False,
         )
     else:

@@ -238,9 +238,23 @@ def _tensor_parallel(
         return None, tp, "the devices per node are unknown (no live orchestrator reports them)"
     if per_node <= 1:
         return None, tp, f"the cluster has {per_node} device per node: nothing to split over"
+    asked = (evidence.baseline.get("layout") or {}).get("devices")
+    devices = asked if isinstance(asked, int) and not isinstance(asked, bool) else None
+    if devices is None or devices < 2:
+        return (
+            None,
+            tp,
+            (
+                "the baseline's layout sets no `devices` of 2 or more: a run's devices follow its "
+                "TP, so TP would change them too (two variables); set `layout.devices` and TP "
+                "changes inside it"
+            ),
+        )
     weights, memory = evidence.model.weights_gib, evidence.devices.memory_gib
     fits_one = None if weights is None or memory is None else weights <= memory * FIT_SHARE
-    sizes = {1 << k for k in range(per_node.bit_length()) if 1 << k <= per_node} | {tp}
+    top = min(per_node, devices)
+    sizes = {1 << k for k in range(top.bit_length()) if 1 << k <= top and devices % (1 << k) == 0}
+    sizes |= {tp}
     if fits_one is False:
         why = f"the model's weights ({weights:.1f} GiB) do not fit one device of {memory:.1f} GiB"
     elif latency:
@@ -253,7 +267,14 @@ def _tensor_parallel(
             "device memory is unknown)"
         )
         return None, tp, f"{why} and the objective is not a latency"
-    return _levels(sizes, tp), tp, f"{why}; powers of two up to the {per_node} devices per node"
+    return (
+        _levels(sizes, tp),
+        tp,
+        (
+            f"{why}; powers of two up to the {top} devices of a run (the baseline's {devices}, "
+            f"{per_node} per node) that divide them"
+        ),
+    )
 
 
 _RULES: dict[str, _Rule] = {

@@ -41,7 +41,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator.analysis.trust import not_applicable_of, run_trust
 from orchestrator.campaigns.loop import Campaign as CoreCampaign
-from orchestrator.campaigns.outcomes import OrderHook, Phase, PlannedRun
+from orchestrator.campaigns.outcomes import OrderHook, Outcome, Phase, PlannedRun
 from orchestrator.core.db import is_unavailable, unit_of_work
 from orchestrator.core.errors import ConflictError, InvalidInputError, NotFoundError
 from orchestrator.core.models import Campaign, Run
@@ -379,11 +379,29 @@ def next_cycle_docs(
 
 
 def _done_reason(core: CoreCampaign) -> str:
+    """What the finished campaign found, in one line: the changes adopted (or none), the
+    candidates it left undecided (``unknown``: the budget ran out, runs not measured), and
+    a confirmation that does not agree with the path, first when it does not."""
     steps = core.path()
-    if not steps:
-        return "no candidate paid: the starting configuration stays"
-    moved = ", ".join(f"{s.variable}: {s.from_level} -> {s.to_level}" for s in steps)
-    return f"{len(steps)} change(s) adopted: {moved}"
+    unknown = [c for c in core.candidates() if c.outcome is Outcome.UNKNOWN]
+    confirmed = core.confirmed()
+    parts: list[str] = []
+    if confirmed is not None and not confirmed.agrees:
+        parts.append(
+            "the confirmation does NOT agree with the path: the final configuration measured "
+            f"{confirmed.total.describe()} against the start, the steps "
+            f"{confirmed.steps.describe()}"
+        )
+    if steps:
+        moved = ", ".join(f"{s.variable}: {s.from_level} -> {s.to_level}" for s in steps)
+        parts.append(f"{len(steps)} change(s) adopted: {moved}")
+    elif unknown:
+        parts.append("no change adopted: the starting configuration stays")
+    else:
+        parts.append("no candidate paid: the starting configuration stays")
+    if unknown:
+        parts.append(f"{len(unknown)} candidate(s) left undecided ({unknown[-1].reason})")
+    return "; ".join(parts)
 
 
 def _write_result(
@@ -490,6 +508,12 @@ def cancel_campaign(session: Session, campaign_id: str, by: str | None = None) -
         for r in labelled
     }
     result["pending"] = []
+    result["candidates"] = [
+        {**c, "outcome": "unknown", "reason": "the campaign was cancelled before it was decided"}
+        if c.get("outcome") == "measuring"
+        else c
+        for c in result.get("candidates", [])
+    ]
     result["wall_time"] = wall_time(row, labelled)
     row.result = result
     repo.touch(row)

@@ -12,8 +12,10 @@ Per kind, summed over the campaign's runs, in seconds (``timings`` of
   the above: building request lists, cache resets, an engine start that failed);
 - ``lost_s``: runs lost to the infrastructure, claim to end (they have no timings);
 - ``queue_wait_s``: waiting for devices: the wall time during which a run of the campaign
-  was queued and not yet claimed (``created_at`` to ``claimed_at``; the runs of a cycle
-  wait together, so this is the union of those spans, not their sum);
+  was queued (``created_at`` to ``claimed_at``) while none of its runs held devices
+  (claimed and not ended): the wait for devices others held, not for the campaign's own
+  runs before it (that is their time, counted in the phases); the runs of a cycle wait
+  together, so this is the union of those spans, not their sum;
 - ``elapsed_s``: the campaign's own wall time, from its creation to ``now`` (when the
   result is written: to its end once it ended).
 
@@ -52,7 +54,7 @@ def wall_time(campaign: Campaign, runs: list[Run], now: datetime | None = None) 
     created = campaign.created_at
     return {
         "elapsed_s": round(max(0.0, (now - created).total_seconds()), 4) if created else 0.0,
-        "queue_wait_s": round(_union(_waits(runs, now)), 4),
+        "queue_wait_s": round(_union(_minus(_waits(runs, now), _held(runs, now))), 4),
         **{key: round(value, 4) for key, value in sums.items()},
         "server_starts": sum(1 for r in reused if r is False),
         "servers_reused": sum(1 for r in reused if r is True),
@@ -79,6 +81,34 @@ def _waits(runs: Iterable[Run], now: datetime) -> list[tuple[datetime, datetime]
         if end is not None and end > run.created_at:
             spans.append((run.created_at, end))
     return spans
+
+
+def _held(runs: Iterable[Run], now: datetime) -> list[tuple[datetime, datetime]]:
+    """Each run's time on its devices: claimed until it ended (until now while it runs)."""
+    return [
+        (run.claimed_at, run.finished_at or now)
+        for run in runs
+        if run.claimed_at is not None and (run.finished_at or now) > run.claimed_at
+    ]
+
+
+def _minus(
+    spans: list[tuple[datetime, datetime]], cut: list[tuple[datetime, datetime]]
+) -> list[tuple[datetime, datetime]]:
+    """The parts of ``spans`` that no span of ``cut`` covers."""
+    out = list(spans)
+    for c0, c1 in cut:
+        kept: list[tuple[datetime, datetime]] = []
+        for s0, s1 in out:
+            if c1 <= s0 or c0 >= s1:
+                kept.append((s0, s1))
+                continue
+            if s0 < c0:
+                kept.append((s0, c0))
+            if c1 < s1:
+                kept.append((c1, s1))
+        out = kept
+    return out
 
 
 def _union(spans: list[tuple[datetime, datetime]]) -> float:

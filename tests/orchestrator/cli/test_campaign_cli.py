@@ -210,3 +210,32 @@ def test_show_prints_where_the_wall_time_went_and_the_lost_runs() -> None:
     assert "measured side by side: up to 4 configurations at once" in costs
     campaign_cli.print_campaign({**body, "slots": 1}, quiet := Console(width=200, record=True))
     assert "measured side by side" not in quiet.export_text()
+
+
+def test_a_confirmation_that_disagrees_says_why_it_can_for_one_change_and_for_several() -> None:
+    gain = {"estimate": 0.26, "low": 0.1, "high": 0.4, "n": 3, "confidence": 0.95}
+    conf = {"total": gain, "steps": gain, "interaction": gain, "agrees": False}
+    body: dict[str, Any] = {
+        "id": "c1",
+        "name": "x",
+        "status": "succeeded",
+        "request": {"objective": {"metric": "output_throughput"}},
+        "confirmation": conf,
+    }
+    step = {
+        "round": 1,
+        "variable": "a",
+        "from_level": False,
+        "to_level": True,
+        "verdict": "pays",
+        "effect": "+30.0% [+10.0%, +50.0%]",
+        "gain": gain,
+        "reason": "paid",
+    }
+    body["path"] = [step]
+    one = Console(width=200, record=True)
+    campaign_cli.print_campaign(body, one)
+    assert "does NOT agree with the path (one change: noise or drift" in one.export_text()
+    two = Console(width=200, record=True)
+    campaign_cli.print_campaign({**body, "path": [step, {**step, "variable": "b"}]}, two)
+    assert "does NOT agree with the path (the variables may interact" in two.export_text()

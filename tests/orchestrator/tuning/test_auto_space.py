@@ -50,8 +50,15 @@ LONGEST = 608
 STARTS: dict[str, Level | None] = {APC: False, SEQS: 128, TOKENS: 2048, CAP: 4096, TP: 1}
 
 
-def evidence(workload: dict[str, Any] | None = None, **kw: Any) -> Evidence:
-    base = {"engine_args": {}, "workload": dict(SHARED if workload is None else workload)}
+def evidence(
+    workload: dict[str, Any] | None = None, run_devices: int | None = None, **kw: Any
+) -> Evidence:
+    base: dict[str, Any] = {
+        "engine_args": {},
+        "workload": dict(SHARED if workload is None else workload),
+    }
+    if run_devices is not None:
+        base["layout"] = {"devices": run_devices}
     return Evidence(baseline=base, **kw)
 
 
@@ -135,16 +142,23 @@ def test_tensor_parallel_only_on_multi_device_nodes_for_big_models_or_latency() 
     assert TP not in variables(p) and "1 device per node" in note(p, TP)["why"]
     small = ModelFacts(weights_gib=10.0)
     four = Devices(per_node=4, memory_gib=80.0)
-    p = propose(evidence(devices=four, model=small))
+    # without a fixed device count, TP would change the run's devices too: left out
+    p = propose(evidence(devices=four, model=small), latency=True)
+    assert TP not in variables(p) and "sets no `devices`" in note(p, TP)["why"]
+    p = propose(evidence(run_devices=4, devices=four, model=small))
     assert TP not in variables(p)
     assert "the model fits one device" in note(p, TP)["why"]
     assert "the objective is not a latency" in note(p, TP)["why"]
-    p = propose(evidence(devices=four, model=small), latency=True)
+    p = propose(evidence(run_devices=4, devices=four, model=small), latency=True)
     assert variables(p)[TP] == {"name": TP, "levels": [1, 2, 4], "start": 1}
     big = ModelFacts(weights_gib=140.0)
-    p = propose(evidence(devices=Devices(per_node=8, memory_gib=80.0), model=big))
+    eight = Devices(per_node=8, memory_gib=80.0)
+    p = propose(evidence(run_devices=8, devices=eight, model=big))
     assert variables(p)[TP] == {"name": TP, "levels": [1, 2, 4, 8], "start": 1}
     assert "do not fit one device" in note(p, TP)["why"]
+    # a run of 2 devices on nodes of 8: TP up to 2
+    p = propose(evidence(run_devices=2, devices=eight, model=big))
+    assert variables(p)[TP]["levels"] == [1, 2]
 
 
 def test_an_unknown_start_leaves_its_variable_out() -> None:

@@ -319,3 +319,15 @@ def test_token_bursts_with_the_clients_ttft_lag_withhold_a_ttft_objective(
     _finish(factory, cid, {lagging: _flag("lag", ttft)}, metric=ttft)
     row = step(factory, settings, cid)
     assert row.result["retried"] == {lagging: f"{lagging}.retry1"}
+
+
+def test_waiting_for_devices_leaves_out_the_time_the_campaigns_own_runs_held_them() -> None:
+    """A cycle of two runs on one slot: the second waits 10-70 while the first runs 10-70,
+    then runs 70-130; that wait is the first run's time, not a wait for devices, so the
+    wait is only the 5 s before the first was claimed, and the wait plus the runs' time on
+    their devices is the campaign's elapsed time."""
+    campaign = Campaign(created_at=_at(0))
+    first = _run(status="succeeded", created_at=_at(5), claimed_at=_at(10), finished_at=_at(70))
+    second = _run(status="succeeded", created_at=_at(5), claimed_at=_at(70), finished_at=_at(130))
+    got = wall_time(campaign, [first, second], now=_at(135))
+    assert got["queue_wait_s"] == 5.0

@@ -412,6 +412,8 @@ def test_cancel_ends_the_queued_runs_and_the_campaign(
     with unit_of_work(factory) as s:
         row = service.cancel_campaign(s, cid)
         assert row.status == "cancelled"
+        outcomes = {(c["outcome"], c["reason"]) for c in row.result["candidates"]}
+        assert outcomes == {("unknown", "the campaign was cancelled before it was decided")}
     with factory() as s:
         statuses = [r.status for r in CampaignRepository(s).runs(cid)]
     assert statuses == ["succeeded", "cancelled", "cancelled", "cancelled"]
@@ -691,6 +693,9 @@ def test_a_wall_time_budget_counts_from_the_submission_to_each_runs_end(
     assert row.result["confirmation"] is not None, (row.result["candidates"], row.result["path"])
     reasons = [c["reason"] for c in row.result["candidates"] if c["outcome"] == "unknown"]
     assert reasons and all(r.startswith("the wall-time budget ran out") for r in reasons)
+    assert f"{len(reasons)} candidate(s) left undecided (the wall-time budget ran out" in (
+        row.status_reason or ""
+    )
 
 
 def test_a_per_device_objective_is_the_stored_throughput_over_the_reserved_devices(
@@ -867,3 +872,27 @@ def test_a_capacity_campaign_decides_from_the_capacity_each_search_found(
     assert row.status == "succeeded", row.status_reason
     assert [s["variable"] for s in row.result["path"]] == ["engine_args.enable_prefix_caching"]
     assert row.result["confirmation"]["agrees"] is True
+
+
+def test_a_confirmation_that_disagrees_with_the_path_leads_the_status_reason(
+    factory: sessionmaker[Session],
+    settings: Settings,  # noqa: F811
+) -> None:
+    """The rounds adopt prefix caching (+30 %), but the confirmation measures the final
+    configuration no better than the start: the campaign ends with the disagreement first
+    in its status reason, with both numbers, before the change it adopted."""
+    cid = create(factory, settings)
+    for _ in range(100):
+        row = step(factory, settings, cid)
+        if row.status != "running":
+            break
+        with unit_of_work(factory) as s:
+            for run in CampaignRepository(s).runs(cid):
+                if run.status == "queued":
+                    confirming = str(run.campaign_label).startswith("confirm.")
+                    record_fake_result(s, run, 1000.0 if confirming else surface(run))
+    assert row.status == "succeeded"
+    assert row.result["confirmation"]["agrees"] is False
+    reason = row.status_reason or ""
+    assert reason.startswith("the confirmation does NOT agree with the path: the final "), reason
+    assert "; 1 change(s) adopted: engine_args.enable_prefix_caching: False -> True" in reason
