@@ -26,13 +26,14 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
+
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 RAY_ONLY_VENV = REPO / ".ray-only-venv"
@@ -55,12 +56,6 @@ def ray_only_python() -> Path:
         timeout=900,
     )
     return RAY_ONLY_VENV / "bin" / "python"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class RayOnlyCluster:

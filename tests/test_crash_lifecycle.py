@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -37,14 +36,9 @@ from jobs.engine.processes import (
 )
 from orchestrator.core.db import embedded_registrations
 from tests.conftest import REPO
+from tests.ports import free_port as _free_port
 
 VLAB = Path(sys.executable).parent / "vlab"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _ray_of(home: Path, pid: int) -> dict[int, str]:

@@ -7,7 +7,6 @@ without it.
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -25,17 +24,12 @@ from orchestrator.core.models import Run, RunLog, RunMetric, RunRequest, RunSamp
 from orchestrator.core.settings import EngineSettings, OrchestratorSettings, Settings
 from tests.conftest import ENGINE_PYTHON, fresh_database, needs_engine
 from tests.factories import make_experiment
+from tests.ports import free_port
 
 #: needs_engine skips without the engine environment, except under CI (it fails there).
 pytestmark = [pytest.mark.engine, needs_engine]
 
 ENGINE = ENGINE_PYTHON or "<no engine environment: run `make engine`>"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def processes_with_env(marker: str) -> list[int]:

@@ -11,7 +11,6 @@ with the reason, and its devices are freed.
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,15 +24,10 @@ from ray.cluster_utils import Cluster
 from orchestrator.cli.runtime import Runtime
 from orchestrator.core.settings import EngineSettings, OrchestratorSettings, Settings
 from tests.conftest import ENGINE_PYTHON, fresh_database, needs_engine
+from tests.ports import free_port as _free_port
 
 #: needs_engine skips without the engine environment, except under CI (it fails there).
 pytestmark = [pytest.mark.engine, needs_engine]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

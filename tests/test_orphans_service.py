@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from orchestrator.core.db import normalize_url, upgrade_to_head
 from orchestrator.core.models import Run, RunRequest
 from tests.conftest import ENGINE_PYTHON, REPO, fresh_database, needs_engine
 from tests.factories import make_experiment
+from tests.ports import free_port as _free_port
 
 pytestmark = [pytest.mark.engine, needs_engine]
 
@@ -51,12 +51,6 @@ print("ready", flush=True)
 while True:
     time.sleep(1)
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _engine_pids(run_id: str) -> list[int]:

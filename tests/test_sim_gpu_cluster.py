@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,16 +40,11 @@ from orchestrator.cli.runtime import Runtime
 from orchestrator.core.settings import EngineSettings, OrchestratorSettings, Settings
 from orchestrator.experiments import model_resolution as service
 from tests.conftest import fresh_database
+from tests.ports import free_port as _free_port
 from tests.simgpu import NODE_ENV, NVIDIA_SMI_DIR, STATE_ENV, write_inventory
 from tests.simgpu.engine import write_engine_python
 
 SNAPSHOT = "0123456789abcdef0123456789abcdef01234567"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _hf_cache(root: Path, repo: str, model_dir: Path) -> Path:

@@ -217,6 +217,7 @@ def test_database_outage_is_503_everywhere_logged_once_and_recovers(
                 "GET /api/v1/auth/me",
                 "POST /api/v1/tokens",
                 "POST /api/v1/experiments/{experiment_id}/export/mlflow",
+                "POST /api/v1/campaigns/{campaign_id}/export/mlflow",
                 "POST /api/v1/analyze/kv-cache",
                 "POST /api/v1/analyze/prefix",
             }, {k: v for k, v in answers.items() if v != 503}

@@ -32,7 +32,6 @@ import json
 import math
 import os
 import re
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,6 +49,7 @@ from orchestrator.tuning.evidence import Evidence
 from orchestrator.tuning.evidence_inputs import RoundOrders
 from orchestrator.tuning.service import rebuild
 from tests.conftest import ENGINE_PYTHON, fresh_database, needs_engine
+from tests.ports import free_port
 
 #: Real vLLM (``engine``), 20-28 server starts (``slow``: left out of ``make check``). Its
 #: verdicts are latency ratios measured on the 2-core machine: beside the parallel pass's
@@ -109,12 +109,6 @@ def campaign_doc() -> dict[str, Any]:
         "budget": {"max_runs": 32},
         "rule": {**RULE, "min_repeats": MIN_REPEATS, "max_repeats": MAX_REPEATS},
     }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

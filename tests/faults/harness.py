@@ -26,7 +26,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,6 +46,7 @@ from orchestrator.core.models import Run, RunRequest, RunSample
 from tests.conftest import REPO
 from tests.factories import make_experiment
 from tests.faults.engine import write_engine_python
+from tests.ports import free_port
 
 VLAB = Path(sys.executable).parent / "vlab"
 TERMINAL = ("succeeded", "failed", "cancelled", "blocked")
@@ -58,12 +58,6 @@ STARTUP_TIMEOUT_S = 20.0
 #: Seconds Ray's processes wait for a lost GCS before they exit (``RAY_`` system config
 #: ``gcs_rpc_server_reconnect_timeout_s``, default 60).
 GCS_RECONNECT_S = 10
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --------------------------------------------------------------------------- /proc

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from api.app import create_app
 from orchestrator.core.db import normalize_url, upgrade_to_head
 from orchestrator.core.settings import EngineSettings, Settings
 from tests.conftest import fresh_database
+from tests.ports import free_port as _free_port
 from tests.web.seed import DATA, bulk_history, load_export
 
 CHROMIUM = os.environ.get("VLAB_CHROMIUM", "/usr/bin/chromium")
@@ -54,12 +54,6 @@ def seeded(web_db: sessionmaker[Session]) -> dict[str, Any]:
         older = load_export(session, REAL_EXPORT, name="demo apc older", shift=-timedelta(days=3))
         bulk = bulk_history(session, experiments=30, runs_per_experiment=4)
     return {"real": real, "older": older, "bulk": bulk}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
