@@ -44,6 +44,12 @@ from tests.ports import free_port as _free_port
 from tests.simgpu import NODE_ENV, NVIDIA_SMI_DIR, STATE_ENV, write_inventory
 from tests.simgpu.engine import write_engine_python
 
+#: One worker runs the module under ``pytest -n`` (``make test``): its module fixtures are
+#: whole simulated clusters, and two built at once on two workers (each test elsewhere
+#: builds its own) were seen to confuse the simulated GPUs' inventory (a GPU without its
+#: UUID in a fresh-clone CI).
+pytestmark = pytest.mark.xdist_group("simgpu")
+
 SNAPSHOT = "0123456789abcdef0123456789abcdef01234567"
 
 
