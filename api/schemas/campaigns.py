@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, Field
 
 from api.schemas.common import IsoDatetime
-from api.schemas.experiments import MlflowExportOut
+from api.schemas.experiments import MlflowExportOut, MlflowExportTarget
 
 #: One level of a variable (a spec field's value).
 LevelOut = bool | int | float | str
@@ -200,33 +200,14 @@ class CampaignListItem(BaseModel):
     run_count: int
 
 
-class CampaignMlflowExportRequest(BaseModel):
+class CampaignMlflowExportRequest(MlflowExportTarget):
     """``POST /api/v1/campaigns/{id}/export/mlflow``: where to export the campaign."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    tracking_uri: str | None = Field(
-        None,
-        min_length=1,
-        max_length=2000,
-        description="the MLflow tracking server, e.g. https://mlflow.example.com (default "
-        "VLAB_MLFLOW__TRACKING_URI); http(s) only unless VLAB_MLFLOW__ALLOW_LOCAL_STORES",
-    )
     experiment_name: str | None = Field(
         None,
         min_length=1,
         max_length=500,
         description="the MLflow experiment (default: the campaign's name)",
-    )
-    replace: StrictBool = Field(
-        False, description="delete the MLflow runs an earlier export made and export anew"
-    )
-    max_points: int | None = Field(
-        None,
-        ge=1,
-        le=100_000,
-        strict=True,
-        description="at most this many time-series points per run (default: every sample)",
     )
 
 

@@ -69,8 +69,9 @@ class ExperimentListItem(BaseModel):
     run_count: int
 
 
-class MlflowExportRequest(BaseModel):
-    """``POST /api/v1/experiments/{id}/export/mlflow``: where to export the runs."""
+class MlflowExportTarget(BaseModel):
+    """Where and how to export to MLflow: the fields every export request shares (the
+    experiment's and the campaign's)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -81,15 +82,6 @@ class MlflowExportRequest(BaseModel):
         description="the MLflow tracking server, e.g. https://mlflow.example.com (default "
         "VLAB_MLFLOW__TRACKING_URI); http(s) only unless VLAB_MLFLOW__ALLOW_LOCAL_STORES",
     )
-    experiment_name: str | None = Field(
-        None,
-        min_length=1,
-        max_length=500,
-        description="the MLflow experiment (default: the vlab experiment's name)",
-    )
-    include_failed: StrictBool = Field(
-        True, description="export failed, cancelled and blocked runs (without summary metrics)"
-    )
     replace: StrictBool = Field(
         False, description="delete the MLflow runs an earlier export made and export anew"
     )
@@ -99,6 +91,20 @@ class MlflowExportRequest(BaseModel):
         le=100_000,
         strict=True,
         description="at most this many time-series points per run (default: every sample)",
+    )
+
+
+class MlflowExportRequest(MlflowExportTarget):
+    """``POST /api/v1/experiments/{id}/export/mlflow``: where to export the runs."""
+
+    experiment_name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=500,
+        description="the MLflow experiment (default: the vlab experiment's name)",
+    )
+    include_failed: StrictBool = Field(
+        True, description="export failed, cancelled and blocked runs (without summary metrics)"
     )
 
 

@@ -9,7 +9,7 @@ database per module keeps a dispatcher of another test from advancing these camp
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -100,16 +100,27 @@ def record_fake_result(
     session.flush()
 
 
+#: How a test records a queued run's fake result (default: its surface value).
+Record = Callable[[Session, Run], None]
+
+
 def finish_queued(
-    factory: sessionmaker[Session], campaign_id: str, limit: int | None = None
+    factory: sessionmaker[Session],
+    campaign_id: str,
+    limit: int | None = None,
+    record: Record | None = None,
 ) -> int:
-    """Record fake results for the campaign's queued runs (at most ``limit``)."""
+    """Record fake results for the campaign's queued runs (at most ``limit``), each as
+    ``record`` does (default: :func:`surface`'s value as the objective)."""
     with unit_of_work(factory) as s:
         queued = [r for r in CampaignRepository(s).runs(campaign_id) if r.status == "queued"][
             :limit
         ]
         for run in queued:
-            record_fake_result(s, run, surface(run))
+            if record is None:
+                record_fake_result(s, run, surface(run))
+            else:
+                record(s, run)
         return len(queued)
 
 
@@ -130,12 +141,19 @@ def labels(factory: sessionmaker[Session], campaign_id: str) -> list[str]:
         return [str(r.campaign_label) for r in CampaignRepository(s).runs(campaign_id)]
 
 
-def drive(factory: sessionmaker[Session], settings: Settings, campaign_id: str) -> Campaign:  # noqa: F811
+def drive(
+    factory: sessionmaker[Session],
+    settings: Settings,  # noqa: F811
+    campaign_id: str,
+    record: Record | None = None,
+) -> Campaign:
+    """Advance the campaign, recording its queued runs' fake results as ``record`` does
+    (:func:`finish_queued`), until it ends."""
     for _ in range(200):
         row = step(factory, settings, campaign_id)
         if row.status != "running":
             return row
-        finish_queued(factory, campaign_id)
+        finish_queued(factory, campaign_id, record=record)
     raise AssertionError("the campaign did not end")
 
 
@@ -497,14 +515,12 @@ def test_a_lower_is_better_objective(
 ) -> None:
     """TTFT p50 (lower is better): the fake TTFT is the inverse of the surface."""
     cid = create(factory, settings, objective={"metric": "median_ttft_ms"})
-    for _ in range(100):
-        row = step(factory, settings, cid)
-        if row.status != "running":
-            break
-        with unit_of_work(factory) as s:
-            for run in CampaignRepository(s).runs(cid):
-                if run.status == "queued":
-                    record_fake_result(s, run, 1e5 / surface(run), "median_ttft_ms")
+    row = drive(
+        factory,
+        settings,
+        cid,
+        lambda s, run: record_fake_result(s, run, 1e5 / surface(run), "median_ttft_ms"),
+    )
     assert row.status == "succeeded" and row.request["objective"]["direction"] == "lower"
     assert [s["to_level"] for s in row.result["path"]] == [True]
     assert row.result["path"][0]["gain"]["estimate"] > 0  # positive is better
@@ -649,16 +665,13 @@ def test_a_device_hour_budget_counts_each_runs_devices_from_claim_to_end(
     device-hours affords 15 runs, the confirmation's 6 among them, so the rounds stop early
     with their candidates unknown, and the confirmation runs."""
     cid = create(factory, settings, budget={"max_runs": 40, "max_device_hours": 1.5})
-    for _ in range(60):
-        row = step(factory, settings, cid)
-        if row.status in ("succeeded", "failed"):
-            break
-        with unit_of_work(factory) as s:
-            for run in CampaignRepository(s).runs(cid):
-                if run.status == "queued":
-                    record_fake_result(s, run, surface(run))
-                    assert run.finished_at is not None
-                    run.claimed_at = run.finished_at - timedelta(seconds=360)
+
+    def held_360_s(s: Session, run: Run) -> None:
+        record_fake_result(s, run, surface(run))
+        assert run.finished_at is not None
+        run.claimed_at = run.finished_at - timedelta(seconds=360)
+
+    row = drive(factory, settings, cid, held_360_s)
     assert row.status == "succeeded", row.result
     assert row.result["runs_used"] <= 15
     assert row.result["confirmation"] is not None, (row.result["candidates"], row.result["path"])
@@ -677,17 +690,14 @@ def test_a_wall_time_budget_counts_from_the_submission_to_each_runs_end(
     cid = create(factory, settings, budget={"max_runs": 40, "max_wall_hours": 1.5})
     with unit_of_work(factory) as s:
         began = CampaignRepository(s).get(cid).created_at  # type: ignore[union-attr]
-    ended = 0
-    for _ in range(60):
-        row = step(factory, settings, cid)
-        if row.status in ("succeeded", "failed"):
-            break
-        with unit_of_work(factory) as s:
-            for run in CampaignRepository(s).runs(cid):
-                if run.status == "queued":
-                    record_fake_result(s, run, surface(run))
-                    ended += 1
-                    run.finished_at = began + timedelta(minutes=6 * ended)
+    ended = [0]
+
+    def six_minutes_apart(s: Session, run: Run) -> None:
+        record_fake_result(s, run, surface(run))
+        ended[0] += 1
+        run.finished_at = began + timedelta(minutes=6 * ended[0])
+
+    row = drive(factory, settings, cid, six_minutes_apart)
     assert row.status == "succeeded", row.result
     assert row.result["runs_used"] <= 15
     assert row.result["confirmation"] is not None, (row.result["candidates"], row.result["path"])
@@ -828,19 +838,16 @@ def test_a_capacity_search_without_a_boundary_leaves_its_candidate_unknown(
         capacity=CAPACITY,
         objective={"metric": "capacity"},
     )
-    for _ in range(100):
-        row = step(factory, settings, cid)
-        if row.status != "running":
-            break
-        with unit_of_work(factory) as s:
-            for run in CampaignRepository(s).runs(cid):
-                if run.status == "queued":
-                    record_fake_result(s, run, 3.0, metric="median_ttft_ms")
-                    run.capacity = {
-                        "variable": "request_rate",
-                        "status": status,
-                        "note": "at least 4 req/s; the load generator's ceiling here is 4 req/s",
-                    }
+
+    def no_boundary(s: Session, run: Run) -> None:
+        record_fake_result(s, run, 3.0, metric="median_ttft_ms")
+        run.capacity = {
+            "variable": "request_rate",
+            "status": status,
+            "note": "at least 4 req/s; the load generator's ceiling here is 4 req/s",
+        }
+
+    row = drive(factory, settings, cid, no_boundary)
     first = {c["outcome"] for c in row.result["candidates"] if c["round"] == 1}
     assert first == {"unknown"}, row.result["candidates"]
     why = next(iter(row.result["unmeasured"].values()))
@@ -861,14 +868,12 @@ def test_a_capacity_campaign_decides_from_the_capacity_each_search_found(
         capacity=CAPACITY,
         objective={"metric": "capacity"},
     )
-    for _ in range(100):
-        row = step(factory, settings, cid)
-        if row.status != "running":
-            break
-        with unit_of_work(factory) as s:
-            for run in CampaignRepository(s).runs(cid):
-                if run.status == "queued":
-                    record_fake_result(s, run, surface(run) / 100, metric="capacity")
+    row = drive(
+        factory,
+        settings,
+        cid,
+        lambda s, run: record_fake_result(s, run, surface(run) / 100, metric="capacity"),
+    )
     assert row.status == "succeeded", row.status_reason
     assert [s["variable"] for s in row.result["path"]] == ["engine_args.enable_prefix_caching"]
     assert row.result["confirmation"]["agrees"] is True
@@ -882,15 +887,12 @@ def test_a_confirmation_that_disagrees_with_the_path_leads_the_status_reason(
     configuration no better than the start: the campaign ends with the disagreement first
     in its status reason, with both numbers, before the change it adopted."""
     cid = create(factory, settings)
-    for _ in range(100):
-        row = step(factory, settings, cid)
-        if row.status != "running":
-            break
-        with unit_of_work(factory) as s:
-            for run in CampaignRepository(s).runs(cid):
-                if run.status == "queued":
-                    confirming = str(run.campaign_label).startswith("confirm.")
-                    record_fake_result(s, run, 1000.0 if confirming else surface(run))
+
+    def unconfirmed(s: Session, run: Run) -> None:
+        confirming = str(run.campaign_label).startswith("confirm.")
+        record_fake_result(s, run, 1000.0 if confirming else surface(run))
+
+    row = drive(factory, settings, cid, unconfirmed)
     assert row.status == "succeeded"
     assert row.result["confirmation"]["agrees"] is False
     reason = row.status_reason or ""
