@@ -44,10 +44,11 @@ from tests.ports import free_port as _free_port
 from tests.simgpu import NODE_ENV, NVIDIA_SMI_DIR, STATE_ENV, write_inventory
 from tests.simgpu.engine import write_engine_python
 
-#: One worker runs the module under ``pytest -n`` (``make test``): its module fixtures are
-#: whole simulated clusters, and two built at once on two workers (each test elsewhere
-#: builds its own) were seen to confuse the simulated GPUs' inventory (a GPU without its
-#: UUID in a fresh-clone CI).
+#: One worker runs the module under ``pytest -n`` (``make test``), and each class has its
+#: own cluster, torn down before the next class builds one: a whole simulated cluster per
+#: fixture, and two alive at once (module fixtures of one module, or two workers) left a
+#: GPU without its UUID in fresh-clone CIs (the second stack's ``ray.shutdown()`` pulls
+#: Ray from under the first one's dispatcher, and the spare Ray nodes load the machine).
 pytestmark = pytest.mark.xdist_group("simgpu")
 
 SNAPSHOT = "0123456789abcdef0123456789abcdef01234567"
@@ -158,7 +159,7 @@ def _ended(api: str, run_id: str, timeout_s: float = 180) -> dict[str, Any]:
     raise AssertionError(f"run {run_id} did not end")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def one_node(tmp_path_factory: pytest.TempPathFactory, server_url: str) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("sim-one-node")
     hf_home = _hf_cache(
@@ -167,164 +168,177 @@ def one_node(tmp_path_factory: pytest.TempPathFactory, server_url: str) -> Itera
     yield from _stack(tmp, server_url, [4], hf_home=hf_home)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def two_nodes(
     tmp_path_factory: pytest.TempPathFactory, server_url: str
 ) -> Iterator[dict[str, Any]]:
     yield from _stack(tmp_path_factory.mktemp("sim-two-nodes"), server_url, [2, 2])
 
 
-def test_sim_two_concurrent_tp2_runs_get_disjoint_gpus(one_node: dict[str, Any]) -> None:
-    api = one_node["api"]
-    assert one_node["rt"].device_kind == ("GPU", "detected")
-    tp2 = {"tensor_parallel_size": 2}
-    ids = [_submit(api, _spec(f"tp2-{i}", tp2, num_requests=60)) for i in range(2)]
-    runs = [_ended(api, i) for i in ids]
-    for run in runs:
+class TestOneNode:
+    """One 4-GPU node (the class's cluster ends before the two-node one starts)."""
+
+    def test_sim_two_concurrent_tp2_runs_get_disjoint_gpus(self, one_node: dict[str, Any]) -> None:
+        api = one_node["api"]
+        assert one_node["rt"].device_kind == ("GPU", "detected")
+        tp2 = {"tensor_parallel_size": 2}
+        ids = [_submit(api, _spec(f"tp2-{i}", tp2, num_requests=60)) for i in range(2)]
+        runs = [_ended(api, i) for i in ids]
+        for run in runs:
+            assert run["status"] == "succeeded", run["error"]
+            assert run["placement"]["resource"] == "GPU"
+            assert run["placement"]["device_kind_source"] == "detected"
+            assert run["placement"]["bundle_shape"] == "per_node"
+        started = [run["started_at"] for run in runs]
+        ended = [run["finished_at"] for run in runs]
+        assert max(started) < min(ended), "the two runs did not overlap"
+        held = []
+        for run in runs:
+            (node,) = run["engine_info"]["gpu_assignment"]
+            assert [g["rank"] for g in node["gpus"]] == [0, 1]
+            assert node["cuda_visible_devices"] == ",".join(str(g["index"]) for g in node["gpus"])
+            assert all((g["uuid"] or "").startswith("GPU-") for g in node["gpus"]), node
+            held.append({g["uuid"] for g in node["gpus"]})
+        assert not held[0] & held[1]
+        assert len(held[0] | held[1]) == 4
+
+        # telemetry: every second, per GPU and in total; energy per output token
+        run = runs[0]
+        metrics = run["metrics"]
+        assert run["engine_info"]["gpu_telemetry"]["source"] == "nvidia-smi"
+        assert run["engine_info"]["gpu_telemetry"]["energy_source"] == "power_integral"
+        assert metrics["gpu_mean_power_w"] == pytest.approx(400.0, rel=0.05)  # busy simulated GPU
+        expected = metrics["gpu_energy_j"] / metrics["total_output_tokens"]
+        assert metrics["energy_per_output_token_j"] == pytest.approx(expected)
+        assert metrics["gpu_peak_memory_used_mib"] == 60000
+        series = httpx.get(f"{api}/api/v1/runs/{run['id']}/metrics", timeout=30).json()
+        during = [p for p in series["samples"] if p["phase"] == "during"]
+        assert during and all("gpu0_power_w" in p["values"] for p in during)
+        assert all("gpu_power_w" in p["values"] for p in during)
+
+    def test_sim_hf_model_id_resolves_on_the_node(self, one_node: dict[str, Any]) -> None:
+        api = one_node["api"]
+        spec = _spec("by-id", {"tensor_parallel_size": 1}, model="acme/tiny-chat")
+        # the cache holds config and tokenizer only, and the node is offline: refused ...
+        refused = httpx.post(f"{api}/api/v1/experiments", json=spec, timeout=120)
+        assert refused.status_code == 422, refused.text
+        assert [e["type"] for e in refused.json()["errors"]] == ["model_weights_missing"]
+        # ... unless the run uses random weights (vLLM's load_format dummy)
+        spec["baseline"]["engine_args"]["load_format"] = "dummy"
+        run_id = _submit(api, spec)
+        run = _ended(api, run_id)
         assert run["status"] == "succeeded", run["error"]
-        assert run["placement"]["resource"] == "GPU"
-        assert run["placement"]["device_kind_source"] == "detected"
-        assert run["placement"]["bundle_shape"] == "per_node"
-    started = [run["started_at"] for run in runs]
-    ended = [run["finished_at"] for run in runs]
-    assert max(started) < min(ended), "the two runs did not overlap"
-    held = []
-    for run in runs:
-        (node,) = run["engine_info"]["gpu_assignment"]
-        assert [g["rank"] for g in node["gpus"]] == [0, 1]
-        assert node["cuda_visible_devices"] == ",".join(str(g["index"]) for g in node["gpus"])
-        assert all(g["uuid"].startswith("GPU-") for g in node["gpus"])
-        held.append({g["uuid"] for g in node["gpus"]})
-    assert not held[0] & held[1]
-    assert len(held[0] | held[1]) == 4
+        assert run["model_id"] == "acme/tiny-chat"
+        assert run["model_revision"] == SNAPSHOT
+        resolution = run["engine_info"]["model_resolution"]
+        assert resolution["source"] == "hf_cache" and resolution["revision"] == SNAPSHOT
+        assert "snapshots/" + SNAPSHOT in resolution["path"]
+        assert {f["path"] for f in resolution["files"]} >= {"config.json", "tokenizer.json"}
 
-    # telemetry: every second, per GPU and in total; energy per output token
-    run = runs[0]
-    metrics = run["metrics"]
-    assert run["engine_info"]["gpu_telemetry"]["source"] == "nvidia-smi"
-    assert run["engine_info"]["gpu_telemetry"]["energy_source"] == "power_integral"
-    assert metrics["gpu_mean_power_w"] == pytest.approx(400.0, rel=0.05)  # busy simulated GPU
-    expected = metrics["gpu_energy_j"] / metrics["total_output_tokens"]
-    assert metrics["energy_per_output_token_j"] == pytest.approx(expected)
-    assert metrics["gpu_peak_memory_used_mib"] == 60000
-    series = httpx.get(f"{api}/api/v1/runs/{run['id']}/metrics", timeout=30).json()
-    during = [p for p in series["samples"] if p["phase"] == "during"]
-    assert during and all("gpu0_power_w" in p["values"] for p in during)
-    assert all("gpu_power_w" in p["values"] for p in during)
+        bad = httpx.post(
+            f"{api}/api/v1/experiments",
+            json=_spec("missing", {"tensor_parallel_size": 1}, model="acme/not-cached"),
+            timeout=120,
+        )
+        assert bad.status_code == 422, bad.text
+        (err,) = [e for e in bad.json()["errors"] if e["loc"][-1] == "model"]
+        assert "HF_HUB_OFFLINE" in err["msg"] and "acme/not-cached" in err["msg"]
 
-
-def test_sim_hf_model_id_resolves_on_the_node(one_node: dict[str, Any]) -> None:
-    api = one_node["api"]
-    spec = _spec("by-id", {"tensor_parallel_size": 1}, model="acme/tiny-chat")
-    # the cache holds config and tokenizer only, and the node is offline: refused ...
-    refused = httpx.post(f"{api}/api/v1/experiments", json=spec, timeout=120)
-    assert refused.status_code == 422, refused.text
-    assert [e["type"] for e in refused.json()["errors"]] == ["model_weights_missing"]
-    # ... unless the run uses random weights (vLLM's load_format dummy)
-    spec["baseline"]["engine_args"]["load_format"] = "dummy"
-    run_id = _submit(api, spec)
-    run = _ended(api, run_id)
-    assert run["status"] == "succeeded", run["error"]
-    assert run["model_id"] == "acme/tiny-chat"
-    assert run["model_revision"] == SNAPSHOT
-    resolution = run["engine_info"]["model_resolution"]
-    assert resolution["source"] == "hf_cache" and resolution["revision"] == SNAPSHOT
-    assert "snapshots/" + SNAPSHOT in resolution["path"]
-    assert {f["path"] for f in resolution["files"]} >= {"config.json", "tokenizer.json"}
-
-    bad = httpx.post(
-        f"{api}/api/v1/experiments",
-        json=_spec("missing", {"tensor_parallel_size": 1}, model="acme/not-cached"),
-        timeout=120,
-    )
-    assert bad.status_code == 422, bad.text
-    (err,) = [e for e in bad.json()["errors"] if e["loc"][-1] == "model"]
-    assert "HF_HUB_OFFLINE" in err["msg"] and "acme/not-cached" in err["msg"]
-
-
-def test_sim_tp2_pp2_over_two_nodes_records_gpus_per_rank(two_nodes: dict[str, Any]) -> None:
-    api = two_nodes["api"]
-    layout = {"tensor_parallel_size": 2, "pipeline_parallel_size": 2}
-    run = _ended(api, _submit(api, _spec("tp2pp2", layout)))
-    assert run["status"] == "succeeded", run["error"]
-    assert run["placement"]["nnodes"] == 2
-    assignment = run["engine_info"]["gpu_assignment"]
-    assert [a["node_rank"] for a in assignment] == [0, 1]
-    assert [[g["rank"] for g in a["gpus"]] for a in assignment] == [[0, 1], [2, 3]]
-    assert len({a["node_id"] for a in assignment}) == 2
-    assert len({g["uuid"] for a in assignment for g in a["gpus"]}) == 4
-    part = run["engine_info"]["node_parts"][0]
-    assert "--headless" in part["command"] and "--nnodes" in part["command"]
-    parity = httpx.get(f"{api}/api/v1/runs/{run['id']}/parity", timeout=30).json()
-    assert parity["report"]["verdict"] == "ok", parity["report"]["mismatches"]
-    # telemetry covers the GPUs of both nodes
-    assert run["metrics"]["gpu_mean_power_w"] == pytest.approx(400.0, rel=0.05)
-    series = httpx.get(f"{api}/api/v1/runs/{run['id']}/metrics", timeout=30).json()
-    during = [p for p in series["samples"] if p["phase"] == "during"]
-    assert all("gpu3_power_w" in p["values"] for p in during)
+    def test_sim_a_campaign_measures_its_configurations_side_by_side(
+        self, one_node: dict[str, Any]
+    ) -> None:
+        """A campaign on the 4-GPU node whose dispatcher runs 2 runs at once: its 2
+        configurations (prefix caching off/on) get a slot each, so the cycle is 2 pairs at
+        once, each configuration's 2 runs on one server (the second reuses it) and the two
+        servers at the same time on disjoint GPUs; the objective is the GPUs' J/token, which
+        the simulated telemetry gives every run."""
+        api = one_node["api"]
+        doc = {
+            "name": "sim side by side",
+            "model": "tiny",
+            "baseline": _spec("x", {"tensor_parallel_size": 1}, num_requests=24)["baseline"],
+            "objective": {"metric": "energy_per_output_token_j"},
+            "space": [
+                {
+                    "name": "engine_args.enable_prefix_caching",
+                    "levels": [False, True],
+                    "start": False,
+                }
+            ],
+            "budget": {"max_runs": 8},
+            "rule": {"min_repeats": 2, "max_repeats": 2},
+        }
+        resp = httpx.post(f"{api}/api/v1/campaigns", json=doc, timeout=120)
+        assert resp.status_code == 201, resp.text
+        cid = resp.json()["id"]
+        deadline = time.monotonic() + 240
+        while True:
+            body = httpx.get(f"{api}/api/v1/campaigns/{cid}", timeout=30).json()
+            if body["status"] not in ("queued", "running"):
+                break
+            assert time.monotonic() < deadline, body
+            time.sleep(1)
+        assert body["status"] == "succeeded", body["status_reason"]
+        runs = {r["label"]: httpx.get(r["url"], timeout=30).json() for r in body["runs"]}
+        first = ["r1.c1.incumbent", "r1.c2.incumbent"]
+        second = ["r1.c1.engine_args.enable_prefix_caching=true"]
+        second.append("r1.c2.engine_args.enable_prefix_caching=true")
+        assert set(first + second) <= set(runs)
+        for pair in (first, second):  # one server per configuration: the second run reuses it
+            a, b = (runs[label] for label in pair)
+            assert a["status"] == b["status"] == "succeeded", (a["error"], b["error"])
+            assert a["engine_info"]["server_reused"] is False
+            assert b["engine_info"]["server_reused"] is True
+        inc, cand = (runs[pair[0]] for pair in (first, second))
+        assert inc["started_at"] < cand["finished_at"] and cand["started_at"] < inc["finished_at"]
+        gpus = [
+            {g["uuid"] for node in r["engine_info"]["gpu_assignment"] for g in node["gpus"]}
+            for r in (inc, cand)
+        ]
+        assert len(gpus[0]) == len(gpus[1]) == 1 and not gpus[0] & gpus[1]
+        candidate = next(c for c in body["candidates"] if c["round"] == 1)
+        assert candidate["pairs"] == 2, candidate
+        assert body["wall_time"]["servers_reused"] >= 2
 
 
-def test_sim_ray_executor_uses_the_runs_placement_group(two_nodes: dict[str, Any]) -> None:
-    api = two_nodes["api"]
-    layout = {"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "executor": "ray"}
-    run = _ended(api, _submit(api, _spec("ray-executor", layout)))
-    assert run["status"] == "succeeded", run["error"]
-    assert run["placement"]["executor"] == "ray"
-    assert run["placement"]["bundle_shape"] == "per_device"
-    command = run["engine_info"]["command"]
-    assert command[command.index("--distributed-executor-backend") + 1] == "ray"
-    assert "--nnodes" not in command
-    log = httpx.get(f"{api}/api/v1/runs/{run['id']}/log", params={"raw": 1}, timeout=30).text
-    assert "Using the existing placement group" in log
-    assert "Creating a new one" not in log
+class TestTwoNodes:
+    """Two 2-GPU nodes."""
 
+    def test_sim_tp2_pp2_over_two_nodes_records_gpus_per_rank(
+        self, two_nodes: dict[str, Any]
+    ) -> None:
+        api = two_nodes["api"]
+        layout = {"tensor_parallel_size": 2, "pipeline_parallel_size": 2}
+        run = _ended(api, _submit(api, _spec("tp2pp2", layout)))
+        assert run["status"] == "succeeded", run["error"]
+        assert run["placement"]["nnodes"] == 2
+        assignment = run["engine_info"]["gpu_assignment"]
+        assert [a["node_rank"] for a in assignment] == [0, 1]
+        assert [[g["rank"] for g in a["gpus"]] for a in assignment] == [[0, 1], [2, 3]]
+        assert len({a["node_id"] for a in assignment}) == 2
+        assert len({g["uuid"] for a in assignment for g in a["gpus"]}) == 4, assignment
+        part = run["engine_info"]["node_parts"][0]
+        assert "--headless" in part["command"] and "--nnodes" in part["command"]
+        parity = httpx.get(f"{api}/api/v1/runs/{run['id']}/parity", timeout=30).json()
+        assert parity["report"]["verdict"] == "ok", parity["report"]["mismatches"]
+        # telemetry covers the GPUs of both nodes
+        assert run["metrics"]["gpu_mean_power_w"] == pytest.approx(400.0, rel=0.05)
+        series = httpx.get(f"{api}/api/v1/runs/{run['id']}/metrics", timeout=30).json()
+        during = [p for p in series["samples"] if p["phase"] == "during"]
+        assert all("gpu3_power_w" in p["values"] for p in during)
 
-def test_sim_a_campaign_measures_its_configurations_side_by_side(one_node: dict[str, Any]) -> None:
-    """A campaign on the 4-GPU node whose dispatcher runs 2 runs at once: its 2
-    configurations (prefix caching off/on) get a slot each, so the cycle is 2 pairs at
-    once, each configuration's 2 runs on one server (the second reuses it) and the two
-    servers at the same time on disjoint GPUs; the objective is the GPUs' J/token, which
-    the simulated telemetry gives every run."""
-    api = one_node["api"]
-    doc = {
-        "name": "sim side by side",
-        "model": "tiny",
-        "baseline": _spec("x", {"tensor_parallel_size": 1}, num_requests=24)["baseline"],
-        "objective": {"metric": "energy_per_output_token_j"},
-        "space": [
-            {"name": "engine_args.enable_prefix_caching", "levels": [False, True], "start": False}
-        ],
-        "budget": {"max_runs": 8},
-        "rule": {"min_repeats": 2, "max_repeats": 2},
-    }
-    resp = httpx.post(f"{api}/api/v1/campaigns", json=doc, timeout=120)
-    assert resp.status_code == 201, resp.text
-    cid = resp.json()["id"]
-    deadline = time.monotonic() + 240
-    while True:
-        body = httpx.get(f"{api}/api/v1/campaigns/{cid}", timeout=30).json()
-        if body["status"] not in ("queued", "running"):
-            break
-        assert time.monotonic() < deadline, body
-        time.sleep(1)
-    assert body["status"] == "succeeded", body["status_reason"]
-    runs = {r["label"]: httpx.get(r["url"], timeout=30).json() for r in body["runs"]}
-    first = ["r1.c1.incumbent", "r1.c2.incumbent"]
-    second = ["r1.c1.engine_args.enable_prefix_caching=true"]
-    second.append("r1.c2.engine_args.enable_prefix_caching=true")
-    assert set(first + second) <= set(runs)
-    for pair in (first, second):  # one server per configuration: the second run reuses it
-        a, b = (runs[label] for label in pair)
-        assert a["status"] == b["status"] == "succeeded", (a["error"], b["error"])
-        assert a["engine_info"]["server_reused"] is False
-        assert b["engine_info"]["server_reused"] is True
-    inc, cand = (runs[pair[0]] for pair in (first, second))
-    assert inc["started_at"] < cand["finished_at"] and cand["started_at"] < inc["finished_at"]
-    gpus = [
-        {g["uuid"] for node in r["engine_info"]["gpu_assignment"] for g in node["gpus"]}
-        for r in (inc, cand)
-    ]
-    assert len(gpus[0]) == len(gpus[1]) == 1 and not gpus[0] & gpus[1]
-    candidate = next(c for c in body["candidates"] if c["round"] == 1)
-    assert candidate["pairs"] == 2, candidate
-    assert body["wall_time"]["servers_reused"] >= 2
+    def test_sim_ray_executor_uses_the_runs_placement_group(
+        self, two_nodes: dict[str, Any]
+    ) -> None:
+        api = two_nodes["api"]
+        layout = {"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "executor": "ray"}
+        run = _ended(api, _submit(api, _spec("ray-executor", layout)))
+        assert run["status"] == "succeeded", run["error"]
+        assert run["placement"]["executor"] == "ray"
+        assert run["placement"]["bundle_shape"] == "per_device"
+        command = run["engine_info"]["command"]
+        assert command[command.index("--distributed-executor-backend") + 1] == "ray"
+        assert "--nnodes" not in command
+        log = httpx.get(f"{api}/api/v1/runs/{run['id']}/log", params={"raw": 1}, timeout=30).text
+        assert "Using the existing placement group" in log
+        assert "Creating a new one" not in log

@@ -151,7 +151,13 @@ def held_devices(rank: int = 0, ranks_per_node: int | None = None) -> dict[str, 
     reader = GpuReader()
     try:
         info["telemetry"] = reader.source
-        readings = resolve_visible(reader.devices(), entries or []) if reader.source else []
+        readings: list[Any] = []
+        # one read again: a read that failed once (an nvidia-smi call past its timeout
+        # on a loaded node) must not leave the run's GPUs without their UUIDs
+        for _ in range(2 if reader.source else 0):
+            readings = resolve_visible(reader.devices(), entries or [])
+            if len(readings) >= len(entries or []):
+                break
     finally:
         reader.close()
     known = {r.index: r for r in readings}
@@ -170,7 +176,7 @@ def held_devices(rank: int = 0, ranks_per_node: int | None = None) -> dict[str, 
                 "rank": rank * per_node + local if local < per_node else None,
             }
         )
-    if reader.source is None:
+    if reader.source is None or len(readings) < len(entries or []):
         info["note"] = f"GPU UUIDs unknown: {reader.note}"
     return info
 
