@@ -162,15 +162,15 @@ def _tracking_uri(given: str | None, configured: str | None) -> str:
 
 
 def print_campaign_report(report: CampaignExportReport) -> None:
-    """The parent run, then each cycle's runs as :func:`print_report` shows them."""
+    """The parent run, then one table of the nested runs (a cycle column) and one line
+    of totals."""
     console.print(
         f"campaign {report.campaign_id}: parent MLflow run {report.parent_run_id} "
         f"({report.parent_action}; {report.params} params, {report.metrics} metrics), "
         f"{report.nested} run(s) nested",
         markup=False,
     )
-    for cycle in report.cycles:
-        print_report(cycle)
+    _print_runs(report.cycles, with_cycle=True)
 
 
 def _fail(message: str) -> NoReturn:
@@ -181,33 +181,37 @@ def _fail(message: str) -> NoReturn:
 
 def print_report(report: ExportReport) -> None:
     """A table of what happened to each run, then one line of totals."""
-    table = Table(
-        "variant",
-        "repeat",
-        "status",
-        "action",
-        "MLflow run",
-        "params",
-        "metrics",
-        "points",
-        "unknown metrics",
-    )
-    for r in report.runs:
-        table.add_row(
-            r.variant,
-            str(r.repeat_index),
-            r.status,
-            r.action,
-            r.mlflow_run_id or "–",
-            str(r.params),
-            str(r.metrics),
-            str(r.series_points),
-            ", ".join(r.unknown_metrics) or "–",
-        )
+    _print_runs([report], with_cycle=False)
+
+
+def _print_runs(reports: list[ExportReport], with_cycle: bool) -> None:
+    """One table of the runs of ``reports`` (each an experiment; a campaign's cycles
+    numbered from 1 when ``with_cycle``), then one line of totals over them all."""
+    if not reports:
+        return
+    columns = ["variant", "repeat", "status", "action", "MLflow run", "params", "metrics"]
+    table = Table(*(["cycle"] if with_cycle else []), *columns, "points", "unknown metrics")
+    counts: dict[str, int] = {}
+    for number, report in enumerate(reports, start=1):
+        for r in report.runs:
+            counts[r.action] = counts.get(r.action, 0) + 1
+            table.add_row(
+                *([str(number)] if with_cycle else []),
+                r.variant,
+                str(r.repeat_index),
+                r.status,
+                r.action,
+                r.mlflow_run_id or "–",
+                str(r.params),
+                str(r.metrics),
+                str(r.series_points),
+                ", ".join(r.unknown_metrics) or "–",
+            )
     console.print(table)
-    counts = ", ".join(f"{n} {action}" for action, n in sorted(report.counts().items()))
+    first = reports[0]
+    total = ", ".join(f"{n} {action}" for action, n in sorted(counts.items()))
     console.print(
-        f"MLflow experiment {report.mlflow_experiment_name!r} "
-        f"(id {report.mlflow_experiment_id}) at {report.tracking_uri}: {counts or 'no runs'}",
+        f"MLflow experiment {first.mlflow_experiment_name!r} "
+        f"(id {first.mlflow_experiment_id}) at {first.tracking_uri}: {total or 'no runs'}",
         markup=False,
     )

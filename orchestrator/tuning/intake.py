@@ -251,6 +251,14 @@ def first_round(request: CampaignRequest, catalog: EngineArgCatalog) -> dict[str
                 f"the baseline does not set {v.name}: give its starting level",
                 "start_missing",
             )
+        elif v.start is not None and request.baseline_value(v.name) not in (None, v.start):
+            bad(
+                ["space", i, "start"],
+                f"the baseline sets {v.name} to {request.baseline_value(v.name)!r} and the "
+                f"space starts it at {v.start!r}: give one of them (leave out start to begin "
+                "from the baseline's value)",
+                "start_conflicts_baseline",
+            )
     try:
         space = request.core_space()
     except ValidationError as exc:

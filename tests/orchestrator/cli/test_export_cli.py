@@ -12,10 +12,13 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
+from orchestrator.cli import export as cli_export
 from orchestrator.cli.main import app
 from orchestrator.core.db import unit_of_work
 from orchestrator.core.models import Campaign
 from orchestrator.core.settings import get_settings
+from orchestrator.integrations.mlflow_campaign import CampaignExportReport
+from orchestrator.integrations.mlflow_export import ExportReport, RunExport
 from tests.web.seed import DATA, load_export
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # never report home from tests
@@ -145,3 +148,32 @@ def test_cli_exports_a_campaign_as_a_parent_run(
     missing = CliRunner().invoke(app, ["export", "mlflow-campaign", "nope", "--tracking-uri", uri])
     assert missing.exit_code == 2 and "no campaign nope" in missing.output
     assert "Traceback" not in missing.output
+
+
+def test_a_campaign_export_is_one_table_with_a_cycle_column_and_one_total() -> None:
+    """A campaign of two cycles prints the parent, one table (cycle 1 and 2) and one line
+    of totals over both, not a table and a totals line per cycle."""
+
+    def cycle(experiment: str, actions: list[str]) -> ExportReport:
+        runs = [
+            RunExport(f"{experiment}-r{i}", "baseline", i, "succeeded", a, f"ml-{experiment}-{i}")  # type: ignore[arg-type]
+            for i, a in enumerate(actions)
+        ]
+        return ExportReport(experiment, "sqlite:///x.db", "tune", "7", runs)
+
+    report = CampaignExportReport(
+        "c1",
+        "sqlite:///x.db",
+        "tune",
+        "7",
+        parent_run_id="p1",
+        nested=3,
+        cycles=[cycle("e1", ["created", "created"]), cycle("e2", ["unchanged"])],
+    )
+    with cli_export.console.capture() as captured:
+        cli_export.print_campaign_report(report)
+    out = captured.get()
+    assert out.count("MLflow experiment 'tune'") == 1
+    assert "2 created, 1 unchanged" in out
+    assert out.count("ml-e1-") == 2 and "ml-e2-0" in out
+    assert "cycle" in out

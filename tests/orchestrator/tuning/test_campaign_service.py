@@ -198,6 +198,16 @@ def test_a_campaign_is_stored_queued_with_its_request(
             ["body", "space", 0, "start"],
             "start_not_a_level",
         ),
+        (
+            {
+                "space": [
+                    {"name": "engine_args.enable_prefix_caching", "levels": [False, True]},
+                    {"name": "engine_args.max_model_len", "levels": [512, 1024], "start": 512},
+                ]
+            },
+            ["body", "space", 1, "start"],
+            "start_conflicts_baseline",
+        ),
         ({"objective": {"metric": "ttft_ms.p50"}}, ["body", "objective", "metric"], None),
         (
             {"objective": {"metric": "median_ttft_ms", "direction": "higher"}},
