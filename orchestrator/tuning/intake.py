@@ -312,10 +312,40 @@ def _relocated(request: CampaignRequest, errors: list[dict[str, Any]]) -> list[d
         if rest[:1] == ["variants"] and len(rest) >= 2 and isinstance(rest[1], int):
             changes = _first_round_variable(request, rest[1])
             where: list[Any] = ["space", names.index(changes)] if changes in names else ["space"]
-            out.append({**e, "loc": ["body", *where]})
+            out.append({**e, "loc": ["body", *where], **_devices_hint(request, changes, e)})
         else:
             out.append({**e, "loc": ["body", *rest]})
     return out
+
+
+#: The layout sizes whose product is the devices a run reserves unless ``layout.devices``
+#: says otherwise: changing one alone changes the devices too.
+_PARALLEL_SIZES = {
+    "layout.tensor_parallel_size": "layout.pipeline_parallel_size",
+    "layout.pipeline_parallel_size": "layout.tensor_parallel_size",
+}
+
+
+def _devices_hint(
+    request: CampaignRequest, variable: str | None, error: dict[str, Any]
+) -> dict[str, Any]:
+    """For a TP or PP variable refused because the devices changed with it (the baseline
+    leaves ``layout.devices`` to TP x PP): the message says how to change the size alone."""
+    if (
+        variable not in _PARALLEL_SIZES
+        or error.get("type") != "more_than_one_variable"
+        or "layout.devices" not in (error.get("variables") or {})
+    ):
+        return {}
+    levels = next(v.levels for v in request.variables() if v.name == variable)
+    other = request.baseline_value(_PARALLEL_SIZES[variable])
+    sizes = [lv for lv in levels if isinstance(lv, int) and not isinstance(lv, bool)]
+    devices = max(sizes, default=1) * (other if isinstance(other, int) else 1)
+    return {
+        "msg": f"{error['msg']}. Set layout.devices in the baseline (e.g. {devices}, the "
+        f"largest {variable.split('.', 1)[1]} of the space times the other size) so that "
+        f"only {variable} changes: each run then reserves the same devices"
+    }
 
 
 def _first_round_variable(request: CampaignRequest, index: int) -> str | None:

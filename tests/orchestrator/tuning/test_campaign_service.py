@@ -254,6 +254,24 @@ def test_bad_campaigns_are_refused_with_their_fields_and_nothing_is_stored(
         assert s.scalar(select(func.count()).select_from(Campaign)) == before
 
 
+def test_a_tp_space_refused_for_its_devices_says_how_to_change_tp_alone(
+    factory: sessionmaker[Session],
+    settings: Settings,  # noqa: F811
+) -> None:
+    """TP 1 -> 2 with the devices left to TP x PP changes the devices too (refused as
+    two variables); the refusal says to set layout.devices, and doing so is accepted."""
+    space = [{"name": "layout.tensor_parallel_size", "levels": [1, 2], "start": 1}]
+    with pytest.raises(CampaignInvalidError) as info, unit_of_work(factory) as s:
+        accept_campaign(s, settings, campaign_doc(space=space))
+    (err,) = info.value.errors
+    assert err["loc"] == ["body", "space", 0] and err["type"] == "more_than_one_variable"
+    assert "Set layout.devices in the baseline (e.g. 2," in err["msg"]
+    doc = campaign_doc(space=space)
+    doc["baseline"]["layout"] = {"devices": 2}
+    with unit_of_work(factory) as s:
+        assert accept_campaign(s, settings, doc).id
+
+
 def test_the_first_rounds_experiment_check_applies(
     factory: sessionmaker[Session],
     settings: Settings,  # noqa: F811
