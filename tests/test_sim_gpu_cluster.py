@@ -299,6 +299,16 @@ class TestOneNode:
         candidate = next(c for c in body["candidates"] if c["round"] == 1)
         assert candidate["pairs"] == 2, candidate
         assert body["wall_time"]["servers_reused"] >= 2
+        # "auto" knows the GPUs' memory from what the GPU runs recorded: only the generated
+        # model's weights (none: dummy weights) keep it from weighing TP
+        doc.update(name="sim auto", space="auto")
+        doc["baseline"] = {**doc["baseline"], "layout": {"devices": 2}}
+        resp = httpx.post(f"{api}/api/v1/campaigns", json=doc, timeout=120)
+        assert resp.status_code == 201, resp.text
+        auto = resp.json()
+        httpx.post(f"{api}/api/v1/campaigns/{auto['id']}/cancel", timeout=30)
+        (tp,) = [n for n in auto["space_proposal"] if n["name"] == "layout.tensor_parallel_size"]
+        assert "(its weights' size unknown)" in tp["why"], tp
 
 
 class TestTwoNodes:

@@ -38,12 +38,12 @@ from orchestrator.campaigns.space import Level
 from orchestrator.experiments.engine_catalog import parse_human_int
 from orchestrator.experiments.planner import PROMPT_OVERHEAD_TOKENS
 from orchestrator.tuning.evidence import (
-    FIT_SHARE,
     MAX_MODEL_LEN,
     MAX_NUM_SEQS,
     PREFIX_CACHING,
     Evidence,
     no_prefix_hits,
+    one_device_fit,
     target_concurrency,
 )
 
@@ -250,23 +250,16 @@ def _tensor_parallel(
                 "changes inside it"
             ),
         )
-    weights, memory = evidence.model.weights_gib, evidence.devices.memory_gib
-    fits_one = None if weights is None or memory is None else weights <= memory * FIT_SHARE
+    fits_one, fit = one_device_fit(evidence)
     top = min(per_node, devices)
     sizes = {1 << k for k in range(top.bit_length()) if 1 << k <= top and devices % (1 << k) == 0}
     sizes |= {tp}
     if fits_one is False:
-        why = f"the model's weights ({weights:.1f} GiB) do not fit one device of {memory:.1f} GiB"
+        why = fit
     elif latency:
         why = "the objective is a latency: splitting the model can shorten each step"
     else:
-        why = (
-            f"the model fits one device (weights {weights:.1f} GiB of {memory:.1f} GiB)"
-            if fits_one
-            else "nothing shows the model does not fit one device (its weights' size or the "
-            "device memory is unknown)"
-        )
-        return None, tp, f"{why} and the objective is not a latency"
+        return None, tp, f"{fit} and the objective is not a latency"
     return (
         _levels(sizes, tp),
         tp,

@@ -101,13 +101,16 @@ class Devices:
     """The cluster's devices as far as they are known (None: unknown).
 
     ``kind`` ``GPU`` or ``CPU``; ``count`` devices in the cluster; ``memory_gib`` one
-    device's memory; ``kv_cache_gib`` the KV cache memory one device gives an engine (on
-    CPU hosts ``VLLM_CPU_KVCACHE_SPACE``); ``per_node`` the most devices one live node has.
+    device's memory (on a GPU cluster the smallest GPU the newest GPU run recorded),
+    ``memory_from`` where that figure comes from; ``kv_cache_gib`` the KV cache memory one
+    device gives an engine (on CPU hosts ``VLLM_CPU_KVCACHE_SPACE``); ``per_node`` the most
+    devices one live node has.
     """
 
     kind: str | None = None
     count: int | None = None
     memory_gib: float | None = None
+    memory_from: str | None = None
     kv_cache_gib: float | None = None
     per_node: int | None = None
 
@@ -423,6 +426,31 @@ def _approximate_tokens(requests: Sequence[Any]) -> list[list[int]]:
 # ----------------------------------------------------------------- tensor and pipeline parallel
 
 
+def one_device_fit(evidence: Evidence) -> tuple[bool | None, str]:
+    """Whether the model's weights fit one device (within :data:`FIT_SHARE` of its
+    memory; None when the weights' size or the device memory is unknown), and why in words
+    (naming where the device memory comes from, or what is unknown)."""
+    weights, memory = evidence.model.weights_gib, evidence.devices.memory_gib
+    if weights is None or memory is None:
+        unknown = [
+            what
+            for what, value in (("its weights' size", weights), ("the device memory", memory))
+            if value is None
+        ]
+        return None, (
+            f"nothing shows the model does not fit one device ({' and '.join(unknown)} unknown)"
+        )
+    source = f" ({evidence.devices.memory_from})" if evidence.devices.memory_from else ""
+    if weights <= memory * FIT_SHARE:
+        return (
+            True,
+            f"the model fits one device (weights {weights:.1f} GiB of {memory:.1f} GiB{source})",
+        )
+    return False, (
+        f"the model's weights ({weights:.1f} GiB) do not fit one device of {memory:.1f} GiB{source}"
+    )
+
+
 def _devices_of(spec: Mapping[str, Any], variable: str, level: Level) -> int:
     layout = dict(spec.get("layout") or {})
     engine = spec.get("engine_args") or {}
@@ -447,7 +475,7 @@ def _parallel(
             f"{evidence.devices.count}",
         )
     weights, memory = evidence.model.weights_gib, evidence.devices.memory_gib
-    fits_one = None if weights is None or memory is None else weights <= memory * FIT_SHARE
+    fits_one, why = one_device_fit(evidence)
     if lowers:
         if weights is not None and memory is not None and weights > devices * memory * FIT_SHARE:
             return _Call(
@@ -458,12 +486,6 @@ def _parallel(
         return _Call(seed)
     if fits_one is False or evidence.latency_objective:
         return _Call(seed)
-    why = (
-        f"the model fits one device (weights {weights:.1f} GiB of {memory:.1f} GiB)"
-        if fits_one
-        else "nothing shows the model does not fit one device (its weights' size or the "
-        "device memory is unknown)"
-    )
     return _Call(
         seed,
         f"{why} and the objective is not a latency: the seeds' operators raise {name} "

@@ -102,9 +102,12 @@ def gather_evidence(
             config = None
     view = ClusterView.read(session, settings)
     kind = view.kind
+    recorded = RunRepository(session).newest_gpu_memory() if (kind or "").upper() == "GPU" else None
     devices = Devices(
         kind=kind,
         count=view.devices,
+        memory_gib=recorded[1] / 1024 if recorded else None,
+        memory_from=f"as run {recorded[0]} recorded its GPUs" if recorded else None,
         kv_cache_gib=float(settings.engine.kv_cache_space_gib)
         if (kind or "").upper() == "CPU"
         else None,

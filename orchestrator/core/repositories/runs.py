@@ -400,6 +400,37 @@ class RunRepository:
         )
         return None if age is None else float(age)
 
+    def newest_gpu_memory(self, scan: int = 1000) -> tuple[str, float] | None:
+        """``(run id, MiB)``: the smallest GPU memory the newest succeeded GPU run among
+        the newest ``scan`` runs recorded for its GPUs (``engine_info.gpu_assignment``);
+        None when none of them did."""
+        newest = (
+            select(Run.id, Run.status, Run.placement, Run.created_at)
+            .order_by(Run.created_at.desc())
+            .limit(scan)
+            .subquery()
+        )
+        ids = self.session.scalars(
+            select(newest.c.id)
+            .where(
+                newest.c.status == RunStatus.SUCCEEDED.value,
+                newest.c.placement["resource"].as_string() == "GPU",
+            )
+            .order_by(newest.c.created_at.desc())
+            .limit(20)
+        ).all()
+        for run_id in ids:
+            info = self.session.scalar(select(Run.engine_info).where(Run.id == run_id)) or {}
+            memories = [
+                float(g["memory_total_mib"])
+                for node in info.get("gpu_assignment") or []
+                for g in node.get("gpus") or []
+                if isinstance(g.get("memory_total_mib"), int | float)
+            ]
+            if memories:
+                return str(run_id), min(memories)
+        return None
+
 
 def _request_row(run_id: str, seq: int, r: dict[str, Any]) -> dict[str, Any]:
     """The ``run_requests`` row of one ``RequestRecord.model_dump()``."""

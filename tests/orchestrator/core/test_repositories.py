@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import delete, update
 from sqlalchemy.orm import Session, sessionmaker
@@ -98,3 +99,30 @@ def test_transition_sets_timestamps(db_session: Session) -> None:
     assert run.started_at is not None and run.finished_at is None
     repo.transition(run, RunStatus.FAILED, "boom")
     assert run.finished_at is not None and run.status_reason == "boom"
+
+
+def test_newest_gpu_memory_is_the_smallest_gpu_of_the_newest_succeeded_gpu_run(
+    db_session: Session,
+) -> None:
+    """Among the newest runs: a failed GPU run and a newer CPU run are passed over; the
+    newest succeeded GPU run with GPUs recorded gives its smallest GPU's memory."""
+    runs = make_experiment(db_session, n_runs=4).runs
+    later = datetime.now(UTC) + timedelta(days=30)
+
+    def gpus(*mib: int) -> dict[str, object]:
+        return {"gpu_assignment": [{"gpus": [{"memory_total_mib": m} for m in mib]}]}
+
+    shapes = [
+        ("succeeded", "GPU", gpus(40960)),  # older
+        ("succeeded", "GPU", gpus(81559, 40960 * 2)),  # the answer
+        ("failed", "GPU", gpus(1024)),
+        ("succeeded", "CPU", {}),
+    ]
+    for i, (run, (status, resource, info)) in enumerate(zip(runs, shapes, strict=True)):
+        run.status, run.placement, run.engine_info = status, {"resource": resource}, info
+        run.created_at = later + timedelta(minutes=i)
+    db_session.flush()
+    assert RunRepository(db_session).newest_gpu_memory() == (runs[1].id, 81559.0)
+    runs[1].engine_info = {"gpu_assignment": [{"gpus": [{"memory_total_mib": None}]}]}
+    db_session.flush()
+    assert RunRepository(db_session).newest_gpu_memory() == (runs[0].id, 40960.0)

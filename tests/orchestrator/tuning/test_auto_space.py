@@ -156,6 +156,9 @@ def test_tensor_parallel_only_on_multi_device_nodes_for_big_models_or_latency() 
     p = propose(evidence(run_devices=8, devices=eight, model=big))
     assert variables(p)[TP] == {"name": TP, "levels": [1, 2, 4, 8], "start": 1}
     assert "do not fit one device" in note(p, TP)["why"]
+    recorded = Devices(per_node=8, memory_gib=80.0, memory_from="as run r1 recorded its GPUs")
+    p = propose(evidence(run_devices=8, devices=recorded, model=big))
+    assert "of 80.0 GiB (as run r1 recorded its GPUs)" in note(p, TP)["why"]
     # a run of 2 devices on nodes of 8: TP up to 2
     p = propose(evidence(run_devices=2, devices=eight, model=big))
     assert variables(p)[TP]["levels"] == [1, 2]
