@@ -14,16 +14,18 @@ artifact, and the campaign's runs nested under it.
 from __future__ import annotations
 
 import sys
-from typing import Annotated, NoReturn
+from collections.abc import Callable
+from typing import Annotated, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from sqlalchemy.orm import Session
 
 from orchestrator.cli.runtime import Runtime
 from orchestrator.core.db import unit_of_work
 from orchestrator.core.errors import VlabError
-from orchestrator.core.settings import get_settings
+from orchestrator.core.settings import Settings, get_settings
 from orchestrator.integrations.mlflow_campaign import CampaignExportReport, export_campaign
 from orchestrator.integrations.mlflow_export import (
     ExportReport,
@@ -45,21 +47,23 @@ TrackingUri = Annotated[
         "(default $MLFLOW_TRACKING_URI, then VLAB_MLFLOW__TRACKING_URI)",
     ),
 ]
+T = TypeVar("T")
 console = Console() if sys.stdout.isatty() else Console(width=200, soft_wrap=True)
+
+
+Replace = Annotated[
+    bool, typer.Option(help="delete the MLflow runs an earlier export made and export anew")
+]
+MaxPoints = Annotated[
+    int | None,
+    typer.Option(min=1, help="at most this many time-series points per run (default: all)"),
+]
 
 
 @export_app.command("mlflow")
 def export_mlflow(
     experiment_id: Annotated[str, typer.Argument(help="the vlab experiment id")],
-    tracking_uri: Annotated[
-        str | None,
-        typer.Option(
-            "--tracking-uri",
-            envvar="MLFLOW_TRACKING_URI",
-            help="MLflow tracking URI: http(s)://server, sqlite:///path.db, ... "
-            "(default $MLFLOW_TRACKING_URI, then VLAB_MLFLOW__TRACKING_URI)",
-        ),
-    ] = None,
+    tracking_uri: TrackingUri = None,
     experiment_name: Annotated[
         str | None,
         typer.Option(help="the MLflow experiment (default: the vlab experiment's name)"),
@@ -67,43 +71,28 @@ def export_mlflow(
     skip_failed: Annotated[
         bool, typer.Option(help="leave out failed, cancelled and blocked runs")
     ] = False,
-    replace: Annotated[
-        bool, typer.Option(help="delete the MLflow runs an earlier export made and export anew")
-    ] = False,
-    max_points: Annotated[
-        int | None,
-        typer.Option(min=1, help="at most this many time-series points per run (default: all)"),
-    ] = None,
+    replace: Replace = False,
+    max_points: MaxPoints = None,
 ) -> None:
     """Export an experiment's runs to MLflow: one MLflow run per run (params, summary
     metrics, the /metrics time series as metric history, tags). Runs exported before are
     left as they are (unless --replace)."""
     settings = get_settings()
-    uri = (tracking_uri or settings.mlflow.tracking_uri or "").strip()
-    if not uri:
-        _fail("no tracking URI: give --tracking-uri (or set MLFLOW_TRACKING_URI)")
-    problem = tracking_uri_problem(uri)
-    if problem:
-        _fail(problem)
-    rt = Runtime(settings)
-    try:
-        rt.start_database()
-        with unit_of_work(rt.sessions) as session:
-            report = export_experiment(
-                session,
-                experiment_id,
-                uri,
-                experiment_name=experiment_name,
-                include_failed=not skip_failed,
-                replace=replace,
-                max_points=max_points,
-                connect_timeout_s=settings.mlflow.connect_timeout_s,
-                base_url=settings.api.public_url,
-            )
-    except VlabError as exc:
-        _fail(exc.detail)
-    finally:
-        rt.stop()
+    uri = _tracking_uri(tracking_uri, settings.mlflow.tracking_uri)
+    report = _in_database(
+        settings,
+        lambda session: export_experiment(
+            session,
+            experiment_id,
+            uri,
+            experiment_name=experiment_name,
+            include_failed=not skip_failed,
+            replace=replace,
+            max_points=max_points,
+            connect_timeout_s=settings.mlflow.connect_timeout_s,
+            base_url=settings.api.public_url,
+        ),
+    )
     print_report(report)
 
 
@@ -115,13 +104,8 @@ def export_mlflow_campaign(
         str | None,
         typer.Option(help="the MLflow experiment (default: the campaign's name)"),
     ] = None,
-    replace: Annotated[
-        bool, typer.Option(help="delete the MLflow runs an earlier export made and export anew")
-    ] = False,
-    max_points: Annotated[
-        int | None,
-        typer.Option(min=1, help="at most this many time-series points per run (default: all)"),
-    ] = None,
+    replace: Replace = False,
+    max_points: MaxPoints = None,
 ) -> None:
     """Export a tuning campaign to MLflow: a parent run (objective, space, rule, final
     configuration as params; cumulative gain with its interval and each step's gain as
@@ -129,25 +113,34 @@ def export_mlflow_campaign(
     under it. Runs exported before are left as they are (unless --replace)."""
     settings = get_settings()
     uri = _tracking_uri(tracking_uri, settings.mlflow.tracking_uri)
+    report = _in_database(
+        settings,
+        lambda session: export_campaign(
+            session,
+            campaign_id,
+            uri,
+            experiment_name=experiment_name,
+            replace=replace,
+            max_points=max_points,
+            connect_timeout_s=settings.mlflow.connect_timeout_s,
+            base_url=settings.api.public_url,
+        ),
+    )
+    print_campaign_report(report)
+
+
+def _in_database(settings: Settings, export: Callable[[Session], T]) -> T:
+    """``export`` in one unit of work on the configured database (started for the command,
+    stopped after); a :class:`VlabError` is one line and exit code 2."""
     rt = Runtime(settings)
     try:
         rt.start_database()
         with unit_of_work(rt.sessions) as session:
-            report = export_campaign(
-                session,
-                campaign_id,
-                uri,
-                experiment_name=experiment_name,
-                replace=replace,
-                max_points=max_points,
-                connect_timeout_s=settings.mlflow.connect_timeout_s,
-                base_url=settings.api.public_url,
-            )
+            return export(session)
     except VlabError as exc:
         _fail(exc.detail)
     finally:
         rt.stop()
-    print_campaign_report(report)
 
 
 def _tracking_uri(given: str | None, configured: str | None) -> str:
