@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import threading
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from playwright.sync_api import Browser, Page, sync_playwright
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -26,8 +23,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.app import create_app
 from orchestrator.core.db import normalize_url, upgrade_to_head
 from orchestrator.core.settings import EngineSettings, Settings
+from tests.api.livehttp import live_server as serve
 from tests.conftest import fresh_database
-from tests.ports import free_port as _free_port
 from tests.web.seed import DATA, bulk_history, load_export
 
 CHROMIUM = os.environ.get("VLAB_CHROMIUM", "/usr/bin/chromium")
@@ -56,30 +53,25 @@ def seeded(web_db: sessionmaker[Session]) -> dict[str, Any]:
     return {"real": real, "older": older, "bulk": bulk}
 
 
-@pytest.fixture(scope="session")
-def live_server(
-    web_db: sessionmaker[Session], seeded: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
-    """The API (and dashboard) on ``http://127.0.0.1:<port>``, served by uvicorn in a thread."""
-    home = tmp_path_factory.mktemp("web-home")
+def web_settings(home: Path) -> Settings:
+    """Settings for a dashboard served in a test: ``home``, no engine (a placeholder
+    python), vLLM 0.32's argument list (CPU build) as the cached catalog."""
     python = home / "engine-python-placeholder"
     settings = Settings(home=home, engine=EngineSettings(python=python, resolve_configs=False))
     doc = json.loads(ENGINE_ARGS.read_text())
     doc["engine_python"] = str(python)
     settings.engine_args_cache.write_text(json.dumps(doc))
-    port = _free_port()
-    app = create_app(settings, web_db)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("the dashboard server did not start in 30 s")
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    return settings
+
+
+@pytest.fixture(scope="session")
+def live_server(
+    web_db: sessionmaker[Session], seeded: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """The API (and dashboard) on ``http://127.0.0.1:<port>``, served by uvicorn in a thread."""
+    settings = web_settings(tmp_path_factory.mktemp("web-home"))
+    with serve(create_app(settings, web_db)) as base:
+        yield base
 
 
 @pytest.fixture(scope="session")

@@ -8,16 +8,12 @@ other dashboard tests' open loopback server.
 
 from __future__ import annotations
 
-import json
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from playwright.sync_api import Browser, Page, expect
 from sqlalchemy import create_engine
 from sqlalchemy.orm import sessionmaker
@@ -26,10 +22,10 @@ from api.app import create_app
 from orchestrator.core import auth
 from orchestrator.core.db import normalize_url, upgrade_to_head
 from orchestrator.core.models import Run
-from orchestrator.core.settings import EngineSettings, Settings
+from tests.api.livehttp import live_server as serve
 from tests.conftest import fresh_database
 from tests.factories import make_experiment
-from tests.web.conftest import ENGINE_ARGS, _free_port, allow_console_error
+from tests.web.conftest import allow_console_error, web_settings
 
 
 @pytest.fixture(scope="module")
@@ -44,35 +40,17 @@ def site(server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             _, viewer = auth.create_token(s, name="val", role="viewer", created_by="test")
             exp = make_experiment(s, n_runs=2)
             runs = [r.id for r in exp.runs]
-        home = tmp_path_factory.mktemp("auth-web-home")
-        python = home / "engine-python-placeholder"
-        settings = Settings(home=home, engine=EngineSettings(python=python, resolve_configs=False))
-        doc = json.loads(Path(ENGINE_ARGS).read_text())
-        doc["engine_python"] = str(python)
-        settings.engine_args_cache.write_text(json.dumps(doc))
-        port = _free_port()
-        server = uvicorn.Server(
-            uvicorn.Config(
-                create_app(settings, factory), host="127.0.0.1", port=port, log_level="warning"
-            )
-        )
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert time.monotonic() < deadline, "the server did not start in 30 s"
-            time.sleep(0.05)
+        settings = web_settings(tmp_path_factory.mktemp("auth-web-home"))
         try:
-            yield {
-                "base": f"http://127.0.0.1:{port}",
-                "factory": factory,
-                "operator": operator,
-                "viewer": viewer,
-                "runs": runs,
-            }
+            with serve(create_app(settings, factory)) as base:
+                yield {
+                    "base": base,
+                    "factory": factory,
+                    "operator": operator,
+                    "viewer": viewer,
+                    "runs": runs,
+                }
         finally:
-            server.should_exit = True
-            thread.join(10)
             engine.dispose()
 
 

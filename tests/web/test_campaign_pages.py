@@ -17,15 +17,11 @@ from __future__ import annotations
 
 import json
 import shlex
-import threading
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from playwright.sync_api import Page, expect
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -33,18 +29,19 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.app import create_app
 from orchestrator.core.db import normalize_url, unit_of_work, upgrade_to_head
 from orchestrator.core.repositories import CampaignRepository, RunRepository
-from orchestrator.core.settings import EngineSettings, Settings
+from orchestrator.core.settings import Settings
 from orchestrator.core.states import RunStatus
 from orchestrator.dispatch.lost_runs import fail_lost
 from orchestrator.tuning import service
 from orchestrator.tuning.intake import accept_campaign
+from tests.api.livehttp import live_server as serve
 from tests.conftest import fresh_database
 from tests.orchestrator.tuning.test_campaign_service import (
     campaign_doc,
     record_fake_result,
     surface,
 )
-from tests.web.conftest import ENGINE_ARGS, _free_port, allow_console_error
+from tests.web.conftest import allow_console_error, web_settings
 
 #: The run of the finished campaign that is lost once (and measured again).
 LOST = "r1.c1.engine_args.max_num_seqs=256"
@@ -55,12 +52,7 @@ def campaign_site(
     server_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Any]]:
     """A fresh database with a finished campaign and a queued one, served by uvicorn."""
-    home = tmp_path_factory.mktemp("campaign-web-home")
-    python = home / "engine-python-placeholder"
-    settings = Settings(home=home, engine=EngineSettings(python=python, resolve_configs=False))
-    doc = json.loads(Path(ENGINE_ARGS).read_text())
-    doc["engine_python"] = str(python)
-    settings.engine_args_cache.write_text(json.dumps(doc))
+    settings = web_settings(tmp_path_factory.mktemp("campaign-web-home"))
     with fresh_database(server_url) as url:
         upgrade_to_head(url)
         engine = create_engine(normalize_url(url))
@@ -69,28 +61,10 @@ def campaign_site(
         with unit_of_work(factory) as s:
             queued = accept_campaign(s, settings, campaign_doc(name="web waiting")).id
             auto = accept_campaign(s, settings, campaign_doc(name="web auto", space="auto")).id
-        port = _free_port()
-        server = uvicorn.Server(
-            uvicorn.Config(
-                create_app(settings, factory), host="127.0.0.1", port=port, log_level="warning"
-            )
-        )
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert time.monotonic() < deadline, "the server did not start in 30 s"
-            time.sleep(0.05)
         try:
-            yield {
-                "base": f"http://127.0.0.1:{port}",
-                "done": done,
-                "queued": queued,
-                "auto": auto,
-            }
+            with serve(create_app(settings, factory)) as base:
+                yield {"base": base, "done": done, "queued": queued, "auto": auto}
         finally:
-            server.should_exit = True
-            thread.join(10)
             engine.dispose()
 
 
