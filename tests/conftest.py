@@ -87,6 +87,26 @@ def fresh_database(server_url: str) -> Iterator[str]:
         yield url
 
 
+@contextmanager
+def fresh_sessions(server_url: str) -> Iterator[sessionmaker[Session]]:
+    """A session factory on a :func:`fresh_database`, migrated to head."""
+    with fresh_database(server_url) as url:
+        upgrade_to_head(url)
+        engine = create_engine(normalize_url(url))
+        try:
+            yield sessionmaker(bind=engine, expire_on_commit=False)
+        finally:
+            engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def factory(server_url: str) -> Iterator[sessionmaker[Session]]:
+    """The test module's own migrated database (so its counts are exact), as a session
+    factory; a module that needs one per test defines its own ``factory``."""
+    with fresh_sessions(server_url) as sessions:
+        yield sessions
+
+
 @pytest.fixture(scope="session")
 def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The Postgres server the tests use: ``DATABASE_URL`` or an embedded one."""

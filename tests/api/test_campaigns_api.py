@@ -12,31 +12,19 @@ from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, delete
+from sqlalchemy import delete
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.app import create_app
 from orchestrator.core import auth
-from orchestrator.core.db import normalize_url, unit_of_work, upgrade_to_head
+from orchestrator.core.db import unit_of_work
 from orchestrator.core.models import ApiToken, AuditEvent, WebSession
 from orchestrator.core.settings import Settings
 from orchestrator.tuning import service
 from tests.api.conftest import settings as settings  # noqa: F401 - fixture
-from tests.conftest import fresh_database
 from tests.orchestrator.tuning.test_campaign_service import campaign_doc, finish_queued
 
 PROBLEM = "application/problem+json"
-
-
-@pytest.fixture(scope="module")
-def factory(server_url: str) -> Iterator[sessionmaker[Session]]:
-    with fresh_database(server_url) as url:
-        upgrade_to_head(url)
-        engine = create_engine(normalize_url(url))
-        try:
-            yield sessionmaker(bind=engine, expire_on_commit=False)
-        finally:
-            engine.dispose()
 
 
 @pytest.fixture

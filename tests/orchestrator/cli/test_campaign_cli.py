@@ -16,32 +16,19 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 from rich.console import Console
-from sqlalchemy import create_engine
 from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
 from api.app import create_app
 from orchestrator.cli import campaign as campaign_cli
 from orchestrator.cli.main import app
-from orchestrator.core.db import normalize_url, unit_of_work, upgrade_to_head
+from orchestrator.core.db import unit_of_work
 from orchestrator.core.settings import Settings, get_settings
 from orchestrator.tuning import service
 from tests.api.conftest import settings as settings  # noqa: F401 - fixture
-from tests.conftest import fresh_database
 from tests.orchestrator.tuning.test_campaign_service import campaign_doc, finish_queued
 
 API = "http://vlab.test"
-
-
-@pytest.fixture(scope="module")
-def factory(server_url: str) -> Iterator[sessionmaker[Session]]:
-    with fresh_database(server_url) as url:
-        upgrade_to_head(url)
-        engine = create_engine(normalize_url(url))
-        try:
-            yield sessionmaker(bind=engine, expire_on_commit=False)
-        finally:
-            engine.dispose()
 
 
 @pytest.fixture

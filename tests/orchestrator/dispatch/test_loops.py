@@ -16,19 +16,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.schemas import BatchJob
-from orchestrator.core.db import database_health, normalize_url, upgrade_to_head
+from orchestrator.core.db import database_health
 from orchestrator.core.models import Run
 from orchestrator.core.settings import OrchestratorSettings, Settings
 from orchestrator.core.telemetry import DISPATCHER_LOOPS, PROCESS_REGISTRY
 from orchestrator.dispatch import dispatcher as dispatcher_module
 from orchestrator.dispatch.dispatcher import Dispatcher, LaunchInfo, Poll
 from orchestrator.dispatch.loops import Loop, LoopRunner
-from tests.conftest import fresh_database
+from tests.conftest import fresh_sessions
 from tests.factories import make_experiment
 
 
@@ -214,13 +213,9 @@ class StubBackend:
 
 @pytest.fixture
 def factory(server_url: str) -> Iterator[sessionmaker[Session]]:
-    with fresh_database(server_url) as url:
-        upgrade_to_head(url)
-        engine = create_engine(normalize_url(url))
-        try:
-            yield sessionmaker(bind=engine, expire_on_commit=False)
-        finally:
-            engine.dispose()
+    """A migrated database of this test's own."""
+    with fresh_sessions(server_url) as sessions:
+        yield sessions
 
 
 def test_a_failing_heartbeat_does_not_stop_claiming_and_metrics_count_each_loop(

@@ -20,18 +20,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, func, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.engine.processes import HOME_ENV, RUN_ID_ENV
-from orchestrator.core.db import normalize_url, upgrade_to_head
 from orchestrator.core.models import Run, RunLog, RunMetric, RunRequest
 from orchestrator.core.repositories import OrchestratorRepository, RunRepository
 from orchestrator.core.settings import Settings
 from orchestrator.core.states import RunStatus
 from orchestrator.dispatch.dispatcher import Dispatcher
 from orchestrator.runs.logs import engine_log_from_disk
-from tests.conftest import fresh_database
+from tests.conftest import fresh_sessions
 from tests.factories import make_experiment
 
 
@@ -52,13 +51,9 @@ class StubBackend:
 
 @pytest.fixture
 def factory(server_url: str) -> Iterator[sessionmaker[Session]]:
-    with fresh_database(server_url) as url:
-        upgrade_to_head(url)
-        engine = create_engine(normalize_url(url))
-        try:
-            yield sessionmaker(bind=engine, expire_on_commit=False)
-        finally:
-            engine.dispose()
+    """A migrated database of this test's own."""
+    with fresh_sessions(server_url) as sessions:
+        yield sessions
 
 
 def _running_run(s: Session, claimed_by: str, **fields: Any) -> Run:

@@ -23,19 +23,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.routes.runs import get_run_log
 from jobs.run.journal import Journal, journal_paths
 from jobs.schemas import MetricSample, RequestRecord
-from orchestrator.core.db import normalize_url, upgrade_to_head
 from orchestrator.core.models import Run
 from orchestrator.core.repositories import RunRepository
 from orchestrator.core.settings import Settings
 from orchestrator.core.states import RunStatus
 from orchestrator.dispatch.dispatcher import Dispatcher, Poll
-from tests.conftest import fresh_database
+from tests.conftest import fresh_sessions
 from tests.factories import make_experiment
 
 
@@ -87,13 +85,9 @@ class LostBackend:
 
 @pytest.fixture
 def factory(server_url: str) -> Iterator[sessionmaker[Session]]:
-    with fresh_database(server_url) as url:
-        upgrade_to_head(url)
-        engine = create_engine(normalize_url(url))
-        try:
-            yield sessionmaker(bind=engine, expire_on_commit=False)
-        finally:
-            engine.dispose()
+    """A migrated database of this test's own."""
+    with fresh_sessions(server_url) as sessions:
+        yield sessions
 
 
 def _record(index: int, *, warmup: bool = False, ok: bool = True) -> RequestRecord:

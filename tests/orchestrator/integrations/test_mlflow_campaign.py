@@ -12,14 +12,12 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator.core.db import normalize_url, unit_of_work, upgrade_to_head
+from orchestrator.core.db import unit_of_work
 from orchestrator.core.errors import NotFoundError
 from orchestrator.core.models import Campaign
 from orchestrator.core.repositories import CampaignRepository
@@ -27,23 +25,11 @@ from orchestrator.core.settings import Settings
 from orchestrator.integrations.mlflow_campaign import PATH_ARTIFACT, export_campaign
 from orchestrator.tuning.intake import accept_campaign
 from tests.api.conftest import settings as settings  # noqa: F401 - fixture
-from tests.conftest import fresh_database
 from tests.orchestrator.tuning.test_campaign_service import campaign_doc, drive
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # never report home from tests
 mlflow = pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def factory(server_url: str) -> Iterator[sessionmaker[Session]]:
-    with fresh_database(server_url) as url:
-        upgrade_to_head(url)
-        engine = create_engine(normalize_url(url))
-        try:
-            yield sessionmaker(bind=engine, expire_on_commit=False)
-        finally:
-            engine.dispose()
 
 
 @pytest.fixture

@@ -18,33 +18,21 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, func, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.app import create_app
-from orchestrator.core.db import normalize_url, unit_of_work, upgrade_to_head
+from orchestrator.core.db import unit_of_work
 from orchestrator.core.models import Campaign, Run, Schedule, ScheduleFire
 from orchestrator.core.repositories import CampaignRepository
 from orchestrator.core.settings import Settings
 from orchestrator.schedules.service import fire_due_schedules
 from orchestrator.tuning import service as tuning
 from tests.api.conftest import settings as settings  # noqa: F401 - fixture
-from tests.conftest import fresh_database
 from tests.orchestrator.tuning.test_campaign_service import campaign_doc, record_fake_result
 
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
 PROBLEM = "application/problem+json"
-
-
-@pytest.fixture(scope="module")
-def factory(server_url: str) -> Iterator[sessionmaker[Session]]:
-    with fresh_database(server_url) as url:
-        upgrade_to_head(url)
-        engine = create_engine(normalize_url(url))
-        try:
-            yield sessionmaker(bind=engine, expire_on_commit=False)
-        finally:
-            engine.dispose()
 
 
 @pytest.fixture

@@ -16,11 +16,10 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.app import create_app
-from orchestrator.core.db import normalize_url, upgrade_to_head
 from orchestrator.core.models import Experiment, Run, Schedule, ScheduleFire
 from orchestrator.core.settings import Settings
 from orchestrator.experiments.engine_catalog import load_catalog
@@ -29,20 +28,8 @@ from orchestrator.schedules.service import fire_due_schedules
 from tests.api.conftest import settings as settings  # noqa: F401 - fixture
 from tests.api.test_api import _finish, demo_spec
 from tests.api.test_untrusted_verdicts import _finish as finish_stub
-from tests.conftest import fresh_database
 
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)  # a Monday
-
-
-@pytest.fixture(scope="module")
-def factory(server_url: str) -> Iterator[sessionmaker[Session]]:
-    with fresh_database(server_url) as url:
-        upgrade_to_head(url)
-        engine = create_engine(normalize_url(url))
-        try:
-            yield sessionmaker(bind=engine, expire_on_commit=False)
-        finally:
-            engine.dispose()
 
 
 @pytest.fixture
