@@ -97,7 +97,9 @@ def connect(settings: Settings) -> dict[str, Any]:
                 disconnect()
                 raise RayClusterError(conflict)
         else:
-            start_local_ray(settings, address or None)
+            # a Ray of our own, never one that runs on this host already (another user's
+            # `ray start`, a test's cluster): joining one takes RAY_ADDRESS
+            start_local_ray(settings)
     return dict(ray.cluster_resources())
 
 

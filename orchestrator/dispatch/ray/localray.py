@@ -48,16 +48,15 @@ RECORDS_DIR = "local-ray"
 RAYLET_CHECK_INTERVAL_S = 0.2
 
 
-def start_local_ray(settings: Settings, address: str | None) -> None:
-    """``ray.init`` a local Ray (``address`` None or ``"local"``), its processes marked as
-    this service's, and note its session folder under the home. When ``ray.init`` joins
-    a Ray that runs already (``ray start`` on this host, ``address`` None), nothing of
-    it is this service's: no record is written (its processes were started unmarked)."""
+def start_local_ray(settings: Settings) -> None:
+    """``ray.init`` a new local Ray (``address="local"``: never a Ray already running on
+    this host), its processes marked as this service's, and note its session folder under
+    the home."""
     home = settings.home.resolve()
     marks = local_ray_marks(str(home))
     with _environment(marks):
         ray.init(
-            address=address,
+            address="local",
             namespace=NAMESPACE,
             include_dashboard=False,
             log_to_driver=False,

@@ -135,7 +135,7 @@ def test_a_shutdown_is_not_a_death(tmp_path: Path) -> None:
     if ray.is_initialized():
         pytest.skip("Ray is initialized in this process already (another test's)")
     settings = Settings(home=tmp_path / "home")
-    start_local_ray(settings, "local")
+    start_local_ray(settings)
     deaths: list[int] = []
     try:
         before = set(threading.enumerate())
