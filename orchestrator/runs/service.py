@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,10 @@ def capacity_metrics(run: Run, result: RunResult) -> dict[str, float]:
     return metrics
 
 
+#: The supervisor's timings (``RunResult.timings``) of a run from its warm-up on.
+_AFTER_START = ("warmup_s", "measure_s", "stop_s")
+
+
 def record_result(session: Session, run: Run, result: RunResult) -> None:
     """Store a finished run's result and end it, in the caller's transaction.
 
@@ -135,5 +140,11 @@ def record_result(session: Session, run: Run, result: RunResult) -> None:
         run.vllm_version = str(result.engine_info["vllm_version"])
     status = RunStatus(result.status)
     if status == RunStatus.SUCCEEDED and run.status == RunStatus.PREPARING.value:
+        # no poll saw it measuring (a short run): it started measuring when its warm-up
+        # began, by the supervisor's own clock, not now
         repo.transition(run, RunStatus.RUNNING)
+        after = sum(float((result.timings or {}).get(k) or 0.0) for k in _AFTER_START)
+        if run.started_at is not None and after > 0:
+            start = run.started_at - timedelta(seconds=after)
+            run.started_at = max(start, run.claimed_at) if run.claimed_at else start
     repo.transition(run, status, result.error if status != RunStatus.SUCCEEDED else None)

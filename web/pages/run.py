@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -378,9 +379,10 @@ def progress_text(progress: dict[str, Any] | None) -> str:
     return " · ".join(parts)
 
 
-def _duration(run: Run) -> float | None:
-    if run.started_at and run.finished_at:
-        return (run.finished_at - run.started_at).total_seconds()
+def _duration(run: Run, since: datetime | None) -> float | None:
+    """Seconds from ``since`` to the run's end (None until both are known)."""
+    if since and run.finished_at:
+        return (run.finished_at - since).total_seconds()
     return None
 
 
@@ -424,7 +426,8 @@ def run_page(run_id: str, request: Request, session: SessionDep) -> HTMLResponse
         "experiment": run.experiment,
         "reference": reference,
         "active": run.status in ACTIVE,
-        "duration_s": _duration(run),
+        "duration_s": _duration(run, run.claimed_at or run.started_at),
+        "measuring_s": _duration(run, run.started_at) if run.claimed_at else None,
         "progress_text": progress_text(run.progress) if run.status in ACTIVE else "",
         "metrics": metrics,
         "cards": cards,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 from sqlalchemy.orm import Session
 
 from jobs.schemas import RequestRecord, RunResult
@@ -46,3 +48,22 @@ def test_final_progress_counts_the_measured_requests(db_session: Session) -> Non
     assert "kv_cache_check" not in ok.engine_info
     assert "FileNotFoundError" in ok.engine_info["prefix_analysis"]["error"]
     assert "prefix_analysis" not in failed.engine_info
+
+
+def test_a_run_no_poll_saw_measuring_started_when_its_warmup_began(db_session: Session) -> None:
+    """A short run ends before any poll sees it measuring: its start is its warm-up's, by
+    the supervisor's timings, not the moment its result is stored (a fresh-user trial saw
+    campaign runs of 27 s shown as 0.0 s long)."""
+    (run,) = make_experiment(db_session, n_runs=1).runs
+    run.status = RunStatus.PREPARING.value
+    run.claimed_at = datetime.now(UTC) - timedelta(seconds=30)
+    timings = {"startup_s": 25.0, "warmup_s": 0.5, "measure_s": 1.0, "stop_s": 0.3}
+    record_result(
+        db_session,
+        run,
+        RunResult(run_id=run.id, status="succeeded", requests=_records(4, 1), timings=timings),
+    )
+    assert run.status == "succeeded" and run.started_at and run.finished_at
+    ran = (run.finished_at - run.started_at).total_seconds()
+    assert 1.8 <= ran < 2.5, ran
+    assert run.started_at >= run.claimed_at
