@@ -123,11 +123,11 @@ class Candidate(BaseModel):
     @property
     def label(self) -> str:
         """``engine_args.max_num_seqs=128``: names the candidate in run labels and reports."""
-        return f"{self.variable}={_show(self.to_level)}"
+        return f"{self.variable}={show_level(self.to_level)}"
 
     def describe(self) -> str:
         """``engine_args.max_num_seqs: 256 -> 128``."""
-        return f"{self.variable}: {_show(self.from_level)} -> {_show(self.to_level)}"
+        return f"{self.variable}: {show_level(self.from_level)} -> {show_level(self.to_level)}"
 
     def apply(self, config: Config) -> dict[str, Level]:
         """``config`` with this change made; ``ValueError`` when it is not from ``from_level``."""
@@ -136,7 +136,8 @@ class Candidate(BaseModel):
         return {**config, self.variable: self.to_level}
 
 
-def _show(level: Level) -> str:
+def show_level(level: Level) -> str:
+    """A level as the spec writes it: ``true``, ``128``, ``fp8``."""
     return str(level).lower() if isinstance(level, bool) else str(level)
 
 
