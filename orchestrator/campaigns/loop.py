@@ -288,6 +288,15 @@ class Campaign:
                 "room to measure it again"
             )
             return
+        keep = 0 if self.phase is Phase.CONFIRMING else self.reserve
+        for cost in (self.device, self.wall):
+            left = cost.runs_left()
+            if left is not None and waiting + 1 > left - keep:
+                self._unmeasured[run.label] = (
+                    f"run {run.label} was {self._lost_why[run.label]} and the {cost.name} "
+                    "leaves no room to measure it again"
+                )
+                return
         first = run.label.removesuffix(f".retry{run.attempt}") if run.attempt else run.label
         retry = dataclasses.replace(
             run, label=f"{first}.retry{run.attempt + 1}", attempt=run.attempt + 1

@@ -241,3 +241,20 @@ def test_any_campaign_with_lost_runs_keeps_its_budget_and_fails_no_candidate(
     rebuilt = Campaign(SPACE, START, RULE, budget=budget, recorded=recorded)
     assert rebuilt.candidates() == campaign.candidates()
     assert rebuilt.confirmed() == campaign.confirmed()
+
+
+def test_a_spent_wall_time_budget_measures_no_lost_run_again() -> None:
+    """Runs end 60 s apart and the wall-time budget is 100 s: the first cycle spends it,
+    so its lost run is not measured again (a fresh-user trial saw retries queued after
+    the wall-time budget ran out); the reason names the budget."""
+    campaign = Campaign(SPACE, START, RULE, budget=200, max_wall_s=100.0)
+    first = campaign.next_runs()
+    measure = _surface()
+    for i, run in enumerate(first, start=1):
+        lost = run is first[-1]
+        campaign.record(run.label, None if lost else measure(run), lost, ended_s=60.0 * i)
+    assert not any(".retry" in r.label for r in campaign.next_runs())
+    assert any(
+        "the wall-time budget leaves no room to measure it again" in why
+        for why in campaign.unmeasured().values()
+    ), campaign.unmeasured()
