@@ -16,6 +16,10 @@ Per kind, summed over the campaign's runs, in seconds (``timings`` of
   (claimed and not ended): the wait for devices others held, not for the campaign's own
   runs before it (that is their time, counted in the phases); the runs of a cycle wait
   together, so this is the union of those spans, not their sum;
+- ``between_s``: the wall time during which no run of the campaign was queued or going:
+  deciding a cycle and queuing the next (the campaigns loop's interval), before the first
+  cycle and after the last; with ``queue_wait_s`` and the runs' time on their devices it
+  makes up ``elapsed_s`` when the runs go one after another;
 - ``elapsed_s``: the campaign's own wall time, from its creation to ``now`` (when the
   result is written: to its end once it ended).
 
@@ -52,8 +56,13 @@ def wall_time(campaign: Campaign, runs: list[Run], now: datetime | None = None) 
             sums["lost_s"] += max(0.0, (run.finished_at - run.claimed_at).total_seconds())
     reused = [(run.engine_info or {}).get("server_reused") for run in runs]
     created = campaign.created_at
+    elapsed = max(0.0, (now - created).total_seconds()) if created else 0.0
+    busy = (
+        [(max(a, created), b) for a, b in _waits(runs, now) + _held(runs, now)] if created else []
+    )
     return {
-        "elapsed_s": round(max(0.0, (now - created).total_seconds()), 4) if created else 0.0,
+        "elapsed_s": round(elapsed, 4),
+        "between_s": round(max(0.0, elapsed - _union([(a, b) for a, b in busy if b > a])), 4),
         "queue_wait_s": round(_union(_minus(_waits(runs, now), _held(runs, now))), 4),
         **{key: round(value, 4) for key, value in sums.items()},
         "server_starts": sum(1 for r in reused if r is False),

@@ -20,7 +20,7 @@ from orchestrator.core.settings import Settings
 from orchestrator.core.states import RunStatus
 from orchestrator.dispatch.lost_runs import fail_lost
 from orchestrator.tuning import service
-from orchestrator.tuning.run_loss import lost_to_infrastructure
+from orchestrator.tuning.run_loss import loss_of, lost_to_infrastructure
 from orchestrator.tuning.wall_time import wall_time
 from tests.api.conftest import settings as settings  # noqa: F401 - fixture
 from tests.orchestrator.tuning.test_campaign_service import (
@@ -85,6 +85,13 @@ def test_a_lost_run_is_queued_again_and_its_candidate_goes_on(
     assert labels(factory, cid)[4:] == [retry]  # the cycle waits for it: no r1.c2 yet
     assert row.result["pending"] == [retry]
     assert row.result["retried"] == {f"r1.c1.{SEQS_64}": retry}
+    assert row.result["retry_reasons"] == {  # why: the infrastructure lost it, and how
+        f"r1.c1.{SEQS_64}": {
+            "kind": "lost",
+            "why": "lost to the infrastructure: orchestrator restarted and the run's "
+            "supervisor is gone",
+        }
+    }
     with factory() as s:
         runs = {r.campaign_label: r for r in CampaignRepository(s).runs(cid)}
         again, first = runs[retry], runs[f"r1.c1.{SEQS_64}"]
@@ -142,7 +149,12 @@ def test_a_lost_incumbent_is_queued_again_with_its_lost_candidates_as_variants(
     step(factory, settings, cid)
     launch = _fail("launch failed: TimeoutError: placement group not ready in 60 s")
     _finish(factory, cid, {"r1.c1.incumbent": _lose, f"r1.c1.{APC}": launch})
-    step(factory, settings, cid)
+    row = step(factory, settings, cid)
+    assert row.result["retry_reasons"][f"r1.c1.{APC}"] == {
+        "kind": "lost",
+        "why": "lost to the infrastructure: launch failed: TimeoutError: placement group not "
+        "ready in 60 s",
+    }
     with factory() as s:
         runs = {r.campaign_label: r for r in CampaignRepository(s).runs(cid)}
         inc, cand = runs["r1.c1.incumbent.retry1"], runs[f"r1.c1.{APC}.retry1"]
@@ -163,7 +175,7 @@ def test_a_run_failed_by_its_configuration_is_not_measured_again(
     assert not any(".retry" in label for label in labels(factory, cid))
     reasons = {c["label"]: (c["outcome"], c["reason"]) for c in row.result["candidates"]}
     assert reasons[SEQS_64] == ("failed", f"run r1.c1.{SEQS_64} failed")
-    assert row.result["retried"] == {}
+    assert row.result["retried"] == {} and row.result["retry_reasons"] == {}
 
 
 def _run(status: str = "failed", **kw: object) -> Run:
@@ -190,6 +202,10 @@ def test_lost_to_infrastructure_tells_a_lost_run_from_a_failed_configuration(
     run: Run, lost: bool
 ) -> None:
     assert lost_to_infrastructure(run) is lost
+    loss = loss_of(run)
+    assert (loss is not None) is lost
+    if loss is not None:  # how it was lost: the reason or error that says so
+        assert loss in (run.status_reason, run.error)
 
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -228,6 +244,7 @@ def test_wall_time_sums_the_runs_phases_and_counts_a_shared_wait_once() -> None:
     got = wall_time(campaign, [first, mate, lost, queued], now=_at(200))
     assert got == {
         "elapsed_s": 200.0,
+        "between_s": 10.0 + 20.0,  # 0-10 before the first run, 170-190 between cycles
         "queue_wait_s": 30.0 + 20.0 + 10.0,  # 10-40 (both runs), 130-150, 190-now
         "startup_s": 20.0,
         "warmup_s": 2.0,
@@ -296,6 +313,12 @@ def test_a_measurement_a_finding_flags_gives_no_verdict_and_is_measured_again(
     _finish(factory, cid, {warm: _flag("warm"), bursty: _flag("bursts")})
     row = step(factory, settings, cid)
     assert row.result["retried"] == {warm: f"{warm}.retry1"}
+    # measured again because a finding flagged its objective, not lost: it says which
+    (why,) = row.result["retry_reasons"].values()
+    assert why["kind"] == "flagged"
+    assert why["why"].startswith(
+        "a finding flagged its objective: warm_cache: measured on a warm prefix cache"
+    )
     assert labels(factory, cid)[4:] == [f"{warm}.retry1"]
     # flagged every time: past the retries the candidate is unknown, with the finding
     for attempt in (1, 2):
@@ -319,6 +342,13 @@ def test_token_bursts_with_the_clients_ttft_lag_withhold_a_ttft_objective(
     _finish(factory, cid, {lagging: _flag("lag", ttft)}, metric=ttft)
     row = step(factory, settings, cid)
     assert row.result["retried"] == {lagging: f"{lagging}.retry1"}
+    assert row.result["retry_reasons"] == {
+        lagging: {
+            "kind": "flagged",
+            "why": "a finding flagged its objective: client_ttft_lag: token bursts: the "
+            "client's TTFT is 50 ms above the server's",
+        }
+    }
 
 
 def test_waiting_for_devices_leaves_out_the_time_the_campaigns_own_runs_held_them() -> None:
