@@ -497,6 +497,12 @@ def _pairs(
     ]
 
 
+#: What a derived change's refusal tells the user to do.
+LINKED_FACTOR_REMEDY = (
+    "Pin those arguments in the baseline, or declare a linked factor that sets them together"
+)
+
+
 def _derived_changes(
     spec: ExperimentSpec, variants: list[PlannedVariant], resolved: dict[str, dict[str, Any]]
 ) -> list[dict[str, Any]]:
@@ -517,9 +523,8 @@ def _derived_changes(
                     "loc": [*v.loc],
                     "msg": f"with {v.variable} changed, vLLM also resolves "
                     + "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in extra.items())
-                    + f" vs {str(v.reference)!r}: that is more than one "
-                    "variable. Pin those arguments in the baseline, or declare a linked "
-                    "factor that sets them together",
+                    + f" vs {str(v.reference)!r}: that is more than one variable. "
+                    + LINKED_FACTOR_REMEDY,
                     "type": "derived_default_changes",
                     "variables": {k: list(ab) for k, ab in extra.items()},
                 }

@@ -16,6 +16,7 @@ are kept with the campaign (``result["space_proposal"]``).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import ValidationError
@@ -31,6 +32,7 @@ from orchestrator.experiments.cluster_view import ClusterView
 from orchestrator.experiments.config_check import engine_resolver, gate_for, remembered_checks
 from orchestrator.experiments.engine_catalog import EngineArgCatalog, load_catalog
 from orchestrator.experiments.model_resolution import resolve_model
+from orchestrator.experiments.planner import LINKED_FACTOR_REMEDY
 from orchestrator.experiments.service import parse_spec, precheck, validate_spec
 from orchestrator.tuning.auto_space import AUTO_VARIABLES, propose_space
 from orchestrator.tuning.campaign_request import (
@@ -312,7 +314,8 @@ def _relocated(request: CampaignRequest, errors: list[dict[str, Any]]) -> list[d
         if rest[:1] == ["variants"] and len(rest) >= 2 and isinstance(rest[1], int):
             changes = _first_round_variable(request, rest[1])
             where: list[Any] = ["space", names.index(changes)] if changes in names else ["space"]
-            out.append({**e, "loc": ["body", *where], **_devices_hint(request, changes, e)})
+            hint = _devices_hint(request, changes, e) or _pin_hint(changes, e)
+            out.append({**e, "loc": ["body", *where], **hint})
         else:
             out.append({**e, "loc": ["body", *rest]})
     return out
@@ -345,6 +348,27 @@ def _devices_hint(
         "msg": f"{error['msg']}. Set layout.devices in the baseline (e.g. {devices}, the "
         f"largest {variable.split('.', 1)[1]} of the space times the other size) so that "
         f"only {variable} changes: each run then reserves the same devices"
+    }
+
+
+def _pin_hint(variable: str | None, error: dict[str, Any]) -> dict[str, Any]:
+    """For a candidate refused because vLLM resolves another argument differently with it:
+    the message names the arguments to pin in the baseline, with the starting values."""
+    derived = error.get("variables") or {}
+    msg = str(error.get("msg", ""))
+    if error.get("type") != "derived_default_changes" or LINKED_FACTOR_REMEDY not in msg:
+        return {}
+    if not derived:
+        return {}
+    pins = ", ".join(
+        f"engine_args.{k}: {json.dumps(v[0]) if isinstance(v, list) and v else v}"
+        for k, v in derived.items()
+    )
+    return {
+        "msg": msg.replace(
+            LINKED_FACTOR_REMEDY,
+            f"Pin {pins} in the baseline so that only {variable or 'the variable'} changes",
+        )
     }
 
 
