@@ -32,7 +32,7 @@ from orchestrator.campaigns.decision import DecisionRule, Direction
 from orchestrator.campaigns.outcomes import Constraint
 from orchestrator.campaigns.space import Level, Space, Variable
 from orchestrator.experiments.pathpolicy import MAX_MODEL_CHARS
-from orchestrator.experiments.spec import NAME_PATTERN, set_path
+from orchestrator.experiments.spec import NAME_PATTERN, Layout, set_path
 
 #: The objectives a campaign may optimise: stored run metrics (``run_metrics.name``, as
 #: :func:`jobs.load.loadgen.summarize` names them) and the direction each improves in.
@@ -238,8 +238,16 @@ class CampaignRequest(BaseModel):
         return node if isinstance(node, bool | int | float | str) else None
 
     def start_level(self, v: SpaceVariable) -> Level | None:
-        """``v``'s starting level: its ``start``, else the baseline's value, else None."""
-        return v.start if v.start is not None else self.baseline_value(v.name)
+        """``v``'s starting level: its ``start``, else the baseline's value, else a layout
+        field's default (TP and PP 1, as an experiment's), else None."""
+        if v.start is not None:
+            return v.start
+        value = self.baseline_value(v.name)
+        section, name = v.name.split(".", 1)
+        if value is None and section == "layout" and name in Layout.model_fields:
+            default = Layout.model_fields[name].default
+            value = default if isinstance(default, bool | int | float | str) else None
+        return value
 
     def start(self) -> dict[str, Level]:
         """The starting configuration (every variable at its start level); ``ValueError``

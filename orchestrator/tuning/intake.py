@@ -242,11 +242,19 @@ def first_round(request: CampaignRequest, catalog: EngineArgCatalog) -> dict[str
     errors += metric_problems(request)
     for i, v in enumerate(request.variables()):
         section, name = v.name.split(".", 1)
+        unknown = False  # an argument vLLM does not have: said once, nothing else of it
         if section == "engine_args":
             for j, level in enumerate(v.levels):
                 for err in catalog.check({name: level}, []):
+                    if err["type"] == "unknown_engine_arg":
+                        if not unknown:
+                            bad(["space", i, "levels", j], err.get("msg", "invalid"), err["type"])
+                        unknown = True
+                        continue
                     bad(["space", i, "levels", j], err.get("msg", "invalid"), err["type"])
         start = request.start_level(v)
+        if unknown:
+            continue
         if start is None:
             bad(
                 ["space", i, "start"],
