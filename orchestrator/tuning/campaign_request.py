@@ -30,7 +30,7 @@ from pydantic import (
 from jobs.capacity.search import CapacitySpec
 from orchestrator.campaigns.decision import DecisionRule, Direction
 from orchestrator.campaigns.outcomes import Constraint
-from orchestrator.campaigns.space import Level, Space, Variable
+from orchestrator.campaigns.space import Level, Space
 from orchestrator.experiments.pathpolicy import MAX_MODEL_CHARS
 from orchestrator.experiments.spec import NAME_PATTERN, Layout, set_path
 
@@ -217,15 +217,18 @@ class CampaignRequest(BaseModel):
 
     def core_space(self) -> Space:
         """The space as the pure core takes it (raises ``ValueError`` when it is not one)."""
-        return Space(
-            variables=tuple(
-                Variable(
-                    name=v.name,
-                    levels=tuple(v.levels),
-                    client_side=v.name in CLIENT_SIDE,
-                )
-                for v in self.variables()
-            )
+        # validated as one document: a problem is located at its variable's index
+        return Space.model_validate(
+            {
+                "variables": [
+                    {
+                        "name": v.name,
+                        "levels": tuple(v.levels),
+                        "client_side": v.name in CLIENT_SIDE,
+                    }
+                    for v in self.variables()
+                ]
+            }
         )
 
     def baseline_value(self, path: str) -> Level | None:

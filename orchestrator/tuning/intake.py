@@ -272,8 +272,12 @@ def first_round(request: CampaignRequest, catalog: EngineArgCatalog) -> dict[str
     try:
         space = request.core_space()
     except ValidationError as exc:
+        names = [v.name for v in request.variables()]
         for e in exc.errors():
-            bad(["space", *e["loc"][1:]], e["msg"], e["type"])
+            loc, msg = e["loc"][1:], str(e["msg"]).removeprefix("Value error, ")
+            if loc and isinstance(loc[0], int) and loc[0] < len(names):
+                msg = f"{names[loc[0]]}: {msg}"
+            bad(["space", *loc], msg, e["type"])
         raise CampaignInvalidError(errors) from exc
     for i, v in enumerate(request.variables()):
         start = request.start_level(v)
