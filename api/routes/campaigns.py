@@ -126,8 +126,7 @@ def campaign_out(request: Request, session: Session, row: Campaign) -> CampaignO
             )
             for r in runs
         ],
-        retried=result.get("retried", {}),
-        unmeasured=result.get("unmeasured", {}),
+        **{k: result.get(k, {}) for k in ("retried", "retry_reasons", "unmeasured")},
         wall_time=CampaignWallTimeOut(**wall) if (wall := result.get("wall_time")) else None,
         serve_command=result.get("serve_command"),
         spec=result.get("spec"),

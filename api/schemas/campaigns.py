@@ -130,6 +130,22 @@ class CampaignSpaceNoteOut(BaseModel):
     why: str = Field(description="why it is in with its levels, or why it is left out")
 
 
+class CampaignRetryReasonOut(BaseModel):
+    """Why a campaign's run was measured again."""
+
+    kind: Literal["lost", "flagged", "no_value"] = Field(
+        description="lost: the infrastructure lost it (its orchestrator, supervisor or node "
+        "died, or its launch raised); flagged: it succeeded but a finding flags its objective "
+        "(a warm prefix cache, token bursts, the client's TTFT lag), so it gives no verdict; "
+        "no_value: it succeeded without a value of the objective (a capacity search that "
+        "found no boundary yet)"
+    )
+    why: str = Field(
+        description="in words: `lost to the infrastructure: <how>`, `a finding flagged its "
+        "objective: <finding>: <evidence>`, or what it measured without"
+    )
+
+
 class CampaignOut(BaseModel):
     """A tuning campaign: its request, status and what it decided so far."""
 
@@ -155,12 +171,19 @@ class CampaignOut(BaseModel):
     runs: list[CampaignRunOut]
     retried: dict[str, str] = Field(
         default_factory=dict,
-        description="runs lost to the infrastructure and measured again: label -> the "
-        "retry's label (`r1.c2.incumbent` -> `r1.c2.incumbent.retry1`)",
+        description="runs measured again (lost to the infrastructure, or giving no verdict: "
+        "a finding flagged the objective, no value of it): label -> the retry's label "
+        "(`r1.c2.incumbent` -> `r1.c2.incumbent.retry1`); why: `retry_reasons`",
+    )
+    retry_reasons: dict[str, CampaignRetryReasonOut] = Field(
+        default_factory=dict,
+        description="why each run of `retried` was measured again: label -> reason (absent "
+        "for a campaign last advanced before reasons were kept)",
     )
     unmeasured: dict[str, str] = Field(
         default_factory=dict,
-        description="runs lost to the infrastructure and not measured again: label -> why",
+        description="runs lost to the infrastructure, or giving no verdict, and not measured "
+        "again: label -> why",
     )
     wall_time: CampaignWallTimeOut | None = Field(
         None, description="where the wall time went (None before its first advance)"

@@ -8,7 +8,8 @@ candidates, the confirmation and the final configuration as a ``vllm serve`` lin
 re-run spec (from the answer when it carries them, else rebuilt from its ``request`` and
 ``incumbent`` by :mod:`orchestrator.tuning.final_config`), where the wall time went (a
 table: waiting for devices, start-ups, measurement..., with the server starts), the runs
-lost to the infrastructure and measured again, and for a ``"space": "auto"`` campaign the
+measured again and why (lost to the infrastructure, or a finding flagged the objective),
+and for a ``"space": "auto"`` campaign the
 space vlab proposed (each variable considered: its levels, or why it was left out).
 ``VLAB_TOKEN`` is sent as a bearer token when set.
 """
@@ -211,7 +212,8 @@ def proposal_table(body: dict[str, Any]) -> Table:
 
 
 def print_costs(body: dict[str, Any], out: Console) -> None:
-    """The wall-time table, the server starts, and the runs lost and measured again."""
+    """The wall-time table, the server starts, and the runs measured again (each with why:
+    lost to the infrastructure, or a finding flagged its objective) or not."""
     wall = body.get("wall_time")
     out.rule("where the wall time went")
     if not wall:
@@ -231,10 +233,13 @@ def print_costs(body: dict[str, Any], out: Console) -> None:
             "devices, each configuration's pairs of a cycle on one server",
             markup=False,
         )
+    reasons = body.get("retry_reasons") or {}
     for label, retry in (body.get("retried") or {}).items():
-        out.print(f"lost to the infrastructure, measured again: {label} -> {retry}", markup=False)
+        why = (reasons.get(label) or {}).get("why")
+        again = f"measured again ({why})" if why else "measured again"
+        out.print(f"{again}: {label} -> {retry}", markup=False)
     for label, why in (body.get("unmeasured") or {}).items():
-        out.print(f"lost, not measured again: {label}: {why}", markup=False)
+        out.print(f"not measured again: {label}: {why}", markup=False)
 
 
 def print_campaign(body: dict[str, Any], out: Console) -> None:

@@ -20,7 +20,12 @@ In the MLflow experiment named after the campaign (or the name given):
 - each of the campaign's runs exported as
   :func:`orchestrator.integrations.mlflow_export.export_experiment` exports a run (one
   experiment per cycle of the campaign), then nested under the parent
-  (``mlflow.parentRunId``) and tagged with its campaign and label.
+  (``mlflow.parentRunId``) and tagged with its campaign and label. A run measured again
+  (``<label>.retry<k>``, in an experiment of its own where the configuration measured again
+  is that experiment's baseline) is named by its campaign label, keeps the variant of the
+  run it measures again (``vlab.variant``, ``vlab.is_baseline``: a candidate's retry is
+  not ``baseline``), and says which run it measures again and why (``vlab.retry_of``,
+  ``vlab.retry_reason``).
 
 **Idempotent**: the parent is found by its ``vlab.campaign_id`` tag; one exported
 completely when the campaign was as it is now (``vlab.campaign_updated_at``) is left as it
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -40,7 +46,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.core.db import release_connection
 from orchestrator.core.errors import NotFoundError, VlabError
-from orchestrator.core.models import Campaign
+from orchestrator.core.models import Campaign, Run
 from orchestrator.core.repositories import CampaignRepository
 from orchestrator.integrations.mlflow_export import (
     COMPLETE_TAG,
@@ -70,6 +76,8 @@ __all__ = ["CampaignExportReport", "campaign_metrics", "campaign_params", "expor
 
 #: The artifact holding the path.
 PATH_ARTIFACT = "campaign_path.json"
+#: A retry's campaign label: the first run's label and ``.retry<k>``.
+_RETRY = re.compile(r"\.retry\d+$")
 #: MLflow statuses of an ended campaign (a campaign still advancing stays ``RUNNING``).
 CAMPAIGN_STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
 
@@ -237,12 +245,9 @@ def export_campaign(
     if row is None:
         raise NotFoundError(f"no campaign {campaign_id}", code_hint="campaign_not_found")
     name = _mlflow_name(experiment_name if experiment_name is not None else row.name)
-    labels = {r.id: r.campaign_label for r in CampaignRepository(session).runs(row.id)}
-    cycle_ids = list(
-        dict.fromkeys(
-            r.experiment_id for r in CampaignRepository(session).runs(row.id) if r.experiment_id
-        )
-    )
+    runs = CampaignRepository(session).runs(row.id)
+    labels = nested_tags(row, runs)
+    cycle_ids = list(dict.fromkeys(r.experiment_id for r in runs if r.experiment_id))
     release_connection(session)
     ml = _load_mlflow()
     _check_reachable(tracking_uri, connect_timeout_s)
@@ -279,18 +284,51 @@ def export_campaign(
     return report
 
 
+def nested_tags(row: Campaign, runs: list[Run]) -> dict[str, dict[str, str]]:
+    """The tags each of the campaign's ``runs`` gets when nested (run id -> tags): its
+    campaign label; for a retry (module docstring) its run name, the variant of the run it
+    measures again, that run's label and why it was measured again."""
+    result = row.result or {}
+    by_label = {r.campaign_label: r for r in runs if r.campaign_label}
+    retry_of = {retry: first for first, retry in (result.get("retried") or {}).items()}
+    reasons = result.get("retry_reasons") or {}
+    out: dict[str, dict[str, str]] = {}
+    for run in runs:
+        label = run.campaign_label
+        if not label:
+            continue
+        tags = {"vlab.campaign_label": label}
+        if _RETRY.search(label):
+            first = by_label.get(_RETRY.sub("", label))
+            previous = retry_of.get(label)
+            why = (reasons.get(previous) or {}).get("why") if previous else None
+            tags["mlflow.runName"] = label
+            tags["vlab.variant"] = first.name if first is not None else _RETRY.sub("", label)
+            if first is not None:
+                tags["vlab.is_baseline"] = param_value(bool(first.is_baseline))
+            if previous:
+                tags["vlab.retry_of"] = previous
+            if why:
+                tags["vlab.retry_reason"] = cut_text(why, MAX_TAG_VALUE)[0]
+        out[run.id] = tags
+    return out
+
+
 def _nest(
-    client: Any, cycle: ExportReport, report: CampaignExportReport, labels: dict[str, Any]
+    client: Any,
+    cycle: ExportReport,
+    report: CampaignExportReport,
+    tags: dict[str, dict[str, str]],
 ) -> None:
-    """Nest the exported runs of one cycle under the parent, with campaign and label."""
+    """Nest the exported runs of one cycle under the parent, with campaign and label (and
+    a retry's name, variant and reason: :func:`nested_tags`)."""
     for run in cycle.runs:
         if run.mlflow_run_id is None:
             continue
         client.set_tag(run.mlflow_run_id, "mlflow.parentRunId", report.parent_run_id)
         client.set_tag(run.mlflow_run_id, "vlab.campaign_id", report.campaign_id)
-        label = labels.get(run.run_id)
-        if label:
-            client.set_tag(run.mlflow_run_id, "vlab.campaign_label", label)
+        for key, value in tags.get(run.run_id, {}).items():
+            client.set_tag(run.mlflow_run_id, key, value)
         report.nested += 1
 
 

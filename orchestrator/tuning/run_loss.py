@@ -34,9 +34,15 @@ LOST_ERRORS = (
 
 def lost_to_infrastructure(run: Run) -> bool:
     """True when ``run`` ended failed because the infrastructure lost it."""
+    return loss_of(run) is not None
+
+
+def loss_of(run: Run) -> str | None:
+    """How the infrastructure lost ``run`` (the dispatcher's reason for a run whose
+    supervisor is gone, or the launch or node error), None when it did not."""
     if run.status != RunStatus.FAILED.value:
-        return False
+        return None
+    texts = (run.status_reason or "", run.error or "")
     if "recovered" in (run.engine_info or {}):
-        return True
-    texts = (run.error or "", run.status_reason or "")
-    return any(p.match(text) for p in LOST_ERRORS for text in texts)
+        return next((t for t in texts if t), "its supervisor is gone")
+    return next((t for t in texts for p in LOST_ERRORS if p.match(t)), None)

@@ -13,7 +13,8 @@ variants of it). A succeeded run whose objective a finding flags
 client's TTFT lag) gives no verdict: it is recorded lost with that reason and measured
 again the same way, as is a succeeded run without the GPU energy reading a J/token
 objective needs, or without a capacity (its search found no boundary). A per-device
-objective is the stored throughput over the devices the run reserved. The core then
+objective is the stored throughput over the devices the run reserved. The result says why
+each run measured again was (``retry_reasons``: lost, flagged, or no value). The core then
 says which runs come next; those not stored yet are queued as **one experiment per
 cycle** (:mod:`orchestrator.tuning.cycles`), through the same checks as a submitted
 experiment (:func:`orchestrator.experiments.service.create_experiment`), several pairs at
@@ -31,11 +32,13 @@ Services take a session and never commit.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -65,7 +68,7 @@ from orchestrator.tuning.evidence import Evidence
 from orchestrator.tuning.evidence_inputs import RoundOrders, gather_evidence
 from orchestrator.tuning.final_config import final_result
 from orchestrator.tuning.measuring_slots import campaign_slots
-from orchestrator.tuning.run_loss import lost_to_infrastructure
+from orchestrator.tuning.run_loss import loss_of
 from orchestrator.tuning.wall_time import wall_time
 
 log = logging.getLogger(__name__)
@@ -118,14 +121,13 @@ def rebuild(
             if run is None or not is_terminal(run.status):
                 continue
             value = _objective(run, metrics, request.objective.metric)
-            unread = None if value else _unread(run, request.objective.metric)
-            flagged = _flagged(run, metrics, request.objective.metric) if value else None
+            no_verdict = _no_verdict(run, metrics, request.objective.metric, value)
             device_s, ended_s = _device_s(run), _ended_s(run, began)
-            if flagged is not None or unread is not None:  # no verdict: measured again, as lost
-                why, again = unread if unread is not None else (flagged, True)
+            if no_verdict is not None and no_verdict.kind != "lost":  # measured again, as lost
+                why, again = no_verdict.core_why, no_verdict.again
                 core.record(planned.label, None, True, why, None, device_s, ended_s, again)
             else:
-                lost = lost_to_infrastructure(run)
+                lost = no_verdict is not None
                 checks = _checks(run, metrics, request) if value is not None else None
                 core.record(planned.label, value, lost, None, checks, device_s, ended_s)
             progressed = True
@@ -209,10 +211,71 @@ def _checks(
     return out
 
 
+@dataclass(frozen=True)
+class _NoVerdict:
+    """Why an ended run gives its configuration no verdict: ``kind`` ``lost`` (the
+    infrastructure lost it: ``detail`` says how), ``flagged`` (a finding flags its objective:
+    ``detail`` names each finding and its evidence) or ``no_value`` (it succeeded without a
+    value of its objective); ``again``: whether measuring it again may change that."""
+
+    kind: Literal["lost", "flagged", "no_value"]
+    detail: str
+    again: bool = True
+
+    @property
+    def core_why(self) -> str | None:
+        """What the core says happened to the run (None: "lost to the infrastructure")."""
+        return {"lost": None, "flagged": f"flagged by a finding ({self.detail})"}.get(
+            self.kind, self.detail
+        )
+
+    def retry_reason(self) -> dict[str, str]:
+        """The campaign result's ``retry_reasons`` entry: ``kind`` and ``why`` in words."""
+        why = {
+            "lost": f"lost to the infrastructure: {self.detail}",
+            "flagged": f"a finding flagged its objective: {self.detail}",
+        }.get(self.kind, self.detail)
+        return {"kind": self.kind, "why": why}
+
+
+def _no_verdict(
+    run: Run, metrics: dict[str, dict[str, float]], metric: str, value: float | None
+) -> _NoVerdict | None:
+    """Why ended ``run`` (its objective ``metric`` read as ``value``) gives no verdict and
+    is recorded lost (:func:`rebuild`), None when it gives one (a value, or a failure)."""
+    if value is None:
+        unread = _unread(run, metric)
+        if unread is not None:
+            return _NoVerdict("no_value", *unread)
+        loss = loss_of(run)
+        return None if loss is None else _NoVerdict("lost", loss)
+    flagged = _flagged(run, metrics, metric)
+    return None if flagged is None else _NoVerdict("flagged", flagged)
+
+
+def _retry_reasons(
+    core: CoreCampaign,
+    by_label: dict[str | None, Run],
+    metrics: dict[str, dict[str, float]],
+    metric: str,
+) -> dict[str, dict[str, str]]:
+    """Why each run measured again was (``retried``'s labels): :meth:`_NoVerdict.retry_reason`."""
+    out: dict[str, dict[str, str]] = {}
+    for label in core.retries():
+        run = by_label.get(label)
+        if run is None:
+            continue
+        found = _no_verdict(run, metrics, metric, _objective(run, metrics, metric))
+        if found is not None:
+            out[label] = found.retry_reason()
+    return out
+
+
 def _flagged(run: Run, metrics: dict[str, dict[str, float]], metric: str) -> str | None:
     """Why a finding withholds ``run``'s ``metric`` from any verdict
     (:mod:`orchestrator.analysis.trust`: token bursts, the client's TTFT lag, a warm prefix
-    cache), as "flagged by a finding (...)"; None when nothing flags it."""
+    cache), each finding by name and its evidence (``client_ttft_lag: ...; ...``); None
+    when nothing flags it."""
     warm = (run.engine_info or {}).get("cache_contamination") or {}
     trust = run_trust(
         run.id,
@@ -220,8 +283,13 @@ def _flagged(run: Run, metrics: dict[str, dict[str, float]], metric: str) -> str
         cache_contamination=warm.get("status") if isinstance(warm, dict) else None,
         not_applicable=not_applicable_of(run.engine_args),
     )
-    reason = trust.reason(stored_metric(metric))
-    return None if reason is None else f"flagged by a finding ({reason})"
+    name = stored_metric(metric)
+    hits = [
+        f"{flag}: {text}"
+        for flag, text in trust.flags.items()
+        if dataclasses.replace(trust, flags={flag: text}).reason(name) is not None
+    ]
+    return "; ".join(hits) or None
 
 
 def _objective(run: Run, metrics: dict[str, dict[str, float]], metric: str) -> float | None:
@@ -287,7 +355,7 @@ def advance(
         repo.touch(row)
         return row
     if core.phase is Phase.DONE:
-        _write_result(row, request, core, by_label)
+        _write_result(row, request, core, by_label, metrics)
         _keep_orders(row, orders)
         row.status = "succeeded"
         row.status_reason = _done_reason(core)
@@ -301,7 +369,7 @@ def advance(
                     session, settings, row, request, core.next_runs(), missing, catalog
                 )
         except (InvalidInputError, ConflictError) as exc:  # others (503s) are retried
-            _write_result(row, request, core, by_label)
+            _write_result(row, request, core, by_label, metrics)
             _keep_orders(row, orders)
             row.status = "failed"
             row.status_reason = f"{exc.code}: {exc.detail}"[:4000]
@@ -310,7 +378,7 @@ def advance(
             return row
         by_label.update({r.campaign_label: r for r in stored if r.campaign_label})
     row.status = "running"
-    _write_result(row, request, core, by_label)
+    _write_result(row, request, core, by_label, metrics)
     _keep_orders(row, orders)
     repo.touch(row)
     return row
@@ -409,10 +477,12 @@ def _write_result(
     request: CampaignRequest,
     core: CoreCampaign,
     by_label: dict[str | None, Run],
+    metrics: dict[str, dict[str, float]],
 ) -> None:
     """``row.result`` from the core's state (JSON), with the incumbent (the final
     configuration once done) as a ``serve_command`` and a re-run ``spec``
-    (:func:`orchestrator.tuning.final_config.final_result`)."""
+    (:func:`orchestrator.tuning.final_config.final_result`), and why each run measured
+    again was (``retry_reasons``, from the runs and their ``metrics``)."""
     cumulative = core.cumulative()
     confirmation = core.confirmed()
     proposal = (row.result or {}).get("space_proposal")  # the intake's, kept
@@ -442,6 +512,7 @@ def _write_result(
             if label
         },
         "retried": core.retries(),
+        "retry_reasons": _retry_reasons(core, by_label, metrics, request.objective.metric),
         "unmeasured": core.unmeasured(),
         "wall_time": wall_time(row, [r for label, r in by_label.items() if label]),
         **final_result(request, dict(core.incumbent)),

@@ -45,6 +45,9 @@ from tests.web.conftest import allow_console_error, web_settings
 
 #: The run of the finished campaign that is lost once (and measured again).
 LOST = "r1.c1.engine_args.max_num_seqs=256"
+#: The run of the finished campaign whose objective a finding flags once (a warm prefix
+#: cache: measured again, not lost).
+FLAGGED = "r1.c1.engine_args.max_num_seqs=64"
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +87,8 @@ def _finished_campaign(factory: sessionmaker[Session], settings: Settings) -> st
 
 def _finish_with_costs(factory: sessionmaker[Session], cid: str) -> None:
     """Fake results for the queued runs, each with timings (10 s start-up on every other
-    run, 5 s measured); :data:`LOST` lost to the infrastructure."""
+    run, 5 s measured); :data:`LOST` lost to the infrastructure, :data:`FLAGGED` measured
+    on a warm prefix cache."""
     with unit_of_work(factory) as s:
         repo = RunRepository(s)
         for run in CampaignRepository(s).runs(cid):
@@ -97,6 +101,8 @@ def _finish_with_costs(factory: sessionmaker[Session], cid: str) -> None:
             record_fake_result(s, run, surface(run))
             starts = run.sequence % 2 == 0
             run.engine_info = {"server_reused": not starts}
+            if run.campaign_label == FLAGGED:
+                run.engine_info["cache_contamination"] = {"status": "contaminated"}
             run.timings = {"startup_s": 10.0 if starts else 0.0, "measure_s": 5.0}
 
 
@@ -181,7 +187,25 @@ def test_a_finished_campaign_shows_its_path_verdicts_and_runs(
     starts = int((page.locator("#server-starts").inner_text()).split()[0])
     assert starts == startups / 10
     expect(wall.locator('tr[data-kind="elapsed_s"]')).to_contain_text("100%")
-    expect(page.locator("#lost-runs")).to_contain_text(f"{LOST} → {LOST}.retry1")
+    # each run measured again says why: lost to the infrastructure, or a finding flagged it
+    lost = page.locator('#lost-runs li[data-kind="lost"]')
+    expect(lost).to_have_text(
+        "measured again (lost to the infrastructure: orchestrator restarted and the run's "
+        f"supervisor is gone): {LOST} → {LOST}.retry1"
+    )
+    flagged = page.locator('#lost-runs li[data-kind="flagged"]')
+    expect(flagged).to_contain_text(
+        "measured again (a finding flagged its objective: warm_cache: measured on a warm "
+        "prefix cache"
+    )
+    expect(flagged).to_contain_text(f"{FLAGGED} → {FLAGGED}.retry1")
+    expect(page.locator("#lost-runs")).not_to_contain_text("lost to the infrastructure, measured")
+    api = f"{campaign_site['base']}/api/v1/campaigns/{campaign_site['done']}"
+    reasons = httpx.get(api, timeout=30).json()["retry_reasons"]  # the API says the same
+    assert {label: r["kind"] for label, r in reasons.items()} == {
+        LOST: "lost",
+        FLAGGED: "flagged",
+    }
     retry = page.locator('#candidates a.run-link[title^="' + LOST + '.retry1"]')
     expect(retry).to_have_count(1)
     expect(retry).to_contain_text("(retry)")

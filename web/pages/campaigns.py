@@ -8,8 +8,9 @@ path and the candidates as tables (variable, from -> to, effect with its interva
 verdict, reason, the runs behind it linked to ``/runs/{id}``), the confirmation (the
 measured total against the product of the step gains), where the wall time went (a small
 table: waiting for devices, engine start-ups, measurement..., each with its share of the
-campaign's elapsed time, and the server starts), the runs lost to the infrastructure and
-measured again, and the final configuration as a ``vllm serve`` line and a re-run spec.
+campaign's elapsed time, and the server starts), the runs measured again with why (lost
+to the infrastructure, or a finding flagged the objective), and the final configuration as
+a ``vllm serve`` line and a re-run spec.
 
 Everything is read from the campaign's stored result (what
 :func:`orchestrator.tuning.service.advance` writes) and its runs as they are now, as
@@ -213,6 +214,7 @@ def campaign_view(row: Campaign, runs: list[Run]) -> dict[str, Any]:
         "pending": result.get("pending", []),
         "wall": wall_view(result.get("wall_time")),
         "retried": result.get("retried") or {},
+        "retry_reasons": result.get("retry_reasons") or {},
         "unmeasured": result.get("unmeasured") or {},
         "space_proposal": [
             {

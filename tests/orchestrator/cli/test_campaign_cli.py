@@ -178,8 +178,22 @@ def test_show_prints_where_the_wall_time_went_and_the_lost_runs() -> None:
             "server_starts": 2,
             "servers_reused": 3,
         },
-        "retried": {"r1.c1.incumbent": "r1.c1.incumbent.retry1"},
-        "unmeasured": {"r1.c2.x=1.retry2": "lost 3 times"},
+        "retried": {
+            "r1.c1.incumbent": "r1.c1.incumbent.retry1",
+            "r1.c3.x=1": "r1.c3.x=1.retry1",
+            "r1.c4.x=2": "r1.c4.x=2.retry1",
+        },
+        "retry_reasons": {
+            "r1.c1.incumbent": {
+                "kind": "lost",
+                "why": "lost to the infrastructure: launch failed: RayActorError",
+            },
+            "r1.c3.x=1": {
+                "kind": "flagged",
+                "why": "a finding flagged its objective: client_ttft_lag: token bursts",
+            },
+        },
+        "unmeasured": {"r1.c2.x=1.retry2": "run r1.c2.x=1.retry2 was lost 3 times"},
         "slots": 4,
     }
     out = Console(width=200, record=True)
@@ -192,8 +206,18 @@ def test_show_prints_where_the_wall_time_went_and_the_lost_runs() -> None:
     assert "80.0" in rows["measurement"] and "40%" in rows["measurement"]
     assert "200.0" in rows["elapsed (the campaign)"]
     assert "server starts: 2 (3 run(s) reused a running server)" in costs
-    assert "measured again: r1.c1.incumbent -> r1.c1.incumbent.retry1" in costs
-    assert "lost, not measured again: r1.c2.x=1.retry2: lost 3 times" in costs
+    # each run measured again says why: lost, or flagged (never "lost" for a flagged one)
+    assert (
+        "measured again (lost to the infrastructure: launch failed: RayActorError): "
+        "r1.c1.incumbent -> r1.c1.incumbent.retry1"
+    ) in costs
+    assert (
+        "measured again (a finding flagged its objective: client_ttft_lag: token bursts): "
+        "r1.c3.x=1 -> r1.c3.x=1.retry1"
+    ) in costs
+    assert "measured again: r1.c4.x=2 -> r1.c4.x=2.retry1" in costs  # kept before reasons
+    assert "lost to the infrastructure, measured again" not in costs
+    assert "not measured again: r1.c2.x=1.retry2: run r1.c2.x=1.retry2 was lost 3" in costs
     assert "measured side by side: up to 4 configurations at once" in costs
     campaign_cli.print_campaign({**body, "slots": 1}, quiet := Console(width=200, record=True))
     assert "measured side by side" not in quiet.export_text()

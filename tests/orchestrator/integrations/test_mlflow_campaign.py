@@ -19,13 +19,20 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator.core.db import unit_of_work
 from orchestrator.core.errors import NotFoundError
-from orchestrator.core.models import Campaign
-from orchestrator.core.repositories import CampaignRepository
+from orchestrator.core.models import Campaign, Run
+from orchestrator.core.repositories import CampaignRepository, RunRepository
 from orchestrator.core.settings import Settings
+from orchestrator.core.states import RunStatus
+from orchestrator.dispatch.lost_runs import fail_lost
 from orchestrator.integrations.mlflow_campaign import PATH_ARTIFACT, export_campaign
 from orchestrator.tuning.intake import accept_campaign
 from tests.api.conftest import settings as settings  # noqa: F401 - fixture
-from tests.orchestrator.tuning.test_campaign_service import campaign_doc, drive
+from tests.orchestrator.tuning.test_campaign_service import (
+    campaign_doc,
+    drive,
+    record_fake_result,
+    surface,
+)
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # never report home from tests
 mlflow = pytest.importorskip("mlflow")
@@ -102,3 +109,66 @@ def test_a_campaign_exports_as_a_parent_run_with_its_runs_nested(
 def test_an_unknown_campaign_is_not_found(factory: sessionmaker[Session], tmp_path: Path) -> None:
     with factory() as s, pytest.raises(NotFoundError):
         export_campaign(s, "no-such-campaign", f"sqlite:///{tmp_path / 'm.db'}")
+
+
+#: The runs of the campaign with retries: one lost to the infrastructure, one whose
+#: objective a finding flags (a warm prefix cache); each is measured again once.
+LOST, FLAGGED = "r1.c1.engine_args.max_num_seqs=256", "r1.c1.engine_args.max_num_seqs=64"
+
+
+def _lose_or_flag(s: Session, run: Run) -> None:
+    """A fake result: :data:`LOST` lost the way the dispatcher ends it, :data:`FLAGGED`
+    measured on a warm prefix cache, the others their surface's value."""
+    repo = RunRepository(s)
+    if run.campaign_label == LOST:
+        repo.transition(run, RunStatus.PREPARING)
+        fail_lost(repo, run, "orchestrator restarted and the run's supervisor is gone")
+        return
+    record_fake_result(s, run, surface(run))
+    if run.campaign_label == FLAGGED:
+        run.engine_info = {"cache_contamination": {"status": "contaminated"}}
+
+
+def test_a_run_measured_again_exports_by_its_label_and_variant_not_as_baseline(
+    factory: sessionmaker[Session],
+    settings: Settings,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A candidate measured again runs alone, as its own experiment's baseline: its MLflow
+    run is named by its campaign label, carries its candidate's variant as the run it
+    measures again did, and says which run that was and why (lost, or flagged)."""
+    with unit_of_work(factory) as s:
+        cid = accept_campaign(s, settings, campaign_doc(name="tune apc retries")).id
+    row = drive(factory, settings, cid, _lose_or_flag)
+    assert row.result["retried"] == {LOST: f"{LOST}.retry1", FLAGGED: f"{FLAGGED}.retry1"}
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with factory() as s:
+        report = export_campaign(s, cid, uri)
+        variants = {r.campaign_label: r.name for r in CampaignRepository(s).runs(cid)}
+    client = MlflowClient(tracking_uri=uri)
+    children = {
+        c.data.tags["vlab.campaign_label"]: c
+        for c in client.search_runs(
+            [client.get_run(report.parent_run_id).info.experiment_id],
+            filter_string=f"tags.`mlflow.parentRunId` = '{report.parent_run_id}'",
+            max_results=1000,
+        )
+    }
+    for first, why in (
+        (LOST, "lost to the infrastructure: orchestrator restarted"),
+        (FLAGGED, "a finding flagged its objective: warm_cache: measured on a warm prefix"),
+    ):
+        retry = children[f"{first}.retry1"]
+        tags = retry.data.tags
+        assert variants[f"{first}.retry1"] == "baseline"  # its own experiment's baseline
+        assert retry.info.run_name == f"{first}.retry1"
+        assert tags["vlab.variant"] == variants[first] == first.split(".", 2)[2]
+        assert tags["vlab.variant"] == children[first].data.tags["vlab.variant"]
+        assert tags["vlab.is_baseline"] == "false"
+        assert tags["vlab.retry_of"] == first
+        assert tags["vlab.retry_reason"].startswith(why), tags["vlab.retry_reason"]
+    # a run not measured again keeps its name: its variant and repeat
+    assert children["r1.c1.incumbent"].info.run_name == "baseline #0"
+    assert "vlab.retry_of" not in children["r1.c1.incumbent"].data.tags

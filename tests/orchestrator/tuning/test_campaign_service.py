@@ -881,6 +881,11 @@ def test_a_capacity_search_without_a_boundary_leaves_its_candidate_unknown(
     why = next(iter(row.result["unmeasured"].values()))
     assert f"the search ended {status} (at least 4 req/s" in why, why
     assert bool(row.result["retried"]) is retried
+    # each retry says why: no value of its objective (neither lost nor flagged)
+    assert row.result["retry_reasons"].keys() == row.result["retried"].keys()
+    for reason in row.result["retry_reasons"].values():
+        assert reason["kind"] == "no_value"
+        assert reason["why"].startswith(f"measured without a capacity: the search ended {status}")
 
 
 def test_a_capacity_campaign_decides_from_the_capacity_each_search_found(
