@@ -230,6 +230,44 @@ def telemetry_problems(request: CampaignRequest, view: ClusterView) -> list[dict
     ]
 
 
+def variable_problems(request: CampaignRequest, catalog: EngineArgCatalog) -> list[dict[str, Any]]:
+    """The problems of each space variable on its own: an engine argument vLLM lacks (said
+    once, nothing else of it), a level vLLM refuses, a start missing or contradicting the
+    baseline's value."""
+    errors: list[dict[str, Any]] = []
+
+    def bad(loc: list[str | int], msg: str, kind: str) -> None:
+        errors.append({"loc": ["body", "space", *loc], "msg": msg, "type": kind})
+
+    for i, v in enumerate(request.variables()):
+        section, name = v.name.split(".", 1)
+        unknown = False
+        if section == "engine_args":
+            for j, level in enumerate(v.levels):
+                for err in catalog.check({name: level}, []):
+                    if err["type"] != "unknown_engine_arg" or not unknown:
+                        bad([i, "levels", j], err.get("msg", "invalid"), err["type"])
+                    unknown = unknown or err["type"] == "unknown_engine_arg"
+        start = request.start_level(v)
+        if unknown:
+            continue
+        if start is None:
+            bad(
+                [i, "start"],
+                f"the baseline does not set {v.name}: give its starting level",
+                "start_missing",
+            )
+        elif v.start is not None and request.baseline_value(v.name) not in (None, v.start):
+            bad(
+                [i, "start"],
+                f"the baseline sets {v.name} to {request.baseline_value(v.name)!r} and the "
+                f"space starts it at {v.start!r}: give one of them (leave out start to begin "
+                "from the baseline's value)",
+                "start_conflicts_baseline",
+            )
+    return errors
+
+
 def first_round(request: CampaignRequest, catalog: EngineArgCatalog) -> dict[str, Any]:
     """The experiment document of the campaign's first round (the start as the baseline,
     each one-variable neighbour a variant named by its index); raises
@@ -239,36 +277,7 @@ def first_round(request: CampaignRequest, catalog: EngineArgCatalog) -> dict[str
     def bad(loc: list[str | int], msg: str, kind: str) -> None:
         errors.append({"loc": ["body", *loc], "msg": msg, "type": kind})
 
-    errors += metric_problems(request)
-    for i, v in enumerate(request.variables()):
-        section, name = v.name.split(".", 1)
-        unknown = False  # an argument vLLM does not have: said once, nothing else of it
-        if section == "engine_args":
-            for j, level in enumerate(v.levels):
-                for err in catalog.check({name: level}, []):
-                    if err["type"] == "unknown_engine_arg":
-                        if not unknown:
-                            bad(["space", i, "levels", j], err.get("msg", "invalid"), err["type"])
-                        unknown = True
-                        continue
-                    bad(["space", i, "levels", j], err.get("msg", "invalid"), err["type"])
-        start = request.start_level(v)
-        if unknown:
-            continue
-        if start is None:
-            bad(
-                ["space", i, "start"],
-                f"the baseline does not set {v.name}: give its starting level",
-                "start_missing",
-            )
-        elif v.start is not None and request.baseline_value(v.name) not in (None, v.start):
-            bad(
-                ["space", i, "start"],
-                f"the baseline sets {v.name} to {request.baseline_value(v.name)!r} and the "
-                f"space starts it at {v.start!r}: give one of them (leave out start to begin "
-                "from the baseline's value)",
-                "start_conflicts_baseline",
-            )
+    errors += metric_problems(request) + variable_problems(request, catalog)
     try:
         space = request.core_space()
     except ValidationError as exc:

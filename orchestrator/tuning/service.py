@@ -45,6 +45,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from orchestrator.analysis.trust import not_applicable_of, run_trust
 from orchestrator.campaigns.loop import Campaign as CoreCampaign
 from orchestrator.campaigns.outcomes import OrderHook, Outcome, Phase, PlannedRun
+from orchestrator.campaigns.space import show_level
 from orchestrator.core.db import is_unavailable, unit_of_work
 from orchestrator.core.errors import ConflictError, InvalidInputError, NotFoundError
 from orchestrator.core.models import Campaign, Run
@@ -461,7 +462,9 @@ def _done_reason(core: CoreCampaign) -> str:
             f"{confirmed.steps.describe()}"
         )
     if steps:
-        moved = ", ".join(f"{s.variable}: {s.from_level} -> {s.to_level}" for s in steps)
+        moved = ", ".join(
+            f"{s.variable}: {show_level(s.from_level)} -> {show_level(s.to_level)}" for s in steps
+        )
         parts.append(f"{len(steps)} change(s) adopted: {moved}")
     elif unknown:
         parts.append("no change adopted: the starting configuration stays")

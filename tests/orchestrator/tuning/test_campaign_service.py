@@ -260,7 +260,7 @@ def test_a_tp_space_refused_for_its_devices_says_how_to_change_tp_alone(
 ) -> None:
     """TP 1 -> 2 with the devices left to TP x PP changes the devices too (refused as
     two variables); the refusal says to set layout.devices, and doing so is accepted."""
-    space = [{"name": "layout.tensor_parallel_size", "levels": [1, 2], "start": 1}]
+    space = [{"name": "layout.tensor_parallel_size", "levels": [1, 2]}]  # starts at 1
     with pytest.raises(CampaignInvalidError) as info, unit_of_work(factory) as s:
         accept_campaign(s, settings, campaign_doc(space=space))
     (err,) = info.value.errors
@@ -930,4 +930,51 @@ def test_a_confirmation_that_disagrees_with_the_path_leads_the_status_reason(
     assert row.result["confirmation"]["agrees"] is False
     reason = row.status_reason or ""
     assert reason.startswith("the confirmation does NOT agree with the path: the final "), reason
-    assert "; 1 change(s) adopted: engine_args.enable_prefix_caching: False -> True" in reason
+    assert "; 1 change(s) adopted: engine_args.enable_prefix_caching: false -> true" in reason
+
+
+def test_a_candidate_refused_for_a_derived_change_says_what_to_pin() -> None:
+    """The experiment check's remedy for a second argument vLLM resolves differently (a
+    linked factor) has no place in a campaign: the message names what to pin instead."""
+    from orchestrator.experiments.planner import LINKED_FACTOR_REMEDY
+    from orchestrator.tuning.intake import _pin_hint
+
+    error = {
+        "type": "derived_default_changes",
+        "msg": "with layout.tensor_parallel_size changed, vLLM also resolves "
+        "max_num_batched_tokens: 2048 -> 4096 vs 'baseline': that is more than one variable. "
+        + LINKED_FACTOR_REMEDY,
+        "variables": {"max_num_batched_tokens": [2048, 4096]},
+    }
+    msg = _pin_hint("layout.tensor_parallel_size", error)["msg"]
+    assert "linked factor" not in msg
+    assert msg.endswith(
+        "Pin engine_args.max_num_batched_tokens: 2048 in the baseline so that only "
+        "layout.tensor_parallel_size changes"
+    )
+    assert _pin_hint("x", {"type": "more_than_one_variable", "msg": "m"}) == {}
+
+
+def test_an_unknown_engine_argument_is_one_problem(
+    factory: sessionmaker[Session],
+    settings: Settings,  # noqa: F811
+) -> None:
+    """Not one per level, nor a missing start beside it."""
+    space = [{"name": "engine_args.no_such_arg", "levels": [1, 2]}]
+    with pytest.raises(CampaignInvalidError) as info, unit_of_work(factory) as s:
+        accept_campaign(s, settings, campaign_doc(space=space))
+    assert [(e["loc"], e["type"]) for e in info.value.errors] == [
+        (["body", "space", 0, "levels", 0], "unknown_engine_arg")
+    ]
+
+
+def test_a_space_the_core_refuses_is_said_in_plain_words_at_its_variable(
+    factory: sessionmaker[Session],
+    settings: Settings,  # noqa: F811
+) -> None:
+    space = [{"name": "engine_args.max_num_seqs", "levels": [64, 64], "start": 64}]
+    with pytest.raises(CampaignInvalidError) as info, unit_of_work(factory) as s:
+        accept_campaign(s, settings, campaign_doc(space=space))
+    msgs = [e["msg"] for e in info.value.errors]
+    assert "engine_args.max_num_seqs: level 64 is listed twice" in msgs, msgs
+    assert not any("Value error" in m for m in msgs)
