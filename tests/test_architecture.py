@@ -127,8 +127,9 @@ LAYERS: dict[str, Rule] = {
         "everything that imports Ray",
     ),
     _INTEGRATIONS: Rule(
-        (_INTEGRATIONS, _CORE, _EXPERIMENTS, _RUNS, _ANALYSIS, "jobs"),
-        "exports to outside systems (MLflow); their clients deferred",
+        (_INTEGRATIONS, _CORE, _EXPERIMENTS, _RUNS, _ANALYSIS, _CAMPAIGNS, "jobs"),
+        "exports to outside systems (MLflow; a campaign as the pure core words it); their "
+        "clients deferred",
     ),
     "api": Rule(
         (

@@ -106,6 +106,11 @@ class CampaignWallTimeOut(BaseModel):
     campaign's own elapsed time."""
 
     elapsed_s: float = Field(description="from the campaign's creation to now, or its end")
+    between_s: float = Field(
+        0.0,
+        description="wall time with no run of it queued or going: deciding a cycle and "
+        "queuing the next, before the first and after the last",
+    )
     queue_wait_s: float = Field(
         description="wall time during which a run of it was queued, waiting for devices "
         "(a cycle's runs wait together: counted once)"

@@ -177,6 +177,7 @@ WALL_KINDS = (
     ("stop_s", "stopping engines"),
     ("other_s", "other run time"),
     ("lost_s", "runs lost"),
+    ("between_s", "between cycles"),
 )
 
 

@@ -44,6 +44,7 @@ from typing import Any, Literal
 
 from sqlalchemy.orm import Session
 
+from orchestrator.campaigns.space import show_level
 from orchestrator.core.db import release_connection
 from orchestrator.core.errors import NotFoundError, VlabError
 from orchestrator.core.models import Campaign, Run
@@ -188,7 +189,8 @@ def campaign_tags(row: Campaign, truncated: list[str], base_url: str | None) -> 
         "vlab.phase": result.get("phase"),
         "vlab.status_reason": row.status_reason,
         "vlab.path": "; ".join(
-            f"{s['variable']}: {s['from_level']} -> {s['to_level']} ({s.get('effect')})"
+            f"{s['variable']}: {show_level(s['from_level'])} -> {show_level(s['to_level'])} "
+            f"({s.get('effect')})"
             for s in result.get("path") or []
         )
         or "no change adopted",

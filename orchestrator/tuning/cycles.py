@@ -92,7 +92,7 @@ def cycle_doc(row: Campaign, request: CampaignRequest, cycle: list[PlannedRun]) 
     doc["repeats"] = pairs
     if head.attempt:
         doc["description"] = (
-            f"campaign {row.id}: {prefix}, measured again (lost to the infrastructure): "
+            f"campaign {row.id}: {prefix}, measured again (lost, or flagged by a finding): "
             + ", ".join(p.label for p in cycle)
         )
     return doc

@@ -49,6 +49,7 @@ WALL_KINDS = (
     ("stop_s", "stopping engines"),
     ("other_s", "other run time"),
     ("lost_s", "runs lost to the infrastructure"),
+    ("between_s", "between cycles (deciding, queuing the next)"),
 )
 #: A retry's label: the first run's label and ``.retry<k>``.
 _RETRY = re.compile(r"\.retry\d+$")

@@ -72,7 +72,7 @@ def test_a_campaign_exports_as_a_parent_run_with_its_runs_nested(
     assert tags["vlab.campaign_url"] == f"http://vlab.example/campaigns/{ended.id}"
     assert tags["vlab.verdict.r1.engine_args.enable_prefix_caching:true"] == "adopted"
     assert tags["vlab.verdict.r1.engine_args.max_num_seqs:64"] == "worse"
-    assert tags["vlab.path"].startswith("engine_args.enable_prefix_caching: False -> True")
+    assert tags["vlab.path"].startswith("engine_args.enable_prefix_caching: false -> true")
     # the cumulative gain and its interval; each adopted step's gain as a history
     cumulative = ended.result["cumulative"]
     m = parent.data.metrics
