@@ -263,6 +263,12 @@ def print_campaign(body: dict[str, Any], out: Console) -> None:
         out.rule("space proposed by vlab")
         out.print(proposal_table(body))
     out.rule("path (adopted steps)")
+    better = {"lower": "lower", "higher": "higher"}.get(str(objective.get("direction")), "")
+    out.print(
+        "effects are gains: positive is better"
+        + (f" ({objective.get('metric', 'the objective')} {better})" if better else ""),
+        markup=False,
+    )
     if body.get("path"):
         out.print(path_table(body))
     else:

@@ -88,6 +88,7 @@ def test_submit_show_a_finished_campaign(
     path = out.split("path (adopted steps)")[1].split("candidates")[0]
     assert "engine_args.enable_prefix_caching" in path and "false -> true" in path
     assert "effect [interval]" in path and "pays" in path
+    assert "effects are gains: positive is better" in path
     assert "% [" in path and "%]" in path
     # the candidates with their outcomes
     cands = out.split("candidates")[-1].split("confirmation")[0]
