@@ -5,7 +5,7 @@ server. The dispatcher's ``campaigns`` loop advances them
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from sqlalchemy.orm import Session
@@ -34,6 +34,9 @@ from orchestrator.integrations.mlflow_export import check_api_tracking_uri
 from orchestrator.tuning import service as tuning
 from orchestrator.tuning.campaign_request import CampaignRequest
 from orchestrator.tuning.intake import accept_campaign
+
+#: A campaign's status, as a list filter.
+CampaignStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
 router = APIRouter(prefix="/api/v1", tags=["campaigns"])
 
@@ -165,10 +168,15 @@ def create_campaign(
 
 @router.get("/campaigns", response_model=Page[CampaignListItem])
 def list_campaigns(
-    request: Request, session: SessionDep, limit: Limit = 50, offset: Offset = 0
+    request: Request,
+    session: SessionDep,
+    limit: Limit = 50,
+    offset: Offset = 0,
+    status: CampaignStatus | None = None,
 ) -> Page[CampaignListItem]:
+    """Newest first; ``status`` keeps the campaigns in that status (another value is a 422)."""
     repo = CampaignRepository(session)
-    rows, total = repo.page(limit=limit, offset=offset)
+    rows, total = repo.page(limit=limit, offset=offset, status=status)
     counts = repo.run_counts([r.id for r in rows])
     items = [
         CampaignListItem(

@@ -209,3 +209,23 @@ def test_the_final_configuration_and_the_wall_time_are_described_and_shown(
     assert wall["server_starts"] == 0 and wall["startup_s"] == 0.0  # nothing ran yet
     assert wall["elapsed_s"] >= 0 and wall["queue_wait_s"] >= 0
     assert body["retried"] == {} and body["unmeasured"] == {}
+
+
+def test_the_list_filters_by_status_and_refuses_another(client: TestClient) -> None:
+    """``?status=`` keeps the campaigns in that status; a status campaigns never have is a
+    422 (a trial saw ``?status=bogus`` answer every campaign); the filter's values are the
+    repository's statuses."""
+    from typing import get_args
+
+    from api.routes.campaigns import CampaignStatus
+    from orchestrator.core.repositories.campaigns import ADVANCING, ENDED
+
+    assert set(get_args(CampaignStatus)) == {*ADVANCING, *ENDED}
+    assert client.post("/api/v1/campaigns", json=campaign_doc(name="filtered")).status_code == 201
+    queued = client.get("/api/v1/campaigns", params={"status": "queued", "limit": 500}).json()
+    assert queued["items"] and {c["status"] for c in queued["items"]} == {"queued"}
+    done = client.get("/api/v1/campaigns", params={"status": "succeeded", "limit": 500}).json()
+    assert all(c["status"] == "succeeded" for c in done["items"])
+    assert queued["total"] + done["total"] <= client.get("/api/v1/campaigns").json()["total"]
+    bad = client.get("/api/v1/campaigns", params={"status": "bogus"})
+    assert bad.status_code == 422 and bad.headers["content-type"].startswith(PROBLEM)

@@ -41,10 +41,15 @@ class CampaignRepository:
             .execution_options(populate_existing=True)
         ).one_or_none()
 
-    def page(self, *, limit: int, offset: int) -> tuple[Sequence[Campaign], int]:
-        total = self.session.scalar(select(func.count()).select_from(Campaign)) or 0
+    def page(
+        self, *, limit: int, offset: int, status: str | None = None
+    ) -> tuple[Sequence[Campaign], int]:
+        """Newest first; only campaigns in ``status`` when given; and the count of all."""
+        where = [Campaign.status == status] if status else []
+        total = self.session.scalar(select(func.count()).select_from(Campaign).where(*where)) or 0
         rows = self.session.scalars(
             select(Campaign)
+            .where(*where)
             .order_by(Campaign.created_at.desc(), Campaign.id)
             .limit(limit)
             .offset(offset)
