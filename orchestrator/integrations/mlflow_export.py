@@ -225,7 +225,7 @@ def check_api_tracking_uri(uri: str | None, settings: MlflowSettings) -> str:
             "the API exports to http(s) MLflow tracking servers only; "
             f"{what} live on the service's own disk or in a database (an administrator "
             "may allow them with VLAB_MLFLOW__ALLOW_LOCAL_STORES=true; `vlab export mlflow` "
-            "on the command line takes any URI)",
+            "and `vlab export mlflow-campaign` on the command line take any URI)",
             "uri_scheme_refused",
         )
     if problem is not None:  # an unknown scheme, dot segments, a file:// MLflow refuses
