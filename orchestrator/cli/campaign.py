@@ -88,11 +88,13 @@ def _call(method: str, url: str, ok: int = 200, **kw: Any) -> Any:
     except ValueError:
         console.print(f"HTTP {resp.status_code}: {resp.text}", markup=False)
         raise typer.Exit(1) from None
+    errors = body.get("errors", []) or []
+    # the detail restates the errors when there are some: each is said once, below
+    said = f"{len(errors)} problem(s)" if errors else str(body.get("detail"))
     console.print(
-        f"[red]{escape(str(body.get('title', 'error')))}[/red] ({resp.status_code}): "
-        f"{escape(str(body.get('detail')))}"
+        f"[red]{escape(str(body.get('title', 'error')))}[/red] ({resp.status_code}): {escape(said)}"
     )
-    for err in body.get("errors", []) or []:
+    for err in errors:
         loc = ".".join(map(str, err.get("loc", [])))
         console.print(f"  - {loc}: {err.get('msg')}", markup=False)
     if resp.status_code == 401:

@@ -135,6 +135,8 @@ def test_bad_documents_and_unknown_ids(api: TestClient, tmp_path: Path) -> None:
     result = cli("submit", str(f))
     assert result.exit_code == 1
     assert "422" in result.output and "body.space.0.levels.0" in result.output
+    # each problem once: the bullet, not the detail restating it beside
+    assert result.output.count("no engine argument") == 1, result.output
     missing = cli("show", "nope")
     assert missing.exit_code == 1 and "404" in missing.output
     broken = tmp_path / "broken.yaml"
