@@ -166,6 +166,9 @@ class EngineServer:
         self._attempt_log_size = 0
         #: why the engine was judged hung (:meth:`mark_hung`); None while it answers
         self.hung: str | None = None
+        #: size of the log when :meth:`stop` first sent SIGTERM (later lines are the
+        #: engine's shutdown, which vlab asked for); None while not stopped
+        self.stop_log_size: int | None = None
 
     # -- properties ---------------------------------------------------------------
 
@@ -216,6 +219,7 @@ class EngineServer:
         with self._lock:
             if self._proc is not None:
                 raise RuntimeError("EngineServer already started")
+            self.stop_log_size = None
             if self.port == 0:
                 self.port = find_free_port(self.launch.host)
             self.command = build_serve_command(self.launch, port=self.port)
@@ -492,6 +496,9 @@ class EngineServer:
             if self.death() is not None or self.hung is not None or stopped:
                 timeout_s = min(timeout_s, DEAD_ENGINE_GRACE_S)
             deadline = time.monotonic() + timeout_s
+            if self.stop_log_size is None:
+                with contextlib.suppress(OSError):
+                    self.stop_log_size = self.log_path.stat().st_size
             self._signal_group(pgid, signal.SIGTERM)
             self._signal_group(pgid, signal.SIGCONT)
             while time.monotonic() < deadline:
@@ -564,6 +571,13 @@ class EngineServer:
     def log_text(self) -> str:
         """The whole captured log so far (last 4 MB at most), ``""`` if none."""
         return _read_tail(self.log_path)
+
+    def log_since_stop(self) -> str | None:
+        """What the engine logged after :meth:`stop` sent it SIGTERM (its shutdown, which
+        vlab asked for); None when it was not stopped."""
+        if self.stop_log_size is None:
+            return None
+        return _read_tail(self.log_path, since=self.stop_log_size)
 
     def log_tail(self, n: int = 60) -> list[str]:
         """The last ``n`` lines of the log (progress-bar rewrites collapsed)."""

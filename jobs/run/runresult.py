@@ -21,6 +21,16 @@ from jobs.signals import engineevents, enginelog
 __all__ = ["segment_result"]
 
 
+def _stop_line(log: str, server: EngineServer) -> int | None:
+    """The 1-based line of ``log`` from which the engine wrote after vlab stopped it (the
+    last run of a server, its log read after the stop); None when ``log`` was read before
+    the stop (or the engine was not stopped)."""
+    after = server.log_since_stop()
+    if not after or not log.endswith(after):
+        return None
+    return len(log[: len(log) - len(after)].splitlines()) + 1
+
+
 def segment_result(
     seg: Segment,
     server: EngineServer | None,
@@ -41,7 +51,10 @@ def segment_result(
         t_end = seg.t_end if seg.t_end is not None else time.perf_counter()
         wall_t0 = time.time() - (time.perf_counter() - seg.t0)  # events' clock: t_s 0
         at_end = bool(seg.engine_log)  # read at t_end: a later time is another clock's
-        info.update(engineevents.segment_info(log, wall_t0, t_end - seg.t0, not reused, at_end))
+        stop = _stop_line(log, server)
+        info.update(
+            engineevents.segment_info(log, wall_t0, t_end - seg.t0, not reused, at_end, stop)
+        )
         seg.engine_info = {**info, **server_info, **seg.engine_info}
     elif server is not None and "pgid" in server_info:
         seg.engine_info.setdefault("pgid", server_info["pgid"])

@@ -31,6 +31,11 @@ Where each wording comes from (vLLM 0.32.0 source unless said otherwise):
   unexpectedly.`` (``v1/utils.py``), ``Engine core initialization failed``
   (``v1/engine/utils.py``), ``[FT] Engine N status -> DEAD``
   (``v1/fault_tolerance/engine_core_sentinel.py``), V0's ``AsyncEngineDeadError``.
+  Not once vlab's stop reached the engine: vlab stops the engine (SIGTERM) when it is
+  done with the server, and vLLM's orderly shutdown then logs ``[shutdown] EngineCore:
+  trigger received signal=SIGTERM`` (``v1/engine/core.py``) followed by ``AsyncLLM
+  output_handler failed.`` and the ``EngineDeadError`` traceback: those lines (and a
+  ``worker_died`` among them) are no events (:func:`parse_events`' ``stop_line``).
 - ``worker_died``: ``Worker proc VllmWorker-1 died unexpectedly (exit code: -9)``
   (``v1/executor/multiproc_executor.py``), ``RayWorkerProc rank=[1] died unexpectedly``
   (``v1/executor/ray_executor_v2.py``), V0 ``Worker VllmWorkerProcess pid 1159 died,
@@ -101,7 +106,8 @@ EVENT_TYPES: dict[str, str] = {
     "nccl_error": "an NCCL collective failed or timed out (torch's NCCL watchdog, NCCL errors)",
     "gloo_error": "a Gloo (CPU collective) connection or operation failed",
     "engine_dead": "vLLM's engine died or stopped serving (EngineDeadError, engine core "
-    "process died, output handler failed, fatal error, failed to start)",
+    "process died, output handler failed, fatal error, failed to start); not the shutdown "
+    "of an engine vlab stopped after measuring",
     "worker_died": "a worker process, Ray actor or Ray Serve replica died",
     "unhealthy": "a replica, worker or engine was marked unhealthy",
     "health_check_failed": "a health check failed (Ray Serve replica check, /health 5xx)",
@@ -280,6 +286,7 @@ def segment_events(
     limit: int = MAX_EVENTS,
     local_ips: frozenset[str] | set[str] | None = None,
     log_end_s: float | None = None,
+    stop_line: int | None = None,
 ) -> dict[str, Any]:
     """The events of one run (segment) of a server's log, for its ``engine_info``.
 
@@ -293,7 +300,9 @@ def segment_events(
     placed before its start (the server's start-up: no earlier run exists), and, with
     ``log_end_s`` (seconds since ``t0_epoch`` when ``log`` was read), an event placed
     more than :data:`CLOCK_SLACK_S` after it cannot be on this host's clock: it is kept
-    here as ``"unplaced"`` with a note. ``local_ips``: see :func:`place_events`.
+    here as ``"unplaced"`` with a note. ``local_ips``: see :func:`place_events`;
+    ``stop_line`` (where vlab's stop of the engine begins in ``log``): see
+    :func:`parse_events`.
 
     Returns ``{"events": [...] (at most ``limit``, :data:`EVENT_KEYS`), "summary":
     {"total": n, "kept": k, "by_type": {type: n}, "unplaced": n}, "stats_notes":
@@ -301,7 +310,7 @@ def segment_events(
     records dropped, fragments ignored) of the segment's seconds.
     """
     stats = parse_stats(log)
-    placed = place_events(parse_events(log, stats), t0_epoch, tz, local_ips)
+    placed = place_events(parse_events(log, stats, stop_line), t0_epoch, tz, local_ips)
     mine: list[dict[str, Any]] = []
     for ev in placed:
         at = ev["t_s"] if ev["placement"] == "placed" else ev.get("after_t_s")
@@ -347,13 +356,18 @@ def segment_info(
     duration_s: float,
     first: bool,
     read_at_end: bool = False,
+    stop_line: int | None = None,
 ) -> dict[str, Any]:
     """The ``engine_info`` entries of one run (segment): ``engine_events``,
     ``engine_events_summary`` and, when any, ``stats_notes``; see :func:`segment_events`
     (the local time zone is this process's: the engine is its child; ``read_at_end``:
-    ``log`` was read when the segment ended, so it holds nothing later)."""
+    ``log`` was read when the segment ended, so it holds nothing later; ``stop_line``:
+    the line of ``log`` from which vlab was stopping the engine, see
+    :func:`parse_events`)."""
     end = duration_s if read_at_end else None
-    found = segment_events(log, t0_epoch, duration_s, first=first, log_end_s=end)
+    found = segment_events(
+        log, t0_epoch, duration_s, first=first, log_end_s=end, stop_line=stop_line
+    )
     info: dict[str, Any] = {
         "engine_events": found["events"],
         "engine_events_summary": found["summary"],

@@ -120,6 +120,13 @@ _NOT_EVENTS = re.compile(
     r"|to avoid (?:CUDA )?out of memory|may cause out of memory|\bpossible out of memory",
     _I,
 )
+#: vLLM's engine core received a stop signal (``v1/engine/core.py``, ``signal_handler``):
+#: ``[shutdown] EngineCore: trigger received signal=SIGTERM``.
+_STOP_TRIGGER_RE = re.compile(r"\[shutdown\] EngineCore: trigger received signal=SIG(?:TERM|INT)\b")
+#: What a stop makes happen on purpose: the engine and its workers going away
+#: (``AsyncLLM output_handler failed.``, ``EngineDeadError``, ``engine core exited
+#: unexpectedly``, a worker that died) is no event once vlab's stop reached the engine.
+_STOPPED_TYPES = frozenset({"engine_dead", "worker_died"})
 _EXIT_CODE_RE = re.compile(r"exit code:?\s*(-?\d+)")
 _CUMULATIVE_RE = re.compile(r"total_num_cumulative_preemption=(\d+)")
 
@@ -180,7 +187,29 @@ def _whole_message(rec: LogRecord, lines: list[str], text: str) -> tuple[str, bo
     return msg, state == "cut", []
 
 
-def parse_events(text: str, stats: StatsParse | None = None) -> list[dict[str, Any]]:
+def _details(kind: str, m: re.Match[str], msg: str, cut: bool, notes: list[str]) -> dict[str, Any]:
+    """The figures an event's message states (``details``); a number that ends a line a
+    wrap may have cut is left out with a note added to ``notes``."""
+    details: dict[str, Any] = {}
+    wanted: list[tuple[str, re.Match[str] | None]] = []
+    if kind == "preemption":
+        details["preemption_mode"] = m.group("mode")
+        wanted.append(("cumulative_preemptions", _CUMULATIVE_RE.search(msg)))
+    if kind in ("worker_died", "engine_dead"):
+        wanted.append(("exit_code", _EXIT_CODE_RE.search(msg)))
+    for figure, found_number in wanted:
+        if found_number is None:
+            continue
+        if cut and not msg[found_number.end() :].strip(" )"):
+            notes.append(f"{figure}: the number ends the line and may be cut: absent")
+            continue
+        details[figure] = int(found_number.group(1))
+    return details
+
+
+def parse_events(
+    text: str, stats: StatsParse | None = None, stop_line: int | None = None
+) -> list[dict[str, Any]]:
     """The events of an engine log, in log order, keyed as in
     :data:`jobs.signals.engineevents.EVENT_KEYS` (before placement: no ``t_s``).
 
@@ -197,6 +226,18 @@ def parse_events(text: str, stats: StatsParse | None = None) -> list[dict[str, A
     node's local time (a Ray ``ip=`` tag): ``after_time`` is then the last time of this
     host's records before it. Never raises on odd input.
 
+    ``stop_line``: the 1-based physical line from which the log was written after vlab
+    asked the engine to stop (SIGTERM to its process group when vlab is done with the
+    server: after its last run, or once a run failed or was cancelled); None when
+    ``text`` holds no such stop. Once the engine core logs that it received that signal
+    (``[shutdown] EngineCore: trigger received signal=SIGTERM``, at or after
+    ``stop_line``), what its orderly shutdown logs next (``AsyncLLM output_handler
+    failed.`` and the ``EngineDeadError`` traceback, a worker gone) is no
+    ``engine_dead`` or ``worker_died`` event: vlab stopped the engine, it did not die.
+    Events stay events when vlab was not stopping the engine (``stop_line`` None, or a
+    trigger before it: someone else's signal during the run, which lost its engine) and
+    when vlab's stop found the engine core gone (no trigger after ``stop_line``).
+
     Example: ``{"type": "out_of_memory", "time": "05-12 08:01:39", "level": "ERROR",
     "source": "EngineCore_DP0", "pid": 7, "message": "torch.OutOfMemoryError: CUDA out
     of memory. Tried to allocate 2.00 GiB ...", "line": 812}``.
@@ -205,26 +246,23 @@ def parse_events(text: str, stats: StatsParse | None = None) -> list[dict[str, A
     seen: dict[tuple[Any, ...], dict[str, Any]] = {}
     last_time: str | None = None
     lines = text.splitlines()
+    stopping = False  # vlab's stop reached the engine core: it is shutting down
     for rec in split_records(text):
+        if (
+            stop_line is not None
+            and not stopping
+            and rec.line + 1 >= stop_line
+            and _STOP_TRIGGER_RE.search(rec.message)
+        ):
+            stopping = True
         found = _event_type(rec)
+        if found is not None and stopping and found[0] in _STOPPED_TYPES:
+            found = None
         if found is not None:
             kind, m = found
             msg, cut, notes = _whole_message(rec, lines, text)
             ev = _event(rec, kind, msg)
-            details: dict[str, Any] = {}
-            wanted: list[tuple[str, re.Match[str] | None]] = []
-            if kind == "preemption":
-                details["preemption_mode"] = m.group("mode")
-                wanted.append(("cumulative_preemptions", _CUMULATIVE_RE.search(msg)))
-            if kind in ("worker_died", "engine_dead"):
-                wanted.append(("exit_code", _EXIT_CODE_RE.search(msg)))
-            for figure, found_number in wanted:
-                if found_number is None:
-                    continue
-                if cut and not msg[found_number.end() :].strip(" )"):
-                    notes.append(f"{figure}: the number ends the line and may be cut: absent")
-                    continue
-                details[figure] = int(found_number.group(1))
+            details = _details(kind, m, msg, cut, notes)
             if details:
                 ev["details"] = details
             if notes:

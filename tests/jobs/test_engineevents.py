@@ -268,6 +268,54 @@ def test_real_ray_log_of_vllm_2734() -> None:
     assert placed["after_t_s"] == 279.0  # 13:18:39, the last stats line before it
 
 
+# --- vlab's stop of the engine ---------------------------------------------------------------
+
+#: vLLM 0.32.0's shutdown when vlab SIGTERMs the engine after measuring: a real engine.log
+#: (``EngineCore: trigger received signal=SIGTERM``, then ``AsyncLLM output_handler
+#: failed.`` and the ``EngineDeadError`` traceback of the orderly shutdown).
+SHUTDOWN = (DATA / "vllm032_cpu_shutdown.log").read_bytes().decode()
+#: vlab's stop began after the access lines that end the measurement (before the trigger).
+STOP_LINE = 5
+
+
+def _types(events: list[dict[str, Any]]) -> list[str]:
+    return [e["type"] for e in events]
+
+
+def test_the_shutdown_vlab_asked_for_is_no_engine_dead() -> None:
+    """A healthy run stopped by vlab: its shutdown's EngineDeadError is no death."""
+    assert "trigger received signal=SIGTERM" in SHUTDOWN.splitlines()[STOP_LINE - 1]
+    assert "EngineDeadError" in SHUTDOWN and "output_handler failed" in SHUTDOWN
+    assert parse_events(SHUTDOWN, stop_line=STOP_LINE) == []
+    assert parse_events(SHUTDOWN, stop_line=1) == []
+    # through the run's segment (the last run of a server, its log read after the stop)
+    t0 = datetime(2026, 12, 6, 22, 17, 40, tzinfo=UTC).timestamp()
+    seg = segment_events(SHUTDOWN, t0, 30.0, first=True, tz=UTC, stop_line=STOP_LINE)
+    assert seg["events"] == [] and seg["summary"]["by_type"] == {}
+
+
+def test_the_same_error_without_vlabs_stop_is_engine_dead() -> None:
+    """The same lines without a stop that vlab asked for: the run lost its engine."""
+    # the EngineDeadError traceback with no stop trigger before it (the engine core died)
+    died = "\n".join(ln for ln in SHUTDOWN.splitlines() if "trigger received" not in ln)
+    assert _types(parse_events(died, stop_line=1)) == ["engine_dead", "engine_dead"]
+    # someone else SIGTERMed the engine during the run (vlab was not stopping it)
+    assert _types(parse_events(SHUTDOWN)) == ["engine_dead", "engine_dead"]
+    assert _types(parse_events(SHUTDOWN, stop_line=len(SHUTDOWN.splitlines()) + 1)) == [
+        "engine_dead",
+        "engine_dead",
+    ]
+    # a death during the measurement, then vlab's stop: the death stays an event
+    lines = SHUTDOWN.splitlines()
+    during = [ln.replace("12-06 22:17:51", "12-06 22:17:45") for ln in lines[21:29]]
+    text = "\n".join([*during, *lines])
+    events = parse_events(text, stop_line=len(during) + STOP_LINE)
+    assert _types(events) == ["engine_dead", "engine_dead"]
+    assert {e["time"] for e in events} == {"12-06 22:17:45"}
+    # a stop that found the engine core gone (no trigger): what follows stays an event
+    assert _types(parse_events(died, stop_line=STOP_LINE)) == ["engine_dead", "engine_dead"]
+
+
 # --- time ---------------------------------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import stat
 import sys
 from pathlib import Path
+from typing import Any
 
 from jobs.run.runner import execute_batch
 from jobs.schemas import BatchJob, EngineLaunch, RunSegment, WorkloadSpec
@@ -85,6 +86,7 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
 
+{on_sigterm}
 ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
 
@@ -93,7 +95,7 @@ def test_batch_runs_get_the_events_of_their_own_seconds(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
     engine = tmp_path / "fake_engine_events"
-    engine.write_text(FAKE_ENGINE.format(python=sys.executable))
+    engine.write_text(FAKE_ENGINE.format(python=sys.executable, on_sigterm=""))
     engine.chmod(engine.stat().st_mode | stat.S_IXUSR)
     spec = {"num_requests": 2, "prefix_tokens": 64, "output_tokens": 4, "warmup_requests": 1}
     workload = WorkloadSpec.model_validate(spec)
@@ -133,3 +135,54 @@ def test_batch_runs_get_the_events_of_their_own_seconds(
     assert oom["type"] == "out_of_memory" and oom["placement"] == "unplaced"
     assert oom["t_s"] is None and oom["after_t_s"] == stats_pre["t_s"]
     assert "stats_notes" not in r0.engine_info and "stats_notes" not in r1.engine_info
+
+
+#: vLLM 0.32.0's shutdown on SIGTERM, from a real engine.log (``vllm032_cpu_shutdown.log``:
+#: the trigger line, ``AsyncLLM output_handler failed.``, the ``EngineDeadError``
+#: traceback), logged at the current second by the fake engine when vlab stops it.
+ON_SIGTERM = """
+import signal
+SHUTDOWN = {lines!r}
+
+
+def on_sigterm(signum, frame):
+    for line in SHUTDOWN:
+        log(line)
+    os._exit(0)
+
+
+signal.signal(signal.SIGTERM, on_sigterm)
+"""
+
+
+def test_the_engine_vlab_stops_after_measuring_did_not_die(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """The last run of a server has vLLM's shutdown (after vlab's SIGTERM) in its seconds:
+    its ``EngineDeadError`` lines are no ``engine_dead`` event of the run."""
+    real = Path(__file__).parent / "data" / "enginelog" / "vllm032_cpu_shutdown.log"
+    lines = [ln.replace("12-06 22:17:51", "NOW") for ln in real.read_bytes().decode().split("\n")]
+    engine = tmp_path / "fake_engine_shutdown"
+    hook = ON_SIGTERM.format(lines=[ln for ln in lines[4:] if ln])
+    engine.write_text(FAKE_ENGINE.format(python=sys.executable, on_sigterm=hook))
+    engine.chmod(engine.stat().st_mode | stat.S_IXUSR)
+    spec = {"num_requests": 2, "prefix_tokens": 64, "output_tokens": 4, "warmup_requests": 1}
+    job = BatchJob(
+        launch=EngineLaunch(
+            engine_python=str(engine),
+            model_dir=str(tiny_model_dir),
+            served_model_name="tiny",
+            startup_timeout_s=120,
+            log_path=str(tmp_path / "server.log"),
+        ),
+        segments=[RunSegment(run_id="r0", workload=WorkloadSpec.model_validate(spec))],
+        scrape_interval_s=0.5,
+        request_timeout_s=60,
+    )
+    (r0,) = execute_batch(job)
+    assert r0.status == "succeeded", r0.error
+    assert "trigger received signal=SIGTERM" in r0.engine_log
+    assert "EngineDeadError" in r0.engine_log  # logged in the run's last second
+    events: list[dict[str, Any]] = r0.engine_info["engine_events"]
+    assert [e["type"] for e in events] == ["preemption"]  # the one the fake logged mid-run
+    assert "engine_dead" not in r0.engine_info["engine_events_summary"]["by_type"]
