@@ -74,8 +74,11 @@ def live_server(
         yield base
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    """Chromium for one module: Playwright's sync API keeps an event loop running in the
+    thread while it is open, and a later test's ``asyncio.run`` on the same worker (the
+    runner's) fails beside a session-long one."""
     if not Path(CHROMIUM).exists():
         pytest.fail(
             f"no Chromium at {CHROMIUM}: install Debian's chromium (apt-get install chromium; "
