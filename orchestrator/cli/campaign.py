@@ -20,6 +20,7 @@ import functools
 import json
 import math
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -113,6 +114,17 @@ def gain_text(gain: dict[str, Any] | None) -> str:
         return "–"
     parts = [math.expm1(gain[k]) * 100 for k in ("estimate", "low", "high")]
     return f"{parts[0]:+.1f} % [{parts[1]:+.1f} %, {parts[2]:+.1f} %]"
+
+
+def progress_line(body: dict[str, Any]) -> str:
+    """``running (round 2): 14 of 32 runs, 1 step adopted, 3 candidates decided``."""
+    phase = body.get("phase") or "-"
+    decided = [c for c in body.get("candidates") or [] if c.get("outcome") != "measuring"]
+    return (
+        f"{body.get('status')} ({phase}): {body.get('runs_used', 0)} of "
+        f"{body.get('budget', 0)} runs, {len(body.get('path') or [])} step(s) adopted, "
+        f"{len(decided)} candidate(s) decided"
+    )
 
 
 def final_of(body: dict[str, Any]) -> dict[str, Any]:
@@ -369,9 +381,27 @@ def campaign_show(
     campaign_id: Annotated[str, typer.Argument(help="the campaign's id")],
     api: ApiOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="the API's answer as JSON")] = False,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow", "-f", help="one progress line while it is queued or running, then all"
+        ),
+    ] = False,
+    interval: Annotated[
+        float, typer.Option(min=0.1, help="seconds between two looks with --follow")
+    ] = 10.0,
 ) -> None:
     """A campaign: status, path, candidates, confirmation, final configuration."""
-    body = _call("GET", f"{_base(api)}/api/v1/campaigns/{campaign_id}", timeout=30)
+    url = f"{_base(api)}/api/v1/campaigns/{campaign_id}"
+    body = _call("GET", url, timeout=30)
+    last = ""
+    while follow and body.get("status") in ("queued", "running"):
+        line = progress_line(body)
+        if line != last:  # a line when something moved, not one per look
+            console.print(line, markup=False)
+            last = line
+        time.sleep(interval)
+        body = _call("GET", url, timeout=30)
     if as_json:
         typer.echo(json.dumps({**body, **final_of(body)}, indent=2))
         return

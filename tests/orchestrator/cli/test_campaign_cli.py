@@ -253,3 +253,30 @@ def test_a_confirmation_that_disagrees_says_why_it_can_for_one_change_and_for_se
     two = Console(width=200, record=True)
     campaign_cli.print_campaign({**body, "path": [step, {**step, "variable": "b"}]}, two)
     assert "does NOT agree with the path (the variables may interact" in two.export_text()
+
+
+def test_show_follow_prints_progress_until_the_campaign_ends(
+    api: TestClient,
+    tmp_path: Path,
+    factory: sessionmaker[Session],
+    settings: Settings,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--follow`` looks again every ``--interval`` while the campaign is queued or
+    running (a line when something moved), then shows it all once it ended."""
+    cid = submit(tmp_path, campaign_doc(name="followed"))
+    looks: list[float] = []
+
+    def wait(seconds: float) -> None:  # the campaign moves on while the CLI waits
+        looks.append(seconds)
+        drive(factory, settings, cid)
+
+    monkeypatch.setattr(campaign_cli.time, "sleep", wait)
+    result = cli("show", cid, "--follow", "--interval", "0.5")
+    assert result.exit_code == 0, result.output
+    assert looks == [0.5]
+    first = result.output.splitlines()[0]
+    assert first.startswith("queued (-): 0 of 40 runs, 0 step(s) adopted"), first
+    assert "succeeded, done" in result.output and "path (adopted steps)" in result.output
+    # an ended campaign: no waiting
+    assert cli("show", cid, "--follow").exit_code == 0 and looks == [0.5]
