@@ -91,27 +91,32 @@ ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
 
 
-def test_batch_runs_get_the_events_of_their_own_seconds(
-    tmp_path: Path, tiny_model_dir: Path
-) -> None:
+def _job(tmp_path: Path, model_dir: Path, runs: int, on_sigterm: str = "") -> BatchJob:
+    """A batch of ``runs`` small runs on one server of :data:`FAKE_ENGINE` (with
+    ``on_sigterm`` run when vlab stops it)."""
     engine = tmp_path / "fake_engine_events"
-    engine.write_text(FAKE_ENGINE.format(python=sys.executable, on_sigterm=""))
+    engine.write_text(FAKE_ENGINE.format(python=sys.executable, on_sigterm=on_sigterm))
     engine.chmod(engine.stat().st_mode | stat.S_IXUSR)
     spec = {"num_requests": 2, "prefix_tokens": 64, "output_tokens": 4, "warmup_requests": 1}
     workload = WorkloadSpec.model_validate(spec)
-    job = BatchJob(
+    return BatchJob(
         launch=EngineLaunch(
             engine_python=str(engine),
-            model_dir=str(tiny_model_dir),
+            model_dir=str(model_dir),
             served_model_name="tiny",
             startup_timeout_s=120,
             log_path=str(tmp_path / "server.log"),
         ),
-        segments=[RunSegment(run_id=f"r{i}", workload=workload) for i in range(2)],
+        segments=[RunSegment(run_id=f"r{i}", workload=workload) for i in range(runs)],
         scrape_interval_s=0.5,
         request_timeout_s=60,
     )
-    r0, r1 = execute_batch(job)
+
+
+def test_batch_runs_get_the_events_of_their_own_seconds(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    r0, r1 = execute_batch(_job(tmp_path, tiny_model_dir, runs=2))
     assert (r0.status, r1.status) == ("succeeded", "succeeded"), (r0.error, r1.error)
 
     (pre,) = r0.engine_info["engine_events"]
@@ -162,24 +167,8 @@ def test_the_engine_vlab_stops_after_measuring_did_not_die(
     its ``EngineDeadError`` lines are no ``engine_dead`` event of the run."""
     real = Path(__file__).parent / "data" / "enginelog" / "vllm032_cpu_shutdown.log"
     lines = [ln.replace("12-06 22:17:51", "NOW") for ln in real.read_bytes().decode().split("\n")]
-    engine = tmp_path / "fake_engine_shutdown"
     hook = ON_SIGTERM.format(lines=[ln for ln in lines[4:] if ln])
-    engine.write_text(FAKE_ENGINE.format(python=sys.executable, on_sigterm=hook))
-    engine.chmod(engine.stat().st_mode | stat.S_IXUSR)
-    spec = {"num_requests": 2, "prefix_tokens": 64, "output_tokens": 4, "warmup_requests": 1}
-    job = BatchJob(
-        launch=EngineLaunch(
-            engine_python=str(engine),
-            model_dir=str(tiny_model_dir),
-            served_model_name="tiny",
-            startup_timeout_s=120,
-            log_path=str(tmp_path / "server.log"),
-        ),
-        segments=[RunSegment(run_id="r0", workload=WorkloadSpec.model_validate(spec))],
-        scrape_interval_s=0.5,
-        request_timeout_s=60,
-    )
-    (r0,) = execute_batch(job)
+    (r0,) = execute_batch(_job(tmp_path, tiny_model_dir, runs=1, on_sigterm=hook))
     assert r0.status == "succeeded", r0.error
     assert "trigger received signal=SIGTERM" in r0.engine_log
     assert "EngineDeadError" in r0.engine_log  # logged in the run's last second
