@@ -167,13 +167,18 @@ class RunTrust:
     goodput_objectives: frozenset[str] | None = None
     capacity_objectives: frozenset[str] | None = None
 
+    def taints(self, metric: str) -> dict[str, str]:
+        """The flags that taint ``metric`` of this run: flag -> its evidence."""
+        q = quantities(metric, self.goodput_objectives, self.capacity_objectives)
+        return {
+            flag: text
+            for flag, text in self.flags.items()
+            if ALL in TAINTS[flag] or TAINTS[flag] & q
+        }
+
     def reason(self, metric: str) -> str | None:
         """Why ``metric`` of this run gives no verdict (the flags that taint it), or None."""
-        q = quantities(metric, self.goodput_objectives, self.capacity_objectives)
-        hits = [
-            text for flag, text in self.flags.items() if ALL in TAINTS[flag] or TAINTS[flag] & q
-        ]
-        return "; ".join(hits) if hits else None
+        return "; ".join(self.taints(metric).values()) or None
 
 
 def run_trust(

@@ -32,7 +32,6 @@ Services take a session and never commit.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from collections.abc import Callable
@@ -284,13 +283,8 @@ def _flagged(run: Run, metrics: dict[str, dict[str, float]], metric: str) -> str
         cache_contamination=warm.get("status") if isinstance(warm, dict) else None,
         not_applicable=not_applicable_of(run.engine_args),
     )
-    name = stored_metric(metric)
-    hits = [
-        f"{flag}: {text}"
-        for flag, text in trust.flags.items()
-        if dataclasses.replace(trust, flags={flag: text}).reason(name) is not None
-    ]
-    return "; ".join(hits) or None
+    taints = trust.taints(stored_metric(metric))
+    return "; ".join(f"{flag}: {text}" for flag, text in taints.items()) or None
 
 
 def _objective(run: Run, metrics: dict[str, dict[str, float]], metric: str) -> float | None:
