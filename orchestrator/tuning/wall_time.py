@@ -57,13 +57,12 @@ def wall_time(campaign: Campaign, runs: list[Run], now: datetime | None = None) 
     reused = [(run.engine_info or {}).get("server_reused") for run in runs]
     created = campaign.created_at
     elapsed = max(0.0, (now - created).total_seconds()) if created else 0.0
-    busy = (
-        [(max(a, created), b) for a, b in _waits(runs, now) + _held(runs, now)] if created else []
-    )
+    waits, held = _waits(runs, now), _held(runs, now)
+    busy = [(max(a, created), b) for a, b in waits + held if created and b > created]
     return {
         "elapsed_s": round(elapsed, 4),
-        "between_s": round(max(0.0, elapsed - _union([(a, b) for a, b in busy if b > a])), 4),
-        "queue_wait_s": round(_union(_minus(_waits(runs, now), _held(runs, now))), 4),
+        "between_s": round(max(0.0, elapsed - _union(busy)), 4),
+        "queue_wait_s": round(_union(_minus(waits, held)), 4),
         **{key: round(value, 4) for key, value in sums.items()},
         "server_starts": sum(1 for r in reused if r is False),
         "servers_reused": sum(1 for r in reused if r is True),

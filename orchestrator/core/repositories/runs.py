@@ -410,8 +410,9 @@ class RunRepository:
             .limit(scan)
             .subquery()
         )
-        ids = self.session.scalars(
-            select(newest.c.id)
+        rows = self.session.execute(
+            select(Run.id, Run.engine_info)
+            .join(newest, newest.c.id == Run.id)
             .where(
                 newest.c.status == RunStatus.SUCCEEDED.value,
                 newest.c.placement["resource"].as_string() == "GPU",
@@ -419,8 +420,8 @@ class RunRepository:
             .order_by(newest.c.created_at.desc())
             .limit(20)
         ).all()
-        for run_id in ids:
-            info = self.session.scalar(select(Run.engine_info).where(Run.id == run_id)) or {}
+        for run_id, engine_info in rows:
+            info = engine_info or {}
             memories = [
                 float(g["memory_total_mib"])
                 for node in info.get("gpu_assignment") or []
