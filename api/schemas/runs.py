@@ -59,7 +59,14 @@ class RunOut(BaseModel):
     cancelled_by: str | None = Field(None, description="who asked to cancel the run")
     progress: dict[str, Any]
     created_at: datetime
-    started_at: datetime | None
+    claimed_at: datetime | None = Field(
+        None,
+        description="when a dispatcher claimed the run and reserved its devices (its "
+        "engine's start-up and warm-up follow; null until claimed)",
+    )
+    started_at: datetime | None = Field(
+        None, description="when its warm-up began (after the engine's start-up)"
+    )
     finished_at: datetime | None
     model_id: str
     model_path: str

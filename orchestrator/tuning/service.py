@@ -304,12 +304,22 @@ def _objective(run: Run, metrics: dict[str, dict[str, float]], metric: str) -> f
 def _unread(run: Run, metric: str) -> tuple[str, bool] | None:
     """Why a succeeded run without a value of objective ``metric`` says nothing of its
     configuration (``unknown``, never ``failed``), and whether measuring it again may
-    change that: not for a missing GPU energy reading (J/token) or a capacity search whose
+    change that: not for a run without GPU telemetry (J/token; yes when its telemetry read
+    the GPUs but too few samples fell in its window) or a capacity search whose
     boundary lies outside its range; yes for a client-limited, uncertain or cut-short
     search. None otherwise."""
     if run.status != RunStatus.SUCCEEDED.value:
         return None
     if metric in GPU_TELEMETRY:
+        telemetry = (run.engine_info or {}).get("gpu_telemetry") or {}
+        if isinstance(telemetry, dict) and telemetry.get("available") is True:
+            # it read the GPUs, but too few samples fell in the measured window (a read
+            # past its timeout on a loaded node): another run may well get them
+            notes = "; ".join(str(n) for n in telemetry.get("notes") or []) or "no reason given"
+            return (
+                f"measured without {metric} (its GPU telemetry sampled too little: {notes})",
+                True,
+            )
         return f"measured without {metric} (its GPU telemetry read no energy counter)", False
     if metric in CAPACITY_OBJECTIVES:
         search = run.capacity or {}

@@ -298,6 +298,25 @@ def _finish(session_factory: sessionmaker[Session], run_id: str, ttft_s: float) 
         s.commit()
 
 
+def test_a_run_says_when_it_was_claimed(
+    client: TestClient, session_factory: sessionmaker[Session]
+) -> None:
+    """``claimed_at`` is null while queued and the claim's time once a dispatcher holds
+    the run (before its warm-up's ``started_at``)."""
+    from orchestrator.core.repositories import RunRepository
+
+    body = client.post("/api/v1/experiments", json=demo_spec()).json()
+    assert all(client.get(r["url"]).json()["claimed_at"] is None for r in body["runs"])
+    with session_factory() as s:
+        claimed = RunRepository(s).claim_next_queued("orch-test")
+        assert claimed is not None
+        s.commit()
+        run_id, at = claimed.id, claimed.claimed_at
+    got = client.get(f"/api/v1/runs/{run_id}").json()
+    assert got["status"] == "preparing" and got["claimed_at"] is not None
+    assert got["claimed_at"].startswith(at.strftime("%Y-%m-%dT%H:%M:%S")), (got, at)
+
+
 def test_comparison_and_export(client: TestClient, session_factory: sessionmaker[Session]) -> None:
     import io
 

@@ -777,6 +777,27 @@ def test_a_j_per_token_run_without_the_energy_reading_is_unknown_not_failed(
         assert stored is not None and stored.request["objective"]["direction"] == "lower"
 
 
+def test_a_j_per_token_run_whose_telemetry_sampled_too_little_is_measured_again() -> None:
+    """A run whose GPU telemetry read the GPUs but got too few samples in its window (a read
+    past its timeout on a loaded node) may get them another time: measured again; a run
+    without GPU telemetry at all would read the same again: not."""
+    from orchestrator.core.models import Run
+
+    metric = "energy_per_output_token_j"
+    short = "fewer than 2 usable GPU power/energy samples: energy metrics left out"
+    sampled = Run(
+        status="succeeded", engine_info={"gpu_telemetry": {"available": True, "notes": [short]}}
+    )
+    assert service._unread(sampled, metric) == (
+        f"measured without {metric} (its GPU telemetry sampled too little: {short})",
+        True,
+    )
+    none = Run(status="succeeded", engine_info={"gpu_telemetry": {"available": False}})
+    why, again = service._unread(none, metric) or ("", True)
+    assert "read no energy counter" in why and again is False
+    assert service._unread(Run(status="failed", engine_info={}), metric) is None
+
+
 def test_j_per_token_is_refused_on_a_cluster_of_cpus() -> None:
     """An objective or constraint only GPU telemetry gives, on a live CPU cluster: one
     problem per field naming why; a GPU cluster, or one not known yet, is not refused."""
