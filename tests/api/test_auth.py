@@ -479,9 +479,10 @@ def test_cli_serve_on_all_interfaces_without_a_token_refuses_in_one_line(
     settings: Settings, factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from orchestrator.cli import main as cli
+    from orchestrator.cli import serving
 
-    monkeypatch.setattr(cli, "get_settings", lambda: cli_settings(settings, factory))
-    monkeypatch.setattr(cli, "_setup_logging", lambda verbose=False: None)
+    monkeypatch.setattr(serving, "get_settings", lambda: cli_settings(settings, factory))
+    monkeypatch.setattr(serving, "_setup_logging", lambda verbose=False: None)
     result = CliRunner().invoke(cli.app, ["serve", "--host", "0.0.0.0", "--port", "1"])
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]

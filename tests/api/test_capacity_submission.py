@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from orchestrator.cli import main as cli
+from orchestrator.cli import common as cli
 from tests.api.test_capacity_api import PROBLEM, capacity_spec
 
 
@@ -51,7 +51,7 @@ def test_vlab_submit_prints_the_bound(
     def through_app(method: str, url: str, **kw: Any) -> Any:
         return client.request(method, url.removeprefix("http://api"), json=kw.get("json"))
 
-    monkeypatch.setattr(cli, "_http", through_app)
+    monkeypatch.setattr(cli, "http_call", through_app)
     doc = capacity_spec(min=2, max_steps=8, max_step_s=60, max_drain_s=15)
     assert cli.submit_spec("http://api", doc) is not None
     out = capsys.readouterr().out

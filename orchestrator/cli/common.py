@@ -1,0 +1,212 @@
+"""What the ``vlab`` commands share: the console, one-line errors, calls to the API."""
+
+from __future__ import annotations
+
+import functools
+import getpass
+import json
+import os
+import re
+import sys
+import types
+import typing
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import httpx
+import typer
+from pydantic import BaseModel, ValidationError
+from pydantic_settings import SettingsError
+from rich.console import Console
+from rich.markup import escape
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, OperationalError
+
+from orchestrator.cli.report import ReportError
+from orchestrator.cli.runtime import Runtime
+from orchestrator.cli.specfile import CliError
+from orchestrator.core.auth import client_auth_headers
+from orchestrator.core.errors import RayClusterError
+from orchestrator.core.settings import Settings, get_settings
+
+# Not a terminal (logs, CI): wide enough for the result table, no line wrapping of URLs.
+console = Console() if sys.stdout.isatty() else Console(width=200, soft_wrap=True)
+
+ApiOpt = Annotated[str | None, typer.Option("--api", help="API base URL (default from settings)")]
+
+
+def api_url(api: str | None) -> str:
+    return (api or get_settings().api_base_url()).rstrip("/")
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def takes_json(path: list[str]) -> bool:
+    """Whether pydantic-settings decodes the setting at ``path`` (field names) as JSON.
+
+    Only complex fields (a dict, a list, a nested model given whole) are decoded; walking
+    the :class:`Settings` fields keeps a plain setting beside it (``VLAB_ENGINE__PYTHON``,
+    a path) from being taken for the value that failed.
+    """
+    model: Any = Settings
+    annotation: Any = None
+    for name in path:
+        fields = getattr(model, "model_fields", None)
+        if not fields or name not in fields:
+            return False
+        annotation = fields[name].annotation
+        model = annotation
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        annotation = args[0] if len(args) == 1 else annotation
+        origin = typing.get_origin(annotation)
+    if origin in (dict, list, set, tuple, frozenset):
+        return True
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def settings_problem(exc: ValidationError | SettingsError) -> str:
+    """One line naming the environment variable of a setting that failed validation.
+
+    A pydantic ``loc`` ``("engine", "python_by_node")`` is ``VLAB_ENGINE__PYTHON_BY_NODE``;
+    pydantic-settings' :class:`SettingsError` (a value that is not JSON where JSON is
+    needed) names only the top-level field: the variable under it whose value is not
+    JSON is named when there is exactly one.
+    """
+    if isinstance(exc, ValidationError):
+        parts = []
+        for err in exc.errors():
+            loc = [str(x) for x in err.get("loc", ()) if not isinstance(x, int)]
+            name = "VLAB_" + "__".join(loc).upper() if loc else "VLAB_*"
+            parts.append(f"invalid setting {name}: {one_line(str(err.get('msg', '')))}")
+        return "; ".join(parts) or one_line(str(exc))
+    text = one_line(str(exc))
+    match = re.search(r'field "([^"]+)"', text)
+    name = "VLAB_*"
+    if match:
+        prefix = "VLAB_" + match.group(1).upper()
+        found = [
+            k for k in os.environ if k.upper() == prefix or k.upper().startswith(prefix + "__")
+        ]
+        bad = []
+        for key in found:
+            if not takes_json(key[len("VLAB_") :].lower().split("__")):
+                continue  # a plain str/int/path setting is never decoded as JSON
+            try:
+                json.loads(os.environ[key])
+            except ValueError:
+                bad.append(key)
+        name = bad[0].upper() if len(bad) == 1 else prefix + ("__*" if found else "")
+    reason = text
+    if exc.__cause__ is not None:
+        reason = f"not valid JSON ({one_line(str(exc.__cause__))})"
+    return f"invalid setting {name}: {reason}"
+
+
+def is_settings_error(exc: BaseException) -> bool:
+    return isinstance(exc, SettingsError) or (
+        isinstance(exc, ValidationError) and exc.title == Settings.__name__
+    )
+
+
+def friendly(func: Callable[..., None]) -> Callable[..., None]:
+    """Turn user-facing failures into one line on stderr and exit code 2 (no traceback)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        try:
+            func(*args, **kwargs)
+        except (
+            CliError,
+            ReportError,
+            TimeoutError,
+            RayClusterError,
+            ValidationError,
+            SettingsError,
+        ) as exc:
+            if isinstance(exc, ValidationError | SettingsError):
+                if not is_settings_error(exc):
+                    raise
+                said = settings_problem(exc)
+            else:
+                said = str(exc)
+            # one line, however narrow the terminal (or none): no hard wrapping
+            Console(stderr=True, soft_wrap=True).print(
+                f"[red]error:[/red] {escape(said)}", markup=True
+            )
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def http_call(method: str, url: str, **kw: Any) -> httpx.Response:
+    kw["headers"] = {**client_auth_headers(), **(kw.get("headers") or {})}
+    try:
+        return httpx.request(method, url, **kw)
+    except httpx.HTTPError as exc:
+        raise CliError(f"cannot reach the API at {url}: {exc} (is `vlab up` running?)") from exc
+
+
+def print_problem(resp: httpx.Response) -> None:
+    try:
+        body = resp.json()
+    except ValueError:
+        console.print(f"[red]HTTP {resp.status_code}[/red]: {resp.text}")
+        return
+    console.print(
+        f"[red]{body.get('title', 'error')}[/red] ({resp.status_code}): {body.get('detail')}"
+    )
+    for err in body.get("errors", []):
+        console.print(f"  - {'.'.join(map(str, err['loc']))}: {err['msg']}")
+
+
+def submit_spec(api: str, spec: dict[str, Any]) -> dict[str, Any] | None:
+    resp = http_call("POST", f"{api}/api/v1/experiments", json=spec, timeout=300)
+    if resp.status_code != 201:
+        print_problem(resp)
+        if resp.status_code == 401:
+            console.print("  set VLAB_TOKEN to an operator token (`vlab token create`)")
+        return None
+    created: dict[str, Any] = resp.json()
+    console.print(f"experiment [bold]{created['id']}[/bold]: {created['url']}")
+    for run in created["runs"]:
+        console.print(f"  run {run['name']} (repeat {run['repeat_index']}): {run['url']}")
+    estimate = created.get("capacity_estimate")
+    if isinstance(estimate, dict) and estimate.get("experiment_s_max") is not None:
+        console.print(
+            f"capacity search: at most {estimate['experiment_s_max'] / 60:.0f} min of load in "
+            f"all ({estimate.get('note', '')})",
+            markup=False,
+        )
+    return created
+
+
+def safe_url(url: str) -> str:
+    """The database URL without its password."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url.split("@")[-1]
+
+
+def open_runtime(settings: Settings) -> Runtime:
+    rt = Runtime(settings)
+    try:
+        rt.start_database()
+    except OperationalError as exc:
+        rt.stop()
+        reason = str(exc.orig) if exc.orig is not None else str(exc)
+        first = (reason.strip().splitlines() or [type(exc).__name__])[0]
+        url = settings.database_url or rt.url or "(embedded)"
+        raise CliError(f"cannot reach the database at {safe_url(url)}: {one_line(first)}") from None
+    return rt
+
+
+def cli_actor() -> str:
+    try:
+        return f"cli:{getpass.getuser()}"
+    except Exception:  # noqa: BLE001 - no user name (containers): still say where it came from
+        return "cli"
