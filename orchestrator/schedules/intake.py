@@ -73,13 +73,14 @@ def create_schedule(session: Session, settings: Settings, values: dict[str, Any]
     check_end_at(values["cron"], values.get("timezone", "UTC"), values.get("end_at"), now)
     if values.get("campaign") is not None:  # a scheduled campaign: checked by its intake
         check_campaign(session, settings, values["campaign"])
-        return save_schedule(session, settings, None, values, now=now)
+        return save_schedule(session, settings, None, values, now=utcnow())
     release_connection(session)
     with gate_for(settings).slot(), remembered_checks():
         catalog = load_catalog(settings)
         # vLLM's check with no connection held; the validation below reuses its answers
         precheck(settings, catalog, values["template"])
-        return save_schedule(session, settings, catalog, values, now=now)
+        # the next fire from the time of the write, not from before the check
+        return save_schedule(session, settings, catalog, values, now=utcnow())
 
 
 def update_schedule(

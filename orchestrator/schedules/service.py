@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy import func
 from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator.analysis.capacity_compare import (
@@ -133,7 +134,10 @@ def save_schedule(
     )
     for k, v in values.items():
         setattr(sched, k, v)
-    sched.updated_at = now
+    # the database's clock, as created_at's default: a new schedule's two times are
+    # equal, a later change is never before its creation (``now`` can be a check's
+    # length behind the write, and another host's clock)
+    sched.updated_at = func.now()  # type: ignore[assignment]
     if retime:
         after = max(now, sched.last_fire_at) if sched.last_fire_at else now
         sched.next_fire_at = next_fire_at(sched.cron, sched.timezone, after, sched.end_at)
