@@ -7,7 +7,7 @@ RAY_ONLY_VENV := .ray-only-venv
 BIN := $(VENV)/bin
 export VLAB_ENGINE__PYTHON ?= $(CURDIR)/$(ENGINE_VENV)/bin/python
 
-.PHONY: demo up test check lint engine venv browser ray-only clean
+.PHONY: demo up test check lint engine venv browser promtool ray-only clean
 
 $(VENV)/.ok: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ ray-only: venv
 ## browser: Debian's chromium for the dashboard tests (apt, only if missing)
 browser:
 	bash scripts/setup_browser.sh
+
+## promtool: Debian's promtool for the alert-rule tests, unpacked into .venv/bin (only if missing)
+promtool: venv
+	bash scripts/setup_promtool.sh $(BIN)
 
 ## demo: set everything up, run the APC off/on experiment end to end, print the results
 demo: venv engine
@@ -55,7 +59,7 @@ check: venv lint
 ## then the tests marked timing by themselves; each pass prints its slowest tests.
 ## PYTEST_WORKERS=0: one process.
 PYTEST_WORKERS ?= 4
-test: venv engine browser ray-only lint
+test: venv engine browser promtool ray-only lint
 	$(BIN)/pytest -q -rs --durations=15 -n $(PYTEST_WORKERS) --dist loadgroup -m "not timing"
 	$(BIN)/pytest -q -rs --durations=10 -m timing
 

@@ -35,6 +35,7 @@ from orchestrator.core.errors import (
     UnauthenticatedError,
     VlabError,
 )
+from orchestrator.core.telemetry import count_refusal
 
 log = logging.getLogger(__name__)
 PROBLEM_JSON = "application/problem+json"
@@ -58,6 +59,7 @@ def problem(
         "code": code,
     }
     body.update(extra)
+    count_refusal(status, code)  # vlab_requests_refused_total
     headers = {}
     if isinstance(extra.get("retry_after_s"), int | float):
         headers["Retry-After"] = str(max(1, round(extra["retry_after_s"])))
@@ -109,6 +111,7 @@ def database_unavailable(request: Request, exc: BaseException | None = None) -> 
     if error_page is not None and _is_page(request):
         page = error_page(request, error.title, f"The service is up but {error.detail}.", 503)
         page.headers["Retry-After"] = str(DATABASE_RETRY_AFTER_S)
+        count_refusal(503, error.code)
         return page
     return answer(request, error)
 

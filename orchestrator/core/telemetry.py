@@ -12,8 +12,9 @@ docs/OPERATIONS.md, "The service's own metrics"):
 - **Counted in this process** (the module-level objects below, in
   :data:`PROCESS_REGISTRY`): the dispatcher's tick duration and its loops' turns,
   failures, durations and last successes, vLLM configuration checks
-  (duration, in flight) and the submission gate, engine start-up seconds, schedule
-  fires and misses, and the database pool (:func:`orchestrator.core.db.pool_status`).
+  (duration, in flight), the submission gate and the API's 503 refusals, engine
+  start-up seconds and failed starts, schedule fires and misses, and the database
+  pool (:func:`orchestrator.core.db.pool_status`).
   Prometheus-style, each process counts what it did. ``vlab up`` runs the API and the
   dispatcher in one process, so its ``/metrics`` has everything. With ``vlab serve``
   and ``vlab orchestrate`` apart, the dispatcher's series live in the orchestrator
@@ -89,6 +90,29 @@ ENGINE_STARTUP = Histogram(
     buckets=(5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0, 1200.0),
     registry=PROCESS_REGISTRY,
 )
+ENGINE_START_FAILURES = Counter(
+    "vlab_engine_start_failures",
+    "Engine starts that never answered /health (`vllm serve` exited, hung or timed out "
+    "while starting), one per start, counted when the failed result of the run that "
+    "started it is recorded.",
+    registry=PROCESS_REGISTRY,
+)
+#: The 503 problem codes (:class:`orchestrator.core.errors.UnavailableError`'s kinds).
+REFUSAL_CODES = (
+    "submissions_busy",
+    "engine_unavailable",
+    "database_unavailable",
+    "database_busy",
+    "ray_cluster_unusable",
+)
+REQUESTS_REFUSED = Counter(
+    "vlab_requests_refused",
+    "API requests answered 503 (a retry may cure them), by problem code: submissions_busy "
+    "(the submission gate is full), engine_unavailable (vLLM could not check a "
+    "submission), database_unavailable, database_busy, ray_cluster_unusable.",
+    labelnames=("code",),
+    registry=PROCESS_REGISTRY,
+)
 SCHEDULE_FIRES = Counter(
     "vlab_schedule_fires",
     "Fire times of scheduled sweeps handled on time or by catch-up, by the fire row's "
@@ -145,6 +169,8 @@ DISPATCHER_LOOP_LAST_SUCCESS = Gauge(
 # first event breaks rate() and alerts on absence)
 for _status in ("fired", "failed", "skipped_busy"):
     SCHEDULE_FIRES.labels(status=_status)
+for _code in REFUSAL_CODES:
+    REQUESTS_REFUSED.labels(code=_code)
 for _resolver in ("warm", "one_shot"):
     CONFIG_CHECK.labels(resolver=_resolver)
 for _loop in DISPATCHER_LOOPS:
@@ -162,6 +188,7 @@ DISPATCHER_FAMILIES = frozenset(
         "vlab_dispatcher_loop_seconds",
         "vlab_dispatcher_loop_last_success_timestamp_seconds",
         "vlab_engine_startup_seconds",
+        "vlab_engine_start_failures",
         "vlab_schedule_fires",
         "vlab_schedule_misses",
     }
@@ -189,12 +216,28 @@ def record_schedule_outcomes(statuses: Iterable[str]) -> None:
             SCHEDULE_FIRES.labels(status=status).inc()
 
 
-def observe_engine_startup(timings: Mapping[str, object]) -> None:
+def observe_engine_startup(
+    timings: Mapping[str, object],
+    status: str = "succeeded",
+    engine_info: Mapping[str, object] | None = None,
+) -> None:
     """Observe ``timings["startup_s"]`` (a run result's timings) when present: only the
-    first run of a batch that shared one server carries it, so each start counts once."""
+    first run of a batch that shared one server carries it, so each start counts once.
+    A failed result of the run that started the server (``engine_info["server_reused"]``
+    False) without ``startup_s`` is a start that never answered ``/health``: one
+    ``vlab_engine_start_failures_total``."""
     value = timings.get("startup_s")
     if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
         ENGINE_STARTUP.observe(float(value))
+    elif status == "failed" and (engine_info or {}).get("server_reused") is False:
+        ENGINE_START_FAILURES.inc()
+
+
+def count_refusal(status: int, code: str) -> None:
+    """Count an API answer ``status``/``code`` in ``vlab_requests_refused_total`` when it
+    is a 503."""
+    if status == 503:
+        REQUESTS_REFUSED.labels(code=code).inc()
 
 
 class ServiceCollector(Collector):

@@ -118,7 +118,8 @@ def record_result(session: Session, run: Run, result: RunResult) -> None:
         **_prefix_analysis(run, result),
     }
     run.timings = result.timings
-    observe_engine_startup(result.timings or {})  # vlab_engine_startup_seconds
+    # vlab_engine_startup_seconds, vlab_engine_start_failures_total
+    observe_engine_startup(result.timings or {}, result.status, result.engine_info)
     run.capacity = None if result.capacity is None else result.capacity.model_dump(mode="json")
     # the final counters are what was measured, not the last heartbeat's (which may
     # predate the last requests or belong to the previous phase)
