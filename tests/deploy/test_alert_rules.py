@@ -8,9 +8,10 @@ say, and watch series the service really exports.
 - Every alert is unit-tested where it fires and where it does not, carries a severity,
   a ``for`` (or an ``increase`` window), a summary, a description and a runbook link to
   its section of docs/OPERATIONS.md.
-- Every ``vlab_*`` series a rule's expression names, and every label value it matches,
-  is in a real scrape of ``GET /metrics`` (real Postgres, a dispatcher in this process),
-  so renaming a metric or a label value breaks this test, not the alerts in production.
+- Every series of the service's that a rule names (``vlab_*``, ``process_*``), and every
+  label value it matches, is in a real scrape of ``GET /metrics`` (real Postgres, a
+  dispatcher in this process), so renaming a metric or a label value breaks this test,
+  not the alerts in production.
 """
 
 from __future__ import annotations
@@ -47,9 +48,10 @@ RULES_DIR = ROOT / "deploy" / "prometheus"
 RULES = RULES_DIR / "alerts.yml"
 RULE_TESTS = RULES_DIR / "alerts_test.yml"
 OPERATIONS = ROOT / "docs" / "OPERATIONS.md"
-SELECTOR = re.compile(r"\b(vlab_[a-z0-9_]+)\b(?:\{([^}]*)\})?")
+SELECTOR = re.compile(r"\b((?:vlab|process)_[a-z0-9_]+)\b(?:\{([^}]*)\})?")
 MATCHER = re.compile(r'([a-z_]+)\s*(=~|!~|!=|=)\s*"([^"]*)"')
-#: Series of Prometheus itself the rules may use besides the service's.
+#: Series of Prometheus itself the rules may use besides the service's (``vlab_*`` and
+#: prometheus_client's ``process_*``).
 PROMETHEUS_SERIES = {"up"}
 
 
@@ -135,7 +137,8 @@ def test_every_alert_has_severity_summary_and_a_runbook_section() -> None:
 
 
 def selectors() -> list[tuple[str, str, list[tuple[str, str, str]]]]:
-    """``(alert, series, [(label, op, value)])`` of every ``vlab_*`` selector in the rules."""
+    """``(alert, series, [(label, op, value)])`` of every selector of the service's series
+    in the rules."""
     out = []
     for rule in alerts():
         for name, matchers in SELECTOR.findall(rule["expr"]):
@@ -151,7 +154,7 @@ def test_the_rules_name_only_vlab_series_and_prometheus_own() -> None:
         bare = re.sub(r'"[^"]*"|\{[^}]*\}|\[[^]]*\]', "", rule["expr"])
         bare = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", bare)
         words = set(re.findall(r"\b[a-z_][a-z0-9_]*\b(?!\s*\()", bare))
-        others = {w for w in words if not w.startswith("vlab_")} - {"and", "or", "unless", "bool"}
+        others = {w for w in words if not SELECTOR.fullmatch(w)} - {"and", "or", "unless", "bool"}
         assert others <= PROMETHEUS_SERIES, f"{rule['alert']}: {others}"
 
 
