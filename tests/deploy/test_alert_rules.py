@@ -66,7 +66,7 @@ def promtool() -> str:
         if candidate and os.access(candidate, os.X_OK):
             return candidate
     message = "promtool not found: run `make promtool` (Debian's promtool into .venv/bin)"
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+    if os.environ.get("CI"):  # as the engine tests (tests/conftest.py)
         pytest.fail(message + "; CI is set, so this is a broken set-up, not a skip")
     pytest.skip(message)
 
