@@ -7,7 +7,6 @@ import getpass
 import json
 import os
 import re
-import sys
 import types
 import typing
 from collections.abc import Callable
@@ -22,6 +21,14 @@ from rich.markup import escape
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 
+from orchestrator.cli.client import (
+    EXIT_TIMEOUT,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    ApiError,
+    make_console,
+    problem_lines,
+)
 from orchestrator.cli.report import ReportError
 from orchestrator.cli.runtime import Runtime
 from orchestrator.cli.specfile import CliError
@@ -29,8 +36,8 @@ from orchestrator.core.auth import client_auth_headers
 from orchestrator.core.errors import RayClusterError
 from orchestrator.core.settings import Settings, get_settings
 
-# Not a terminal (logs, CI): wide enough for the result table, no line wrapping of URLs.
-console = Console() if sys.stdout.isatty() else Console(width=200, soft_wrap=True)
+# At most 100 columns, terminal or not (logs, CI): the tables wrap their cells to fit.
+console = make_console()
 
 ApiOpt = Annotated[str | None, typer.Option("--api", help="API base URL (default from settings)")]
 
@@ -113,7 +120,9 @@ def is_settings_error(exc: BaseException) -> bool:
 
 
 def friendly(func: Callable[..., None]) -> Callable[..., None]:
-    """Turn user-facing failures into one line on stderr and exit code 2 (no traceback)."""
+    """Turn user-facing failures into one line on stderr (no traceback), each said once:
+    exit code 2 (a bad argument, file or setting; the service refused the request), 3 (a
+    timeout), or the :class:`ApiError`'s own (4: the service unreachable or failing)."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> None:
@@ -133,11 +142,14 @@ def friendly(func: Callable[..., None]) -> Callable[..., None]:
                 said = settings_problem(exc)
             else:
                 said = str(exc)
-            # one line, however narrow the terminal (or none): no hard wrapping
-            Console(stderr=True, soft_wrap=True).print(
-                f"[red]error:[/red] {escape(said)}", markup=True
-            )
-            raise typer.Exit(2) from None
+            lines = exc.lines if isinstance(exc, ApiError) else [one_line(said)]
+            # one line each, however narrow the terminal (or none): no hard wrapping
+            err = Console(stderr=True, soft_wrap=True)
+            err.print(f"[red]error:[/red] {escape(lines[0])}", markup=True)
+            for line in lines[1:]:
+                err.print(line, markup=False)
+            code = EXIT_TIMEOUT if isinstance(exc, TimeoutError) else EXIT_USAGE
+            raise typer.Exit(exc.exit_code if isinstance(exc, ApiError) else code) from None
 
     return wrapper
 
@@ -147,36 +159,30 @@ def http_call(method: str, url: str, **kw: Any) -> httpx.Response:
     try:
         return httpx.request(method, url, **kw)
     except httpx.HTTPError as exc:
-        raise CliError(f"cannot reach the API at {url}: {exc} (is `vlab up` running?)") from exc
+        raise ApiError(
+            [f"cannot reach the API at {url}: {one_line(str(exc))} (is `vlab up` running?)"],
+            EXIT_UNAVAILABLE,
+        ) from None
 
 
-def print_problem(resp: httpx.Response) -> None:
-    try:
-        body = resp.json()
-    except ValueError:
-        console.print(f"[red]HTTP {resp.status_code}[/red]: {resp.text}")
-        return
-    console.print(
-        f"[red]{body.get('title', 'error')}[/red] ({resp.status_code}): {body.get('detail')}"
-    )
-    for err in body.get("errors", []):
-        console.print(f"  - {'.'.join(map(str, err['loc']))}: {err['msg']}")
-
-
-def submit_spec(api: str, spec: dict[str, Any]) -> dict[str, Any] | None:
+def submit_spec(
+    api: str, spec: dict[str, Any], out: Console | None = None
+) -> dict[str, Any] | None:
+    """``POST /api/v1/experiments``; the created experiment, its runs' URLs printed on
+    ``out`` (default the console). A refusal raises :class:`ApiError` (printed once by
+    :func:`friendly`: the count of problems, then one line each)."""
+    out = out or console
     resp = http_call("POST", f"{api}/api/v1/experiments", json=spec, timeout=300)
     if resp.status_code != 201:
-        print_problem(resp)
-        if resp.status_code == 401:
-            console.print("  set VLAB_TOKEN to an operator token (`vlab token create`)")
-        return None
+        code = EXIT_USAGE if resp.status_code < 500 else EXIT_UNAVAILABLE
+        raise ApiError(problem_lines(resp), code)
     created: dict[str, Any] = resp.json()
-    console.print(f"experiment [bold]{created['id']}[/bold]: {created['url']}")
+    out.print(f"experiment [bold]{created['id']}[/bold]: {created['url']}")
     for run in created["runs"]:
-        console.print(f"  run {run['name']} (repeat {run['repeat_index']}): {run['url']}")
+        out.print(f"  run {run['name']} (repeat {run['repeat_index']}): {run['url']}")
     estimate = created.get("capacity_estimate")
     if isinstance(estimate, dict) and estimate.get("experiment_s_max") is not None:
-        console.print(
+        out.print(
             f"capacity search: at most {estimate['experiment_s_max'] / 60:.0f} min of load in "
             f"all ({estimate.get('note', '')})",
             markup=False,

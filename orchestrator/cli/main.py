@@ -4,8 +4,11 @@ The commands that run the service are in :mod:`orchestrator.cli.serving`, what
 the commands share in :mod:`orchestrator.cli.common`. ``vlab up`` runs everything in
 the foreground (API + orchestrator, embedded Postgres and local Ray unless
 ``DATABASE_URL`` / ``RAY_ADDRESS`` are set).
-``vlab token create|list|revoke`` manage API tokens (straight in the database);
-the commands that call the API send ``VLAB_TOKEN`` as a bearer token when it is set.
+Every other command is a client of the API (:mod:`orchestrator.cli.client`; ``VLAB_TOKEN``
+sent as a bearer token), ``vlab token create|list|revoke`` too; only ``vlab token create
+--database`` (the first token of a service to listen beyond loopback) writes to the
+database. ``--json`` prints the API's answers; the exit codes are in
+:mod:`orchestrator.cli.client`.
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
 from jobs.modelgen.generator import generate_model, model_digest
 from orchestrator.cli import serving
 from orchestrator.cli.campaign import campaign_app
+from orchestrator.cli.client import Api, print_json
 from orchestrator.cli.common import (
     ApiOpt,
     api_url,
@@ -31,14 +36,14 @@ from orchestrator.cli.common import (
     submit_spec,
 )
 from orchestrator.cli.export import export_app
-from orchestrator.cli.report import print_results
+from orchestrator.cli.report import print_results, run_outcome
 from orchestrator.cli.report import watch as watch_exp
+from orchestrator.cli.resources import compare, experiments_app, runs_app, schedules_app
 from orchestrator.cli.specfile import CliError, load_spec_file
 from orchestrator.core import auth
-from orchestrator.core.auth import token_usable
 from orchestrator.core.db import unit_of_work
 from orchestrator.core.errors import TokenError
-from orchestrator.core.repositories import AuditRepository, TokenRepository, utcnow
+from orchestrator.core.repositories import AuditRepository, utcnow
 from orchestrator.core.settings import get_settings
 from orchestrator.experiments.engine_catalog import load_catalog
 
@@ -57,10 +62,43 @@ token_app = typer.Typer(
 app.add_typer(token_app, name="token")
 app.add_typer(export_app, name="export")
 app.add_typer(campaign_app, name="campaign")
+app.add_typer(runs_app, name="runs", no_args_is_help=True)
+app.add_typer(experiments_app, name="experiments", no_args_is_help=True)
+app.add_typer(schedules_app, name="schedules", no_args_is_help=True)
+app.command("compare")(compare)
 warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")  # from the embedded Postgres
 
 for command in (serving.up, serving.serve, serving.orchestrate, serving.migrate, serving.demo):
     app.command()(command)
+
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="print the API's JSON answer only")]
+WaitTimeout = Annotated[
+    float | None,
+    typer.Option(
+        "--wait-timeout",
+        min=0,
+        help="give up waiting after this many seconds: exit code 3 (runs keep going)",
+    ),
+]
+Interval = Annotated[float, typer.Option(min=0.05, help="seconds between progress checks")]
+
+
+def _finish(exp: dict[str, Any], json_out: bool, base: str) -> None:
+    """The ended experiment: its JSON or its tables; exit 1 when a run failed."""
+    if json_out:
+        print_json(exp)
+    else:
+        print_results(exp, console, base)
+    code = run_outcome(exp)
+    if code:
+        bad = [r for r in exp["runs"] if r["status"] != "succeeded"]
+        Console(stderr=True, soft_wrap=True).print(
+            f"{len(bad)} of {len(exp['runs'])} run(s) did not succeed: "
+            + ", ".join(f"{r['name']} #{r.get('repeat_index', 0)} {r['status']}" for r in bad),
+            markup=False,
+        )
+        raise typer.Exit(code)
 
 
 @app.command()
@@ -69,21 +107,44 @@ def submit(
     spec: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="JSON or YAML spec")],
     api: ApiOpt = None,
     watch: Annotated[bool, typer.Option(help="show progress until the runs end")] = True,
+    json_out: JsonOpt = False,
+    wait_timeout: WaitTimeout = None,
+    interval: Interval = 1.0,
 ) -> None:
-    """Submit an experiment spec to the API."""
+    """Submit an experiment spec to the API; with --watch (the default) wait for its runs
+    and exit 1 when one failed, 3 when --wait-timeout passed first."""
     base = api_url(api)
-    created = submit_spec(base, load_spec_file(spec))
+    progress = Console(stderr=True) if json_out else console
+    created = submit_spec(base, load_spec_file(spec), progress)
     if created is None:
         raise typer.Exit(1)
-    if watch:
-        print_results(watch_exp(base, created["id"], console=console), console, base)
+    if not watch:
+        if json_out:
+            print_json(created)
+        return
+    exp = watch_exp(
+        base, created["id"], console=progress, interval_s=interval, timeout_s=wait_timeout
+    )
+    _finish(exp, json_out, base)
 
 
 @app.command()
 @friendly
-def watch(experiment_id: str, api: ApiOpt = None) -> None:
-    """Show an experiment's progress until its runs end, then its result table."""
-    print_results(watch_exp(api_url(api), experiment_id, console=console), console, api_url(api))
+def watch(
+    experiment_id: str,
+    api: ApiOpt = None,
+    json_out: JsonOpt = False,
+    wait_timeout: WaitTimeout = None,
+    interval: Interval = 1.0,
+) -> None:
+    """Show an experiment's progress until its runs end, then its result table; exit 1
+    when a run failed, 3 when --wait-timeout passed first."""
+    base = api_url(api)
+    progress = Console(stderr=True) if json_out else console
+    exp = watch_exp(
+        base, experiment_id, console=progress, interval_s=interval, timeout_s=wait_timeout
+    )
+    _finish(exp, json_out, base)
 
 
 @token_app.command("create")
@@ -94,10 +155,47 @@ def token_create(
     expires_in_days: Annotated[
         float | None, typer.Option(help="days until it expires (default: never)")
     ] = None,
+    database: Annotated[
+        bool,
+        typer.Option(
+            "--database",
+            help="write it straight into the service's database (DATABASE_URL / VLAB_HOME), "
+            "without the API: only for the first token of a service that is to listen on a "
+            "non-loopback address, which refuses to start without one",
+        ),
+    ] = False,
+    json_out: JsonOpt = False,
+    api: ApiOpt = None,
 ) -> None:
-    """Create an API token and print it (the only time it is shown)."""
+    """Create an API token and print it (the only time it is shown). Through the API
+    (POST /api/v1/tokens, an admin's VLAB_TOKEN; with no token yet the API is open on
+    loopback, so the first one needs none)."""
     if expires_in_days is not None and not 1 / 24 <= expires_in_days <= 3650:
         raise CliError("--expires-in-days must be between 1/24 (an hour) and 3650")
+    if database:
+        created = _token_create_in_database(name, role, expires_in_days)
+    else:
+        body: dict[str, Any] = {"name": name, "role": role}
+        if expires_in_days is not None:
+            body["expires_in_days"] = expires_in_days
+        created = Api(api).call("POST", "/api/v1/tokens", json_body=body)
+    if json_out:
+        print_json(created)
+        return
+    console.print(f"token {name!r} ({created['role']}) created; it is shown only this once:")
+    typer.echo(created["token"])
+    console.print(
+        "send it as `Authorization: Bearer <token>`, sign in to the dashboard with it, "
+        "or export VLAB_TOKEN=<token> for the other commands",
+        markup=False,
+    )
+
+
+def _token_create_in_database(
+    name: str, role: str, expires_in_days: float | None
+) -> dict[str, Any]:
+    """The bootstrap path of ``token create --database``: the token written in the
+    configured database (started for the command, stopped after)."""
     rt = open_runtime(get_settings())
     try:
         actor = cli_actor()
@@ -110,52 +208,53 @@ def token_create(
                 expires_at=utcnow() + timedelta(days=expires_in_days) if expires_in_days else None,
             )
             AuditRepository(session).add(actor=actor, action="token.create", target=name)
-            role_name = token.role
+            made = {
+                "id": token.id,
+                "name": token.name,
+                "role": token.role,
+                "key_id": token.key_id,
+                "token": secret,
+            }
     except TokenError as exc:
         raise CliError(exc.detail) from None
     finally:
         rt.stop()
-    console.print(f"token {name!r} ({role_name}) created; it is shown only this once:")
-    typer.echo(secret)
-    console.print(
-        "send it as `Authorization: Bearer <token>`, sign in to the dashboard with it, "
-        "or export VLAB_TOKEN=<token> for `vlab submit`",
-        markup=False,
-    )
+    return made
 
 
 @token_app.command("list")
 @friendly
 def token_list(
     all_: Annotated[bool, typer.Option("--all", help="include revoked tokens")] = False,
+    json_out: JsonOpt = False,
+    api: ApiOpt = None,
 ) -> None:
-    """List the API tokens (never their secrets)."""
-    rt = open_runtime(get_settings())
-    try:
-        with unit_of_work(rt.sessions) as session:
-            rows = TokenRepository(session).all(include_revoked=all_)
-    finally:
-        rt.stop()
-    now = utcnow()
+    """List the API tokens, never their secrets (GET /api/v1/tokens; admin)."""
+    rows = [t for t in Api(api).get("/api/v1/tokens") if all_ or not t.get("revoked_at")]
+    if json_out:
+        print_json(rows)
+        return
     table = Table("name", "role", "key id", "created", "by", "expires", "last used", "state")
+    for col in table.columns:
+        col.overflow = "fold"
 
     def when(t: Any) -> str:
-        return t.strftime("%Y-%m-%d %H:%M UTC") if t else "–"
+        return str(t)[:16].replace("T", " ") if t else "–"
 
     for t in rows:
         state = (
             "active"
-            if token_usable(t, now)
-            else (f"revoked by {t.revoked_by}" if t.revoked_at else "expired")
+            if t.get("active")
+            else (f"revoked by {t.get('revoked_by')}" if t.get("revoked_at") else "expired")
         )
         table.add_row(
-            t.name,
-            t.role,
-            t.key_id,
-            when(t.created_at),
-            t.created_by or "–",
-            when(t.expires_at),
-            when(t.last_used_at),
+            t["name"],
+            t["role"],
+            t["key_id"],
+            when(t.get("created_at")),
+            t.get("created_by") or "–",
+            when(t.get("expires_at")),
+            when(t.get("last_used_at")),
             state,
         )
     console.print(table if rows else "no tokens: the API is open on loopback addresses only")
@@ -165,20 +264,15 @@ def token_list(
 @friendly
 def token_revoke(
     token: Annotated[str, typer.Argument(help="the token's name, key id or id")],
+    json_out: JsonOpt = False,
+    api: ApiOpt = None,
 ) -> None:
-    """Revoke a token at once (its dashboard sessions end too)."""
-    rt = open_runtime(get_settings())
-    try:
-        actor = cli_actor()
-        with unit_of_work(rt.sessions) as session:
-            row = auth.revoke_token(session, token, by=actor)
-            AuditRepository(session).add(actor=actor, action="token.revoke", target=row.name)
-            name = row.name
-    except TokenError as exc:
-        raise CliError(exc.detail) from None
-    finally:
-        rt.stop()
-    console.print(f"token {name!r} revoked")
+    """Revoke a token at once, its dashboard sessions too (DELETE /api/v1/tokens/{t})."""
+    row = Api(api).call("DELETE", f"/api/v1/tokens/{token}")
+    if json_out:
+        print_json(row)
+        return
+    console.print(f"token {row['name']!r} revoked", markup=False)
 
 
 @app.command("engine-args")

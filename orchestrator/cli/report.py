@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from typing import Any
 
 import httpx
-from rich.console import Console, Group
+from rich import box
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.markup import escape
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from orchestrator.analysis.trust import RunTrust, SidesTrust, na_text, trust_of_doc
+from orchestrator.cli.client import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, ApiError, problem_lines
 from orchestrator.core.auth import client_auth_headers
 from orchestrator.core.states import ACTIVE
+
+#: Run statuses that make ``vlab submit`` / ``vlab watch`` exit 1.
+FAILED_STATUSES = ("failed", "cancelled", "blocked")
 
 # (header, metric key, scale, format)
 RESULT_COLUMNS: list[tuple[str, str, float, str]] = [
@@ -24,8 +30,8 @@ RESULT_COLUMNS: list[tuple[str, str, float, str]] = [
     ("TPOT p50 ms", "median_tpot_ms", 1.0, "{:.1f}"),
     ("E2EL p50 ms", "median_e2el_ms", 1.0, "{:.1f}"),
     ("out tok/s", "output_throughput", 1.0, "{:.1f}"),
-    ("prefix cache hit rate", "prefix_cache_hit_rate", 100.0, "{:.1f}%"),
-    ("KV cache usage peak", "kv_cache_usage_peak", 100.0, "{:.2f}%"),
+    ("prefix hit rate", "prefix_cache_hit_rate", 100.0, "{:.1f}%"),
+    ("KV usage peak", "kv_cache_usage_peak", 100.0, "{:.1f}%"),
 ]
 
 
@@ -34,19 +40,40 @@ class ReportError(Exception):
 
 
 def fetch_experiment(client: httpx.Client, api: str, experiment_id: str) -> dict[str, Any]:
-    """``GET /api/v1/experiments/{id}``; raises :class:`ReportError` with the problem's detail."""
+    """``GET /api/v1/experiments/{id}``; raises :class:`ApiError` (the problem, said once;
+    exit code 2 for a 4xx, 4 when the API is unreachable or fails)."""
     try:
         resp = client.get(f"{api}/api/v1/experiments/{experiment_id}")
     except httpx.HTTPError as exc:
-        raise ReportError(f"cannot reach the API at {api}: {exc}") from exc
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise ApiError(
+            [f"cannot reach the API at {api}: {reason} (is `vlab up` running?)"],
+            EXIT_UNAVAILABLE,
+        ) from None
     if resp.status_code != 200:
-        try:
-            detail = resp.json().get("detail", resp.text)
-        except ValueError:
-            detail = resp.text
-        raise ReportError(f"HTTP {resp.status_code}: {detail}")
+        raise ApiError(problem_lines(resp), 2 if resp.status_code < 500 else EXIT_UNAVAILABLE)
     data: dict[str, Any] = resp.json()
     return data
+
+
+def run_outcome(exp: dict[str, Any]) -> int:
+    """The exit code an ended experiment gives: 1 when a run failed, was cancelled or was
+    blocked (or still runs), else 0."""
+    ended_badly = (*FAILED_STATUSES, *ACTIVE)
+    return EXIT_FAILED if any(r.get("status") in ended_badly for r in exp["runs"]) else EXIT_OK
+
+
+def plain(x: Any, unit: str = "") -> str:
+    """A number as people write it, never in exponent notation: three significant figures
+    (``8``, ``9.95``, ``41.2``, ``312``), whole from 1000 (``1510``), with `` unit`` when
+    given; ``–`` for a missing or non-finite value."""
+    f = _finite(x)
+    if f is None:
+        return "–"
+    text = f"{f:.0f}" if abs(f) >= 1000 else f"{f:.3g}"
+    if "e" in text:  # below 1e-4
+        text = f"{f:.10f}".rstrip("0").rstrip(".")
+    return f"{text} {unit}" if unit else text
 
 
 def progress_view(exp: dict[str, Any]) -> Table:
@@ -72,9 +99,11 @@ def progress_view(exp: dict[str, Any]) -> Table:
 
 
 def describe_change(run: dict[str, Any]) -> str:
+    """``engine_args.enable_prefix_caching = true`` (spaces around ``=``, so a narrow
+    column wraps between the name and the value, never inside the name)."""
     if run.get("is_baseline"):
         return "(baseline)"
-    return ", ".join(f"{k}={v}" for k, v in (run.get("changes") or {}).items())
+    return ", ".join(f"{k} = {level(v)}" for k, v in (run.get("changes") or {}).items())
 
 
 def _fmt(
@@ -96,21 +125,31 @@ def _fmt(
     return text
 
 
-def result_table(exp: dict[str, Any]) -> Table:
+#: Below this many columns the result table's figures get fixed widths (6; 7 for the
+#: ratio) and their headers wrap; rich's own shrinking squeezes the run names first.
+NARROW_BELOW = 160
+
+
+def result_table(exp: dict[str, Any], width: int | None = None) -> Table:
     """One row per run (repeat); the last column compares TTFT p50 with the run's reference
     run (the same repeat of the reference variant).
 
     A value a flag of its run taints (token bursts for TPOT, a warm prefix cache) is
     dimmed and marked ``(flagged)``, and gives no ratio (the caption names the flags); the
-    hit rate of a run with prefix caching off reads ``n/a (off)``."""
-    table = Table(title=f"results: {exp['name']} (model {exp['model_id']})")
-    table.add_column("run")
-    table.add_column("rep", justify="right")
-    table.add_column("change")
-    table.add_column("status")
+    hit rate of a run with prefix caching off reads ``n/a (off)``. ``width``: the
+    console's, to fit (no vertical rules; fixed figure widths below :data:`NARROW_BELOW`)."""
+    table = Table(title=f"results: {exp['name']} (model {exp['model_id']})", box=box.SIMPLE_HEAD)
+    runs = exp["runs"]
+    longest = max((len(f"{r['name']} #{r.get('repeat_index', 0)}") for r in runs), default=3)
+    # fixed widths for the figures (headers wrap at spaces), the rest to the run's name
+    narrow = width is not None and width < NARROW_BELOW
+    table.add_column("run", overflow="fold", min_width=min(longest, 20))
+    table.add_column("status", overflow="fold", min_width=9)
     for header, *_ in RESULT_COLUMNS:
-        table.add_column(header, justify="right")
-    table.add_column("TTFT p50 vs reference", justify="right")
+        table.add_column(header, justify="right", overflow="fold", width=6 if narrow else None)
+    table.add_column(
+        "TTFT p50 vs ref", justify="right", overflow="fold", width=7 if narrow else None
+    )
     metrics = {r["id"]: r.get("metrics") or {} for r in exp["runs"]}
     slos = (exp.get("spec") or {}).get("slos")
     trusts = {r["id"]: trust_of_doc(r, slos) for r in exp["runs"]}
@@ -134,9 +173,7 @@ def result_table(exp: dict[str, Any]) -> Table:
             if m.get(key) is not None and (why := trust.reason(key)):
                 flagged.setdefault(f"{run['name']} #{run.get('repeat_index', 0)}", why)
         table.add_row(
-            run["name"],
-            str(run.get("repeat_index", 0)),
-            describe_change(run),
+            f"{run['name']} #{run.get('repeat_index', 0)}",
             run["status"] + (" (partial)" if run.get("partial") else ""),
             *[_fmt(m, key, scale, fmt, trust) for _, key, scale, fmt in RESULT_COLUMNS],
             ratio,
@@ -145,6 +182,21 @@ def result_table(exp: dict[str, Any]) -> Table:
         table.caption = "flagged (no verdict from these values): " + "; ".join(
             f"{name}: {why}" for name, why in flagged.items()
         )
+    return table
+
+
+def variants_table(exp: dict[str, Any]) -> Table:
+    """Each variant (by run name, once) and what it changes, the changed variable whole:
+    the change column wraps at spaces and is never cut."""
+    table = Table(title="variants", expand=False)
+    table.add_column("variant", overflow="fold")
+    table.add_column("change", overflow="fold", ratio=1)
+    seen: set[str] = set()
+    for run in exp.get("runs", []):
+        if run["name"] in seen:
+            continue
+        seen.add(run["name"])
+        table.add_row(run["name"], describe_change(run))
     return table
 
 
@@ -174,9 +226,14 @@ def watch(
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
 
     def still_running(exp: dict[str, Any]) -> bool:
-        if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(f"experiment {experiment_id} still running")
-        return any(r["status"] in ACTIVE for r in exp["runs"])
+        active = [r for r in exp["runs"] if r["status"] in ACTIVE]
+        if active and deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(
+                f"--wait-timeout {plain(timeout_s)} s passed: experiment {experiment_id} has "
+                f"{len(active)} of {len(exp['runs'])} run(s) unfinished (they keep going; "
+                f"`vlab watch {experiment_id}` to wait again)"
+            )
+        return bool(active)
 
     with httpx.Client(timeout=30, headers=client_auth_headers()) as client:
         exp = fetch_experiment(client, api, experiment_id)
@@ -221,8 +278,10 @@ KEY_COMPARISONS = (
 )
 
 
-def comparison_table(comp: dict[str, Any]) -> Table:
-    """Each variant vs its reference: ratio with its interval and the verdict.
+def comparison_table(comp: dict[str, Any]) -> Group:
+    """Each variant vs its reference, one table each: ratio with its interval and the
+    verdict; the table's title names the variant, its reference and the changed variable
+    whole (``apc-on vs baseline: engine_args.enable_prefix_caching false -> true``).
 
     A metric row's interval is the 95 % bootstrap interval of the ratio. Where a
     variant carries ``capacity`` (capacity under SLOs), a ``capacity`` row follows
@@ -230,43 +289,58 @@ def comparison_table(comp: dict[str, Any]) -> Table:
     different device counts): mean capacities, the ratio, its interval labelled
     ``bracket`` (the envelope of the searches' brackets, not a bootstrap; the
     caption says so) and the verdict (``higher`` / ``lower`` / ``no change`` /
-    ``unknown`` with the reason).
+    ``unknown`` with the reason). Values are plain numbers (``1510``, never
+    ``1.51e+03``) in the metric's unit (the name's suffix: ``_ms``).
     """
-    table = Table(
-        title="comparison (variant / reference; metric interval: 95 % bootstrap CI of the ratio)"
-    )
-    for col in (
-        "variant",
-        "vs",
-        "changed",
-        "metric",
-        "reference",
-        "variant value",
-        "ratio",
-        "interval",
-        "verdict",
-    ):
-        table.add_column(
-            col, justify="right" if col in ("reference", "variant value", "ratio") else "left"
-        )
+    tables: list[RenderableType] = [
+        "comparison (variant / reference; metric interval: 95 % bootstrap CI of the ratio)"
+    ]
     chain = {c["variant"]: c for c in comp.get("chain", [])}
     for v in comp.get("variants", []):
         c = chain.get(v["variant"], {})
-        changed = f"{v.get('variable')}: {c.get('reference_value')} -> {c.get('variant_value')}"
+        title = (
+            f"{v['variant']} vs {v['reference']}: {v.get('variable')} "
+            f"{level(c.get('reference_value'))} -> {level(c.get('variant_value'))}"
+        )
+        table = Table(title=title, title_justify="left")
+        for col in ("metric", "reference", "variant value", "ratio", "interval", "verdict"):
+            table.add_column(
+                col,
+                justify="right" if col in ("reference", "variant value", "ratio") else "left",
+                overflow="fold",
+            )
         for m in v["metrics"]:
-            if m["metric"] not in KEY_COMPARISONS:
-                continue
-            table.add_row(v["variant"], v["reference"], changed, *metric_row(m))
-            changed = ""
+            if m["metric"] in KEY_COMPARISONS:
+                table.add_row(*metric_row(m))
         for row in capacity_rows(v.get("capacity")):
-            table.add_row(v["variant"], v["reference"], changed, *row)
-            changed = ""
+            table.add_row(*row)
             table.caption = (
                 "capacity: highest load meeting every SLO (mean over repeats; unknown unless "
                 "every repeat found one); its interval is a bracket, the envelope of the "
                 "searches' brackets (highest pass .. lowest fail), not a 95 % CI"
             )
-    return table
+        tables.append(table)
+    return Group(*tables)
+
+
+def level(value: Any) -> str:
+    """A level as a spec writes it: ``true``, ``128``, ``fp8`` (JSON for a bool or None)."""
+    return json.dumps(value) if value is None or isinstance(value, bool) else str(value)
+
+
+def regressions(comp: dict[str, Any]) -> list[str]:
+    """``<variant> <metric>: worse`` for each key metric a variant made worse than its
+    reference (verdict ``worse``, or a capacity verdict ``lower``): what makes
+    ``vlab compare`` exit 1."""
+    found = []
+    for v in comp.get("variants", []):
+        for m in v.get("metrics", []):
+            if m.get("verdict") == "worse":
+                found.append(f"{v['variant']} {m['metric']}: worse")
+        cap = v.get("capacity") or {}
+        if cap.get("verdict") == "lower":
+            found.append(f"{v['variant']} capacity: lower")
+    return found
 
 
 def metric_row(m: dict[str, Any]) -> tuple[str, ...]:
@@ -283,7 +357,7 @@ def metric_row(m: dict[str, Any]) -> tuple[str, ...]:
         if side in na:
             return na_text(str(na[side]))
         x = _finite(m.get(side))
-        return f"{x:.3g}" if x is not None else "-"
+        return plain(x) if x is not None else "-"
 
     if m.get("verdict") == "not applicable" or na:
         return (m["metric"], value("reference"), value("variant"), "-", "-", "not applicable")
@@ -313,9 +387,11 @@ def _finite(x: Any) -> float | None:
     return float(x)
 
 
-def _num(x: Any, fmt: str = "{:.3g}") -> str:
+def _num(x: Any, fmt: str | None = None) -> str:
     f = _finite(x)
-    return fmt.format(f) if f is not None else "–"
+    if f is None:
+        return "–"
+    return fmt.format(f) if fmt else plain(f)
 
 
 def _backed(verdict: str, lo: float | None, hi: float | None) -> bool:
@@ -424,11 +500,11 @@ def run_capacity_table(exp: dict[str, Any]) -> Table | None:
         status = str(doc.get("status") or "-")
         cap = _finite(doc.get("capacity"))
         if status == "found" and cap is not None:
-            shown = f"{cap:.3g} {unit}"
+            shown = plain(cap, unit)
         elif status in ("at_least_max", "client_limited") and _finite(lo) is not None:
-            shown = f"at least {_finite(lo):.3g} {unit}"
+            shown = f"at least {plain(lo, unit)}"
         elif status == "below_min" and _finite(hi) is not None:
-            shown = f"below {_finite(hi):.3g} {unit}"
+            shown = f"below {plain(hi, unit)}"
         else:
             shown = "unknown"
         steps = [s for s in doc.get("steps") or [] if isinstance(s, dict)]
@@ -436,7 +512,7 @@ def run_capacity_table(exp: dict[str, Any]) -> Table | None:
         ceiling = _finite(doc.get("client_ceiling"))
         client = []
         if ceiling is not None:
-            client.append(f"ceiling here {ceiling:.3g} req/s")
+            client.append(f"ceiling here {plain(ceiling, 'req/s')}")
         if limited:
             client.append(f"{len(limited)} client-limited step(s): no verdict from them")
         table.add_row(
@@ -470,7 +546,8 @@ def print_results(
     exp: dict[str, Any], console: Console | None = None, api: str | None = None
 ) -> None:
     console = console or Console()
-    console.print(result_table(exp))
+    console.print(variants_table(exp))
+    console.print(result_table(exp, console.width))
     capacity = run_capacity_table(exp)
     if capacity is not None:
         console.print(capacity)
@@ -492,6 +569,6 @@ def print_results(
             f"{reuse['startup_saved_s']:.0f} s of start-up saved"
         )
     for run in exp["runs"]:
-        console.print(f"  {run['name']}: {run['url']}  (metrics: {run['url']}/metrics)")
+        console.print(f"  {run['name']} #{run.get('repeat_index', 0)}: {run['url']}", markup=False)
         if run.get("error"):
             console.print(f"    [red]error:[/red] {run['error'][:2000]}")

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, delete, select
@@ -497,35 +498,58 @@ def test_cli_token_create_list_revoke(
     client: TestClient,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """``vlab token`` goes through the API (its HTTP answered by ``client``): the first
+    token needs none (loopback is open), the others an admin's VLAB_TOKEN."""
+    from types import SimpleNamespace
+
+    from orchestrator.cli import client as cli_client
     from orchestrator.cli import main as cli
 
-    monkeypatch.setattr(cli, "get_settings", lambda: cli_settings(settings, factory))
+    def request(method: str, url: str, **kw: Any) -> Any:
+        kw.pop("timeout", None)
+        return client.request(method, url, **kw)
+
+    monkeypatch.setattr(
+        cli_client, "httpx", SimpleNamespace(request=request, HTTPError=httpx.HTTPError)
+    )
+    monkeypatch.delenv("VLAB_TOKEN", raising=False)
     runner = CliRunner()
-    made = runner.invoke(cli.app, ["token", "create", "--name", "carol", "--role", "operator"])
+
+    def vlab(*args: str) -> Any:
+        return runner.invoke(cli.app, [*args, "--api", "http://testserver"])
+
+    root = vlab("token", "create", "--name", "root", "--role", "admin")
+    assert root.exit_code == 0, root.output
+    monkeypatch.setenv(
+        "VLAB_TOKEN", next(ln for ln in root.output.splitlines() if ln.startswith("vlab_"))
+    )
+    made = vlab("token", "create", "--name", "carol", "--role", "operator")
     assert made.exit_code == 0, made.output
     secret = next(line for line in made.output.splitlines() if line.startswith("vlab_"))
     assert client.get("/api/v1/auth/me", headers=bearer(secret)).json()["name"] == "carol"
 
-    dup = runner.invoke(cli.app, ["token", "create", "--name", "carol", "--role", "viewer"])
+    dup = vlab("token", "create", "--name", "carol", "--role", "viewer")
     assert dup.exit_code == 2 and "an active token is named 'carol'" in dup.output
-    bad = runner.invoke(cli.app, ["token", "create", "--name", "x", "--role", "root"])
-    assert bad.exit_code == 2 and "role must be one of viewer, operator, admin" in bad.output
+    bad = vlab("token", "create", "--name", "x", "--role", "root")
+    assert bad.exit_code == 2 and "role" in bad.output and "admin" in bad.output
 
-    listed = runner.invoke(cli.app, ["token", "list"])
+    listed = vlab("token", "list")
     assert listed.exit_code == 0 and "carol" in listed.output and "operator" in listed.output
     assert secret not in listed.output
 
-    gone = runner.invoke(cli.app, ["token", "revoke", "carol"])
+    gone = vlab("token", "revoke", "carol")
     assert gone.exit_code == 0 and "revoked" in gone.output
-    # no active token left: loopback is open again, and the revoked one is not listed
+    assert "carol" not in vlab("token", "list").output
+    assert "carol" in vlab("token", "list", "--all").output
+    assert vlab("token", "revoke", "root").exit_code == 0
+    # no active token left: loopback is open again
     assert client.get("/api/v1/auth/me").json()["via"] == "open"
-    assert "carol" not in runner.invoke(cli.app, ["token", "list"]).output
-    assert "carol" in runner.invoke(cli.app, ["token", "list", "--all"]).output
     with factory() as s:
         actions = [
             (e.action, e.target) for e in s.scalars(select(AuditEvent).order_by(AuditEvent.id))
         ]
-    assert ("token.create", "carol") in actions and ("token.revoke", "carol") in actions
+    assert ("POST", "/api/v1/tokens") in actions
+    assert ("DELETE", "/api/v1/tokens/carol") in actions
 
 
 def test_a_scheduled_sweep_is_submitted_by_its_schedule(

@@ -21,7 +21,7 @@ def test_broken_yaml_is_one_line_error(tmp_path: Path) -> None:
 def test_unreachable_api_is_one_line_error(tmp_path: Path) -> None:
     spec = Path(__file__).resolve().parents[3] / "examples" / "quick-tiny.yaml"
     result = CliRunner().invoke(app, ["submit", str(spec), "--api", "http://127.0.0.1:9"])
-    assert result.exit_code == 2
+    assert result.exit_code == 4  # the service unreachable (docs/USAGE.md, exit codes)
     assert "cannot reach the API" in result.output
 
 

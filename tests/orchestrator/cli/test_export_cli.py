@@ -1,24 +1,24 @@
-"""``vlab export mlflow``: straight from the database to a real local MLflow store (SQLite),
-read back with MLflow's ``MlflowClient``; any URI on the command line, one-line errors."""
+"""``vlab export mlflow``: through the API (the service exports; the CLI never opens the
+database) to a real local MLflow store (SQLite, which the test service allows), read back
+with MLflow's ``MlflowClient``; one-line errors."""
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
-from typer.testing import CliRunner
 
+from api.schemas import CampaignMlflowExportOut
 from orchestrator.cli import export as cli_export
-from orchestrator.cli.main import app
 from orchestrator.core.db import unit_of_work
 from orchestrator.core.models import Campaign
-from orchestrator.core.settings import get_settings
 from orchestrator.integrations.mlflow_campaign import CampaignExportReport
 from orchestrator.integrations.mlflow_export import ExportReport, RunExport
+from tests.orchestrator.cli.conftest import cli
 from tests.web.seed import DATA, load_export
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # never report home from tests
@@ -26,28 +26,17 @@ pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 
-@pytest.fixture
-def cli_env(database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The CLI's settings point at the test database (read once per process: cache cleared)."""
-    monkeypatch.setenv("DATABASE_URL", database_url)
-    monkeypatch.setenv("VLAB_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    get_settings.cache_clear()
-    yield
-    get_settings.cache_clear()
-
-
 def test_cli_exports_and_re_exports(
-    cli_env: None, session_factory: sessionmaker[Session], tmp_path: Path
+    api: TestClient, factory: sessionmaker[Session], tmp_path: Path
 ) -> None:
     name = f"cli-mlflow-{uuid.uuid4().hex[:8]}"
-    with unit_of_work(session_factory) as session:
+    with unit_of_work(factory) as session:
         exp_id = str(
             load_export(session, DATA / "demo_experiment.json", name=name)["experiment_id"]
         )
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
 
-    result = CliRunner().invoke(app, ["export", "mlflow", exp_id, "--tracking-uri", uri])
+    result = cli("export", "mlflow", exp_id, "--tracking-uri", uri)
     assert result.exit_code == 0, result.output
     assert "4 created" in result.output and name in result.output
     ml = MlflowClient(tracking_uri=uri)
@@ -61,14 +50,11 @@ def test_cli_exports_and_re_exports(
         "baseline",
     ]
 
-    again = CliRunner().invoke(
-        app, ["export", "mlflow", exp_id, "--tracking-uri", uri, "--max-points", "2"]
-    )
+    again = cli("export", "mlflow", exp_id, "--tracking-uri", uri, "--max-points", "2")
     assert again.exit_code == 0, again.output
     assert "4 unchanged" in again.output
-    replaced = CliRunner().invoke(
-        app,
-        ["export", "mlflow", exp_id, "--tracking-uri", uri, "--replace", "--max-points", "2"],
+    replaced = cli(
+        "export", "mlflow", exp_id, "--tracking-uri", uri, "--replace", "--max-points", "2"
     )
     assert replaced.exit_code == 0, replaced.output
     assert "4 replaced" in replaced.output
@@ -77,23 +63,28 @@ def test_cli_exports_and_re_exports(
     assert len(ml.get_metric_history(run.info.run_id, "series/kv_cache_usage")) == 4
 
 
-def test_cli_errors_are_one_line(cli_env: None, tmp_path: Path) -> None:
-    result = CliRunner().invoke(app, ["export", "mlflow", "nope"])
-    assert result.exit_code == 2
-    assert "no tracking URI" in result.output
+def test_cli_errors_are_one_line(
+    api: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    result = cli("export", "mlflow", "nope")  # neither given nor configured in the service
+    assert result.exit_code == 2, result.output
+    (line,) = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert line.startswith("error:") and "(422)" in line and "tracking_uri" in line
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    result = CliRunner().invoke(app, ["export", "mlflow", "no-such-id", "--tracking-uri", uri])
+    result = cli("export", "mlflow", "no-such-id", "--tracking-uri", uri)
     assert result.exit_code == 2
-    assert "no experiment no-such-id" in result.output
+    (line,) = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert "(404)" in line and "no-such-id" in line
     assert "Traceback" not in result.output
 
 
 @pytest.mark.parametrize("uri", ["file:///tmp/x", "not a uri", "ftp://x/y"])
 def test_cli_refuses_a_uri_mlflow_cannot_take_in_one_line(
-    cli_env: None, uri: str, monkeypatch: pytest.MonkeyPatch
+    api: TestClient, uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
-    result = CliRunner().invoke(app, ["export", "mlflow", "some-id", "--tracking-uri", uri])
+    result = cli("export", "mlflow", "some-id", "--tracking-uri", uri)
     assert result.exit_code == 2
     assert "Traceback" not in result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
@@ -104,14 +95,14 @@ def test_cli_refuses_a_uri_mlflow_cannot_take_in_one_line(
 
 
 def test_cli_exports_a_campaign_as_a_parent_run(
-    cli_env: None,
-    session_factory: sessionmaker[Session],
+    api: TestClient,
+    factory: sessionmaker[Session],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.chdir(tmp_path)  # a SQLite store keeps artifacts under the working directory
     gain = {"estimate": 0.26, "low": 0.2, "high": 0.3, "se": 0.02, "df": 3.0, "n": 4}
-    with unit_of_work(session_factory) as session:
+    with unit_of_work(factory) as session:
         row = Campaign(
             name=f"cli-campaign-{uuid.uuid4().hex[:8]}",
             status="succeeded",
@@ -138,15 +129,15 @@ def test_cli_exports_a_campaign_as_a_parent_run(
         session.flush()
         cid = row.id
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    result = CliRunner().invoke(app, ["export", "mlflow-campaign", cid, "--tracking-uri", uri])
+    result = cli("export", "mlflow-campaign", cid, "--tracking-uri", uri)
     assert result.exit_code == 0, result.output
     assert f"campaign {cid}: parent MLflow run" in result.output and "(created;" in result.output
     ml = MlflowClient(tracking_uri=uri)
     (parent,) = ml.search_runs([ml.get_experiment_by_name(row.name).experiment_id])
     assert parent.data.params["final.engine_args.enable_prefix_caching"] == "true"
     assert parent.data.metrics["cumulative_gain"] == 0.26
-    missing = CliRunner().invoke(app, ["export", "mlflow-campaign", "nope", "--tracking-uri", uri])
-    assert missing.exit_code == 2 and "no campaign nope" in missing.output
+    missing = cli("export", "mlflow-campaign", "nope", "--tracking-uri", uri)
+    assert missing.exit_code == 2 and "nope" in missing.output and "(404)" in missing.output
     assert "Traceback" not in missing.output
 
 
@@ -170,8 +161,10 @@ def test_a_campaign_export_is_one_table_with_a_cycle_column_and_one_total() -> N
         nested=3,
         cycles=[cycle("e1", ["created", "created"]), cycle("e2", ["unchanged"])],
     )
-    with cli_export.console.capture() as captured:
-        cli_export.print_campaign_report(report)
+    with cli_export.console.capture() as captured:  # the API's shape of the report
+        cli_export.print_campaign_report(
+            CampaignMlflowExportOut.model_validate(report.as_dict()).model_dump(mode="json")
+        )
     out = captured.get()
     assert out.count("MLflow experiment 'tune'") == 1
     assert "2 created, 1 unchanged" in out

@@ -1,0 +1,367 @@
+"""``vlab runs``, ``vlab experiments``, ``vlab compare`` and ``vlab schedules``: the run
+history, experiments, comparisons and scheduled sweeps, read and changed through the
+REST API (:class:`orchestrator.cli.client.Api`), never the database.
+
+Every command takes ``--json`` (the API's answer as it is: a list command prints a JSON
+array of the list's items, every page followed) and ``--api``. ``vlab compare`` exits 1
+when a variant is worse than its reference (a key metric's verdict ``worse``, or capacity
+``lower``); ``vlab schedules fires`` exits 1 when the newest compared fire of a sweep
+found regressions. The shapes and exit codes are in docs/USAGE.md ("The command line as
+an API client").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich import box
+from rich.table import Table
+
+from orchestrator.cli.client import EXIT_FAILED, Api, make_console, print_json
+from orchestrator.cli.common import ApiOpt, friendly
+from orchestrator.cli.report import (
+    comparison_table,
+    describe_change,
+    plain,
+    print_results,
+    regressions,
+)
+from orchestrator.cli.specfile import load_spec_file
+
+console = make_console()
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="print the API's JSON answer only")]
+LimitOpt = Annotated[
+    int, typer.Option("--limit", min=0, help="at most this many (0: all, every page)")
+]
+
+runs_app = typer.Typer(help="The run history: list (filters, sorts), show, cancel.")
+experiments_app = typer.Typer(help="Experiments: list, show (the result tables).")
+schedules_app = typer.Typer(
+    help="Scheduled sweeps and campaigns: list, show, fires, create, pause, resume, delete."
+)
+
+
+def when(value: Any) -> str:
+    """``2026-12-07 01:05`` from an ISO 8601 date-time (UTC as the API gives it)."""
+    return str(value)[:16].replace("T", " ") if value else "–"
+
+
+def _table(title: str, *columns: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for col in columns:
+        table.add_column(col, overflow="fold")
+    return table
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+@runs_app.command("list")
+@friendly
+def runs_list(
+    experiment_id: Annotated[str | None, typer.Option(help="the runs of one experiment")] = None,
+    status: Annotated[
+        str | None, typer.Option(help="queued, preparing, running, succeeded, failed, ...")
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="model id, exact")] = None,
+    experiment: Annotated[
+        str | None, typer.Option(help="experiment id, or part of its name")
+    ] = None,
+    engine_arg: Annotated[
+        str | None,
+        typer.Option(help="name=value, value read as JSON: enable_prefix_caching=true"),
+    ] = None,
+    since: Annotated[str | None, typer.Option(help="submitted at or after (ISO 8601)")] = None,
+    until: Annotated[str | None, typer.Option(help="submitted before (ISO 8601)")] = None,
+    sort: Annotated[
+        str | None,
+        typer.Option(
+            help="submitted, sequence, started, duration, experiment, model, status, "
+            "variable, ttft_p50, ttft_p99, e2el_p50, output_throughput, hit_rate"
+        ),
+    ] = None,
+    order: Annotated[str | None, typer.Option(help="asc or desc")] = None,
+    limit: LimitOpt = 50,
+    json_out: JsonOpt = False,
+    api: ApiOpt = None,
+) -> None:
+    """The run history (GET /api/v1/runs): filtered, sorted, newest first by default."""
+    params = {
+        "experiment_id": experiment_id,
+        "status": status,
+        "model": model,
+        "experiment": experiment,
+        "engine_arg": engine_arg,
+        "since": since,
+        "until": until,
+        "sort": sort,
+        "order": order,
+    }
+    items = list(Api(api).pages("/api/v1/runs", params, limit or None))
+    if json_out:
+        print_json(items)
+        return
+    # the id whole under the run's name (to copy for `runs show`); the change whole
+    table = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("run / id", min_width=36)
+    table.add_column("status", min_width=9)
+    width = max([len(describe_change(r)) for r in items] + [6])
+    longest_name = max([len(k) for r in items for k in (r.get("changes") or {})] + [10])
+    table.add_column("change", min_width=min(longest_name, 40), max_width=max(width, 10))
+    table.add_column("TTFT p50 ms", justify="right", width=7)
+    for r in items:
+        m = r.get("metrics") or {}
+        table.add_row(
+            f"{r['name']} #{r.get('repeat_index', 0)}\n{r['id']}",
+            r["status"],
+            describe_change(r),
+            plain(m.get("median_ttft_ms")),
+        )
+    console.print(table if items else "no runs match")
+
+
+@runs_app.command("show")
+@friendly
+def runs_show(run_id: str, json_out: JsonOpt = False, api: ApiOpt = None) -> None:
+    """One run (GET /api/v1/runs/{id}): status, change, metrics, error."""
+    run = Api(api).get(f"/api/v1/runs/{run_id}")
+    if json_out:
+        print_json(run)
+        return
+    console.print(
+        f"run {run['name']} (repeat {run.get('repeat_index', 0)}) of experiment "
+        f"{run['experiment_id']}: {run['status']}"
+        + (f" ({run['status_reason']})" if run.get("status_reason") else ""),
+        markup=False,
+    )
+    console.print(f"  change: {describe_change(run) or '-'}", markup=False)
+    console.print(f"  model: {run['model_id']}  vLLM: {run.get('vllm_version') or '-'}")
+    metrics = run.get("metrics") or {}
+    if metrics:
+        table = _table("metrics", "metric", "value")
+        for key, value in sorted(metrics.items()):
+            table.add_row(key, plain(value, "ms" if key.endswith("_ms") else ""))
+        console.print(table)
+    if run.get("error"):
+        console.print(f"  error: {' '.join(str(run['error']).split())[:2000]}", markup=False)
+    console.print(f"  {run['url']}", markup=False)
+
+
+@runs_app.command("cancel")
+@friendly
+def runs_cancel(run_id: str, json_out: JsonOpt = False, api: ApiOpt = None) -> None:
+    """Cancel a run (POST /api/v1/runs/{id}/cancel): a queued run at once, a running one
+    at its next check."""
+    run = Api(api).call("POST", f"/api/v1/runs/{run_id}/cancel")
+    if json_out:
+        print_json(run)
+        return
+    console.print(f"run {run['id']}: {run['status']} (cancel requested)", markup=False)
+
+
+# ----------------------------------------------------------------------------- experiments
+
+
+@experiments_app.command("list")
+@friendly
+def experiments_list(limit: LimitOpt = 50, json_out: JsonOpt = False, api: ApiOpt = None) -> None:
+    """Experiments, newest first (GET /api/v1/experiments)."""
+    items = list(Api(api).pages("/api/v1/experiments", {}, limit or None))
+    if json_out:
+        print_json(items)
+        return
+    table = _table("experiments", "id", "name", "model", "created", "status", "runs")
+    for e in items:
+        table.add_row(
+            e["id"],
+            e["name"],
+            e["model_id"],
+            when(e["created_at"]),
+            e["status"],
+            str(e["run_count"]),
+        )
+    console.print(table if items else "no experiments")
+
+
+@experiments_app.command("show")
+@friendly
+def experiments_show(experiment_id: str, json_out: JsonOpt = False, api: ApiOpt = None) -> None:
+    """An experiment's variants, result table, comparison and run links
+    (GET /api/v1/experiments/{id}). Exits 1 when a run failed, was cancelled or blocked."""
+    client = Api(api)
+    exp = client.get(f"/api/v1/experiments/{experiment_id}")
+    if json_out:
+        print_json(exp)
+    else:
+        print_results(exp, console, client.base)
+    if any(r["status"] in ("failed", "cancelled", "blocked") for r in exp.get("runs", [])):
+        raise typer.Exit(EXIT_FAILED)
+
+
+# ----------------------------------------------------------------------------- compare
+
+
+@friendly
+def compare(
+    experiment_id: Annotated[str, typer.Argument(help="the experiment")],
+    json_out: JsonOpt = False,
+    api: ApiOpt = None,
+) -> None:
+    """Each variant vs its reference (GET /api/v1/experiments/{id}/comparison): ratio,
+    95 % interval, verdict. Exits 1 when a variant is worse (a regression)."""
+    comp = Api(api).call("GET", f"/api/v1/experiments/{experiment_id}/comparison", timeout_s=300)
+    found = regressions(comp)
+    if json_out:
+        print_json(comp)
+    else:
+        console.print(comparison_table(comp))
+        for f in comp.get("findings", []):
+            console.print(f"  finding {f['variant']}: {f['message']}", markup=False)
+        for line in found:
+            console.print(f"regression: {line}", markup=False)
+    if found:
+        raise typer.Exit(EXIT_FAILED)
+
+
+# ----------------------------------------------------------------------------- schedules
+
+
+def _schedule_line(s: dict[str, Any]) -> str:
+    state = "enabled" if s["enabled"] else "paused"
+    nxt = (s.get("next_fire_times") or [None])[0]
+    return (
+        f"schedule {s['name']} ({s['id']}): {s['kind']}, cron {s['cron']!r} {s['timezone']}, "
+        f"{state}, next {when(nxt)}"
+    )
+
+
+@schedules_app.command("list")
+@friendly
+def schedules_list(limit: LimitOpt = 50, json_out: JsonOpt = False, api: ApiOpt = None) -> None:
+    """Schedules, newest first (GET /api/v1/schedules)."""
+    items = list(Api(api).pages("/api/v1/schedules", {}, limit or None))
+    if json_out:
+        print_json(items)
+        return
+    table = _table("schedules", "id", "name", "kind", "cron", "state", "next fire", "last fire")
+    for s in items:
+        table.add_row(
+            s["id"],
+            s["name"],
+            s["kind"],
+            f"{s['cron']} ({s['timezone']})",
+            "enabled" if s["enabled"] else "paused",
+            when((s.get("next_fire_times") or [None])[0]),
+            when(s.get("last_fire_at")),
+        )
+    console.print(table if items else "no schedules")
+
+
+@schedules_app.command("show")
+@friendly
+def schedules_show(schedule_id: str, json_out: JsonOpt = False, api: ApiOpt = None) -> None:
+    """One schedule (GET /api/v1/schedules/{id}): next fire times, latest fires."""
+    s = Api(api).get(f"/api/v1/schedules/{schedule_id}")
+    if json_out:
+        print_json(s)
+        return
+    console.print(_schedule_line(s), markup=False)
+    for f in s.get("recent_fires") or []:
+        console.print(
+            f"  {when(f['fire_time'])}: {f['status']}"
+            + (f", experiment {f['experiment_id']}" if f.get("experiment_id") else "")
+            + (f" ({f['detail']})" if f.get("detail") else ""),
+            markup=False,
+        )
+
+
+@schedules_app.command("fires")
+@friendly
+def schedules_fires(
+    schedule_id: str, limit: LimitOpt = 20, json_out: JsonOpt = False, api: ApiOpt = None
+) -> None:
+    """A schedule's fires, newest first, with each sweep's regressions against the
+    previous completed sweep (GET /api/v1/schedules/{id}/fires). Exits 1 when the newest
+    compared fire found a regression."""
+    fires = list(Api(api).pages(f"/api/v1/schedules/{schedule_id}/fires", {}, limit or None))
+    newest = next((f for f in fires if f.get("comparison") == "compared"), None)
+    if json_out:
+        print_json(fires)
+    else:
+        table = _table("fires", "fire time", "status", "experiment", "comparison", "regressions")
+        for f in fires:
+            regs = "; ".join(
+                f"{r['variant']} {r['metric']}: "
+                + (r.get("statement") or f"{plain(r.get('ratio'))}x")
+                for r in f.get("regressions") or []
+            )
+            table.add_row(
+                when(f["fire_time"]),
+                f["status"],
+                f.get("experiment_id") or "–",
+                f.get("comparison") or "–",
+                regs or "none",
+            )
+        console.print(table if fires else "no fires yet")
+    if newest is not None and newest.get("regressions"):
+        raise typer.Exit(EXIT_FAILED)
+
+
+@schedules_app.command("create")
+@friendly
+def schedules_create(
+    file: Annotated[
+        Path,
+        typer.Argument(
+            exists=True,
+            dir_okay=False,
+            help="JSON or YAML: name, cron, timezone, template (a spec) or campaign, ...",
+        ),
+    ],
+    json_out: JsonOpt = False,
+    api: ApiOpt = None,
+) -> None:
+    """Store a schedule (POST /api/v1/schedules) from a file as the API takes it."""
+    body = load_spec_file(file)
+    s = Api(api).call("POST", "/api/v1/schedules", json_body=body, timeout_s=300)
+    if json_out:
+        print_json(s)
+        return
+    console.print(_schedule_line(s), markup=False)
+
+
+def _set_enabled(schedule_id: str, enabled: bool, json_out: bool, api: str | None) -> None:
+    s = Api(api).call("PATCH", f"/api/v1/schedules/{schedule_id}", json_body={"enabled": enabled})
+    if json_out:
+        print_json(s)
+        return
+    console.print(_schedule_line(s), markup=False)
+
+
+@schedules_app.command("pause")
+@friendly
+def schedules_pause(schedule_id: str, json_out: JsonOpt = False, api: ApiOpt = None) -> None:
+    """Stop a schedule firing (PATCH enabled=false)."""
+    _set_enabled(schedule_id, False, json_out, api)
+
+
+@schedules_app.command("resume")
+@friendly
+def schedules_resume(schedule_id: str, json_out: JsonOpt = False, api: ApiOpt = None) -> None:
+    """Let a schedule fire again, from now on (PATCH enabled=true; missed times are not
+    caught up)."""
+    _set_enabled(schedule_id, True, json_out, api)
+
+
+@schedules_app.command("delete")
+@friendly
+def schedules_delete(schedule_id: str, json_out: JsonOpt = False, api: ApiOpt = None) -> None:
+    """Delete a schedule and its fire records (its experiments stay)."""
+    Api(api).call("DELETE", f"/api/v1/schedules/{schedule_id}")
+    if json_out:
+        print_json({"id": schedule_id, "deleted": True})
+        return
+    console.print(f"schedule {schedule_id} deleted", markup=False)

@@ -1,0 +1,220 @@
+"""The command line as a client of the API, for people and for CI (issue 26): every command
+goes through the real app (a TestClient of ``api.app``; the CLI's HTTP routed to it) and
+none opens the database (``Runtime`` refuses to start). ``--json`` prints the API's shapes,
+the exit codes are the documented ones (1 a run failed / a regression, 2 a refusal,
+3 ``--wait-timeout``, 4 the service unreachable), tables fit 100 columns with the changed
+variable whole, numbers are plain, and a refusal is said once.
+
+Seeded data: ``tests/web/data/demo_experiment.json`` (recorded results of the demo
+experiment, APC off vs on) and :func:`tests.factories.make_experiment` (queued runs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+from typer.testing import CliRunner
+
+from orchestrator.cli import client as cli_client
+from orchestrator.cli import report as cli_report
+from orchestrator.cli.main import app
+from orchestrator.core.db import unit_of_work
+from orchestrator.core.repositories import RunRepository
+from orchestrator.core.states import RunStatus
+from tests.factories import make_experiment
+from tests.orchestrator.cli.conftest import API, cli
+from tests.web.seed import DATA, load_export
+
+
+def lines_of(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.strip()]
+
+
+@pytest.fixture
+def demo(factory: sessionmaker[Session]) -> str:
+    """The recorded demo experiment (baseline and apc-on, two repeats each)."""
+    with unit_of_work(factory) as session:
+        doc = load_export(
+            session, DATA / "demo_experiment.json", name=f"demo-{uuid.uuid4().hex[:6]}"
+        )
+    return str(doc["experiment_id"])
+
+
+def test_experiments_show_fits_100_columns_with_the_changed_variable_whole(
+    api: TestClient, demo: str
+) -> None:
+    result = cli("experiments", "show", demo)
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert max(len(ln) for ln in out.splitlines()) <= 100, out
+    assert "engine_args.enable_prefix_caching" in out  # whole, on one line
+    assert "…" not in out and "e+0" not in out
+    assert "faster" in out and "333.7" in out  # a ratio, a plain number
+
+
+def test_json_shapes_parse_and_are_the_apis(api: TestClient, demo: str) -> None:
+    exp = json.loads(cli("experiments", "show", demo, "--json").output)
+    assert exp == api.get(f"/api/v1/experiments/{demo}").json()
+    listed = json.loads(cli("experiments", "list", "--json").output)
+    assert isinstance(listed, list) and demo in [e["id"] for e in listed]
+    runs = json.loads(cli("runs", "list", "--experiment-id", demo, "--json").output)
+    assert sorted(r["id"] for r in runs) == sorted(r["id"] for r in exp["runs"])
+    one = json.loads(cli("runs", "show", runs[0]["id"], "--json").output)
+    assert one["id"] == runs[0]["id"] and "metrics" in one
+    comp = json.loads(cli("compare", demo, "--json").output)
+    assert comp == api.get(f"/api/v1/experiments/{demo}/comparison").json()
+
+
+def test_runs_list_follows_every_page_and_filters(api: TestClient, demo: str) -> None:
+    all_runs = json.loads(
+        cli("runs", "list", "--experiment-id", demo, "--limit", "0", "--json").output
+    )
+    assert len(all_runs) == 4
+    # pages of one: the client walks them (offset, or a next link / cursor when given)
+    first_two = []
+    for item in cli_client.Api(API).pages("/api/v1/runs", {"experiment_id": demo}, 2):
+        first_two.append(item["id"])
+    assert first_two == [r["id"] for r in all_runs[:2]]
+    apc = json.loads(
+        cli(
+            "runs", "list", "--experiment-id", demo, "--engine-arg",
+            "enable_prefix_caching=true", "--json",
+        ).output
+    )  # fmt: skip
+    assert {r["name"] for r in apc} == {"apc-on"}
+    table = cli("runs", "list", "--experiment-id", demo, "--sort", "ttft_p50")
+    assert table.exit_code == 0, table.output
+    assert max(len(ln) for ln in table.output.splitlines()) <= 100, table.output
+    assert "engine_args.enable_prefix_caching" in table.output
+    assert "p50 ms" in table.output and "37.2" in table.output and "e+0" not in table.output
+    assert all(r["id"] in table.output for r in all_runs)  # each id whole, to copy
+
+
+def test_a_failed_run_makes_watch_and_show_exit_1(
+    api: TestClient, factory: sessionmaker[Session]
+) -> None:
+    with unit_of_work(factory) as session:
+        exp = make_experiment(session, n_runs=2)
+        repo = RunRepository(session)
+        first, second = sorted(exp.runs, key=lambda r: r.position)
+        for run in (first, second):
+            repo.transition(run, RunStatus.PREPARING)
+            repo.transition(run, RunStatus.RUNNING)
+        repo.transition(first, RunStatus.SUCCEEDED)
+        repo.transition(second, RunStatus.FAILED, "engine died")
+        exp_id = exp.id
+    watched = cli("watch", exp_id, "--interval", "0.05")
+    assert watched.exit_code == 1, watched.output
+    assert "did not succeed" in watched.output and "failed" in watched.output
+    as_json = cli("watch", exp_id, "--json", "--interval", "0.05")
+    assert as_json.exit_code == 1
+    assert json.loads(as_json.stdout)["id"] == exp_id  # stdout is the JSON alone
+    assert cli("experiments", "show", exp_id).exit_code == 1
+
+
+def test_wait_timeout_exits_3_in_one_line(api: TestClient, factory: sessionmaker[Session]) -> None:
+    with unit_of_work(factory) as session:
+        exp_id = make_experiment(session, n_runs=1).id  # queued: nothing advances it here
+    result = cli("watch", exp_id, "--wait-timeout", "0.2", "--interval", "0.05", "--json")
+    assert result.exit_code == 3, result.output
+    errors = [ln for ln in lines_of(result.stderr) if ln.startswith("error:")]
+    assert len(errors) == 1 and "--wait-timeout" in errors[0] and exp_id in errors[0]
+    assert result.stdout == ""
+
+
+def test_a_refusal_is_said_once_with_exit_2(api: TestClient, tmp_path: Path) -> None:
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("name: bad\nmodel: tiny\nrepeats: 0\nbaseline:\n  workload: {kind: nope}\n")
+    result = cli("submit", str(spec))
+    assert result.exit_code == 2, result.output
+    out = lines_of(result.output)
+    assert out[0].startswith("error:") and "(422)" in out[0] and "problem(s)" in out[0]
+    fields = out[1:]
+    assert fields and all(ln.startswith("  - ") for ln in fields)
+    assert len(set(fields)) == len(fields)  # no field said twice
+    assert "Traceback" not in result.output
+    missing = cli("runs", "show", "no-such-run")
+    assert missing.exit_code == 2 and len(lines_of(missing.output)) == 1
+
+
+def test_unreachable_service_exits_4_in_one_line() -> None:
+    result = CliRunner().invoke(app, ["runs", "list", "--api", "http://127.0.0.1:9"])
+    assert result.exit_code == 4, result.output
+    (line,) = lines_of(result.output)
+    assert line.startswith("error: cannot reach the API at http://127.0.0.1:9")
+
+
+def test_compare_exits_1_on_a_regression(api: TestClient, demo: str) -> None:
+    comp = api.get(f"/api/v1/experiments/{demo}/comparison").json()
+    worse = cli_report.regressions(comp)
+    result = cli("compare", demo)
+    assert result.exit_code == (1 if worse else 0), result.output
+    assert max(len(ln) for ln in result.output.splitlines()) <= 100
+    assert "e+0" not in result.output
+    # the verdict of a metric flipped to worse: exit 1 and the regression named
+    regressed = json.loads(json.dumps(comp))
+    regressed["variants"][0]["metrics"][0]["verdict"] = "worse"
+    assert cli_report.regressions(regressed)
+    assert cli_report.regressions({"variants": []}) == []
+
+
+def test_schedules_create_pause_resume_list_delete(api: TestClient, tmp_path: Path) -> None:
+    spec = Path(__file__).resolve().parents[3] / "examples" / "quick-tiny.yaml"
+    doc = {"name": f"nightly-{uuid.uuid4().hex[:6]}", "cron": "0 3 * * *"}
+    import yaml
+
+    doc["template"] = yaml.safe_load(spec.read_text())
+    f = tmp_path / "sched.json"
+    f.write_text(json.dumps(doc))
+    made = cli("schedules", "create", str(f), "--json")
+    assert made.exit_code == 0, made.output
+    sid = json.loads(made.stdout)["id"]
+    paused = json.loads(cli("schedules", "pause", sid, "--json").stdout)
+    assert paused["enabled"] is False
+    resumed = cli("schedules", "resume", sid)
+    assert resumed.exit_code == 0 and "enabled" in resumed.output
+    listed = json.loads(cli("schedules", "list", "--json").stdout)
+    assert sid in [s["id"] for s in listed]
+    fires = cli("schedules", "fires", sid, "--json")
+    assert fires.exit_code == 0 and json.loads(fires.stdout) == []
+    assert cli("schedules", "delete", sid).exit_code == 0
+    assert cli("schedules", "show", sid).exit_code == 2
+
+
+def test_tokens_through_the_api_first_one_without_a_token(api: TestClient) -> None:
+    made = cli("token", "create", "--name", f"ci-{uuid.uuid4().hex[:6]}", "--role", "admin",
+               "--json")  # fmt: skip
+    assert made.exit_code == 0, made.output
+    secret = json.loads(made.stdout)["token"]
+    assert secret.startswith("vlab_")
+    # the loopback is closed now: without the token, a refusal (401) in one summary line
+    denied = cli("token", "list")
+    assert denied.exit_code == 2 and "(401)" in denied.output
+    os.environ["VLAB_TOKEN"] = secret
+    try:
+        listed = json.loads(cli("token", "list", "--json").stdout)
+        assert [t["role"] for t in listed] == ["admin"] and "token" not in listed[0]
+        gone = cli("token", "revoke", listed[0]["name"])
+        assert gone.exit_code == 0 and "revoked" in gone.output
+    finally:
+        del os.environ["VLAB_TOKEN"]
+
+
+def test_export_mlflow_goes_through_the_api(api: TestClient, demo: str, tmp_path: Path) -> None:
+    pytest.importorskip("mlflow")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = cli("export", "mlflow", demo, "--tracking-uri", uri, "--max-points", "2", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["experiment_id"] == demo and report["counts"] == {"created": 4}
+    again = cli("export", "mlflow", demo, "--tracking-uri", uri, "--max-points", "2")
+    assert again.exit_code == 0 and "4 unchanged" in again.output
+    missing = cli("export", "mlflow", "no-such-id", "--tracking-uri", uri)
+    assert missing.exit_code == 2 and len(lines_of(missing.output)) == 1
+    assert "no-such-id" in missing.output
