@@ -56,6 +56,7 @@ from orchestrator.experiments.service import get_experiment
 from orchestrator.integrations.mlflow_mapping import (
     MLFLOW_STATUS,
     RunHead,
+    capacity_result,
     epoch_ms,
     run_params,
     run_tags,
@@ -549,6 +550,9 @@ def _export_run(
 
     params, truncated = run_params(head)
     metrics, unknown = summary_metrics(head.status, stored)
+    cap_metrics, cap_unknown, cap_tags = capacity_result(head, metrics)
+    metrics.update(cap_metrics)
+    unknown = sorted(set(unknown) | set(cap_unknown))
     series, skipped = series_metrics(points)
     tags = run_tags(
         head,
@@ -559,12 +563,13 @@ def _export_run(
         series_points=len(series),
         series_skipped=skipped,
         run_url=f"{base_url.rstrip('/')}/runs/{head.id}" if base_url else None,
+        capacity=cap_tags,
     )
     run = client.create_run(
         mlflow_exp_id,
         start_time=epoch_ms(head.started_at or head.created_at),
         tags=tags,
-        run_name=f"{head.name} #{head.repeat_index}",
+        run_name=f"{head.name} #{head.repeat}",  # numbered from 1, as the dashboard does
     )
     rid = run.info.run_id
     for chunk in _chunks(list(params.items()), MAX_PARAMS_PER_BATCH):

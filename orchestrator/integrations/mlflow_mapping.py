@@ -12,6 +12,12 @@ Pure functions over the stored run (:class:`RunHead`), its summary metrics and i
   ``placement.devices_per_node``, ``placement.resource``, ``placement.policy`` ...; absent
   for a run never placed), the workload (``workload.<key>``), the model (``model.id``,
   ``model.digest``, ``model.revision``) and ``max_model_len`` (the context cap it ran with).
+  A run of an experiment with a capacity search also gets the search's settings as
+  ``capacity.<key>`` (the spec with its defaults filled in: ``capacity.variable``,
+  ``capacity.min``, ``capacity.max``, ``capacity.tolerance``, ``capacity.max_steps``, the
+  step lengths ``capacity.min_step_s``, ``capacity.max_step_s``, ``capacity.warmup_fraction``
+  ..., every objective as ``capacity.slos.<metric>.<percentile>``), and an experiment with
+  goodput SLOs gets them as ``slos.<metric>`` (:func:`capacity_params`).
   Values: :func:`param_value`. A value over MLflow's 6,000 characters is cut, ends with
   ``…[truncated from N chars]`` and its key is listed in the tag ``vlab.truncated_params``.
   Keys keep MLflow's character set (:func:`mlflow_key`).
@@ -22,6 +28,18 @@ Pure functions over the stored run (:class:`RunHead`), its summary metrics and i
   is not finite, is named in the tag ``vlab.unknown_metrics``. A run that did not succeed
   gets no summary metrics (its numbers are no valid measurement; the tag
   ``vlab.metrics_withheld`` says so).
+- **capacity** (a run with a capacity search, :func:`capacity_result`): the summary's
+  ``capacity``, ``capacity_low``, ``capacity_high`` exist only when the search found the
+  boundary, so the evidence of every search is written too: ``capacity_lower_bound`` and
+  ``capacity_upper_bound``, the interval the capacity lies in (found: the capacity and the
+  lowest failing load; ``at_least_max`` and ``client_limited``: a lower bound only;
+  ``below_min``: an upper bound only; ``uncertain``, ``steps_exhausted``: the bracket so
+  far; an end no step showed is absent, never 0), ``capacity_client_ceiling`` when
+  measured, and the tags ``vlab.capacity_status``, ``vlab.capacity_bound`` (in words:
+  ``at least 8 req/s``, ``below 1 req/s`` ...), ``vlab.capacity_variable``,
+  ``vlab.capacity_binding_slo``, ``vlab.capacity_note``, ``vlab.capacity_steps``. A
+  succeeded search run without a found capacity names ``capacity`` in
+  ``vlab.unknown_metrics``. Metrics only for a succeeded run, as the summary's.
 - **metric history**: every stored ``/metrics`` sample (keys of
   :data:`jobs.signals.enginemetrics.SAMPLE_KEYS`) as ``series/<key>`` (``series/kv_cache_usage``,
   ``series/num_requests_waiting`` ...) with step = the sample's ``t_s`` in milliseconds
@@ -31,7 +49,9 @@ Pure functions over the stored run (:class:`RunHead`), its summary metrics and i
   visibly not one) and the tag ``vlab.series_clock`` says so. Non-finite points are left
   out (counted in ``vlab.series_skipped_points``).
 - **tags**: ``vlab.experiment_id``, ``vlab.experiment_name``, ``vlab.run_id``,
-  ``vlab.variant``, ``vlab.repeat_index``, ``vlab.sequence``, ``vlab.is_baseline``,
+  ``vlab.variant``, ``vlab.repeat`` (the repeat's number from 1, as the dashboard shows it
+  and the MLflow run's name ``<variant> #<repeat>`` has it), ``vlab.repeat_index`` (the
+  stored index, from 0), ``vlab.sequence``, ``vlab.is_baseline``,
   ``vlab.variable`` (the changed variable), ``vlab.changes``, ``vlab.reference_variant``,
   ``vlab.request_list_hash``, ``vlab.status`` (and ``vlab.status_reason``, ``vlab.error``,
   ``vlab.partial``), ``vlab.vllm_version``, ``vlab.model_id``, ``vlab.run_url`` (when the
@@ -49,7 +69,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from jobs.capacity.search import CapacitySpec
 from jobs.engine.command import RESERVED_ENGINE_ARGS
+from orchestrator.analysis.capacity_compare import Evidence, repeat_evidence
 from orchestrator.analysis.compare import METRICS
 from orchestrator.core.models import Run
 from orchestrator.runs.timeseries import Point
@@ -58,6 +80,8 @@ __all__ = [
     "EXPECTED_METRICS",
     "MLFLOW_STATUS",
     "RunHead",
+    "capacity_params",
+    "capacity_result",
     "epoch_ms",
     "mlflow_key",
     "param_value",
@@ -150,9 +174,20 @@ class RunHead:
     created_at: datetime | None
     started_at: datetime | None
     finished_at: datetime | None
+    #: the experiment's capacity search and goodput SLOs as submitted (spec ``capacity``,
+    #: ``slos``), and the run's search result (``runs.capacity``); None: none
+    capacity_spec: dict[str, Any] | None = None
+    slos: dict[str, Any] | None = None
+    capacity: dict[str, Any] | None = None
+
+    @property
+    def repeat(self) -> int:
+        """The repeat's number as people see it (the dashboard's ``#1``, ``#2`` ...)."""
+        return self.repeat_index + 1
 
     @classmethod
     def of(cls, run: Run) -> RunHead:
+        spec = (run.experiment.spec if run.experiment is not None else None) or {}
         return cls(
             id=run.id,
             name=run.name,
@@ -179,6 +214,9 @@ class RunHead:
             created_at=run.created_at,
             started_at=run.started_at,
             finished_at=run.finished_at,
+            capacity_spec=spec.get("capacity") or None,
+            slos=spec.get("slos") or None,
+            capacity=dict(run.capacity) if run.capacity else None,
         )
 
 
@@ -226,6 +264,7 @@ def run_params(head: RunHead) -> tuple[dict[str, str], list[str]]:
         raw.append(("model.revision", head.model_revision))
     if head.max_model_len is not None:
         raw.append(("max_model_len", head.max_model_len))
+    raw += capacity_params(head.capacity_spec, head.slos)
     params: dict[str, str] = {}
     truncated: list[str] = []
     for name, value in raw:
@@ -238,6 +277,92 @@ def run_params(head: RunHead) -> tuple[dict[str, str], list[str]]:
         if was_cut:
             truncated.append(key)
     return params, truncated
+
+
+def _flat(prefix: str, doc: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """``doc``'s leaves as ``(prefix.key.subkey, value)``; a None leaf is left out."""
+    out: list[tuple[str, Any]] = []
+    for key, value in doc.items():
+        if isinstance(value, Mapping):
+            out += _flat(f"{prefix}.{key}", value)
+        elif value is not None:
+            out.append((f"{prefix}.{key}", value))
+    return out
+
+
+def capacity_params(
+    spec: Mapping[str, Any] | None, slos: Mapping[str, Any] | None
+) -> list[tuple[str, Any]]:
+    """The capacity search's settings as ``capacity.<key>`` params (the spec read as
+    :class:`jobs.capacity.search.CapacitySpec`, so defaults it ran with are named too;
+    a document it no longer takes is written as stored), objectives as
+    ``capacity.slos.<metric>.<percentile>``; the goodput SLOs as ``slos.<metric>``."""
+    out: list[tuple[str, Any]] = []
+    if spec:
+        try:
+            full = CapacitySpec.model_validate(dict(spec)).model_dump(mode="json")
+        except ValueError:  # an older or foreign document: what was stored
+            full = dict(spec)
+        out += _flat("capacity", full)
+    if slos:
+        out += _flat("slos", slos)
+    return out
+
+
+#: The unit of each capacity search variable.
+CAPACITY_UNITS = {"request_rate": "req/s", "concurrency": "requests in flight"}
+
+
+def _bound_words(status: str, ev: Evidence | str, unit: str) -> str:
+    """The search's result in words: ``found 2.1 req/s (bracket 2.1 to 2.2)``, ``at least
+    8 req/s``, ``below 1 req/s``, ``between 1 and 8 req/s``, or why it shows nothing."""
+    if isinstance(ev, str):
+        return f"{status}: {ev}"
+    lo, hi = ev.lo, ev.hi
+    if ev.capacity is not None:
+        bracket = f" (bracket {lo:g} to {hi:g})" if lo is not None and hi is not None else ""
+        return f"{status}: {ev.capacity:g} {unit}{bracket}"
+    if lo is not None and hi is not None:
+        return f"{status}: between {lo:g} and {hi:g} {unit}"
+    if lo is not None:
+        return f"{status}: at least {lo:g} {unit}"
+    return f"{status}: below {hi:g} {unit}"
+
+
+def capacity_result(
+    head: RunHead, written: Mapping[str, float]
+) -> tuple[dict[str, float], list[str], dict[str, Any]]:
+    """``(metrics, unknown metric names, tags)`` of the run's capacity search (module
+    docstring); all empty for a run without one. ``written``: the summary metrics the
+    run writes (a succeeded search run without ``capacity`` there names it unknown)."""
+    doc = head.capacity
+    if not doc:
+        return {}, [], {}
+    status = str(doc.get("status") or "unknown")
+    variable = doc.get("variable")
+    ev = repeat_evidence(doc)
+    unit = CAPACITY_UNITS.get(str(variable), "(unknown unit)")
+    tags: dict[str, Any] = {
+        "vlab.capacity_status": status,
+        "vlab.capacity_bound": _bound_words(status, ev, unit),
+        "vlab.capacity_variable": variable,
+        "vlab.capacity_binding_slo": doc.get("binding_slo"),
+        "vlab.capacity_note": doc.get("note"),
+        "vlab.capacity_steps": len(doc.get("steps") or []),
+    }
+    if head.status != "succeeded":
+        return {}, [], tags
+    metrics: dict[str, float] = {}
+    if isinstance(ev, Evidence):
+        for key, value in (("capacity_lower_bound", ev.lo), ("capacity_upper_bound", ev.hi)):
+            if value is not None and math.isfinite(value):
+                metrics[key] = float(value)
+    ceiling = doc.get("client_ceiling")
+    number = isinstance(ceiling, int | float) and not isinstance(ceiling, bool)
+    if number and isinstance(ceiling, int | float) and math.isfinite(ceiling) and ceiling > 0:
+        metrics["capacity_client_ceiling"] = float(ceiling)
+    unknown = [] if "capacity" in written else ["capacity"]
+    return metrics, unknown, tags
 
 
 def summary_metrics(status: str, stored: Mapping[str, Any]) -> tuple[dict[str, float], list[str]]:
@@ -299,14 +424,17 @@ def run_tags(
     series_points: int,
     series_skipped: int,
     run_url: str | None,
+    capacity: Mapping[str, Any] | None = None,
 ) -> dict[str, str]:
     """The run's tags (module docstring), values as strings cut to MLflow's 8,000
-    characters; a tag whose value is unknown is absent, never empty."""
+    characters; a tag whose value is unknown is absent, never empty. ``capacity``: the
+    capacity search's tags (:func:`capacity_result`)."""
     tags: dict[str, Any] = {
         "vlab.experiment_id": experiment_id,
         "vlab.experiment_name": experiment_name,
         "vlab.run_id": head.id,
         "vlab.variant": head.name,
+        "vlab.repeat": head.repeat,
         "vlab.repeat_index": head.repeat_index,
         "vlab.sequence": head.sequence,
         "vlab.is_baseline": head.is_baseline,
@@ -329,6 +457,7 @@ def run_tags(
         "vlab.series_skipped_points": series_skipped or None,
         "vlab.metrics_withheld": WITHHELD if head.status != "succeeded" else None,
         "vlab.run_url": run_url,
+        **(capacity or {}),
     }
     tags.update({k: v for k, v in optional.items() if v is not None})
     return {k: cut_text(param_value(v), MAX_TAG_VALUE)[0] for k, v in tags.items()}

@@ -170,5 +170,5 @@ def test_a_run_measured_again_exports_by_its_label_and_variant_not_as_baseline(
         assert tags["vlab.retry_of"] == first
         assert tags["vlab.retry_reason"].startswith(why), tags["vlab.retry_reason"]
     # a run not measured again keeps its name: its variant and repeat
-    assert children["r1.c1.incumbent"].info.run_name == "baseline #0"
+    assert children["r1.c1.incumbent"].info.run_name == "baseline #1"  # numbered from 1
     assert "vlab.retry_of" not in children["r1.c1.incumbent"].data.tags

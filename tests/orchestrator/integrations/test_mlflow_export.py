@@ -106,7 +106,12 @@ def test_demo_experiment_round_trips(db_session: Session, tmp_path: Path) -> Non
         assert tags["vlab.status"] == "succeeded"
         assert tags["vlab.vllm_version"] == "0.32.0"
         assert tags["vlab.export_complete"] == "true"
-        assert tags["mlflow.runName"] == f"{run.name} #{run.repeat_index}"
+        # numbered from 1 as the dashboard shows them (issue #26); the stored index stays
+        assert tags["mlflow.runName"] == f"{run.name} #{run.repeat_index + 1}"
+        assert tags["vlab.repeat"] == str(run.repeat_index + 1)
+        # no capacity search in the demo: no capacity settings or results
+        assert not any(k.startswith(("capacity.", "slos.")) for k in params)
+        assert not any(k.startswith("vlab.capacity") for k in tags)
         if run.name == "apc-on":
             assert tags["vlab.variable"] == "engine_args.enable_prefix_caching"
             assert tags["vlab.reference_variant"] == "baseline"
