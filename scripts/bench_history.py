@@ -1,103 +1,225 @@
-"""Time the run history (dashboard ``/`` and ``GET /api/v1/runs``) at two database sizes.
+"""Time the run history (dashboard ``/``, ``GET /api/v1/runs``, exports) at two database sizes.
 
-Usage: .venv/bin/python scripts/bench_history.py [--small 1000] [--large 50000]
+Usage: .venv/bin/python scripts/bench_history.py [--small 10000] [--large 1000000]
+       [--keep] [--users 50] [--user-requests 10]
 
-Creates two scratch databases on the server of ``DATABASE_URL`` (default: the
-machine's Postgres), fills them with finished runs carrying summary metrics
-(``tests/web/seed.py:bulk_history``, 4 runs per experiment), and times each
-query shape as the median of 7 requests through the real app (in-process
-ASGI client, no network). Prints a table with the large/small ratio: a page
-query whose cost does not grow with the history stays near 1x.
+Fills a database per size on the server of ``DATABASE_URL`` (default: the machine's
+Postgres) with finished runs carrying summary metrics, set-based
+(``tests/web/seed.py:bulk_history_sql``, 4 runs per experiment; a million runs take
+minutes), then times each query shape as the median of 7 requests through the real
+app (in-process ASGI client, no network). Prints a table with the large/small ratio: a
+page query whose cost does not grow with the history stays near 1x. Then ``--users``
+concurrent dashboard users (threads, each its own HTTP client) against a real uvicorn
+server on the large database, each loading ``--user-requests`` history pages (shapes
+in turn): the latency p50 and p99 over every request.
+
+``--keep``: keep the databases (``vlab_bench_<runs>``) and reuse them on the next run
+instead of seeding again (they are migrated to head either way).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.orm import sessionmaker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from api.app import create_app  # noqa: E402
-from orchestrator.core.db import scratch_database, upgrade_to_head  # noqa: E402
+from orchestrator.core.db import normalize_url, scratch_database, upgrade_to_head  # noqa: E402
 from orchestrator.core.settings import EngineSettings, Settings  # noqa: E402
-from tests.web.seed import bulk_history  # noqa: E402
+from tests.web.seed import bulk_history_sql  # noqa: E402
 
 QUERIES = {
     "/ (newest first)": "/",
     "/ sort by TTFT p50": "/?sort=ttft_p50&dir=desc",
+    "/ sort by TTFT p50, ascending": "/?sort=ttft_p50&dir=asc",
+    "/ sort by started": "/?sort=started&dir=desc",
     "/ engine_arg filter": "/?engine_arg=enable_prefix_caching%3Dtrue",
     "/ status=failed": "/?status=failed",
+    "/ model filter": "/?model=bulk-model",
     "/ experiment name": "/?experiment=bulk-000-0001",
     "/ date range (one day)": "/?since=2026-01-01&until=2026-01-01",
     "/ page 100": "/?page=100",
+    "/ page 100, sort by TTFT p50": "/?page=100&sort=ttft_p50",
+    "api runs newest first": "/api/v1/runs?limit=50",
     "api runs sort hit rate": "/api/v1/runs?sort=hit_rate&limit=50",
+    "api runs sort TTFT p99 asc": "/api/v1/runs?sort=ttft_p99&order=asc&limit=50",
+    "api runs status=failed": "/api/v1/runs?status=failed&limit=50",
 }
+#: shapes whose next page is a keyset cursor: timed on the page 100 pages in
+CURSOR_QUERIES = {
+    "api runs 100th page by cursor": "/api/v1/runs?limit=50",
+    "api runs 100th page by cursor, hit rate": "/api/v1/runs?sort=hit_rate&limit=50",
+}
+USER_PATHS = [
+    "/",
+    "/?sort=ttft_p50&dir=desc",
+    "/?status=failed",
+    "/?engine_arg=enable_prefix_caching%3Dtrue",
+    "/?page=20",
+    "/?sort=hit_rate&dir=asc",
+    "/?since=2026-02-01&until=2026-02-01",
+    "/?experiment=bulk-001-0002",
+]
 
 
 def _seed(url: str, runs: int) -> None:
-    upgrade_to_head(url)
     engine = create_engine(url)
+    with engine.connect() as c:
+        have = c.scalar(text("SELECT count(*) FROM runs"))
+    if have == runs:
+        print(f"  reusing {runs} runs", file=sys.stderr)
+        engine.dispose()
+        return
     factory = sessionmaker(bind=engine)
     t0 = time.perf_counter()
-    step = 500
-    for first in range(0, runs // 4, step):
-        with factory.begin() as s:
-            bulk_history(
-                s,
-                experiments=min(step, runs // 4 - first),
-                runs_per_experiment=4,
-                name_prefix=f"bulk-{first // step:03d}",
-            )
-    with engine.connect() as c:
-        c.execute(text("ANALYZE"))
-        c.commit()
+    with factory.begin() as s:
+        bulk_history_sql(s, experiments=runs // 4, runs_per_experiment=4)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+        c.execute(text("VACUUM ANALYZE"))
     print(f"  seeded {runs} runs in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     engine.dispose()
 
 
-def _time(url: str) -> dict[str, float]:
+@contextmanager
+def _database(admin: str, runs: int, keep: bool) -> Iterator[str]:
+    if not keep:
+        with scratch_database(admin, "vlab_bench") as url:
+            upgrade_to_head(url)
+            yield url
+        return
+    admin_url = make_url(normalize_url(admin))
+    name = f"vlab_bench_{runs}"
+    eng = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with eng.connect() as c:
+        if not c.scalar(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}):
+            c.execute(text(f'CREATE DATABASE "{name}"'))
+    eng.dispose()
+    url = admin_url.set(database=name).render_as_string(hide_password=False)
+    upgrade_to_head(url)
+    yield url
+
+
+def _app(url: str) -> FastAPI:
     home = Path(tempfile.mkdtemp())
     settings = Settings(home=home, engine=EngineSettings(python=home / "none"))
-    engine = create_engine(url)
+    return create_app(settings, sessionmaker(bind=create_engine(url, pool_size=20)))
+
+
+def _median(client: TestClient, path: str) -> float:
+    times = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        assert client.get(path).status_code == 200, path
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+def _time(url: str) -> dict[str, float]:
     out = {}
-    with TestClient(create_app(settings, sessionmaker(bind=engine))) as client:
+    with TestClient(_app(url)) as client:
         for label, path in QUERIES.items():
             assert client.get(path).status_code == 200, path
-            times = []
-            for _ in range(7):
-                t0 = time.perf_counter()
-                client.get(path)
-                times.append((time.perf_counter() - t0) * 1000)
-            out[label] = statistics.median(times)
-    engine.dispose()
+            out[label] = _median(client, path)
+        for label, path in CURSOR_QUERIES.items():
+            nxt = path
+            for _ in range(99):
+                body = client.get(nxt).json()
+                nxt = body["next"]
+            out[label] = _median(client, nxt)
     return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _users(url: str, users: int, each: int) -> tuple[float, float, int]:
+    """``users`` threads, each with its own client, each loading ``each`` dashboard pages
+    from a uvicorn server: (p50 ms, p99 ms, requests)."""
+    import uvicorn  # deferred: only the concurrent-users measurement serves over HTTP
+
+    port = _free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(_app(url), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        base = f"http://127.0.0.1:{port}"
+        latencies: list[float] = []
+        lock = threading.Lock()
+        start = threading.Barrier(users)
+
+        def user(k: int) -> None:
+            with httpx.Client(base_url=base, timeout=60) as c:
+                start.wait()
+                for j in range(each):
+                    path = USER_PATHS[(k + j) % len(USER_PATHS)]
+                    t0 = time.perf_counter()
+                    assert c.get(path).status_code == 200, path
+                    with lock:
+                        latencies.append((time.perf_counter() - t0) * 1000)
+
+        workers = [threading.Thread(target=user, args=(k,)) for k in range(users)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    finally:
+        server.should_exit = True
+        thread.join()
+    q = statistics.quantiles(latencies, n=100)
+    return q[49], q[98], len(latencies)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--small", type=int, default=1000)
-    ap.add_argument("--large", type=int, default=50000)
+    ap.add_argument("--small", type=int, default=10000)
+    ap.add_argument("--large", type=int, default=1000000)
+    ap.add_argument("--keep", action="store_true", help="keep and reuse vlab_bench_<runs>")
+    ap.add_argument("--users", type=int, default=50)
+    ap.add_argument("--user-requests", type=int, default=10)
     args = ap.parse_args()
     admin = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
     results = {}
+    users = None
     for n in (args.small, args.large):
-        with scratch_database(admin, "vlab_bench") as url:
+        with _database(admin, n, args.keep) as url:
             _seed(url, n)
             results[n] = _time(url)
+            if n == args.large and args.users:
+                users = _users(url, args.users, args.user_requests)
     print(f"| query | {args.small} runs (ms) | {args.large} runs (ms) | ratio |")
     print("|---|---:|---:|---:|")
-    for label in QUERIES:
+    for label in [*QUERIES, *CURSOR_QUERIES]:
         a, b = results[args.small][label], results[args.large][label]
         print(f"| {label} | {a:.1f} | {b:.1f} | {b / a:.2f}x |")
+    if users:
+        p50, p99, count = users
+        print(
+            f"\n{args.users} concurrent dashboard users at {args.large} runs, {count} "
+            f"requests: p50 {p50:.0f} ms, p99 {p99:.0f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ report."""
 from __future__ import annotations
 
 from typing import Annotated, Literal
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import PlainTextResponse
@@ -75,6 +76,14 @@ EventType = Literal[
 ]
 
 
+def _next_url(request: Request, cursor: str | None) -> str | None:
+    """This request's URL with ``cursor`` (and no ``offset``): the next page."""
+    if not cursor:
+        return None
+    keep = [(k, v) for k, v in request.query_params.multi_items() if k not in ("cursor", "offset")]
+    return f"{request.url.path}?{urlencode([*keep, ('cursor', cursor)])}"
+
+
 @router.get("/runs", response_model=Page[RunOut])
 def list_runs(
     request: Request,
@@ -105,10 +114,21 @@ def list_runs(
     order: Literal["asc", "desc"] | None = None,
     limit: Limit = 50,
     offset: Offset = 0,
+    cursor: Annotated[
+        str | None,
+        Query(
+            max_length=2000,
+            description="the previous page's `next_cursor`: the page after it (with the same "
+            "filters, sort and order), as fast at any depth; `offset` then skips from there",
+        ),
+    ] = None,
 ) -> Page[RunOut]:
     """The run history: filtered, sorted, paginated (the dashboard's first page uses the
     same query, :func:`orchestrator.runs.history.history_page`). Runs without the sort value
-    (e.g. no metric yet) come last."""
+    (e.g. no metric yet) come last; `submitted` (the default) is the newest experiment
+    first, its runs together in start order. Pages: follow `next` (this URL with `cursor`
+    = `next_cursor`, a keyset cursor: the same cost at any depth; null on the last page)
+    or step `offset`. `total` is exact up to 1,000 runs, above estimated (`total_estimated`)."""
     try:
         if since and until and until <= since:
             raise HistoryQueryError("until", "until must be after since")
@@ -124,7 +144,13 @@ def list_runs(
         key = sort or ("sequence" if experiment_id else "submitted")
         descending = (order or ("asc" if key == "sequence" else "desc")) == "desc"
         page = history_page(
-            session, flt, sort=key, descending=descending, limit=limit, offset=offset
+            session,
+            flt,
+            sort=key,
+            descending=descending,
+            limit=limit,
+            offset=offset,
+            cursor=cursor,
         )
     except HistoryQueryError as exc:
         raise QueryInvalidError(exc.field, str(exc)) from None
@@ -133,6 +159,9 @@ def list_runs(
         total=page.total,
         limit=limit,
         offset=offset,
+        total_estimated=page.estimated,
+        next_cursor=page.next_cursor,
+        next=_next_url(request, page.next_cursor),
     )
 
 

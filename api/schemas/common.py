@@ -26,7 +26,15 @@ IsoDatetime = Annotated[datetime, BeforeValidator(_iso_only)]
 
 
 class Page(BaseModel, Generic[T]):
+    """One page of a list. ``total`` is how many items match (``total_estimated``: an
+    estimate, where counting exactly would be slow); the next page is ``offset + limit``
+    or, where the list gives one, ``next`` (its URL, with an opaque keyset ``cursor``:
+    the same cost at any depth; None on the last page)."""
+
     items: list[T]
     total: int
     limit: int
     offset: int
+    total_estimated: bool = False
+    next_cursor: str | None = None
+    next: str | None = None

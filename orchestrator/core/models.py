@@ -58,6 +58,7 @@ class Base(DeclarativeBase):
 
 class Experiment(Base):
     __tablename__ = "experiments"
+    __table_args__ = (Index("ix_experiments_created", "created_at", "id"),)
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     name: Mapped[str] = mapped_column(String(200))
@@ -83,6 +84,19 @@ class Experiment(Base):
     )
 
 
+#: The summary metrics the run history sorts by (``run_metrics`` name -> column of
+#: ``runs``): kept on the run itself, written with its metrics
+#: (``RunRepository.replace_measurements``), each with an index ``(column, id)``, so a
+#: sort by a metric walks one index instead of joining ``run_metrics`` (migration 0013).
+RUN_SORT_METRICS: dict[str, str] = {
+    "median_ttft_ms": "sort_ttft_p50",
+    "p99_ttft_ms": "sort_ttft_p99",
+    "median_e2el_ms": "sort_e2el_p50",
+    "output_throughput": "sort_output_throughput",
+    "prefix_cache_hit_rate": "sort_hit_rate",
+}
+
+
 class Run(Base):
     __tablename__ = "runs"
     __table_args__ = (
@@ -92,6 +106,8 @@ class Run(Base):
         Index("ix_runs_created", "created_at"),
         Index("ix_runs_model_created", "model_id", "created_at"),
         Index("ix_runs_engine_args", "engine_args", postgresql_using="gin"),
+        Index("ix_runs_started", "started_at", "id"),
+        *(Index(f"ix_runs_{col}", col, "id") for col in RUN_SORT_METRICS.values()),
         UniqueConstraint("campaign_id", "campaign_label", name="uq_runs_campaign_label"),
         CheckConstraint(
             "status IN ('queued', 'preparing', 'running', 'succeeded', 'failed', "
@@ -173,6 +189,13 @@ class Run(Base):
     campaign_label: Mapped[str | None] = mapped_column(
         String(300), doc="the run's label in its campaign (its idempotency key there)"
     )
+
+    # the run history's sort keys: copies of RUN_SORT_METRICS's metrics (None until stored)
+    sort_ttft_p50: Mapped[float | None] = mapped_column(Float)
+    sort_ttft_p99: Mapped[float | None] = mapped_column(Float)
+    sort_e2el_p50: Mapped[float | None] = mapped_column(Float)
+    sort_output_throughput: Mapped[float | None] = mapped_column(Float)
+    sort_hit_rate: Mapped[float | None] = mapped_column(Float)
 
     experiment: Mapped[Experiment] = relationship(back_populates="runs")
 

@@ -1,23 +1,26 @@
 """Run history: the filtered, sorted, server-paginated run list behind the dashboard's
 first page and ``GET /api/v1/history``.
 
-The query (one per page: runs joined to their experiment and, when the sort key is a
-metric, to that one ``run_metrics`` row) is
+The query (runs joined to their experiment, walking the index of the sort; a metric
+sorts by its copy on the run, ``runs.sort_*``) is
 :class:`orchestrator.core.repositories.HistoryRepository`'s; the page's summary
-metrics are then read for its runs only. Figures: ``docs/BENCHMARKS.md`` ("Run
+metrics are then read for its runs only. Deep pages go by an opaque keyset cursor
+(:func:`encode_cursor`), large counts are estimated. Figures: ``docs/BENCHMARKS.md`` ("Run
 history").
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from dataclasses import dataclass, field, fields
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from orchestrator.core.models import Run
+from orchestrator.core.models import RUN_SORT_METRICS, Run
 from orchestrator.core.repositories import HistoryRepository, RunRepository
 
 #: Columns of the history table that come from ``run_metrics`` (vLLM bench serve names).
@@ -128,9 +131,56 @@ class HistoryRow:
 @dataclass
 class HistoryPage:
     rows: list[HistoryRow]
+    #: how many runs match; ``estimated``: an estimate (above
+    #: ``HistoryRepository.EXACT_COUNT_UP_TO``), to show as "about N"
     total: int
     limit: int
     offset: int
+    estimated: bool = False
+    #: the opaque cursor of the next page (``after``), None on the last page
+    next_cursor: str | None = None
+
+
+def _tag(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return {"t": value.isoformat()}
+    if isinstance(value, timedelta):
+        return {"s": value.total_seconds()}
+    return value
+
+
+def _untag(value: Any) -> Any:
+    if isinstance(value, dict):
+        if "t" in value:
+            return datetime.fromisoformat(value["t"])
+        return timedelta(seconds=value["s"])
+    return value
+
+
+def encode_cursor(sort: str, descending: bool, key: list[Any]) -> str:
+    """The opaque cursor of the page after the row whose sort values are ``key``
+    (URL-safe base64 of JSON: the sort, its direction and the values)."""
+    raw = json.dumps([sort, descending, [_tag(v) for v in key]], separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, sort: str, descending: bool) -> list[Any]:
+    """The sort values in ``cursor`` (from :func:`encode_cursor`).
+
+    Raises:
+        HistoryQueryError: not a cursor of this sort and direction.
+    """
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        c_sort, c_desc, values = json.loads(raw)
+        key = [_untag(v) for v in values]
+    except (ValueError, TypeError, KeyError, binascii.Error):
+        raise HistoryQueryError("cursor", "cursor is not one this service gave") from None
+    if c_sort != sort or c_desc != descending:
+        raise HistoryQueryError(
+            "cursor", f"cursor belongs to sort={c_sort} ({'desc' if c_desc else 'asc'})"
+        )
+    return key
 
 
 def history_page(
@@ -141,40 +191,53 @@ def history_page(
     descending: bool = True,
     limit: int = 50,
     offset: int = 0,
+    cursor: str | None = None,
     brief: bool = False,
 ) -> HistoryPage:
-    """One page of the run history, newest first by default; rows without the sort value
-    (e.g. no metric yet) come last in either direction.
+    """One page of the run history, the newest experiment first by default (its runs
+    together, in start order); rows without the sort value (e.g. no metric yet) come
+    last in either direction.
 
+    ``cursor`` (a previous page's ``next_cursor``): the page right after that page's
+    last row, ``offset`` rows further on; as cheap at page 10,000 as at page 1.
     ``brief`` (the dashboard's table): each run carries only what a row of the table
     shows (:data:`orchestrator.core.repositories.HistoryRepository.TABLE_COLUMNS`) and
     ``run_metrics`` only the :data:`METRIC_COLUMNS` metrics: a page of real runs reads
     ~50 kB from the database instead of ~1.2 MB.
 
     Raises:
-        HistoryQueryError: unknown sort key.
+        HistoryQueryError: unknown sort key, or a cursor of another sort.
     """
     if sort not in SORT_KEYS:
         raise HistoryQueryError("sort", f"sort must be one of {', '.join(SORT_KEYS)}; got {sort!r}")
-    found, total = HistoryRepository(session).page(
+    after = decode_cursor(cursor, sort, descending) if cursor else None
+    metric = METRIC_COLUMNS.get(sort)
+    found = HistoryRepository(session).page(
         {f.name: getattr(flt, f.name) for f in fields(flt)},
-        sort=sort,
-        metric=METRIC_COLUMNS.get(sort),
+        sort=RUN_SORT_METRICS[metric] if metric else sort,
         descending=descending,
         limit=limit,
         offset=offset,
+        after=after,
         brief=brief,
     )
     metrics = RunRepository(session).metrics_for(
-        [r.id for r, _, _ in found], METRIC_COLUMNS.values() if brief else None
+        [r.id for r, _, _ in found.rows], METRIC_COLUMNS.values() if brief else None
     )
     rows = [
         HistoryRow(
             run=run, experiment_name=name, run_metrics=metrics.get(run.id, {}), prefix_caching=apc
         )
-        for run, name, apc in found
+        for run, name, apc in found.rows
     ]
-    return HistoryPage(rows=rows, total=total, limit=limit, offset=offset)
+    return HistoryPage(
+        rows=rows,
+        total=found.total,
+        limit=limit,
+        offset=offset,
+        estimated=found.estimated,
+        next_cursor=encode_cursor(sort, descending, found.next_key) if found.next_key else None,
+    )
 
 
 def distinct_models(session: Session, limit: int = 200) -> list[str]:

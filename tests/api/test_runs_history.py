@@ -1,15 +1,21 @@
-"""``GET /api/v1/runs`` as the run history: filters, sorting, pagination, bad input."""
+"""``GET /api/v1/runs`` as the run history: filters, sorting, pagination (offset and keyset
+cursor), estimated counts, the default grouped order, the sort keys kept on the run,
+bad input."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import insert, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from orchestrator.core.models import RunMetric
+from orchestrator.core.repositories import HistoryRepository, RunRepository
 from orchestrator.runs.history import HistoryQueryError, parse_engine_arg
 from tests.api.test_api import PROBLEM
 from tests.factories import make_experiment
@@ -106,3 +112,137 @@ def test_the_dashboard_table_renders_from_brief_rows(
     html = client.get("/", params={"model": other}).text
     assert html.count("<tr data-run-id=") == 2
     assert html.count('title="prefix caching off') == 1
+
+
+def _follow(client: TestClient, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every item of the list, page after page by its ``next`` URL."""
+    body = client.get("/api/v1/runs", params=params).json()
+    items = list(body["items"])
+    pages = 1
+    while body["next"]:
+        assert body["next_cursor"] and "cursor=" in body["next"]
+        body = client.get(body["next"]).json()
+        items += body["items"]
+        pages += 1
+        assert pages < 50
+    return items
+
+
+@pytest.mark.parametrize(
+    ("sort", "order"),
+    [
+        (None, None),
+        ("ttft_p50", "asc"),
+        ("ttft_p50", "desc"),
+        ("started", "desc"),
+        ("status", "asc"),
+    ],
+)
+def test_cursor_pages_return_every_run_once_in_order(
+    client: TestClient,
+    model: str,
+    session_factory: sessionmaker[Session],
+    sort: str | None,
+    order: str | None,
+) -> None:
+    """Keyset pages (``next``) give the same runs in the same order as one big page,
+    each once, across the rows with and without the sort value (NULLs last)."""
+    with session_factory.begin() as s:  # two runs of the model without metrics or start
+        make_experiment(s, n_runs=2, model_id=model)
+    params: dict[str, Any] = {"model": model, "limit": 5}
+    if sort:
+        params |= {"sort": sort, "order": order}
+    paged = _follow(client, params)
+    whole = client.get("/api/v1/runs", params={**params, "limit": 100}).json()["items"]
+    assert len(whole) == 14
+    assert [r["id"] for r in paged] == [r["id"] for r in whole]
+    if sort == "ttft_p50":
+        values = [r["metrics"]["median_ttft_ms"] for r in paged[:12]]
+        assert values == sorted(values, reverse=order == "desc")
+        assert [r["metrics"] for r in paged[12:]] == [None, None]  # no value: last
+    # offset pages agree with the cursor pages
+    third = client.get("/api/v1/runs", params={**params, "offset": 10}).json()["items"]
+    assert [r["id"] for r in third] == [r["id"] for r in whole[10:]]
+
+
+def test_a_cursor_of_another_sort_is_a_problem(client: TestClient, model: str) -> None:
+    body = client.get("/api/v1/runs", params={"model": model, "limit": 5}).json()
+    resp = client.get(
+        "/api/v1/runs", params={"model": model, "sort": "ttft_p50", "cursor": body["next_cursor"]}
+    )
+    assert resp.status_code == 422 and resp.json()["errors"][0]["loc"] == ["query", "cursor"]
+    resp = client.get("/api/v1/runs", params={"cursor": "not-a-cursor"})
+    assert resp.status_code == 422
+    html = client.get("/", params={"cursor": "not-a-cursor"})
+    assert html.status_code == 422 and "cursor is not one" in html.text
+
+
+def test_the_count_is_labelled_estimated_above_the_exact_bound(
+    client: TestClient,
+    model: str,
+    monkeypatch: pytest.MonkeyPatch,
+    session_factory: sessionmaker[Session],
+) -> None:
+    with session_factory.begin() as s:  # statistics to estimate from
+        s.execute(text("ANALYZE runs"))
+    exact = client.get("/api/v1/runs", params={"model": model}).json()
+    assert exact["total"] == 12 and exact["total_estimated"] is False
+    assert ">12 runs</span>" in client.get("/", params={"model": model}).text
+    monkeypatch.setattr(HistoryRepository, "EXACT_COUNT_UP_TO", 5)
+    guess = client.get("/api/v1/runs", params={"model": model}).json()
+    assert guess["total_estimated"] is True and guess["total"] >= 6
+    html = client.get("/", params={"model": model}).text
+    assert "data-estimated>about " in html
+    small = client.get("/api/v1/runs", params={"model": model, "status": "failed"}).json()
+    assert small["total"] == 1 and small["total_estimated"] is False
+
+
+def test_history_groups_an_experiments_runs_in_start_order(
+    client: TestClient, session_factory: sessionmaker[Session]
+) -> None:
+    """The default order: the newest experiment first, each experiment's runs together
+    in start order, even a variant added after a newer experiment was submitted."""
+    tag = f"grp-{uuid.uuid4().hex[:8]}"
+    t0 = datetime(2026, 4, 1, tzinfo=UTC)
+    with session_factory.begin() as s:
+        old = make_experiment(s, n_runs=3, model_id=tag)
+        new = make_experiment(s, n_runs=2, model_id=tag)
+        old.created_at, new.created_at = t0, t0 + timedelta(hours=1)
+        for run in old.runs:  # the third run: a variant added two hours later
+            run.created_at = t0 + timedelta(hours=2 if run.sequence == 2 else 0)
+        for run in new.runs:
+            run.created_at = t0 + timedelta(hours=1)
+        s.flush()
+        expected = [r.id for r in sorted(new.runs, key=lambda r: r.sequence)]
+        expected += [r.id for r in sorted(old.runs, key=lambda r: r.sequence)]
+    api = client.get("/api/v1/runs", params={"model": tag}).json()["items"]
+    assert [r["id"] for r in api] == expected
+    html = client.get("/", params={"model": tag}).text
+    shown = [line.split('"')[1] for line in html.split("<tr data-run-id=")[1:]]
+    assert shown == expected
+
+
+def test_sort_keys_follow_the_stored_metrics(session_factory: sessionmaker[Session]) -> None:
+    """The run's sort-key columns are its metrics once stored, and None again when a
+    later store lacks them."""
+    with session_factory.begin() as s:
+        run = make_experiment(s, n_runs=1).runs[0]
+        repo = RunRepository(s)
+        repo.save_measurements(
+            run.id,
+            metrics={"median_ttft_ms": 12.5, "prefix_cache_hit_rate": 0.25, "other": 1.0},
+            samples=[],
+            requests=[],
+            engine_log="",
+        )
+        s.refresh(run)
+        assert (run.sort_ttft_p50, run.sort_hit_rate, run.sort_ttft_p99) == (12.5, 0.25, None)
+        repo.save_recovered(run.id, metrics={"p99_ttft_ms": 40.0}, engine_log="")
+        s.refresh(run)
+        assert (run.sort_ttft_p50, run.sort_ttft_p99) == (None, 40.0)
+        s.execute(
+            insert(RunMetric), [{"run_id": run.id, "name": "output_throughput", "value": 9.0}]
+        )
+        repo.sync_sort_keys([run.id])
+        s.refresh(run)
+        assert run.sort_output_throughput == 9.0 and run.sort_ttft_p99 == 40.0

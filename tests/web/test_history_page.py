@@ -28,14 +28,15 @@ def test_history_lists_runs_newest_first_with_metrics(
         newest = s.scalar(
             select(Experiment.name)
             .join(Run, Run.experiment_id == Experiment.id)
-            .order_by(Run.created_at.desc(), Run.id.desc())
+            .order_by(Experiment.created_at.desc(), Experiment.id.desc(), Run.sequence, Run.id)
             .limit(1)
         )
     assert total is not None and total >= 128
     page.goto(live_server + "/")
     expect(page.locator("#total")).to_have_text(f"{total:,} runs")
     expect(page.locator("#rows tr")).to_have_count(50)
-    # newest first (the real demo experiment unless another test added runs since)
+    # the newest experiment first, its runs in start order (the real demo experiment
+    # unless another test added runs since)
     first = page.locator("#rows tr").first
     expect(first.locator("td").nth(2)).to_have_text(newest or "")
     page.goto(live_server + "/?experiment=demo+apc&sort=submitted")

@@ -4,7 +4,9 @@ Query parameters: ``model``, ``status``, ``experiment`` (id or part of the name)
 ``engine_arg`` (``name=value``, value read as JSON), ``since``/``until`` (dates,
 ``YYYY-MM-DD``, UTC, ``until`` inclusive), ``sort`` (a column key of
 :data:`orchestrator.runs.history.SORT_KEYS`), ``dir`` (``asc``/``desc``), ``page``
-(1-based) and ``per_page``. Bad values re-render the page with the error and a
+(1-based), ``per_page`` and ``cursor`` (the "next" link's keyset cursor: the page after
+the previous one's last row, as fast at any depth; ``page`` then only labels it). Counts
+above a thousand runs are estimated ("about N"). Bad values re-render the page with the error and a
 422 status. ``?fragment=rows`` returns only the table body (live refresh).
 """
 
@@ -120,25 +122,35 @@ def history(request: Request, session: SessionDep) -> HTMLResponse:
     except HistoryQueryError as exc:
         error = exc
         flt, sort, desc, page, per_page = HistoryFilter(), "submitted", True, 1, 50
-    result = history_page(
-        session,
-        flt,
-        sort=sort,
-        descending=desc,
-        limit=per_page,
-        offset=(page - 1) * per_page,
-        brief=True,
-    )
+    cursor = None if error else params.get("cursor")
+    try:
+        result = history_page(
+            session,
+            flt,
+            sort=sort,
+            descending=desc,
+            limit=per_page,
+            offset=0 if cursor else (page - 1) * per_page,
+            cursor=cursor,
+            brief=True,
+        )
+    except HistoryQueryError as exc:  # a cursor of another sort, or mangled
+        error = exc
+        result = history_page(session, flt, sort=sort, descending=desc, limit=per_page, brief=True)
     if error is not None:  # show the error, not an unfiltered table that looks filtered
-        result.rows, result.total = [], 0
+        result.rows, result.total, result.next_cursor = [], 0, None
     models = distinct_models(session)
     pages = max(1, -(-result.total // per_page))
+    if result.estimated:
+        pages = max(pages, page + (1 if result.next_cursor else 0))
     past_end = result.total > 0 and page > pages
 
     def link(**changes: Any) -> str:
         q = {k: v for k, v in params.items() if k != "fragment"}
+        if "page" in changes or "sort" in changes:  # a cursor marks a place in one order
+            q.pop("cursor", None)
         q.update({k: str(v) for k, v in changes.items()})
-        return "/?" + urlencode(q)
+        return "/?" + urlencode({k: v for k, v in q.items() if v != ""})
 
     context = {
         "nav": "runs",
@@ -146,6 +158,8 @@ def history(request: Request, session: SessionDep) -> HTMLResponse:
         "error": error,
         "rows": result.rows,
         "total": result.total,
+        "estimated": result.estimated,
+        "next_cursor": result.next_cursor,
         "page": page,
         "pages": pages,
         "per_page": per_page,

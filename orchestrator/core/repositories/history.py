@@ -2,26 +2,69 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, select, text, type_coerce
+from sqlalchemy import (
+    ColumnElement,
+    and_,
+    func,
+    or_,
+    select,
+    text,
+    tuple_,
+    type_coerce,
+)
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.orm import Session, aliased, load_only
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.orm import Session, load_only
+from sqlalchemy.sql.expression import ClauseElement, Executable
 
-from orchestrator.core.models import Experiment, Run, RunMetric
+from orchestrator.core.models import RUN_SORT_METRICS, Experiment, Run
+
+
+@dataclass
+class HistorySlice:
+    """A page of the run history: ``(run, experiment name, enable_prefix_caching)`` rows
+    (the third the run's engine argument, None when unset), how many runs match
+    (``estimated``: an estimate, see :meth:`HistoryRepository._count`), and the sort
+    values of the last row when a next page may follow (``after`` of the next call)."""
+
+    rows: list[tuple[Run, str, Any]]
+    total: int
+    estimated: bool
+    next_key: list[Any] | None
+
+
+class _Explain(Executable, ClauseElement):
+    """``EXPLAIN (FORMAT JSON) <statement>``, its parameters bound as the statement's."""
+
+    inherit_cache = False
+
+    def __init__(self, statement: Any) -> None:
+        self.statement = statement
+
+
+@compiles(_Explain, "postgresql")
+def _compile_explain(element: _Explain, compiler: Any, **kw: Any) -> str:
+    return "EXPLAIN (FORMAT JSON) " + str(compiler.process(element.statement, **kw))
 
 
 class HistoryRepository:
     """The run history (:mod:`orchestrator.runs.history`): filtered, sorted pages of runs.
 
-    One query per page: runs joined to their experiment (for its name) and, when the
-    sort key is a metric, to that one ``run_metrics`` row. Indexes that keep it fast
-    (migration 0007): ``runs(created_at)``, ``run_metrics(name, value)``, and a GIN
-    index on ``runs.engine_args`` for the ``@>`` containment filter.
+    One query per page (two when a sort key may be NULL: the rows with a value, then
+    those without), runs joined to their experiment (for its name), walking an index in
+    the sort's order: ``experiments(created_at, id)`` then
+    ``runs(experiment_id, sequence)`` for the default order, ``runs(<sort key>, id)``
+    for a metric (the ``sort_*`` columns, migration 0013), ``runs(started_at, id)``;
+    filters by ``runs(status, created_at)``, ``runs(model_id, created_at)``, the GIN
+    index on ``runs.engine_args`` (``@>``). Deep pages go by keyset (``after``), counts
+    above :attr:`EXACT_COUNT_UP_TO` are estimated. Figures: docs/BENCHMARKS.md.
     """
 
-    #: sort keys of columns that are never NULL (plain ASC/DESC: the b-tree index orders)
+    #: sort keys of columns that are never NULL (one index walk)
     NOT_NULL = frozenset({"submitted", "sequence", "model", "status", "experiment"})
 
     #: What a row of the history table shows (``brief`` pages load only these): a real
@@ -48,6 +91,7 @@ class HistoryRepository:
 
     @staticmethod
     def _conditions(
+        run: Any = Run,
         *,
         experiment_id: str | None = None,
         model: str | None = None,
@@ -59,11 +103,11 @@ class HistoryRepository:
     ) -> list[ColumnElement[bool]]:
         conds: list[ColumnElement[bool]] = []
         if experiment_id:
-            conds.append(Run.experiment_id == experiment_id)
+            conds.append(run.experiment_id == experiment_id)
         if model:
-            conds.append(Run.model_id == model)
+            conds.append(run.model_id == model)
         if status:
-            conds.append(Run.status == status)
+            conds.append(run.status == status)
         if experiment:
             needle = experiment.replace("\\", "\\\\").replace("%", r"\%").replace("_", r"\_")
             # a subquery over the (much smaller) experiments table, then the runs by
@@ -71,53 +115,32 @@ class HistoryRepository:
             matching = select(Experiment.id).where(
                 (Experiment.id == experiment) | Experiment.name.ilike(f"%{needle}%", escape="\\")
             )
-            conds.append(Run.experiment_id.in_(matching))
+            conds.append(run.experiment_id.in_(matching))
         if engine_arg:
             name, value = engine_arg
-            conds.append(type_coerce(Run.engine_args, JSONB).contains({name: value}))
+            conds.append(type_coerce(run.engine_args, JSONB).contains({name: value}))
         if since:
-            conds.append(Run.created_at >= since)
+            conds.append(run.created_at >= since)
         if until:
-            conds.append(Run.created_at < until)
+            conds.append(run.created_at < until)
         return conds
 
-    def page(
-        self,
-        filters: dict[str, Any],
-        *,
-        sort: str,
-        metric: str | None,
-        descending: bool,
-        limit: int,
-        offset: int,
-        brief: bool = False,
-    ) -> tuple[list[tuple[Run, str, Any]], int]:
-        """``(run, experiment name, enable_prefix_caching)`` rows of one page and the total
-        matching ``filters``; the third is the run's engine argument (None when unset).
-
-        ``filters``: the fields of ``orchestrator.runs.history.HistoryFilter``. ``sort``: a
-        column key (``submitted``, ``sequence``, ``started``, ``duration``, ``experiment``,
-        ``model``, ``status``, ``variable``) or, with ``metric`` (a ``run_metrics`` name),
-        any key; rows without the sort value come last in either direction. ``brief``: the
-        runs carry only :data:`TABLE_COLUMNS` (reading another attribute raises).
-        """
-        conds = self._conditions(**filters)
-        prefix_caching = type_coerce(Run.engine_args, JSONB)["enable_prefix_caching"]
-        stmt: Any = (
-            select(Run, Experiment.name, prefix_caching)
-            .join(Experiment, Experiment.id == Run.experiment_id)
-            .where(*conds)
-        )
-        if brief:
-            stmt = stmt.options(load_only(*self.TABLE_COLUMNS, raiseload=True))
-        key: Any
-        if metric is not None:
-            row = aliased(RunMetric)
-            stmt = stmt.outerjoin(row, (row.run_id == Run.id) & (row.name == metric))
-            key = row.value
+    def _order(self, sort: str, descending: bool) -> tuple[list[tuple[Any, bool]], bool]:
+        """The ORDER BY of ``sort``: ``(expression, descending)`` keys, the last one the
+        tie-break, and whether the first key may be NULL (such rows come last)."""
+        if sort == "submitted":
+            # the newest experiment first, its runs together in start order
+            # (ix_experiments_created, then ix_runs_experiment_sequence)
+            return [
+                (Experiment.created_at, descending),
+                (Experiment.id, descending),
+                (Run.sequence, False),
+                (Run.id, False),
+            ], False
+        if sort in RUN_SORT_METRICS.values():
+            key: Any = getattr(Run, sort)
         else:
             key = {
-                "submitted": Run.created_at,
                 "sequence": Run.sequence,
                 "started": Run.started_at,
                 "duration": Run.finished_at - Run.started_at,
@@ -126,16 +149,125 @@ class HistoryRepository:
                 "status": Run.status,
                 "variable": Run.variable,
             }[sort]
-        if metric is None and sort in self.NOT_NULL:
-            # plain ASC/DESC so the b-tree index (e.g. ix_runs_created) gives the order
-            ordered = key.desc() if descending else key.asc()
+        return [(key, descending), (Run.id, descending)], sort not in self.NOT_NULL
+
+    @staticmethod
+    def _seek(keys: list[tuple[Any, bool]], values: list[Any]) -> ColumnElement[bool]:
+        """Rows after ``values`` in the order of ``keys`` (a keyset cursor's condition):
+        one row comparison when every key runs the same way, else the expanded OR, with
+        the first key's bound up front either way so its index can seek to it."""
+        first, first_desc = keys[0]
+        lead = first <= values[0] if first_desc else first >= values[0]
+        if len({d for _, d in keys}) == 1:
+            row, at = tuple_(*(k for k, _ in keys)), tuple_(*values)
+            return and_(lead, row < at if first_desc else row > at)
+        ors = [
+            and_(
+                *(k == v for (k, _), v in zip(keys[:i], values[:i], strict=True)),
+                key < values[i] if desc else key > values[i],
+            )
+            for i, (key, desc) in enumerate(keys)
+        ]
+        return and_(lead, or_(*ors))
+
+    def page(
+        self,
+        filters: dict[str, Any],
+        *,
+        sort: str,
+        descending: bool,
+        limit: int,
+        offset: int = 0,
+        after: list[Any] | None = None,
+        brief: bool = False,
+        count: bool = True,
+    ) -> HistorySlice:
+        """One page of runs matching ``filters`` and how many match.
+
+        ``filters``: the fields of ``orchestrator.runs.history.HistoryFilter``. ``sort``: a
+        column key (``submitted``: the newest experiment first, each experiment's runs
+        together in start order; ``sequence``, ``started``, ``duration``, ``experiment``,
+        ``model``, ``status``, ``variable``) or a sort-key column of
+        :data:`RUN_SORT_METRICS`; rows without the sort value come last in either
+        direction. The page starts ``offset`` rows in, or (a keyset cursor) right after
+        the row whose sort values are ``after`` (a previous slice's ``next_key``), which
+        costs the same at any depth. ``brief``: the runs carry only
+        :data:`TABLE_COLUMNS` (reading another attribute raises). ``count``: also count
+        the matching runs (exactly up to :attr:`EXACT_COUNT_UP_TO`, else estimated).
+        """
+        conds = self._conditions(**filters)
+        keys, nullable = self._order(sort, descending)
+        prefix_caching = type_coerce(Run.engine_args, JSONB)["enable_prefix_caching"]
+        base: Any = (
+            select(Run, Experiment.name, prefix_caching, *(k for k, _ in keys))
+            .join(Experiment, Experiment.id == Run.experiment_id)
+            .where(*conds)
+        )
+        if brief:
+            base = base.options(load_only(*self.TABLE_COLUMNS, raiseload=True))
+        if filters.get("until"):
+            # implied (a run is created at or after its experiment), for the planner: the
+            # default order's walk over experiments starts at the range, not at the newest
+            base = base.where(Experiment.created_at < filters["until"])
+
+        def ordered(stmt: Any, ks: list[tuple[Any, bool]]) -> Any:
+            return stmt.order_by(*(k.desc() if d else k.asc() for k, d in ks))
+
+        found: list[Any] = []
+        if not nullable:
+            stmt = ordered(base, keys)
+            if after is not None:
+                stmt = stmt.where(self._seek(keys, after))
+            found = list(self.session.execute(stmt.limit(limit).offset(offset)).all())
         else:
-            ordered = key.desc().nulls_last() if descending else key.asc().nulls_last()
-        tie = Run.id.desc() if descending else Run.id.asc()
-        stmt = stmt.order_by(ordered, tie).limit(limit).offset(offset)
-        total = self.session.scalar(select(func.count()).select_from(Run).where(*conds)) or 0
-        found = self.session.execute(stmt).all()
-        return [(run, name, apc) for run, name, apc in found], total
+            # two index walks instead of NULLS LAST (which no b-tree direction gives):
+            # the rows with a value, then those without it, by id
+            key, tie = keys[0][0], keys[-1]
+            in_nulls = after is not None and after[0] is None
+            if not in_nulls:
+                stmt = ordered(base.where(key.is_not(None)), keys)
+                if after is not None:
+                    stmt = stmt.where(self._seek(keys, after))
+                found = list(self.session.execute(stmt.limit(limit).offset(offset)).all())
+            if len(found) < limit:
+                stmt = ordered(base.where(key.is_(None)), [tie])
+                skip = 0
+                if in_nulls and after is not None:
+                    stmt = stmt.where(self._seek([tie], after[-1:]))
+                    skip = offset
+                elif offset and not found:  # the page starts past the rows with a value
+                    valued = select(func.count()).select_from(Run).where(*conds, key.is_not(None))
+                    skip = max(0, offset - (self.session.scalar(valued) or 0))
+                found += self.session.execute(stmt.limit(limit - len(found)).offset(skip)).all()
+        rows = [(row[0], row[1], row[2]) for row in found]
+        next_key = list(found[-1][3:]) if len(found) == limit else None
+        total, estimated = self._count(conds) if count else (0, False)
+        return HistorySlice(rows=rows, total=total, estimated=estimated, next_key=next_key)
+
+    #: counts up to this many matching runs are exact; above, an estimate
+    EXACT_COUNT_UP_TO = 1000
+
+    def _count(self, conds: list[ColumnElement[bool]]) -> tuple[int, bool]:
+        """``(count, estimated)``: the planner's estimate of the matching rows (``EXPLAIN``,
+        from the table's statistics: a millisecond at any size) when it is over ten times
+        :attr:`EXACT_COUNT_UP_TO`; else a count that stops past that bound, exact when
+        it stops short of it, else the estimate (never below the bound)."""
+        cap = self.EXACT_COUNT_UP_TO
+        plan = self.session.execute(_Explain(select(Run.id).where(*conds))).scalar_one()
+        guess = int(plan[0]["Plan"]["Plan Rows"])
+        analysed = self.session.scalar(
+            text("SELECT reltuples >= 0 FROM pg_class WHERE oid = 'runs'::regclass")
+        )
+        if analysed and guess > 10 * cap:
+            return guess, True
+        bounded = select(Run.id).where(*conds).limit(cap + 1).subquery()
+        exact = self.session.scalar(select(func.count()).select_from(bounded)) or 0
+        if exact <= cap:
+            return exact, False
+        if not analysed:  # no statistics yet: the estimate means nothing
+            everything = select(func.count()).select_from(Run).where(*conds)
+            return self.session.scalar(everything) or 0, False
+        return max(guess, cap + 1), True
 
     def distinct_models(self, limit: int = 200) -> list[str]:
         """Model ids present in the run history, alphabetical: a recursive skip scan over

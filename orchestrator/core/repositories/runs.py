@@ -11,6 +11,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from orchestrator.core.models import (
+    RUN_SORT_METRICS,
     Experiment,
     Orchestrator,
     Run,
@@ -183,12 +184,50 @@ class RunRepository:
                     for s in samples
                 ],
             )
+        self._store_sort_keys(run_id, metrics)
         if requests:
             self.session.execute(
                 insert(RunRequest), [_request_row(run_id, i, r) for i, r in enumerate(requests)]
             )
         self.session.add(RunLog(run_id=run_id, content=engine_log.replace("\x00", "")))
         self.session.flush()
+
+    def _store_sort_keys(self, run_id: str, metrics: dict[str, float]) -> None:
+        """Copy the run history's sort metrics (:data:`RUN_SORT_METRICS`) onto the run,
+        None for each one ``metrics`` lacks: written wherever the run's metrics are."""
+        self.session.execute(
+            update(Run)
+            .where(Run.id == run_id)
+            .values(
+                {
+                    col: float(metrics[name]) if name in metrics else None
+                    for name, col in RUN_SORT_METRICS.items()
+                }
+            )
+            .execution_options(synchronize_session="fetch")
+        )
+
+    def sync_sort_keys(self, run_ids: Collection[str]) -> None:
+        """Set the sort-key columns of ``run_ids`` from their stored ``run_metrics`` (for
+        metrics written row by row, e.g. by a data fixture): one UPDATE."""
+        if not run_ids:
+            return
+        pivot = {
+            col: func.max(RunMetric.value).filter(RunMetric.name == name).label(col)
+            for name, col in RUN_SORT_METRICS.items()
+        }
+        m = (
+            select(RunMetric.run_id, *pivot.values())
+            .where(RunMetric.run_id.in_(list(run_ids)))
+            .group_by(RunMetric.run_id)
+            .subquery()
+        )
+        self.session.execute(
+            update(Run)
+            .where(Run.id == m.c.run_id)
+            .values({col: m.c[col] for col in RUN_SORT_METRICS.values()})
+            .execution_options(synchronize_session=False)
+        )
 
     def metrics(self, run_id: str) -> dict[str, float]:
         rows = self.session.execute(
@@ -347,6 +386,7 @@ class RunRepository:
                 insert(RunMetric),
                 [{"run_id": run_id, "name": k, "value": float(v)} for k, v in metrics.items()],
             )
+        self._store_sort_keys(run_id, metrics)
         if engine_log and self.log(run_id) is None:
             self.session.add(RunLog(run_id=run_id, content=engine_log.replace("\x00", "")))
         self.session.flush()
