@@ -7,12 +7,15 @@ and by the integration tests, so every entry point starts the same way.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
+import stat
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.app import create_app
 from api.routes import metrics as metrics_routes
+from orchestrator.cli.logsetup import adopt_library_loggers
 from orchestrator.core.db import (
     make_engine,
     make_session_factory,
@@ -40,6 +44,64 @@ log = logging.getLogger(__name__)
 RAYLET_LOST_EXIT_CODE = 1
 #: How long the API servers get to stop before that exit (the process exits regardless).
 RAYLET_LOST_API_GRACE_S = 3.0
+#: The longest Unix socket path Linux takes (108 bytes with the terminating NUL).
+UNIX_SOCKET_MAX = 107
+#: What Ray adds to its temp folder for its longest socket path:
+#: ``/session_<YYYY-MM-DD_HH-MM-SS_ffffff>_<pid>/sockets/plasma_store`` is 64 bytes with a
+#: 7-digit pid (Ray 2.60, ``ray/_private/node.py``); 6 more for a margin.
+RAY_SOCKET_ROOM = 70
+
+
+def local_ray_temp_dir(home: Path) -> tuple[Path, str]:
+    """Where a local Ray of ``home`` keeps its sessions: ``(RAY_TMPDIR, note)``; Ray's
+    temp folder is ``RAY_TMPDIR/ray``. That is ``<home>/ray`` when its socket paths fit
+    :data:`UNIX_SOCKET_MAX`; otherwise a folder of this user and home under the system's
+    temp folder (``vlab-<uid>-<hash of the home>``), with ``<home>/ray`` a link to it.
+    ``note`` says which, in a line."""
+    home = home.resolve()
+    if len(str(home / "ray").encode()) + RAY_SOCKET_ROOM <= UNIX_SOCKET_MAX:
+        return home, f"Ray's session folder: {home / 'ray'}"
+    digest = hashlib.sha256(str(home).encode()).hexdigest()[:12]
+    short = Path(tempfile.gettempdir()) / f"vlab-{os.getuid()}-{digest}"
+    with contextlib.suppress(FileExistsError):
+        short.mkdir(mode=0o700)
+    info = short.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise OSError(f"{short} is not a folder of this user")
+    link = home / "ray"
+    target = short / "ray"
+    target.mkdir(exist_ok=True)
+    if link.is_symlink() and Path(os.readlink(link)) != target:
+        link.unlink()
+    if not link.exists() and not link.is_symlink():
+        link.symlink_to(target, target_is_directory=True)
+    return short, (
+        f"Ray's session folder: {target} (linked from {link}: the home's path is too long "
+        f"for Ray's Unix sockets, at most {UNIX_SOCKET_MAX} bytes)"
+    )
+
+
+@contextlib.contextmanager
+def local_ray_under_home(settings: Settings) -> Iterator[None]:
+    """``RAY_TMPDIR`` set for the block (the local Ray started in it keeps its session
+    under the home: :func:`local_ray_temp_dir`), unless Ray joins a cluster (its
+    sessions are the cluster's) or ``RAY_TMPDIR`` is set already (the user's choice)."""
+    address = (settings.ray_address or "").strip()
+    if (address and address != "local") or os.environ.get("RAY_TMPDIR"):
+        yield
+        return
+    try:
+        folder, note = local_ray_temp_dir(settings.home)
+    except OSError as exc:
+        log.warning("Ray's session folder stays Ray's default (%s)", exc)
+        yield
+        return
+    log.info("%s", note)
+    os.environ["RAY_TMPDIR"] = str(folder)
+    try:
+        yield
+    finally:
+        os.environ.pop("RAY_TMPDIR", None)
 
 
 @dataclass
@@ -99,8 +161,10 @@ class Runtime:
         from orchestrator.dispatch.ray.model_locator import locate_on_cluster
 
         assert self.session_factory is not None
+        adopt_library_loggers()  # Ray's logger: into the service's log, not the terminal
         end_dead_local_ray(self.settings.home)
-        resources = connect(self.settings)
+        with local_ray_under_home(self.settings):
+            resources = connect(self.settings)
         self._unwatch_raylet = watch_local_raylet(self._raylet_died)
         log.info("ray cluster resources: %s", resources)
         backend = RayRunBackend(self.settings)

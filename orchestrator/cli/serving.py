@@ -3,17 +3,20 @@ and ``demo``."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import socket
 import threading
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
+from orchestrator.cli import logsetup
 from orchestrator.cli.common import (
     cli_actor,
     console,
@@ -32,12 +35,26 @@ from orchestrator.core.repositories import TokenRepository, utcnow
 from orchestrator.core.settings import Settings, get_settings
 from orchestrator.experiments.engine_catalog import load_catalog
 
+Verbose = Annotated[
+    bool,
+    typer.Option(
+        "--verbose",
+        "-v",
+        help="show every library's log lines and warnings here too (default: in the log file)",
+    ),
+]
 
-def _setup_logging(verbose: bool = False) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+
+def _setup_logging(verbose: bool = False, terminal_level: int = logging.INFO) -> None:
+    """vlab's log lines on the terminal, everything (Ray, Postgres, libraries' warnings)
+    in ``<home>/logs/vlab.log`` (:mod:`orchestrator.cli.logsetup`), said in one line."""
+    path = logsetup.configure(get_settings().home, verbose=verbose, terminal_level=terminal_level)
+    if not verbose:
+        console.print(
+            f"log: {path} (Ray, Postgres and libraries; --verbose shows them here)",
+            markup=False,
+            soft_wrap=True,
+        )
 
 
 def _print_device_kind(rt: Runtime) -> None:
@@ -70,16 +87,19 @@ def _auth_preflight(settings: Settings, rt: Runtime) -> None:
     except AuthSetupError as exc:
         raise CliError(str(exc)) from None
     if warning:
-        Console(stderr=True, soft_wrap=True).print(warning, style="bold red", markup=False)
+        Console(stderr=True, soft_wrap=True).print(
+            warning, style="bold red", markup=False, soft_wrap=True
+        )
 
 
 @friendly
 def up(
     host: Annotated[str | None, typer.Option(help="API host")] = None,
     port: Annotated[int | None, typer.Option(help="API port (env VLAB_API__PORT)")] = None,
+    verbose: Verbose = False,
 ) -> None:
     """Run the API and the orchestrator in the foreground until Ctrl-C."""
-    _setup_logging()
+    _setup_logging(verbose)
     settings = _bound(get_settings(), host, port)
     rt = open_runtime(settings)
     try:
@@ -95,9 +115,10 @@ def up(
 def serve(
     host: Annotated[str | None, typer.Option(help="API host")] = None,
     port: Annotated[int | None, typer.Option(help="API port")] = None,
+    verbose: Verbose = False,
 ) -> None:
     """Run the API server only (no orchestrator)."""
-    _setup_logging()
+    _setup_logging(verbose)
     settings = _bound(get_settings(), host, port)
     rt = open_runtime(settings)
     try:
@@ -114,17 +135,22 @@ def orchestrate(
         typer.Option(help="serve this process's GET /metrics on this port (dispatcher series)"),
     ] = None,
     metrics_host: Annotated[str, typer.Option(help="address of --metrics-port")] = "127.0.0.1",
+    verbose: Verbose = False,
 ) -> None:
     """Run the orchestrator only: claim queued runs and execute them through Ray."""
-    _setup_logging()
+    _setup_logging(verbose)
     rt = open_runtime(get_settings())
     rt.start_orchestrator()
+    # after Ray's start (ray.init installs a SIGTERM handler of its own that aborts), before
+    # the line that says the orchestrator is up
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
     _print_device_kind(rt)
     if metrics_port is not None:
         rt.start_metrics_thread(metrics_host, metrics_port)
-        console.print(f"metrics: http://{metrics_host}:{metrics_port}/metrics", markup=False)
-    done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
+        console.print(
+            f"metrics: http://{metrics_host}:{metrics_port}/metrics", markup=False, soft_wrap=True
+        )
     try:
         done.wait()
     except KeyboardInterrupt:
@@ -134,9 +160,9 @@ def orchestrate(
 
 
 @friendly
-def migrate() -> None:
+def migrate(verbose: Verbose = False) -> None:
     """Run ``alembic upgrade head`` on the configured database."""
-    _setup_logging()
+    _setup_logging(verbose)
     rt = open_runtime(get_settings())
     console.print(f"database at head: {rt.url.split('@')[-1]}")
     rt.stop()
@@ -145,17 +171,32 @@ def migrate() -> None:
 @friendly
 def demo(
     spec: Annotated[Path, typer.Option(help="experiment spec")] = Path("examples/demo.json"),
-    port: Annotated[int, typer.Option(help="API port for the demo")] = 8000,
+    port: Annotated[
+        int | None, typer.Option(help="API and dashboard port (env VLAB_API__PORT)")
+    ] = None,
+    exit_after: Annotated[
+        bool,
+        typer.Option(
+            "--exit",
+            envvar="VLAB_DEMO_EXIT",
+            help="stop once the results are printed (tests, CI; env VLAB_DEMO_EXIT=1) "
+            "instead of serving the dashboard until Ctrl-C",
+        ),
+    ] = False,
+    verbose: Verbose = False,
 ) -> None:
-    """Start everything, run the demo experiment (APC off vs on), print the results."""
-    _setup_logging()
-    logging.getLogger().setLevel(logging.WARNING)
+    """Start everything, run the demo experiment (APC off vs on), print the results and
+    the dashboard's pages, then keep the service running until Ctrl-C (``--exit``: stop)."""
+    _setup_logging(verbose, logging.WARNING)
     settings = _bound(get_settings(), "127.0.0.1", port)
+    port = settings.api.port
     spec_doc = load_spec_file(spec)
+    _check_port_free("127.0.0.1", port)
     console.rule("vlab demo")
     console.print("starting the database (embedded Postgres unless DATABASE_URL is set) ...")
     rt = open_runtime(settings)
     demo_token = None
+    failed = False
     try:
         demo_token = _demo_token(rt)
         console.print("reading the engine's argument list ...")
@@ -163,23 +204,85 @@ def demo(
         console.print(f"  vLLM {cat.vllm_version}, {len(cat.args)} engine arguments")
         console.print("starting Ray and the orchestrator ...")
         rt.start_orchestrator()
+        stop = _stop_on_sigterm()  # after ray.init, whose own SIGTERM handler aborts
         _print_device_kind(rt)
         rt.start_api_thread("127.0.0.1", port)
-        api = f"http://127.0.0.1:{port}"
-        console.print(f"API on {api} (OpenAPI: {api}/docs)")
+        base = f"http://127.0.0.1:{port}"
+        console.print(
+            f"dashboard: {base}/ (API: {base}/api/v1, OpenAPI: {base}/docs)",
+            markup=False,
+            soft_wrap=True,
+        )
         console.print(f"submitting {spec} ...")
-        created = submit_spec(api, spec_doc)
+        created = submit_spec(base, spec_doc)
         if created is None:
             raise typer.Exit(1)
-        exp = watch_exp(api, created["id"], console=console)
-        print_results(exp, console, api)
-        if exp["status"] != "succeeded":
-            raise typer.Exit(1)
+        console.print(
+            f"live progress: {base}/experiments/{created['id']}", markup=False, soft_wrap=True
+        )
+        exp = watch_exp(base, created["id"], console=console)
+        print_results(exp, console, base)
+        _print_dashboard(base, exp)
+        failed = exp["status"] != "succeeded"
+        if not exit_after:
+            home = settings.home.resolve()
+            console.print(
+                f"dashboard: {base}/experiments/{exp['id']} \N{EM DASH} the service keeps "
+                f"running; Ctrl-C to stop (data kept in {home})",
+                markup=False,
+                soft_wrap=True,
+            )
+            with contextlib.suppress(KeyboardInterrupt):
+                stop.wait()
     finally:
         console.print("stopping ...")
         if demo_token is not None:
             _revoke_demo_token(rt, demo_token)
         rt.stop()
+    if failed:
+        raise typer.Exit(1)
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Refuse in one line, before anything starts, when ``host:port`` is taken."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise CliError(
+                f"cannot serve on {host}:{port}: {exc.strerror or exc}; pick another port "
+                "with --port or VLAB_API__PORT"
+            ) from None
+
+
+def _stop_on_sigterm() -> threading.Event:
+    """An event SIGTERM sets; SIGTERM also interrupts the main thread as Ctrl-C does
+    (a demo still watching its runs stops the same way)."""
+    stop = threading.Event()
+
+    def on_sigterm(*_: Any) -> None:
+        if stop.is_set():
+            return
+        stop.set()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    return stop
+
+
+def _print_dashboard(base: str, exp: dict[str, Any]) -> None:
+    """The dashboard's pages of the experiment: its ladder, a comparison of its variants
+    (the first repeat of each) and the run history."""
+    firsts: dict[str, str] = {}
+    for run in exp.get("runs", []):
+        firsts.setdefault(str(run["name"]), str(run["id"]))
+    console.print("dashboard:")
+    console.print(f"  experiment: {base}/experiments/{exp['id']}", markup=False, soft_wrap=True)
+    if len(firsts) > 1:
+        query = "&".join(f"run={run_id}" for run_id in firsts.values())
+        console.print(f"  compare:    {base}/compare?{query}", markup=False, soft_wrap=True)
+    console.print(f"  history:    {base}/", markup=False, soft_wrap=True)
 
 
 def _demo_token(rt: Runtime) -> str | None:

@@ -11,9 +11,10 @@ second later; its dashboard and runtime-env agents live on for up to about a min
 (they report the raylet's death to the dead GCS first). The next service that starts
 on the home ends them (:func:`end_dead_local_ray`) before it starts its own Ray.
 
-The Ray session itself stays in Ray's temporary folder (``/tmp/ray``): a Unix socket
-path is at most 107 bytes and Ray's socket paths add about 65 to the folder, so a
-session under ``VLAB_HOME`` would fail for ordinary homes; the record above points at it.
+The Ray session itself is under ``<home>/ray`` (``RAY_TMPDIR``, set around the start by
+:func:`orchestrator.cli.runtime.local_ray_under_home`); a home too long for Ray's Unix
+socket paths (at most 107 bytes) gets a short folder of its own under the system's temp
+folder, linked from ``<home>/ray``. The record above points at it.
 """
 
 from __future__ import annotations

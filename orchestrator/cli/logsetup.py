@@ -1,0 +1,163 @@
+"""Where the service's output goes: vlab's own lines on the terminal, everything in a log
+file under ``VLAB_HOME``.
+
+The service commands (``vlab up``, ``serve``, ``orchestrate``, ``migrate``, ``demo``) call
+:func:`configure` first. Without ``--verbose``:
+
+- the terminal shows the records of vlab's own loggers (``orchestrator``, ``api``,
+  ``jobs``, ``web``) and uvicorn's, at ``terminal_level``;
+- every record (third-party ones too: Ray, pgserver, alembic, urllib3, ...) and every
+  Python warning (:func:`logging.captureWarnings`) goes to ``<home>/logs/vlab.log``;
+- what is written to file descriptor 2 below Python (Ray's C++ core, the subprocesses
+  this process starts, Python's own fatal-error output) goes to that file too: fd 2 is
+  pointed at it, and Python's ``sys.stderr`` at a copy of the terminal's fd 2, so
+  vlab's own error lines (``error: ...``, tracebacks) still reach the terminal;
+- transformers' advisory warnings are off (``TRANSFORMERS_VERBOSITY=error``,
+  ``TRANSFORMERS_NO_ADVISORY_WARNINGS=1``, unless set already), in this process and in
+  those it starts.
+
+With ``--verbose`` the terminal shows every record at DEBUG for vlab's loggers and INFO
+for the others, and file descriptor 2 is left alone. The configuration is
+:func:`logging.config.dictConfig`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import logging.config
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+#: The top-level logger names shown on the terminal when not verbose.
+OURS = ("orchestrator", "api", "jobs", "web", "uvicorn", "__main__")
+#: The log file, under the home.
+LOG_FILE = Path("logs") / "vlab.log"
+#: Rotate the log file at this size, keeping this many old ones.
+LOG_MAX_BYTES = 20 * 1024 * 1024
+LOG_BACKUPS = 3
+#: Loggers that install a handler of their own on import (and stop propagating), reset
+#: by :func:`adopt_library_loggers` once their library is loaded.
+SELF_HANDLED = ("ray", "transformers")
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+#: The log file this process writes (set by :func:`configure`; None: not configured).
+_log_path: Path | None = None
+_verbose = False
+
+
+class OursOnly(logging.Filter):
+    """Pass the records of vlab's own loggers (:data:`OURS`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.name.split(".", 1)[0] in OURS
+
+
+def log_path(home: Path) -> Path:
+    """The log file of the service commands run on ``home``."""
+    return home.resolve() / LOG_FILE
+
+
+def configured_log_path() -> Path | None:
+    """The log file :func:`configure` set up in this process, or None."""
+    return _log_path
+
+
+def logging_config(path: Path, *, verbose: bool, terminal_level: int) -> dict[str, Any]:
+    """The :func:`logging.config.dictConfig` configuration (see the module's docstring)."""
+    terminal: dict[str, Any] = {
+        "class": "logging.StreamHandler",
+        "stream": "ext://sys.stderr",
+        "formatter": "plain",
+        "level": logging.DEBUG if verbose else terminal_level,
+    }
+    if not verbose:
+        terminal["filters"] = ["ours"]
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "filters": {"ours": {"()": OursOnly}},
+        "formatters": {"plain": {"format": FORMAT}},
+        "handlers": {
+            "terminal": terminal,
+            "file": {
+                "class": "logging.handlers.RotatingFileHandler",
+                "filename": str(path),
+                "maxBytes": LOG_MAX_BYTES,
+                "backupCount": LOG_BACKUPS,
+                "encoding": "utf-8",
+                "formatter": "plain",
+                "level": logging.DEBUG,
+            },
+        },
+        # vlab's own loggers at DEBUG when verbose; everything else at INFO
+        "loggers": {
+            name: {"level": logging.DEBUG if verbose else logging.INFO}
+            for name in ("orchestrator", "api", "jobs", "web")
+        },
+        "root": {"level": logging.INFO, "handlers": ["terminal", "file"]},
+    }
+
+
+def configure(home: Path, *, verbose: bool = False, terminal_level: int = logging.INFO) -> Path:
+    """Configure logging for a service command on ``home``; returns the log file's path.
+    ``terminal_level``: the least level of vlab's records shown on the terminal."""
+    global _log_path, _verbose
+    path = log_path(home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not verbose:
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+        _point_fd2_at(path)
+    logging.config.dictConfig(logging_config(path, verbose=verbose, terminal_level=terminal_level))
+    logging.captureWarnings(True)
+    _log_path, _verbose = path, verbose
+    adopt_library_loggers()
+    return path
+
+
+def adopt_library_loggers() -> None:
+    """Make the loggers of :data:`SELF_HANDLED` propagate to the root's handlers instead of
+    their own (Ray and transformers install a stderr handler when they are imported);
+    call after importing them. No-op unless :func:`configure` ran in this process."""
+    if _log_path is None:
+        return
+    for name in SELF_HANDLED:
+        if name not in sys.modules:
+            continue  # not loaded: nothing installed yet (called again once it is)
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        logger.propagate = True
+
+
+def _point_fd2_at(path: Path) -> None:
+    """Point file descriptor 2 at the log file (appending) and ``sys.stderr`` at a copy
+    of what fd 2 was (the terminal); no-op when ``sys.stderr`` is not fd 2 (a test
+    runner's capture) or fd 2 was pointed already."""
+    if _log_path is not None:
+        return
+    try:
+        if sys.stderr is None or sys.stderr.fileno() != 2:
+            return
+    except (AttributeError, ValueError, OSError):
+        return
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    terminal = os.dup(2)
+    log_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.dup2(log_fd, 2)
+    finally:
+        os.close(log_fd)
+    os.set_inheritable(terminal, False)
+    old = sys.stderr
+    sys.stderr = os.fdopen(
+        terminal,
+        "w",
+        buffering=1,
+        encoding=getattr(old, "encoding", None) or "utf-8",
+        errors="backslashreplace",
+    )
