@@ -56,12 +56,11 @@ from orchestrator.experiments.service import get_experiment
 from orchestrator.integrations.mlflow_mapping import (
     MLFLOW_STATUS,
     RunHead,
-    capacity_result,
     epoch_ms,
+    run_metrics,
     run_params,
     run_tags,
     series_metrics,
-    summary_metrics,
 )
 from orchestrator.runs.timeseries import Point, downsample
 
@@ -549,10 +548,7 @@ def _export_run(
     release_connection(session)
 
     params, truncated = run_params(head)
-    metrics, unknown = summary_metrics(head.status, stored)
-    cap_metrics, cap_unknown, cap_tags = capacity_result(head, metrics)
-    metrics.update(cap_metrics)
-    unknown = sorted(set(unknown) | set(cap_unknown))
+    metrics, unknown = run_metrics(head, stored)
     series, skipped = series_metrics(points)
     tags = run_tags(
         head,
@@ -563,7 +559,6 @@ def _export_run(
         series_points=len(series),
         series_skipped=skipped,
         run_url=f"{base_url.rstrip('/')}/runs/{head.id}" if base_url else None,
-        capacity=cap_tags,
     )
     run = client.create_run(
         mlflow_exp_id,

@@ -28,9 +28,10 @@ Pure functions over the stored run (:class:`RunHead`), its summary metrics and i
   is not finite, is named in the tag ``vlab.unknown_metrics``. A run that did not succeed
   gets no summary metrics (its numbers are no valid measurement; the tag
   ``vlab.metrics_withheld`` says so).
-- **capacity** (a run with a capacity search, :func:`capacity_result`): the summary's
-  ``capacity``, ``capacity_low``, ``capacity_high`` exist only when the search found the
-  boundary, so the evidence of every search is written too: ``capacity_lower_bound`` and
+- **capacity** (a run with a capacity search: :func:`capacity_metrics`,
+  :func:`capacity_tags`): the summary's ``capacity``, ``capacity_low``, ``capacity_high``
+  exist only when the search found the boundary, so the evidence of every search is
+  written too: ``capacity_lower_bound`` and
   ``capacity_upper_bound``, the interval the capacity lies in (found: the capacity and the
   lowest failing load; ``at_least_max`` and ``client_limited``: a lower bound only;
   ``below_min``: an upper bound only; ``uncertain``, ``steps_exhausted``: the bracket so
@@ -80,11 +81,13 @@ __all__ = [
     "EXPECTED_METRICS",
     "MLFLOW_STATUS",
     "RunHead",
+    "capacity_metrics",
     "capacity_params",
-    "capacity_result",
+    "capacity_tags",
     "epoch_ms",
     "mlflow_key",
     "param_value",
+    "run_metrics",
     "run_params",
     "run_tags",
     "series_metrics",
@@ -329,30 +332,36 @@ def _bound_words(status: str, ev: Evidence | str, unit: str) -> str:
     return f"{status}: below {hi:g} {unit}"
 
 
-def capacity_result(
-    head: RunHead, written: Mapping[str, float]
-) -> tuple[dict[str, float], list[str], dict[str, Any]]:
-    """``(metrics, unknown metric names, tags)`` of the run's capacity search (module
-    docstring); all empty for a run without one. ``written``: the summary metrics the
-    run writes (a succeeded search run without ``capacity`` there names it unknown)."""
+def capacity_tags(head: RunHead) -> dict[str, Any]:
+    """The tags of the run's capacity search (module docstring); {} without one."""
     doc = head.capacity
     if not doc:
-        return {}, [], {}
+        return {}
     status = str(doc.get("status") or "unknown")
     variable = doc.get("variable")
-    ev = repeat_evidence(doc)
     unit = CAPACITY_UNITS.get(str(variable), "(unknown unit)")
-    tags: dict[str, Any] = {
+    return {
         "vlab.capacity_status": status,
-        "vlab.capacity_bound": _bound_words(status, ev, unit),
+        "vlab.capacity_bound": _bound_words(status, repeat_evidence(doc), unit),
         "vlab.capacity_variable": variable,
         "vlab.capacity_binding_slo": doc.get("binding_slo"),
         "vlab.capacity_note": doc.get("note"),
         "vlab.capacity_steps": len(doc.get("steps") or []),
     }
-    if head.status != "succeeded":
-        return {}, [], tags
+
+
+def capacity_metrics(
+    head: RunHead, written: Mapping[str, float]
+) -> tuple[dict[str, float], list[str]]:
+    """``(metrics, unknown metric names)`` of the run's capacity search (module
+    docstring): the bounds it measured, its load generator's ceiling; none for a run
+    without a search or that did not succeed. ``written``: the summary metrics the run
+    writes (a succeeded search run without ``capacity`` there names it unknown)."""
+    doc = head.capacity
+    if not doc or head.status != "succeeded":
+        return {}, []
     metrics: dict[str, float] = {}
+    ev = repeat_evidence(doc)
     if isinstance(ev, Evidence):
         for key, value in (("capacity_lower_bound", ev.lo), ("capacity_upper_bound", ev.hi)):
             if value is not None and math.isfinite(value):
@@ -361,8 +370,15 @@ def capacity_result(
     number = isinstance(ceiling, int | float) and not isinstance(ceiling, bool)
     if number and isinstance(ceiling, int | float) and math.isfinite(ceiling) and ceiling > 0:
         metrics["capacity_client_ceiling"] = float(ceiling)
-    unknown = [] if "capacity" in written else ["capacity"]
-    return metrics, unknown, tags
+    return metrics, [] if "capacity" in written else ["capacity"]
+
+
+def run_metrics(head: RunHead, stored: Mapping[str, Any]) -> tuple[dict[str, float], list[str]]:
+    """``(metrics to write, unknown metric names)``: :func:`summary_metrics` and
+    :func:`capacity_metrics` together."""
+    metrics, unknown = summary_metrics(head.status, stored)
+    extra, more = capacity_metrics(head, metrics)
+    return {**metrics, **extra}, sorted({*unknown, *more})
 
 
 def summary_metrics(status: str, stored: Mapping[str, Any]) -> tuple[dict[str, float], list[str]]:
@@ -424,11 +440,9 @@ def run_tags(
     series_points: int,
     series_skipped: int,
     run_url: str | None,
-    capacity: Mapping[str, Any] | None = None,
 ) -> dict[str, str]:
     """The run's tags (module docstring), values as strings cut to MLflow's 8,000
-    characters; a tag whose value is unknown is absent, never empty. ``capacity``: the
-    capacity search's tags (:func:`capacity_result`)."""
+    characters; a tag whose value is unknown is absent, never empty."""
     tags: dict[str, Any] = {
         "vlab.experiment_id": experiment_id,
         "vlab.experiment_name": experiment_name,
@@ -457,7 +471,7 @@ def run_tags(
         "vlab.series_skipped_points": series_skipped or None,
         "vlab.metrics_withheld": WITHHELD if head.status != "succeeded" else None,
         "vlab.run_url": run_url,
-        **(capacity or {}),
+        **capacity_tags(head),
     }
     tags.update({k: v for k, v in optional.items() if v is not None})
     return {k: cut_text(param_value(v), MAX_TAG_VALUE)[0] for k, v in tags.items()}

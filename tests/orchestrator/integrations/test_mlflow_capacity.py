@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.core.models import Experiment, Run, RunMetric
 from orchestrator.integrations.mlflow_export import export_experiment
-from orchestrator.integrations.mlflow_mapping import RunHead, capacity_result
+from orchestrator.integrations.mlflow_mapping import RunHead, capacity_tags, run_metrics
 from tests.web.seed import CAPACITY_SLOS, DATA, capacity_runs, load_export
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # never report home from tests
@@ -121,13 +121,17 @@ def test_a_failed_search_run_keeps_its_status_but_no_bound(db_session: Session) 
     run = db_session.get(Run, data["runs"]["baseline"])
     assert run is not None
     run.status = "failed"
-    metrics, unknown, tags = capacity_result(RunHead.of(run), {})
-    assert metrics == {} and unknown == []  # a cut-short search: no number, as the summary
-    assert tags["vlab.capacity_status"] == "found"
+    head = RunHead.of(run)
+    stored = {"capacity": 2.1, "capacity_low": 2.1, "capacity_high": 2.2}
+    assert run_metrics(head, stored) == ({}, [])  # a cut-short search: no number at all
+    assert capacity_tags(head)["vlab.capacity_status"] == "found"
     plain = load_export(db_session, DATA / "demo_experiment.json", name="no-capacity")
     demo = db_session.get(Run, next(iter(plain["runs"].values())))
     assert demo is not None
-    assert capacity_result(RunHead.of(demo), {}) == ({}, [], {})
+    assert capacity_tags(RunHead.of(demo)) == {}
+    # no search: no capacity bound, nothing named unknown for it
+    metrics, unknown = run_metrics(RunHead.of(demo), {"output_throughput": 205.0})
+    assert metrics == {"output_throughput": 205.0} and "capacity" not in unknown
 
 
 def test_repeats_are_numbered_from_1_as_on_the_dashboard(
