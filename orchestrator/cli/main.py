@@ -25,7 +25,7 @@ from rich.table import Table
 from jobs.modelgen.generator import generate_model, model_digest
 from orchestrator.cli import serving
 from orchestrator.cli.campaign import campaign_app
-from orchestrator.cli.client import Api, print_json
+from orchestrator.cli.client import EXIT_UNAVAILABLE, Api, ApiError, print_json
 from orchestrator.cli.common import (
     ApiOpt,
     api_url,
@@ -160,8 +160,8 @@ def token_create(
         typer.Option(
             "--database",
             help="write it straight into the service's database (DATABASE_URL / VLAB_HOME), "
-            "without the API: only for the first token of a service that is to listen on a "
-            "non-loopback address, which refuses to start without one",
+            "without the API: for the first token of a service that is to listen beyond "
+            "loopback, which refuses to start without one",
         ),
     ] = False,
     json_out: JsonOpt = False,
@@ -178,7 +178,15 @@ def token_create(
         body: dict[str, Any] = {"name": name, "role": role}
         if expires_in_days is not None:
             body["expires_in_days"] = expires_in_days
-        created = Api(api).call("POST", "/api/v1/tokens", json_body=body)
+        try:
+            created = Api(api).call("POST", "/api/v1/tokens", json_body=body)
+        except ApiError as exc:
+            if exc.exit_code == EXIT_UNAVAILABLE:  # a service that refused to start
+                exc.lines.append(
+                    "  the first token of a service that is to listen beyond loopback: "
+                    "`vlab token create --database --name NAME --role admin`"
+                )
+            raise
     if json_out:
         print_json(created)
         return

@@ -335,8 +335,8 @@ def startup_check(settings: Settings, session_factory: sessionmaker[Session]) ->
     raise AuthSetupError(
         f"refusing to listen on {settings.api.host or 'all interfaces'}: no API token "
         "exists, so anyone who reaches the port could control vlab. Create one first "
-        "(`vlab token create --name NAME --role admin`), or set VLAB_API__AUTH=none to run "
-        "without authentication."
+        "(`vlab token create --database --name NAME --role admin`), or set "
+        "VLAB_API__AUTH=none to run without authentication."
     )
 
 

@@ -14,8 +14,10 @@ import json
 import os
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
@@ -25,6 +27,7 @@ from orchestrator.cli import report as cli_report
 from orchestrator.cli.main import app
 from orchestrator.core.db import unit_of_work
 from orchestrator.core.repositories import RunRepository
+from orchestrator.core.settings import get_settings
 from orchestrator.core.states import RunStatus
 from tests.factories import make_experiment
 from tests.orchestrator.cli.conftest import API, cli
@@ -165,9 +168,7 @@ def test_compare_exits_1_on_a_regression(api: TestClient, demo: str) -> None:
 
 def test_schedules_create_pause_resume_list_delete(api: TestClient, tmp_path: Path) -> None:
     spec = Path(__file__).resolve().parents[3] / "examples" / "quick-tiny.yaml"
-    doc = {"name": f"nightly-{uuid.uuid4().hex[:6]}", "cron": "0 3 * * *"}
-    import yaml
-
+    doc: dict[str, Any] = {"name": f"nightly-{uuid.uuid4().hex[:6]}", "cron": "0 3 * * *"}
     doc["template"] = yaml.safe_load(spec.read_text())
     f = tmp_path / "sched.json"
     f.write_text(json.dumps(doc))
@@ -218,3 +219,31 @@ def test_export_mlflow_goes_through_the_api(api: TestClient, demo: str, tmp_path
     missing = cli("export", "mlflow", "no-such-id", "--tracking-uri", uri)
     assert missing.exit_code == 2 and len(lines_of(missing.output)) == 1
     assert "no-such-id" in missing.output
+
+
+def test_token_create_database_bootstraps_a_service_not_running(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one path to the database, only when asked (``--database``): the first token of
+    a service that refuses to start without one; without it, the unreachable service's
+    line says so."""
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    monkeypatch.setenv("VLAB_HOME", str(tmp_path / "home"))
+    get_settings.cache_clear()
+    try:
+        name = f"boot-{uuid.uuid4().hex[:6]}"
+        down = CliRunner().invoke(
+            app,
+            ["token", "create", "--name", name, "--role", "admin", "--api", "http://127.0.0.1:9"],
+        )
+        assert down.exit_code == 4, down.output
+        assert "cannot reach the API" in down.output and "--database" in down.output
+        made = CliRunner().invoke(
+            app, ["token", "create", "--database", "--name", name, "--role", "admin", "--json"]
+        )
+        assert made.exit_code == 0, made.output
+        doc = json.loads(made.stdout)
+        assert doc["name"] == name and doc["role"] == "admin"
+        assert doc["token"].startswith(f"vlab_{doc['key_id']}_")
+    finally:
+        get_settings.cache_clear()
