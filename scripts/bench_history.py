@@ -60,6 +60,10 @@ QUERIES = {
     "api runs sort hit rate": "/api/v1/runs?sort=hit_rate&limit=50",
     "api runs sort TTFT p99 asc": "/api/v1/runs?sort=ttft_p99&order=asc&limit=50",
     "api runs status=failed": "/api/v1/runs?status=failed&limit=50",
+    "api experiments list": "/api/v1/experiments?limit=50",
+    "api experiments list, offset 5000": "/api/v1/experiments?limit=50&offset=5000",
+    "api export CSV (one experiment)": "/api/v1/experiments/{exp}/export?format=csv",
+    "api export Parquet (one experiment)": "/api/v1/experiments/{exp}/export?format=parquet",
 }
 #: shapes whose next page is a keyset cursor: timed on the page 100 pages in
 CURSOR_QUERIES = {
@@ -132,8 +136,13 @@ def _median(client: TestClient, path: str) -> float:
 
 def _time(url: str) -> dict[str, float]:
     out = {}
+    engine = create_engine(url)
+    with engine.connect() as c:  # the experiment the export shapes read
+        exp = c.scalar(text("SELECT id FROM experiments WHERE name = 'bulk-000-00001'"))
+    engine.dispose()
     with TestClient(_app(url)) as client:
-        for label, path in QUERIES.items():
+        for label, template in QUERIES.items():
+            path = template.format(exp=exp)
             assert client.get(path).status_code == 200, path
             out[label] = _median(client, path)
         for label, path in CURSOR_QUERIES.items():

@@ -103,7 +103,8 @@ def create_experiment(
 def list_experiments(
     request: Request, session: SessionDep, limit: Limit = 50, offset: Offset = 0
 ) -> Page[ExperimentListItem]:
-    rows, total = ExperimentRepository(session).page(limit=limit, offset=offset)
+    repo = ExperimentRepository(session)
+    rows, total = repo.page(limit=limit, offset=offset)
     items = [
         ExperimentListItem(
             id=e.id,
@@ -116,7 +117,9 @@ def list_experiments(
         )
         for e in rows
     ]
-    return Page(items=items, total=total, limit=limit, offset=offset)
+    return Page(
+        items=items, total=total, limit=limit, offset=offset, total_estimated=repo.estimated
+    )
 
 
 @router.get("/experiments/{experiment_id}", response_model=ExperimentOut)

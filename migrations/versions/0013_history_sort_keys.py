@@ -7,7 +7,8 @@ five metrics the history sorts by are now columns of ``runs`` (``sort_*``, writt
 the run's metrics by ``RunRepository.replace_measurements`` and backfilled here), each
 with an index ``(column, id)`` that gives the order and the keyset cursor's tie-break.
 ``runs(started_at, id)`` serves the sort by start, and ``experiments(created_at, id)``
-the default order (the newest experiment first, its runs together in start order).
+with ``runs(experiment_id, sequence, id)`` (``id`` added) the default order (the newest
+experiment first, its runs together in start order), index-only for a page's ids.
 
 Revision ID: 0013
 Revises: 0012
@@ -51,9 +52,13 @@ def upgrade() -> None:
         op.create_index(f"ix_runs_{col}", "runs", [col, "id"])
     op.create_index("ix_runs_started", "runs", ["started_at", "id"])
     op.create_index("ix_experiments_created", "experiments", ["created_at", "id"])
+    op.drop_index("ix_runs_experiment_sequence", table_name="runs")
+    op.create_index("ix_runs_experiment_sequence", "runs", ["experiment_id", "sequence", "id"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_runs_experiment_sequence", table_name="runs")
+    op.create_index("ix_runs_experiment_sequence", "runs", ["experiment_id", "sequence"])
     op.drop_index("ix_experiments_created", table_name="experiments")
     op.drop_index("ix_runs_started", table_name="runs")
     for col in SORT_METRICS.values():

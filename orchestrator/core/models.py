@@ -102,7 +102,7 @@ class Run(Base):
     __table_args__ = (
         Index("ix_runs_status_created", "status", "created_at"),
         Index("ix_runs_experiment_position", "experiment_id", "position"),
-        Index("ix_runs_experiment_sequence", "experiment_id", "sequence"),
+        Index("ix_runs_experiment_sequence", "experiment_id", "sequence", "id"),
         Index("ix_runs_created", "created_at"),
         Index("ix_runs_model_created", "model_id", "created_at"),
         Index("ix_runs_engine_args", "engine_args", postgresql_using="gin"),

@@ -15,7 +15,7 @@ from sqlalchemy import insert, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator.core.models import RunMetric
-from orchestrator.core.repositories import HistoryRepository, RunRepository
+from orchestrator.core.repositories import ExperimentRepository, HistoryRepository, RunRepository
 from orchestrator.runs.history import HistoryQueryError, parse_engine_arg
 from tests.api.test_api import PROBLEM
 from tests.factories import make_experiment
@@ -246,3 +246,20 @@ def test_sort_keys_follow_the_stored_metrics(session_factory: sessionmaker[Sessi
         repo.sync_sort_keys([run.id])
         s.refresh(run)
         assert run.sort_output_throughput == 9.0 and run.sort_ttft_p99 == 40.0
+
+
+def test_the_experiment_list_estimates_a_large_count(
+    client: TestClient,
+    model: str,
+    monkeypatch: pytest.MonkeyPatch,
+    session_factory: sessionmaker[Session],
+) -> None:
+    with session_factory.begin() as s:
+        s.execute(text("ANALYZE experiments"))
+        exact = s.scalar(text("SELECT count(*) FROM experiments"))
+    body = client.get("/api/v1/experiments", params={"limit": 2}).json()
+    assert body["total"] == exact and body["total_estimated"] is False
+    monkeypatch.setattr(ExperimentRepository, "EXACT_COUNT_UP_TO", 0)
+    body = client.get("/api/v1/experiments", params={"limit": 2}).json()
+    assert body["total_estimated"] is True and body["total"] >= 3
+    assert len(body["items"]) == 2

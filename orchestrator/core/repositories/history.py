@@ -51,6 +51,63 @@ def _compile_explain(element: _Explain, compiler: Any, **kw: Any) -> str:
     return "EXPLAIN (FORMAT JSON) " + str(compiler.process(element.statement, **kw))
 
 
+class _Walk:
+    """A page's rows by a deferred join: the page's run ids (and sort values) first, over
+    the runs (and, when a key or condition needs it, experiments) alone, in the sort's
+    index order, so ``OFFSET`` skips index entries, not joined rows; then the full rows
+    of those ids. Rows: ``(run, experiment name, enable_prefix_caching, *sort values)``."""
+
+    def __init__(
+        self,
+        session: Session,
+        conds: list[ColumnElement[bool]],
+        keys: list[tuple[Any, bool]],
+        join: bool,
+        brief: bool,
+    ) -> None:
+        self.session, self.conds, self.keys, self.join, self.brief = (
+            session,
+            conds,
+            keys,
+            join,
+            brief,
+        )
+
+    def rows(self, where: list[Any], by: int, limit: int, offset: int) -> list[Any]:
+        """The rows matching ``where`` too, ordered by the first ``by`` keys (``-1``: the
+        tie-break alone), ``limit`` of them after ``offset``."""
+        if limit <= 0:
+            return []
+        order = self.keys[:by] if by > 0 else self.keys[-1:]
+        labelled = [k.label(f"k{i}") for i, (k, _) in enumerate(self.keys)]
+        ids: Any = select(Run.id.label("rid"), *labelled)
+        if self.join:
+            ids = ids.join(Experiment, Experiment.id == Run.experiment_id)
+        ids = (
+            ids.where(*self.conds, *where)
+            .order_by(*(k.desc() if d else k.asc() for k, d in order))
+            .limit(limit)
+            .offset(offset)
+            .subquery()
+        )
+        cols = [ids.c[f"k{i}"] for i in range(len(self.keys))]
+        pos = [self.keys.index(o) for o in order]
+        stmt: Any = (
+            select(
+                Run,
+                Experiment.name,
+                type_coerce(Run.engine_args, JSONB)["enable_prefix_caching"],
+                *cols,
+            )
+            .join(ids, ids.c.rid == Run.id)
+            .join(Experiment, Experiment.id == Run.experiment_id)
+            .order_by(*(cols[i].desc() if self.keys[i][1] else cols[i].asc() for i in pos))
+        )
+        if self.brief:
+            stmt = stmt.options(load_only(*HistoryRepository.TABLE_COLUMNS, raiseload=True))
+        return list(self.session.execute(stmt).all())
+
+
 class HistoryRepository:
     """The run history (:mod:`orchestrator.runs.history`): filtered, sorted pages of runs.
 
@@ -195,53 +252,38 @@ class HistoryRepository:
         :data:`TABLE_COLUMNS` (reading another attribute raises). ``count``: also count
         the matching runs (exactly up to :attr:`EXACT_COUNT_UP_TO`, else estimated).
         """
-        conds = self._conditions(**filters)
+        run_conds = self._conditions(**filters)
         keys, nullable = self._order(sort, descending)
-        prefix_caching = type_coerce(Run.engine_args, JSONB)["enable_prefix_caching"]
-        base: Any = (
-            select(Run, Experiment.name, prefix_caching, *(k for k, _ in keys))
-            .join(Experiment, Experiment.id == Run.experiment_id)
-            .where(*conds)
-        )
-        if brief:
-            base = base.options(load_only(*self.TABLE_COLUMNS, raiseload=True))
-        if filters.get("until"):
+        conds = list(run_conds)
+        if filters.get("until") and sort == "submitted":
             # implied (a run is created at or after its experiment), for the planner: the
             # default order's walk over experiments starts at the range, not at the newest
-            base = base.where(Experiment.created_at < filters["until"])
-
-        def ordered(stmt: Any, ks: list[tuple[Any, bool]]) -> Any:
-            return stmt.order_by(*(k.desc() if d else k.asc() for k, d in ks))
-
+            conds.append(Experiment.created_at < filters["until"])
+        walk = _Walk(self.session, conds, keys, sort in ("submitted", "experiment"), brief)
         found: list[Any] = []
         if not nullable:
-            stmt = ordered(base, keys)
-            if after is not None:
-                stmt = stmt.where(self._seek(keys, after))
-            found = list(self.session.execute(stmt.limit(limit).offset(offset)).all())
+            seek = [self._seek(keys, after)] if after is not None else []
+            found = walk.rows(seek, len(keys), limit, offset)
         else:
             # two index walks instead of NULLS LAST (which no b-tree direction gives):
             # the rows with a value, then those without it, by id
             key, tie = keys[0][0], keys[-1]
             in_nulls = after is not None and after[0] is None
             if not in_nulls:
-                stmt = ordered(base.where(key.is_not(None)), keys)
-                if after is not None:
-                    stmt = stmt.where(self._seek(keys, after))
-                found = list(self.session.execute(stmt.limit(limit).offset(offset)).all())
+                seek = [self._seek(keys, after)] if after is not None else []
+                found = walk.rows([key.is_not(None), *seek], len(keys), limit, offset)
             if len(found) < limit:
-                stmt = ordered(base.where(key.is_(None)), [tie])
-                skip = 0
+                where, skip = [key.is_(None)], 0
                 if in_nulls and after is not None:
-                    stmt = stmt.where(self._seek([tie], after[-1:]))
+                    where.append(self._seek([tie], after[-1:]))
                     skip = offset
                 elif offset and not found:  # the page starts past the rows with a value
                     valued = select(func.count()).select_from(Run).where(*conds, key.is_not(None))
                     skip = max(0, offset - (self.session.scalar(valued) or 0))
-                found += self.session.execute(stmt.limit(limit - len(found)).offset(skip)).all()
+                found += walk.rows(where, -1, limit - len(found), skip)
         rows = [(row[0], row[1], row[2]) for row in found]
         next_key = list(found[-1][3:]) if len(found) == limit else None
-        total, estimated = self._count(conds) if count else (0, False)
+        total, estimated = self._count(run_conds) if count else (0, False)
         return HistorySlice(rows=rows, total=total, estimated=estimated, next_key=next_key)
 
     #: counts up to this many matching runs are exact; above, an estimate
