@@ -56,6 +56,9 @@ def load_export(
         repeats=exp_doc["repeats"],
         variants=exp_doc["variants"],
     )
+    if exp_doc.get("created_at"):  # shifted as its runs are: the history orders by it
+        created = datetime.fromisoformat(exp_doc["created_at"])
+        exp.created_at = created + shift if shift else created
     session.add(exp)
     session.flush()
     ids = {r["id"]: str(uuid.uuid4()) for r in exp_doc["runs"]}
