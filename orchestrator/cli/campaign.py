@@ -16,27 +16,22 @@ space vlab proposed (each variable considered: its levels, or why it was left ou
 
 from __future__ import annotations
 
-import functools
 import json
 import math
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
 from pydantic import ValidationError
-from pydantic_settings import SettingsError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.cli.specfile import CliError, load_spec_file
-from orchestrator.core.auth import client_auth_headers
-from orchestrator.core.settings import Settings, get_settings
+from orchestrator.cli.client import Api, make_console, print_json
+from orchestrator.cli.common import ApiOpt, friendly
+from orchestrator.cli.specfile import load_spec_file
 from orchestrator.tuning.campaign_request import CampaignRequest
 from orchestrator.tuning.final_config import final_result
 
@@ -45,62 +40,30 @@ campaign_app = typer.Typer(
     "time and says what each change bought.",
     no_args_is_help=True,
 )
-console = Console() if sys.stdout.isatty() else Console(width=200, soft_wrap=True)
-
-ApiOpt = Annotated[str | None, typer.Option("--api", help="API base URL (default from settings)")]
-
-
-def _one_line_errors(func: Callable[..., None]) -> Callable[..., None]:
-    """A :class:`CliError`, or settings that do not load, as one line on stderr and exit
-    code 2 (no traceback)."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        try:
-            func(*args, **kwargs)
-        except (CliError, SettingsError, ValidationError) as exc:
-            if isinstance(exc, ValidationError) and exc.title != Settings.__name__:
-                raise
-            said = str(exc) if isinstance(exc, CliError) else f"invalid settings: {exc}"
-            Console(stderr=True, soft_wrap=True).print(
-                f"[red]error:[/red] {escape(' '.join(said.split()))}", markup=True
-            )
-            raise typer.Exit(2) from None
-
-    return wrapper
+console = make_console()
 
 
 def _base(api: str | None) -> str:
-    return (api or get_settings().api_base_url()).rstrip("/")
+    return Api(api).base
 
 
 def _call(method: str, url: str, ok: int = 200, **kw: Any) -> Any:
-    """One API call; its JSON body when the status is ``ok``, else the problem printed
-    (every bad field listed) and exit code 1; an unreachable API is a :class:`CliError`."""
-    kw["headers"] = {**client_auth_headers(), **(kw.get("headers") or {})}
-    try:
-        resp = httpx.request(method, url, **kw)
-    except httpx.HTTPError as exc:
-        raise CliError(f"cannot reach the API at {url}: {exc} (is `vlab up` running?)") from exc
-    if resp.status_code == ok:
-        return resp.json()
-    try:
-        body = resp.json()
-    except ValueError:
-        console.print(f"HTTP {resp.status_code}: {resp.text}", markup=False)
-        raise typer.Exit(1) from None
-    errors = body.get("errors", []) or []
-    # the detail restates the errors when there are some: each is said once, below
-    said = f"{len(errors)} problem(s)" if errors else str(body.get("detail"))
-    console.print(
-        f"[red]{escape(str(body.get('title', 'error')))}[/red] ({resp.status_code}): {escape(said)}"
+    """One API call through :class:`orchestrator.cli.client.Api`; its JSON body on
+    success, else :class:`orchestrator.cli.client.ApiError` (the problem said once by
+    :func:`orchestrator.cli.common.friendly`: exit code 2 for a refusal, 4 when the API is
+    unreachable or fails). ``ok`` is kept for the callers' clarity (any 2xx succeeds)."""
+    del ok
+    return Api(url.split("/api/v1/")[0]).call(
+        method,
+        url,
+        params=kw.get("params"),
+        json_body=kw.get("json"),
+        timeout_s=kw.get("timeout"),
     )
-    for err in errors:
-        loc = ".".join(map(str, err.get("loc", [])))
-        console.print(f"  - {loc}: {err.get('msg')}", markup=False)
-    if resp.status_code == 401:
-        console.print("  set VLAB_TOKEN to an operator token (`vlab token create`)", markup=False)
-    raise typer.Exit(1)
+
+
+_one_line_errors = friendly
+JsonOpt = Annotated[bool, typer.Option("--json", help="print the API's JSON answer only")]
 
 
 def level_text(level: Any) -> str:
@@ -148,38 +111,55 @@ def _cells(*values: Any) -> list[Text]:
     return [Text(str(v)) for v in values]
 
 
+def _fit(table: Table, names: list[str], column: int = 1) -> Table:
+    """The table fitted to 100 columns: every cell wraps, the variable's column is as
+    wide as its longest name (up to 40), so a name is never cut, and the last column
+    (the outcome and its reason) takes the rest."""
+    for col in table.columns:
+        col.overflow = "fold"
+    table.columns[column].min_width = min(max([len(n) for n in names] + [8]), 40)
+    table.columns[-1].ratio = 1
+    return table
+
+
+def _step(variable: str, from_level: Any, to_level: Any) -> str:
+    """``variable`` over ``from -> to`` (two lines: the name is never wrapped)."""
+    return f"{variable}\n{level_text(from_level)} -> {level_text(to_level)}"
+
+
 def path_table(body: dict[str, Any]) -> Table:
-    table = Table("round", "variable", "from -> to", EFFECT, "verdict", "reason")
+    table = Table("round", "variable: from -> to", EFFECT, "verdict: reason")
+    table.columns[2].width = 17
     for s in body.get("path", []):
+        reason = s.get("reason", "")
         table.add_row(
             *_cells(
                 s["round"],
-                s["variable"],
-                f"{level_text(s['from_level'])} -> {level_text(s['to_level'])}",
+                _step(s["variable"], s["from_level"], s["to_level"]),
                 s.get("effect") or gain_text(s.get("gain")),
-                s["verdict"],
-                s.get("reason", ""),
+                s["verdict"] + (f": {reason}" if reason else ""),
             )
         )
-    return table
+    return _fit(table, [str(s["variable"]) for s in body.get("path", [])])
 
 
 def candidates_table(body: dict[str, Any]) -> Table:
-    table = Table("round", "variable", "from -> to", "outcome", EFFECT, "pairs", "reason")
+    table = Table("round", "variable: from -> to", EFFECT, "outcome: reason")
+    table.columns[2].width = 17
     for c in body.get("candidates", []):
         verdict = c.get("verdict")
+        reason = c.get("reason", "")
+        outcome = c["outcome"] + (f" ({verdict})" if verdict and verdict != c["outcome"] else "")
         table.add_row(
             *_cells(
                 c["round"],
-                c["variable"],
-                f"{level_text(c['from_level'])} -> {level_text(c['to_level'])}",
-                c["outcome"] + (f" ({verdict})" if verdict and verdict != c["outcome"] else ""),
-                c.get("effect") or gain_text(c.get("gain")),
-                c.get("pairs", ""),
-                c.get("reason", ""),
+                _step(c["variable"], c["from_level"], c["to_level"]),
+                (c.get("effect") or gain_text(c.get("gain")))
+                + (f"\n{c['pairs']} pair(s)" if c.get("pairs") not in (None, "") else ""),
+                outcome + (f": {reason}" if reason else ""),
             )
         )
-    return table
+    return _fit(table, [str(c["variable"]) for c in body.get("candidates", [])])
 
 
 #: The wall-time kinds ``vlab campaign show`` lists, in order, with their row names.
@@ -223,7 +203,7 @@ def proposal_table(body: dict[str, Any]) -> Table:
             else "left out"
         )
         table.add_row(*_cells(note["name"], shown, note.get("why", "")))
-    return table
+    return _fit(table, [str(n["name"]) for n in body.get("space_proposal") or []], column=0)
 
 
 def print_costs(body: dict[str, Any], out: Console) -> None:
@@ -323,10 +303,11 @@ def print_campaign(body: dict[str, Any], out: Console) -> None:
     final = final_of(body)
     if final.get("serve_command"):
         out.print("vllm serve line:", markup=False)
-        out.print(f"  {final['serve_command']}", markup=False)
+        # one line whatever the width: to copy and run
+        out.print(f"  {final['serve_command']}", markup=False, soft_wrap=True)
     if final.get("spec"):
         out.print("re-run spec (save as a file, then `vlab submit FILE`):", markup=False)
-        out.print(json.dumps(final["spec"], indent=2), markup=False)
+        out.print(json.dumps(final["spec"], indent=2), markup=False, soft_wrap=True)
     print_costs(body, out)
     if body.get("pending"):
         out.print(f"waiting for {len(body['pending'])} run(s)", markup=False)
@@ -339,12 +320,16 @@ def campaign_submit(
         Path, typer.Argument(exists=True, dir_okay=False, help="JSON or YAML campaign document")
     ],
     api: ApiOpt = None,
+    json_out: JsonOpt = False,
 ) -> None:
     """Start a tuning campaign (POST /api/v1/campaigns); the service queues its runs."""
     base = _base(api)
     created = _call(
         "POST", f"{base}/api/v1/campaigns", ok=201, json=load_spec_file(file), timeout=300
     )
+    if json_out:
+        print_json(created)
+        return
     console.print(f"campaign [bold]{created['id']}[/bold] ({created['status']}): {created['url']}")
     console.print(f"follow it with: vlab campaign show {created['id']}", markup=False)
 
@@ -353,26 +338,28 @@ def campaign_submit(
 @_one_line_errors
 def campaign_list(
     api: ApiOpt = None,
-    limit: Annotated[int, typer.Option(min=1, max=500, help="at most this many")] = 50,
+    limit: Annotated[int, typer.Option(min=0, help="at most this many (0: all)")] = 50,
+    json_out: JsonOpt = False,
 ) -> None:
-    """List campaigns, newest first."""
-    page = _call("GET", f"{_base(api)}/api/v1/campaigns", params={"limit": limit}, timeout=30)
+    """List campaigns, newest first (every page, up to --limit)."""
+    items = list(Api(api).pages("/api/v1/campaigns", {}, limit or None))
+    if json_out:
+        print_json(items)
+        return
     table = Table("id", "name", "status", "objective", "runs", "updated")
-    for item in page.get("items", []):
+    for col in table.columns:
+        col.overflow = "fold"
+    table.columns[0].min_width = 36  # the id whole, to copy
+    for item in items:
         table.add_row(
             item["id"],
             item["name"],
             item["status"],
             item.get("objective", ""),
             str(item.get("run_count", 0)),
-            str(item.get("updated_at", "")),
+            str(item.get("updated_at", ""))[:16].replace("T", " "),
         )
-    if page.get("items"):
-        console.print(table)
-        if page.get("total", 0) > len(page["items"]):
-            console.print(f"{len(page['items'])} of {page['total']} shown", markup=False)
-    else:
-        console.print("no campaigns", markup=False)
+    console.print(table if items else "no campaigns")
 
 
 @campaign_app.command("show")
@@ -403,7 +390,7 @@ def campaign_show(
         time.sleep(interval)
         body = _call("GET", url, timeout=30)
     if as_json:
-        typer.echo(json.dumps({**body, **final_of(body)}, indent=2))
+        print_json({**body, **final_of(body)})
         return
     print_campaign(body, console)
 
@@ -413,7 +400,11 @@ def campaign_show(
 def campaign_cancel(
     campaign_id: Annotated[str, typer.Argument(help="the campaign's id")],
     api: ApiOpt = None,
+    json_out: JsonOpt = False,
 ) -> None:
     """Cancel a campaign: its queued runs end cancelled; started runs finish."""
     body = _call("POST", f"{_base(api)}/api/v1/campaigns/{campaign_id}/cancel", timeout=30)
+    if json_out:
+        print_json(body)
+        return
     console.print(f"campaign {body['id']}: {body['status']}", markup=False)

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 from fastapi.testclient import TestClient
@@ -19,7 +17,6 @@ from rich.console import Console
 from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
-from api.app import create_app
 from orchestrator.cli import campaign as campaign_cli
 from orchestrator.cli.main import app
 from orchestrator.core.db import unit_of_work
@@ -29,23 +26,6 @@ from tests.api.conftest import settings as settings  # noqa: F401 - fixture
 from tests.orchestrator.tuning.test_campaign_service import campaign_doc, finish_queued
 
 API = "http://vlab.test"
-
-
-@pytest.fixture
-def api(
-    settings: Settings,  # noqa: F811
-    factory: sessionmaker[Session],
-    monkeypatch: pytest.MonkeyPatch,
-) -> Iterator[TestClient]:
-    """The CLI's calls (``httpx.request``) answered by a TestClient of the real app."""
-    with TestClient(create_app(settings, factory), base_url=API) as client:
-
-        def request(method: str, url: str, **kw: Any) -> httpx.Response:
-            kw.pop("timeout", None)
-            return client.request(method, url, **kw)
-
-        monkeypatch.setattr(campaign_cli.httpx, "request", request)
-        yield client
 
 
 def cli(*args: str) -> Any:
@@ -91,6 +71,8 @@ def test_submit_show_a_finished_campaign(
     assert "effects are gains: positive is better" in path
     assert "% [" in path and "%]" in path
     # the candidates with their outcomes
+    tables = [ln for ln in out.splitlines() if ln[:1] in "┏┃│┡└"]
+    assert max(len(ln) for ln in tables) <= 100, out  # the tables fit; names whole
     cands = out.split("candidates")[-1].split("confirmation")[0]
     assert "adopted (pays)" in cands and "128 -> 64" in cands and "worse" in cands
     assert "inert" in cands and "equivalent within" in cands and "skipped" in cands
@@ -118,14 +100,16 @@ def test_list_and_cancel(api: TestClient, tmp_path: Path) -> None:
     listed = cli("list")
     assert listed.exit_code == 0, listed.output
     assert cid in listed.output and "cli cancel me" in listed.output
+    as_json = json.loads(cli("list", "--json").stdout)
+    assert cid in [c["id"] for c in as_json]
     assert "output_throughput" in listed.output
     show = cli("show", cid)
     assert show.exit_code == 0 and "queued" in show.output and "not run (yet)" in show.output
     cancelled = cli("cancel", cid)
     assert cancelled.exit_code == 0, cancelled.output
     assert f"campaign {cid}: cancelled" in cancelled.output
-    again = cli("cancel", cid)  # 409: the problem, exit 1
-    assert again.exit_code == 1 and "409" in again.output and "already ended" in again.output
+    again = cli("cancel", cid)  # 409: the problem, exit 2 (a refusal)
+    assert again.exit_code == 2 and "409" in again.output and "already ended" in again.output
 
 
 def test_bad_documents_and_unknown_ids(api: TestClient, tmp_path: Path) -> None:
@@ -133,12 +117,12 @@ def test_bad_documents_and_unknown_ids(api: TestClient, tmp_path: Path) -> None:
     f = tmp_path / "bad.yaml"
     f.write_text(yaml.safe_dump(bad))
     result = cli("submit", str(f))
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "422" in result.output and "body.space.0.levels.0" in result.output
     # each problem once: the bullet, not the detail restating it beside
     assert result.output.count("no engine argument") == 1, result.output
     missing = cli("show", "nope")
-    assert missing.exit_code == 1 and "404" in missing.output
+    assert missing.exit_code == 2 and "404" in missing.output
     broken = tmp_path / "broken.yaml"
     broken.write_text("name: [unclosed\n")
     result = cli("submit", str(broken))
@@ -147,7 +131,7 @@ def test_bad_documents_and_unknown_ids(api: TestClient, tmp_path: Path) -> None:
 
 def test_an_unreachable_api_is_one_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["campaign", "list", "--api", "http://127.0.0.1:9"])
-    assert result.exit_code == 2
+    assert result.exit_code == 4  # the service unreachable
     assert "cannot reach the API" in result.output and "Traceback" not in result.output
 
 
@@ -160,7 +144,7 @@ def test_settings_that_do_not_load_are_one_line(monkeypatch: pytest.MonkeyPatch)
         monkeypatch.undo()
         get_settings.cache_clear()
     assert result.exit_code == 2, result.output
-    assert "invalid settings" in result.output and "Traceback" not in result.output
+    assert "invalid setting VLAB_API__PORT" in result.output and "Traceback" not in result.output
 
 
 def test_show_prints_where_the_wall_time_went_and_the_lost_runs() -> None:
