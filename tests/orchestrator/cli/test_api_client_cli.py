@@ -247,3 +247,16 @@ def test_token_create_database_bootstraps_a_service_not_running(
         assert doc["token"].startswith(f"vlab_{doc['key_id']}_")
     finally:
         get_settings.cache_clear()
+
+
+def test_submit_json_and_its_wait_timeout(api: TestClient) -> None:
+    spec = Path(__file__).resolve().parents[3] / "examples" / "quick-tiny.yaml"
+    made = cli("submit", str(spec), "--no-watch", "--json")
+    assert made.exit_code == 0, made.output
+    created = json.loads(made.stdout)  # the POST /experiments answer alone on stdout
+    assert created["id"] and created["runs"] and "experiment " in made.stderr
+    waited = cli("submit", str(spec), "--wait-timeout", "0.2", "--interval", "0.05")
+    assert waited.exit_code == 3, waited.output  # queued: nothing runs them here
+    assert [ln for ln in lines_of(waited.stderr) if ln.startswith("error:")][0].count(
+        "--wait-timeout"
+    ) == 1
