@@ -227,8 +227,8 @@ def demo(
         if not exit_after:
             home = settings.home.resolve()
             console.print(
-                f"dashboard: {base}/experiments/{exp['id']} \N{EM DASH} the service keeps "
-                f"running; Ctrl-C to stop (data kept in {home})",
+                f"dashboard: {base}/experiments/{exp['id']} (the service keeps running; "
+                f"Ctrl-C to stop; data kept in {home})",
                 markup=False,
                 soft_wrap=True,
             )

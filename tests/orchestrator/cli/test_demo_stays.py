@@ -10,13 +10,18 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 from sqlalchemy import create_engine, select
+from typer.testing import CliRunner
 
+from orchestrator.cli import serving
+from orchestrator.cli.main import app
 from orchestrator.core.db import normalize_url
 from orchestrator.core.models import Run
 from tests.conftest import REPO, fresh_database
@@ -149,3 +154,27 @@ def _refused(base: str) -> bool:
     except httpx.HTTPError:
         return True
     return False
+
+
+def test_demo_refuses_a_taken_port_in_one_line_before_starting_anything(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(SPEC))
+    monkeypatch.setattr(serving, "_setup_logging", lambda *_, **__: None)
+    started: list[str] = []
+    monkeypatch.setattr(serving, "open_runtime", lambda *_: started.append("runtime"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(
+            app, ["demo", "--spec", str(spec), "--port", str(port), "--exit"]
+        )
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines == [
+        f"error: cannot serve on 127.0.0.1:{port}: Address already in use; pick another "
+        "port with --port or VLAB_API__PORT"
+    ], result.output
+    assert started == []
