@@ -65,7 +65,6 @@ app.add_typer(campaign_app, name="campaign")
 app.add_typer(runs_app, name="runs", no_args_is_help=True)
 app.add_typer(experiments_app, name="experiments", no_args_is_help=True)
 app.add_typer(schedules_app, name="schedules", no_args_is_help=True)
-app.command("compare")(compare)
 warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")  # from the embedded Postgres
 
 for command in (serving.up, serving.serve, serving.orchestrate, serving.migrate, serving.demo):
@@ -145,6 +144,9 @@ def watch(
         base, experiment_id, console=progress, interval_s=interval, timeout_s=wait_timeout
     )
     _finish(exp, json_out, base)
+
+
+app.command("compare")(compare)
 
 
 @token_app.command("create")

@@ -78,8 +78,9 @@ def plain(x: Any, unit: str = "") -> str:
 
 def progress_view(exp: dict[str, Any]) -> Table:
     table = Table(title=f"experiment {exp['name']} ({exp['status']})", expand=False)
-    for col in ("run", "rep", "change", "status", "phase", "requests", ""):
-        table.add_column(col)
+    # the run is its variant's name (the change is in the variants table at the end)
+    for col in ("run", "status", "phase", "requests", ""):
+        table.add_column(col, overflow="fold")
     for run in exp["runs"]:
         prog = run.get("progress") or {}
         done, total = int(prog.get("requests_done", 0)), int(prog.get("requests_total", 0))
@@ -87,9 +88,7 @@ def progress_view(exp: dict[str, Any]) -> Table:
             done = total = max(total, 1)
         bar = ProgressBar(total=max(total, 1), completed=done, width=24)
         table.add_row(
-            run["name"],
-            str(run.get("repeat_index", 0)),
-            describe_change(run),
+            f"{run['name']} #{run.get('repeat_index', 0)}",
             run["status"] + (" (partial)" if run.get("partial") else ""),
             str(prog.get("phase", "")) if run["status"] in ACTIVE else "",
             f"{done}/{total}" if total else "",

@@ -25,8 +25,9 @@ from typer.testing import CliRunner
 from orchestrator.cli import client as cli_client
 from orchestrator.cli import report as cli_report
 from orchestrator.cli.main import app
+from orchestrator.core import auth
 from orchestrator.core.db import unit_of_work
-from orchestrator.core.repositories import RunRepository
+from orchestrator.core.repositories import RunRepository, TokenRepository
 from orchestrator.core.settings import get_settings
 from orchestrator.core.states import RunStatus
 from tests.factories import make_experiment
@@ -222,7 +223,10 @@ def test_export_mlflow_goes_through_the_api(api: TestClient, demo: str, tmp_path
 
 
 def test_token_create_database_bootstraps_a_service_not_running(
-    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    database_url: str,
+    session_factory: sessionmaker[Session],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The one path to the database, only when asked (``--database``): the first token of
     a service that refuses to start without one; without it, the unreachable service's
@@ -247,6 +251,9 @@ def test_token_create_database_bootstraps_a_service_not_running(
         assert doc["token"].startswith(f"vlab_{doc['key_id']}_")
     finally:
         get_settings.cache_clear()
+        with unit_of_work(session_factory) as session:  # the shared database: open again
+            if TokenRepository(session).active_by_name(name) is not None:
+                auth.revoke_token(session, name, by="test")
 
 
 def test_submit_json_and_its_wait_timeout(api: TestClient) -> None:
