@@ -142,7 +142,8 @@ class Api:
         """The items of a paginated list (``{"items", "total", "limit", "offset"}``), at
         most ``limit`` of them (None: all), page after page: a ``next`` link or cursor
         when the answer carries one (``next`` / ``next_url`` a URL, ``next_cursor`` a
-        cursor sent back as ``cursor``), else the next offset until ``total``."""
+        cursor sent back as ``cursor``; one of them present but null: the last page), else
+        the next offset until ``total``."""
         query = {k: v for k, v in params.items() if v is not None}
         page_size = min(limit or 100, 100)
         query["limit"] = page_size
@@ -166,6 +167,8 @@ class Api:
             elif isinstance(cursor, str) and cursor:
                 query = {**query, "cursor": cursor}
                 query.pop("offset", None)
+            elif any(k in body for k in ("next", "next_url", "next_cursor")):
+                return  # a keyset page without a next one: the last
             elif "total" in body and int(body.get("offset", 0)) + len(items) < body["total"]:
                 query = {**query, "offset": int(body.get("offset", 0)) + len(items)}
             else:

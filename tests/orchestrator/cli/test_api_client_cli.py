@@ -14,8 +14,10 @@ import json
 import os
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from fastapi.testclient import TestClient
@@ -267,3 +269,38 @@ def test_submit_json_and_its_wait_timeout(api: TestClient) -> None:
     assert [ln for ln in lines_of(waited.stderr) if ln.startswith("error:")][0].count(
         "--wait-timeout"
     ) == 1
+
+
+def test_pages_follow_a_next_link_a_cursor_or_the_offset(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Keyset pages (a ``next`` link, a ``next_cursor``; null on the last page, whatever
+    ``offset`` and ``total`` say) and offset pages are followed alike."""
+    asked: list[tuple[str, dict[str, Any]]] = []
+    keyset = [
+        {"items": [1, 2], "total": 5, "limit": 2, "offset": 0, "next": "/api/v1/runs?c=a"},
+        {"items": [3, 4], "total": 5, "limit": 2, "offset": 0, "next_cursor": "b"},
+        {"items": [5], "total": 9, "limit": 2, "offset": 0, "next": None},
+    ]
+    offsets = [
+        {"items": [1, 2], "total": 3, "limit": 2, "offset": 0},
+        {"items": [3], "total": 3, "limit": 2, "offset": 2},
+    ]
+    pages: list[dict[str, Any]] = []
+
+    def request(method: str, url: str, **kw: Any) -> httpx.Response:
+        asked.append((url, dict(kw.get("params") or {})))
+        return httpx.Response(200, json=pages.pop(0))
+
+    monkeypatch.setattr(
+        cli_client, "httpx", SimpleNamespace(request=request, HTTPError=httpx.HTTPError)
+    )
+    pages[:] = keyset
+    assert list(cli_client.Api(API).pages("/api/v1/runs", {"status": "failed"}, None)) == [
+        1, 2, 3, 4, 5,
+    ]  # fmt: skip
+    assert asked[1][0] == f"{API}/api/v1/runs?c=a" and asked[2][1]["cursor"] == "b"
+    asked.clear()
+    pages[:] = offsets
+    assert list(cli_client.Api(API).pages("/api/v1/runs", {}, None)) == [1, 2, 3]
+    assert [q.get("offset") for _, q in asked] == [None, 2]
