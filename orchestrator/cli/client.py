@@ -48,6 +48,10 @@ def make_console() -> Console:
     return Console(width=TABLE_WIDTH, color_system=None)
 
 
+class WaitTimeout(TimeoutError):
+    """``--wait-timeout`` passed with runs unfinished: exit code 3."""
+
+
 class ApiError(CliError):
     """The service answered with an error, or could not be reached: the lines to print
     (the first the summary) and the exit code."""

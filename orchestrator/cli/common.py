@@ -26,6 +26,7 @@ from orchestrator.cli.client import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     ApiError,
+    WaitTimeout,
     make_console,
     problem_lines,
 )
@@ -121,8 +122,9 @@ def is_settings_error(exc: BaseException) -> bool:
 
 def friendly(func: Callable[..., None]) -> Callable[..., None]:
     """Turn user-facing failures into one line on stderr (no traceback), each said once:
-    exit code 2 (a bad argument, file or setting; the service refused the request), 3 (a
-    timeout), or the :class:`ApiError`'s own (4: the service unreachable or failing)."""
+    exit code 2 (a bad argument, file or setting; the service refused the request; any
+    other timeout), 3 (``--wait-timeout``: :class:`WaitTimeout`), or the
+    :class:`ApiError`'s own (4: the service unreachable or failing)."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> None:
@@ -148,7 +150,7 @@ def friendly(func: Callable[..., None]) -> Callable[..., None]:
             err.print(f"[red]error:[/red] {escape(lines[0])}", markup=True)
             for line in lines[1:]:
                 err.print(line, markup=False)
-            code = EXIT_TIMEOUT if isinstance(exc, TimeoutError) else EXIT_USAGE
+            code = EXIT_TIMEOUT if isinstance(exc, WaitTimeout) else EXIT_USAGE
             raise typer.Exit(exc.exit_code if isinstance(exc, ApiError) else code) from None
 
     return wrapper

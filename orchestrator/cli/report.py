@@ -16,7 +16,14 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from orchestrator.analysis.trust import RunTrust, SidesTrust, na_text, trust_of_doc
-from orchestrator.cli.client import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, ApiError, problem_lines
+from orchestrator.cli.client import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    ApiError,
+    WaitTimeout,
+    problem_lines,
+)
 from orchestrator.core.auth import client_auth_headers
 from orchestrator.core.states import ACTIVE
 
@@ -227,7 +234,7 @@ def watch(
     def still_running(exp: dict[str, Any]) -> bool:
         active = [r for r in exp["runs"] if r["status"] in ACTIVE]
         if active and deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(
+            raise WaitTimeout(
                 f"--wait-timeout {plain(timeout_s)} s passed: experiment {experiment_id} has "
                 f"{len(active)} of {len(exp['runs'])} run(s) unfinished (they keep going; "
                 f"`vlab watch {experiment_id}` to wait again)"
