@@ -49,8 +49,9 @@ SPEC = {
 STAYING = "the service keeps running; Ctrl-C to stop"
 
 
-def test_demo_serves_the_dashboard_on_the_port_setting_until_sigterm(
-    server_url: str, tmp_path: Path
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_demo_serves_the_dashboard_on_the_port_setting_until_stopped(
+    server_url: str, tmp_path: Path, sig: signal.Signals
 ) -> None:
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(SPEC))
@@ -82,12 +83,12 @@ def test_demo_serves_the_dashboard_on_the_port_setting_until_sigterm(
             exp = httpx.get(f"{base}/api/v1/experiments/{exp_id}", timeout=30).json()
             assert exp["status"] == "succeeded", exp["status"]
             t0 = time.monotonic()
-            demo.kill(signal.SIGTERM)
+            demo.kill(sig)
             assert demo.proc is not None
             code = demo.proc.wait(timeout=180)
             took = time.monotonic() - t0
             assert code == 0, demo.log_text()[-3000:]
-            print(f"demo stopped {took:.1f} s after SIGTERM", flush=True)
+            print(f"demo stopped {took:.1f} s after {sig.name}", flush=True)
             assert "stopping ..." in demo.log_text()
             assert wait_for(lambda: _refused(base), 10), "the API still answers after exit"
         finally:
