@@ -8,7 +8,10 @@ the run's metrics by ``RunRepository.replace_measurements`` and backfilled here)
 with an index ``(column, id)`` that gives the order and the keyset cursor's tie-break.
 ``runs(started_at, id)`` serves the sort by start, and ``experiments(created_at, id)``
 with ``runs(experiment_id, sequence, id)`` (``id`` added) the default order (the newest
-experiment first, its runs together in start order), index-only for a page's ids.
+experiment first, its runs together in start order), index-only for a page's ids;
+``runs(<column>, id)`` for the sorts by status, model, change, sequence and duration
+(``finished_at - started_at``), and
+``experiments(name, id)`` for the sort by experiment (its runs together too).
 
 Revision ID: 0013
 Revises: 0012
@@ -34,6 +37,14 @@ SORT_METRICS = {
     "prefix_cache_hit_rate": "sort_hit_rate",
 }
 
+#: the history's other column sorts: index name -> runs column (each with the id tie-break)
+COLUMN_SORTS = {
+    "ix_runs_status_id": "status",
+    "ix_runs_model_id": "model_id",
+    "ix_runs_variable": "variable",
+    "ix_runs_sequence": "sequence",
+}
+
 
 def upgrade() -> None:
     for col in SORT_METRICS.values():
@@ -54,9 +65,17 @@ def upgrade() -> None:
     op.create_index("ix_experiments_created", "experiments", ["created_at", "id"])
     op.drop_index("ix_runs_experiment_sequence", table_name="runs")
     op.create_index("ix_runs_experiment_sequence", "runs", ["experiment_id", "sequence", "id"])
+    for name, col in COLUMN_SORTS.items():
+        op.create_index(name, "runs", [col, "id"])
+    op.create_index("ix_experiments_name", "experiments", ["name", "id"])
+    op.create_index("ix_runs_duration", "runs", [sa.text("(finished_at - started_at)"), "id"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_runs_duration", table_name="runs")
+    op.drop_index("ix_experiments_name", table_name="experiments")
+    for name in COLUMN_SORTS:
+        op.drop_index(name, table_name="runs")
     op.drop_index("ix_runs_experiment_sequence", table_name="runs")
     op.create_index("ix_runs_experiment_sequence", "runs", ["experiment_id", "sequence"])
     op.drop_index("ix_experiments_created", table_name="experiments")

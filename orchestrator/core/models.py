@@ -58,7 +58,10 @@ class Base(DeclarativeBase):
 
 class Experiment(Base):
     __tablename__ = "experiments"
-    __table_args__ = (Index("ix_experiments_created", "created_at", "id"),)
+    __table_args__ = (
+        Index("ix_experiments_created", "created_at", "id"),
+        Index("ix_experiments_name", "name", "id"),
+    )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     name: Mapped[str] = mapped_column(String(200))
@@ -107,6 +110,12 @@ class Run(Base):
         Index("ix_runs_model_created", "model_id", "created_at"),
         Index("ix_runs_engine_args", "engine_args", postgresql_using="gin"),
         Index("ix_runs_started", "started_at", "id"),
+        # the history's other column sorts, each with the id tie-break of its cursor
+        Index("ix_runs_status_id", "status", "id"),
+        Index("ix_runs_model_id", "model_id", "id"),
+        Index("ix_runs_variable", "variable", "id"),
+        Index("ix_runs_sequence", "sequence", "id"),
+        Index("ix_runs_duration", text("(finished_at - started_at)"), "id"),
         *(Index(f"ix_runs_{col}", col, "id") for col in RUN_SORT_METRICS.values()),
         UniqueConstraint("campaign_id", "campaign_label", name="uq_runs_campaign_label"),
         CheckConstraint(

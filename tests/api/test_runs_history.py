@@ -136,6 +136,9 @@ def _follow(client: TestClient, params: dict[str, Any]) -> list[dict[str, Any]]:
         ("ttft_p50", "desc"),
         ("started", "desc"),
         ("status", "asc"),
+        ("experiment", "desc"),
+        ("duration", "asc"),
+        ("variable", "desc"),
     ],
 )
 def test_cursor_pages_return_every_run_once_in_order(
@@ -263,3 +266,24 @@ def test_the_experiment_list_estimates_a_large_count(
     body = client.get("/api/v1/experiments", params={"limit": 2}).json()
     assert body["total_estimated"] is True and body["total"] >= 3
     assert len(body["items"]) == 2
+
+
+def test_the_dashboards_next_link_is_a_cursor_to_the_next_rows(
+    client: TestClient, model: str
+) -> None:
+    """The "next" link carries the keyset cursor; following it shows the rows an offset
+    page would, and the cursor is dropped when the sort changes."""
+    first = client.get("/", params={"model": model, "per_page": 5, "sort": "ttft_p50"}).text
+    link = first.split('rel="next"')[0].rsplit('href="', 1)[1].split('"')[0].replace("&amp;", "&")
+    assert "cursor=" in link and "page=2" in link
+    by_cursor = client.get(link).text
+    by_offset = client.get(
+        "/", params={"model": model, "per_page": 5, "sort": "ttft_p50", "page": 2}
+    ).text
+
+    def ids(html: str) -> list[str]:
+        return [line.split('"')[1] for line in html.split("<tr data-run-id=")[1:]]
+
+    assert len(ids(by_cursor)) == 5 and ids(by_cursor) == ids(by_offset)
+    assert set(ids(by_cursor)).isdisjoint(ids(first))
+    assert "cursor=" not in by_cursor.split('data-sort="model"')[1].split("</th>")[0]

@@ -185,11 +185,13 @@ class HistoryRepository:
     def _order(self, sort: str, descending: bool) -> tuple[list[tuple[Any, bool]], bool]:
         """The ORDER BY of ``sort``: ``(expression, descending)`` keys, the last one the
         tie-break, and whether the first key may be NULL (such rows come last)."""
-        if sort == "submitted":
-            # the newest experiment first, its runs together in start order
-            # (ix_experiments_created, then ix_runs_experiment_sequence)
+        if sort in ("submitted", "experiment"):
+            # the newest experiment (or by name) first, its runs together in start order
+            # (ix_experiments_created or ix_experiments_name, then
+            # ix_runs_experiment_sequence)
+            first = Experiment.created_at if sort == "submitted" else Experiment.name
             return [
-                (Experiment.created_at, descending),
+                (first, descending),
                 (Experiment.id, descending),
                 (Run.sequence, False),
                 (Run.id, False),
@@ -201,7 +203,6 @@ class HistoryRepository:
                 "sequence": Run.sequence,
                 "started": Run.started_at,
                 "duration": Run.finished_at - Run.started_at,
-                "experiment": Experiment.name,
                 "model": Run.model_id,
                 "status": Run.status,
                 "variable": Run.variable,
