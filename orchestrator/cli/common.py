@@ -181,7 +181,7 @@ def submit_spec(
     created: dict[str, Any] = resp.json()
     out.print(f"experiment [bold]{created['id']}[/bold]: {created['url']}")
     for run in created["runs"]:
-        out.print(f"  run {run['name']} (repeat {run['repeat_index']}): {run['url']}")
+        out.print(f"  run {run['name']} (repeat {run['repeat_index'] + 1}): {run['url']}")
     estimate = created.get("capacity_estimate")
     if isinstance(estimate, dict) and estimate.get("experiment_s_max") is not None:
         out.print(

@@ -165,7 +165,7 @@ def _print_runs(reports: list[dict[str, Any]], with_cycle: bool) -> None:
             table.add_row(
                 *([str(number)] if with_cycle else []),
                 r["variant"],
-                str(r["repeat_index"]),
+                str(r["repeat_index"] + 1),
                 r["status"],
                 r["action"],
                 r.get("mlflow_run_id") or "–",

@@ -94,7 +94,7 @@ def _finish(exp: dict[str, Any], json_out: bool, base: str) -> None:
         bad = [r for r in exp["runs"] if r["status"] != "succeeded"]
         Console(stderr=True, soft_wrap=True).print(
             f"{len(bad)} of {len(exp['runs'])} run(s) did not succeed: "
-            + ", ".join(f"{r['name']} #{r.get('repeat_index', 0)} {r['status']}" for r in bad),
+            + ", ".join(f"{r['name']} #{r.get('repeat_index', 0) + 1} {r['status']}" for r in bad),
             markup=False,
         )
         raise typer.Exit(code)

@@ -115,7 +115,7 @@ def runs_list(
     for r in items:
         m = r.get("metrics") or {}
         table.add_row(
-            f"{r['name']} #{r.get('repeat_index', 0)}\n{r['id']}",
+            f"{r['name']} #{r.get('repeat_index', 0) + 1}\n{r['id']}",
             r["status"],
             describe_change(r),
             plain(m.get("median_ttft_ms")),
@@ -132,7 +132,7 @@ def runs_show(run_id: str, json_out: JsonOpt = False, api: ApiOpt = None) -> Non
         print_json(run)
         return
     console.print(
-        f"run {run['name']} (repeat {run.get('repeat_index', 0)}) of experiment "
+        f"run {run['name']} (repeat {run.get('repeat_index', 0) + 1}) of experiment "
         f"{run['experiment_id']}: {run['status']}"
         + (f" ({run['status_reason']})" if run.get("status_reason") else ""),
         markup=False,

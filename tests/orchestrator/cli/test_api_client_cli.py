@@ -98,6 +98,9 @@ def test_runs_list_follows_every_page_and_filters(api: TestClient, demo: str) ->
     assert max(len(ln) for ln in table.output.splitlines()) <= 100, table.output
     assert "engine_args.enable_prefix_caching" in table.output
     assert "p50 ms" in table.output and "37.2" in table.output and "e+0" not in table.output
+    # repeats numbered from 1, as the dashboard and MLflow number them
+    assert "apc-on #1" in table.output and "apc-on #2" in table.output, table.output
+    assert "#0" not in table.output
     assert all(r["id"] in table.output for r in all_runs)  # each id whole, to copy
 
 
