@@ -65,13 +65,11 @@ class _Walk:
         join: bool,
         brief: bool,
     ) -> None:
-        self.session, self.conds, self.keys, self.join, self.brief = (
-            session,
-            conds,
-            keys,
-            join,
-            brief,
-        )
+        self.session = session
+        self.conds = conds
+        self.keys = keys
+        self.join = join  # a key or condition reads the experiment
+        self.brief = brief
 
     def rows(self, where: list[Any], by: int, limit: int, offset: int) -> list[Any]:
         """The rows matching ``where`` too, ordered by the first ``by`` keys (``-1``: the
@@ -91,7 +89,7 @@ class _Walk:
             .subquery()
         )
         cols = [ids.c[f"k{i}"] for i in range(len(self.keys))]
-        pos = [self.keys.index(o) for o in order]
+        pos = list(range(by)) if by > 0 else [len(self.keys) - 1]
         stmt: Any = (
             select(
                 Run,
@@ -113,9 +111,10 @@ class HistoryRepository:
 
     One query per page (two when a sort key may be NULL: the rows with a value, then
     those without), runs joined to their experiment (for its name), walking an index in
-    the sort's order: ``experiments(created_at, id)`` then
-    ``runs(experiment_id, sequence)`` for the default order, ``runs(<sort key>, id)``
-    for a metric (the ``sort_*`` columns, migration 0013), ``runs(started_at, id)``;
+    the sort's order: ``experiments(created_at, id)`` (or ``(name, id)``) then
+    ``runs(experiment_id, sequence, id)`` for the default order (and by experiment),
+    ``runs(<sort key>, id)`` for a metric (the ``sort_*`` columns, migration 0013) and
+    every other column;
     filters by ``runs(status, created_at)``, ``runs(model_id, created_at)``, the GIN
     index on ``runs.engine_args`` (``@>``). Deep pages go by keyset (``after``), counts
     above :attr:`EXACT_COUNT_UP_TO` are estimated. Figures: docs/BENCHMARKS.md.
