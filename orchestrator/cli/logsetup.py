@@ -101,10 +101,20 @@ def logging_config(path: Path, *, verbose: bool, terminal_level: int) -> dict[st
     }
 
 
-def configure(home: Path, *, verbose: bool = False, terminal_level: int = logging.INFO) -> Path:
+def configure(
+    home: Path, *, verbose: bool = False, terminal_level: int = logging.INFO
+) -> Path | None:
     """Configure logging for a service command on ``home``; returns the log file's path.
-    ``terminal_level``: the least level of vlab's records shown on the terminal."""
+    ``terminal_level``: the least level of vlab's records shown on the terminal.
+
+    In a process whose ``sys.stderr`` is not file descriptor 2 (the command run inside
+    another program: a test runner's ``CliRunner`` captures it), nothing is changed and
+    None is returned: that program's logging is its own."""
     global _log_path, _verbose
+    if _log_path is not None:
+        return _log_path
+    if not _stderr_is_fd2():
+        return None
     path = log_path(home)
     path.parent.mkdir(parents=True, exist_ok=True)
     if not verbose:
@@ -133,16 +143,19 @@ def adopt_library_loggers() -> None:
         logger.propagate = True
 
 
+def _stderr_is_fd2() -> bool:
+    """Whether ``sys.stderr`` writes to file descriptor 2 (not a capture of it)."""
+    try:
+        return sys.stderr is not None and sys.stderr.fileno() == 2
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
 def _point_fd2_at(path: Path) -> None:
     """Point file descriptor 2 at the log file (appending) and ``sys.stderr`` at a copy
     of what fd 2 was (the terminal); no-op when ``sys.stderr`` is not fd 2 (a test
     runner's capture) or fd 2 was pointed already."""
-    if _log_path is not None:
-        return
-    try:
-        if sys.stderr is None or sys.stderr.fileno() != 2:
-            return
-    except (AttributeError, ValueError, OSError):
+    if _log_path is not None or not _stderr_is_fd2():
         return
     with contextlib.suppress(Exception):
         sys.stderr.flush()
@@ -161,3 +174,8 @@ def _point_fd2_at(path: Path) -> None:
         encoding=getattr(old, "encoding", None) or "utf-8",
         errors="backslashreplace",
     )
+
+
+def is_verbose() -> bool:
+    """Whether :func:`configure` ran with ``verbose``."""
+    return _verbose

@@ -46,10 +46,16 @@ Verbose = Annotated[
 
 
 def _setup_logging(verbose: bool = False, terminal_level: int = logging.INFO) -> None:
-    """vlab's log lines on the terminal, everything (Ray, Postgres, libraries' warnings)
-    in ``<home>/logs/vlab.log`` (:mod:`orchestrator.cli.logsetup`), said in one line."""
-    path = logsetup.configure(get_settings().home, verbose=verbose, terminal_level=terminal_level)
-    if not verbose:
+    """vlab's log lines on the terminal, everything else (Ray, Postgres, libraries'
+    warnings) in ``<home>/logs/vlab.log`` (:mod:`orchestrator.cli.logsetup`); the command
+    names the file once it runs (:func:`_say_log`), so that a refusal stays the only line."""
+    logsetup.configure(get_settings().home, verbose=verbose, terminal_level=terminal_level)
+
+
+def _say_log() -> None:
+    """One line naming the log file (when :func:`_setup_logging` sent output there)."""
+    path = logsetup.configured_log_path()
+    if path is not None and not logsetup.is_verbose():
         console.print(
             f"log: {path} (Ray, Postgres and libraries; --verbose shows them here)",
             markup=False,
@@ -106,6 +112,7 @@ def up(
         _auth_preflight(settings, rt)
         rt.start_orchestrator()
         _print_device_kind(rt)
+        _say_log()
         rt.serve_api_foreground(settings.api.host, settings.api.port)
     finally:
         rt.stop()
@@ -123,6 +130,7 @@ def serve(
     rt = open_runtime(settings)
     try:
         _auth_preflight(settings, rt)
+        _say_log()
         rt.serve_api_foreground(settings.api.host, settings.api.port)
     finally:
         rt.stop()
@@ -146,6 +154,7 @@ def orchestrate(
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     _print_device_kind(rt)
+    _say_log()
     if metrics_port is not None:
         rt.start_metrics_thread(metrics_host, metrics_port)
         console.print(
@@ -193,6 +202,7 @@ def demo(
     spec_doc = load_spec_file(spec)
     _check_port_free("127.0.0.1", port)
     console.rule("vlab demo")
+    _say_log()
     console.print("starting the database (embedded Postgres unless DATABASE_URL is set) ...")
     rt = open_runtime(settings)
     demo_token = None
