@@ -62,7 +62,10 @@ def local_ray_temp_dir(home: Path) -> tuple[Path, str]:
     if len(str(home / "ray").encode()) + RAY_SOCKET_ROOM <= UNIX_SOCKET_MAX:
         return home, f"Ray's session folder: {home / 'ray'}"
     digest = hashlib.sha256(str(home).encode()).hexdigest()[:12]
-    short = Path(tempfile.gettempdir()) / f"vlab-{os.getuid()}-{digest}"
+    tmp = Path(tempfile.gettempdir())
+    if len(str(tmp).encode()) + 40 + RAY_SOCKET_ROOM > UNIX_SOCKET_MAX:
+        tmp = Path("/tmp")  # TMPDIR too long as well
+    short = tmp / f"vlab-{os.getuid()}-{digest}"
     with contextlib.suppress(FileExistsError):
         short.mkdir(mode=0o700)
     info = short.lstat()
