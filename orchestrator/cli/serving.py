@@ -204,6 +204,7 @@ def demo(
     console.rule("vlab demo")
     _say_log()
     console.print("starting the database (embedded Postgres unless DATABASE_URL is set) ...")
+    stop = _stop_on_sigterm()  # from here on, SIGTERM stops what started, as Ctrl-C does
     rt = open_runtime(settings)
     demo_token = None
     failed = False
@@ -214,7 +215,7 @@ def demo(
         console.print(f"  vLLM {cat.vllm_version}, {len(cat.args)} engine arguments")
         console.print("starting Ray and the orchestrator ...")
         rt.start_orchestrator()
-        stop = _stop_on_sigterm()  # after ray.init, whose own SIGTERM handler aborts
+        _stop_on_sigterm(stop)  # again: ray.init installs a SIGTERM handler that aborts
         _print_device_kind(rt)
         rt.start_api_thread("127.0.0.1", port)
         base = f"http://127.0.0.1:{port}"
@@ -266,10 +267,11 @@ def _check_port_free(host: str, port: int) -> None:
             ) from None
 
 
-def _stop_on_sigterm() -> threading.Event:
-    """An event SIGTERM sets; SIGTERM also interrupts the main thread as Ctrl-C does
-    (a demo still watching its runs stops the same way)."""
-    stop = threading.Event()
+def _stop_on_sigterm(stop: threading.Event | None = None) -> threading.Event:
+    """An event SIGTERM sets (``stop``, or a new one); SIGTERM also interrupts the main
+    thread as Ctrl-C does (a demo still starting or watching its runs stops the same
+    way)."""
+    stop = stop or threading.Event()
 
     def on_sigterm(*_: Any) -> None:
         if stop.is_set():
