@@ -179,9 +179,11 @@ def submit_spec(
         code = EXIT_USAGE if resp.status_code < 500 else EXIT_UNAVAILABLE
         raise ApiError(problem_lines(resp), code)
     created: dict[str, Any] = resp.json()
-    out.print(f"experiment [bold]{created['id']}[/bold]: {created['url']}")
+    # URLs are never wrapped (a terminal or a log must be able to open them whole)
+    out.print(f"experiment [bold]{created['id']}[/bold]: {created['url']}", soft_wrap=True)
     for run in created["runs"]:
-        out.print(f"  run {run['name']} (repeat {run['repeat_index'] + 1}): {run['url']}")
+        line = f"  run {run['name']} (repeat {run['repeat_index'] + 1}): {run['url']}"
+        out.print(line, soft_wrap=True, markup=False)
     estimate = created.get("capacity_estimate")
     if isinstance(estimate, dict) and estimate.get("experiment_s_max") is not None:
         out.print(
