@@ -139,6 +139,7 @@ def print_campaign_report(report: dict[str, Any]) -> None:
         f"({report['parent_action']}; {report['params']} params, {report['metrics']} "
         f"metrics), {report['nested']} run(s) nested",
         markup=False,
+        soft_wrap=True,
     )
     _print_runs(report.get("cycles") or [], with_cycle=True)
 
@@ -182,4 +183,5 @@ def _print_runs(reports: list[dict[str, Any]], with_cycle: bool) -> None:
         f"(id {first['mlflow_experiment_id']}) at {first['tracking_uri']}: "
         f"{total or 'no runs'}",
         markup=False,
+        soft_wrap=True,  # one line: a tracking URI is never broken, the totals stay on it
     )

@@ -49,6 +49,9 @@ SPEC = {
 STAYING = "the service keeps running; Ctrl-C to stop"
 
 
+# timing: the stop is bounded (180 s); beside the parallel pass's engine chains one stop
+# took longer than that (not diagnosed yet), so it runs in the quiet timing pass
+@pytest.mark.timing
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
 def test_demo_serves_the_dashboard_on_the_port_setting_until_stopped(
     server_url: str, tmp_path: Path, sig: signal.Signals
