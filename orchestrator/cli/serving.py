@@ -280,6 +280,9 @@ def _stop_on_sigterm(stop: threading.Event | None = None) -> threading.Event:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    # Ctrl-C the same way, also when SIGINT came ignored (a process started in the
+    # background of a script inherits that, and Python then raises no KeyboardInterrupt)
+    signal.signal(signal.SIGINT, on_sigterm)
     return stop
 
 
