@@ -48,6 +48,17 @@ def make_console() -> Console:
     return Console(width=TABLE_WIDTH, color_system=None)
 
 
+def repeat_number(run: dict[str, Any]) -> int:
+    """A run's repeat as people count it (from 1, as the dashboard and MLflow name it);
+    the API's ``repeat_index`` counts from 0."""
+    return int(run.get("repeat_index", 0)) + 1
+
+
+def run_label(run: dict[str, Any]) -> str:
+    """``<variant> #<repeat>``, e.g. ``apc-on #1``."""
+    return f"{run['name']} #{repeat_number(run)}"
+
+
 class WaitTimeout(TimeoutError):
     """``--wait-timeout`` passed with runs unfinished: exit code 3."""
 

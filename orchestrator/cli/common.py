@@ -29,6 +29,7 @@ from orchestrator.cli.client import (
     WaitTimeout,
     make_console,
     problem_lines,
+    repeat_number,
 )
 from orchestrator.cli.report import ReportError
 from orchestrator.cli.runtime import Runtime
@@ -182,7 +183,7 @@ def submit_spec(
     # URLs are never wrapped (a terminal or a log must be able to open them whole)
     out.print(f"experiment [bold]{created['id']}[/bold]: {created['url']}", soft_wrap=True)
     for run in created["runs"]:
-        line = f"  run {run['name']} (repeat {run['repeat_index'] + 1}): {run['url']}"
+        line = f"  run {run['name']} (repeat {repeat_number(run)}): {run['url']}"
         out.print(line, soft_wrap=True, markup=False)
     estimate = created.get("capacity_estimate")
     if isinstance(estimate, dict) and estimate.get("experiment_s_max") is not None:

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from orchestrator.cli.client import Api, make_console, print_json
+from orchestrator.cli.client import Api, make_console, print_json, repeat_number
 from orchestrator.cli.common import ApiOpt, friendly
 from orchestrator.cli.specfile import CliError
 from orchestrator.integrations.mlflow_export import tracking_uri_problem
@@ -166,7 +166,7 @@ def _print_runs(reports: list[dict[str, Any]], with_cycle: bool) -> None:
             table.add_row(
                 *([str(number)] if with_cycle else []),
                 r["variant"],
-                str(r["repeat_index"] + 1),
+                str(repeat_number(r)),
                 r["status"],
                 r["action"],
                 r.get("mlflow_run_id") or "–",

@@ -25,7 +25,7 @@ from rich.table import Table
 from jobs.modelgen.generator import generate_model, model_digest
 from orchestrator.cli import serving
 from orchestrator.cli.campaign import campaign_app
-from orchestrator.cli.client import EXIT_UNAVAILABLE, Api, ApiError, print_json
+from orchestrator.cli.client import EXIT_UNAVAILABLE, Api, ApiError, print_json, run_label
 from orchestrator.cli.common import (
     ApiOpt,
     api_url,
@@ -94,7 +94,7 @@ def _finish(exp: dict[str, Any], json_out: bool, base: str) -> None:
         bad = [r for r in exp["runs"] if r["status"] != "succeeded"]
         Console(stderr=True, soft_wrap=True).print(
             f"{len(bad)} of {len(exp['runs'])} run(s) did not succeed: "
-            + ", ".join(f"{r['name']} #{r.get('repeat_index', 0) + 1} {r['status']}" for r in bad),
+            + ", ".join(f"{run_label(r)} {r['status']}" for r in bad),
             markup=False,
         )
         raise typer.Exit(code)

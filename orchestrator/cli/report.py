@@ -23,6 +23,8 @@ from orchestrator.cli.client import (
     ApiError,
     WaitTimeout,
     problem_lines,
+    repeat_number,
+    run_label,
 )
 from orchestrator.core.auth import client_auth_headers
 from orchestrator.core.states import ACTIVE
@@ -95,7 +97,7 @@ def progress_view(exp: dict[str, Any]) -> Table:
             done = total = max(total, 1)
         bar = ProgressBar(total=max(total, 1), completed=done, width=24)
         table.add_row(
-            f"{run['name']} #{run.get('repeat_index', 0) + 1}",
+            run_label(run),
             run["status"] + (" (partial)" if run.get("partial") else ""),
             str(prog.get("phase", "")) if run["status"] in ACTIVE else "",
             f"{done}/{total}" if total else "",
@@ -146,7 +148,7 @@ def result_table(exp: dict[str, Any], width: int | None = None) -> Table:
     console's, to fit (no vertical rules; fixed figure widths below :data:`NARROW_BELOW`)."""
     table = Table(title=f"results: {exp['name']} (model {exp['model_id']})", box=box.SIMPLE_HEAD)
     runs = exp["runs"]
-    longest = max((len(f"{r['name']} #{r.get('repeat_index', 0) + 1}") for r in runs), default=3)
+    longest = max((len(run_label(r)) for r in runs), default=3)
     # fixed widths for the figures (headers wrap at spaces), the rest to the run's name
     narrow = width is not None and width < NARROW_BELOW
     table.add_column("run", overflow="fold", min_width=min(longest, 20))
@@ -177,9 +179,9 @@ def result_table(exp: dict[str, Any], width: int | None = None) -> Table:
             )
         for _, key, *_rest in RESULT_COLUMNS:
             if m.get(key) is not None and (why := trust.reason(key)):
-                flagged.setdefault(f"{run['name']} #{run.get('repeat_index', 0) + 1}", why)
+                flagged.setdefault(run_label(run), why)
         table.add_row(
-            f"{run['name']} #{run.get('repeat_index', 0) + 1}",
+            run_label(run),
             run["status"] + (" (partial)" if run.get("partial") else ""),
             *[_fmt(m, key, scale, fmt, trust) for _, key, scale, fmt in RESULT_COLUMNS],
             ratio,
@@ -266,7 +268,7 @@ def watch(
 def progress_line(run: dict[str, Any]) -> str:
     """``run <name> (repeat k): <status> [- <phase> <done>/<total>]`` for non-terminal output."""
     prog = run.get("progress") or {}
-    text = f"  run {run['name']} (repeat {run.get('repeat_index', 0) + 1}): {run['status']}"
+    text = f"  run {run['name']} (repeat {repeat_number(run)}): {run['status']}"
     if run["status"] in ACTIVE and prog.get("phase"):
         text += f" - {prog['phase']}"
         if prog.get("requests_total"):
@@ -523,7 +525,7 @@ def run_capacity_table(exp: dict[str, Any]) -> Table | None:
             client.append(f"{len(limited)} client-limited step(s): no verdict from them")
         table.add_row(
             run["name"],
-            str(run.get("repeat_index", 0) + 1),
+            str(repeat_number(run)),
             status.replace("_", " "),
             shown,
             _binding(doc, steps),
@@ -575,7 +577,7 @@ def print_results(
             f"{reuse['startup_saved_s']:.0f} s of start-up saved"
         )
     for run in exp["runs"]:
-        number = run.get("repeat_index", 0) + 1
+        number = repeat_number(run)
         console.print(f"  {run['name']} #{number}: {run['url']}", markup=False)
         if run.get("error"):
             console.print(f"    [red]error:[/red] {run['error'][:2000]}")

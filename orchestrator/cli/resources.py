@@ -19,7 +19,14 @@ import typer
 from rich import box
 from rich.table import Table
 
-from orchestrator.cli.client import EXIT_FAILED, Api, make_console, print_json
+from orchestrator.cli.client import (
+    EXIT_FAILED,
+    Api,
+    make_console,
+    print_json,
+    repeat_number,
+    run_label,
+)
 from orchestrator.cli.common import ApiOpt, friendly
 from orchestrator.cli.report import (
     comparison_table,
@@ -115,7 +122,7 @@ def runs_list(
     for r in items:
         m = r.get("metrics") or {}
         table.add_row(
-            f"{r['name']} #{r.get('repeat_index', 0) + 1}\n{r['id']}",
+            f"{run_label(r)}\n{r['id']}",
             r["status"],
             describe_change(r),
             plain(m.get("median_ttft_ms")),
@@ -132,7 +139,7 @@ def runs_show(run_id: str, json_out: JsonOpt = False, api: ApiOpt = None) -> Non
         print_json(run)
         return
     console.print(
-        f"run {run['name']} (repeat {run.get('repeat_index', 0) + 1}) of experiment "
+        f"run {run['name']} (repeat {repeat_number(run)}) of experiment "
         f"{run['experiment_id']}: {run['status']}"
         + (f" ({run['status_reason']})" if run.get("status_reason") else ""),
         markup=False,

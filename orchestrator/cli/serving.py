@@ -105,17 +105,7 @@ def up(
     verbose: Verbose = False,
 ) -> None:
     """Run the API and the orchestrator in the foreground until Ctrl-C."""
-    _setup_logging(verbose)
-    settings = _bound(get_settings(), host, port)
-    rt = open_runtime(settings)
-    try:
-        _auth_preflight(settings, rt)
-        rt.start_orchestrator()
-        _print_device_kind(rt)
-        _say_log()
-        rt.serve_api_foreground(settings.api.host, settings.api.port)
-    finally:
-        rt.stop()
+    _serve_foreground(host, port, verbose, orchestrator=True)
 
 
 @friendly
@@ -125,11 +115,21 @@ def serve(
     verbose: Verbose = False,
 ) -> None:
     """Run the API server only (no orchestrator)."""
+    _serve_foreground(host, port, verbose, orchestrator=False)
+
+
+def _serve_foreground(
+    host: str | None, port: int | None, verbose: bool, orchestrator: bool
+) -> None:
+    """The API in the foreground (with the orchestrator beside it for ``up``) until Ctrl-C."""
     _setup_logging(verbose)
     settings = _bound(get_settings(), host, port)
     rt = open_runtime(settings)
     try:
         _auth_preflight(settings, rt)
+        if orchestrator:
+            rt.start_orchestrator()
+            _print_device_kind(rt)
         _say_log()
         rt.serve_api_foreground(settings.api.host, settings.api.port)
     finally:
