@@ -70,14 +70,7 @@ def test_configure_sends_library_output_to_the_log_and_keeps_ours_on_the_termina
         "print('error: our-refusal', file=sys.stderr)\n"
     )
     home = tmp_path / "home"
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(home)],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _python(code, home)
     assert done.returncode == 0, done.stderr
     terminal = done.stderr.splitlines()
     assert len(terminal) == 2, done.stderr
@@ -87,6 +80,18 @@ def test_configure_sends_library_output_to_the_log_and_keeps_ours_on_the_termina
     for noise in ("ray-noise", "urllib3-noise", "library-warning", "c-level-noise", "child-noise"):
         assert noise in log, (noise, log)
     assert "our-line" in log and "our-debug" not in log
+
+
+def _python(code: str, home: Path) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter of this project, ``home`` its first argument."""
+    return subprocess.run(
+        [sys.executable, "-c", code, str(home)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_verbose_shows_library_output_on_the_terminal(tmp_path: Path) -> None:
@@ -101,14 +106,7 @@ def test_verbose_shows_library_output_on_the_terminal(tmp_path: Path) -> None:
         "logging.getLogger('orchestrator.x').debug('our-debug')\n"
     )
     home = tmp_path / "home"
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(home)],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _python(code, home)
     assert done.returncode == 0, done.stderr
     for line in ("ray-noise", "library-warning", "c-level-noise", "our-debug"):
         assert line in done.stderr, done.stderr
