@@ -42,7 +42,7 @@ from orchestrator.cli.resources import compare, experiments_app, runs_app, sched
 from orchestrator.cli.specfile import CliError, load_spec_file
 from orchestrator.core import auth
 from orchestrator.core.db import unit_of_work
-from orchestrator.core.errors import TokenError
+from orchestrator.core.errors import EngineUnavailableError, TokenError
 from orchestrator.core.repositories import AuditRepository, utcnow
 from orchestrator.core.settings import get_settings
 from orchestrator.experiments.engine_catalog import load_catalog
@@ -289,10 +289,40 @@ def token_revoke(
 @friendly
 def engine_args(
     refresh: Annotated[bool, typer.Option(help="ask the engine again")] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="print the catalogue as JSON only")
+    ] = False,
 ) -> None:
-    """List (and cache) the engine arguments the installed vLLM accepts."""
-    cat = load_catalog(get_settings(), refresh=refresh)
+    """List (and cache) the engine arguments the installed vLLM accepts. With --json:
+    ``{"vllm_version", "count", "args": [{"name", "options", "type", "default",
+    "choices", "is_bool_flag", "group", "help"}]}``, the arguments sorted by name."""
+    try:
+        cat = load_catalog(get_settings(), refresh=refresh)
+    except EngineUnavailableError as exc:
+        raise CliError(exc.detail) from None
+    if json_out:
+        print_json(engine_args_json(cat.vllm_version, cat.args))
+        return
     console.print(f"vLLM {cat.vllm_version}: {len(cat.args)} engine arguments")
+
+
+def engine_args_json(version: str, args: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The stable ``engine-args --json`` shape (docs/USAGE.md): one entry per argument, by
+    its snake_case name, with the fields the launcher printed (absent ones ``null``)."""
+    rows = [
+        {
+            "name": name,
+            "options": list(info.get("options") or []),
+            "type": info.get("type"),
+            "default": info.get("default"),
+            "choices": info.get("choices"),
+            "is_bool_flag": bool(info.get("is_bool_flag")),
+            "group": info.get("group"),
+            "help": info.get("help"),
+        }
+        for name, info in sorted(args.items())
+    ]
+    return {"vllm_version": version, "count": len(rows), "args": rows}
 
 
 @models_app.command("generate")
@@ -301,10 +331,25 @@ def model_generate(
     name: Annotated[str, typer.Argument(help="tiny or small")],
     dest: Annotated[Path | None, typer.Option(help="folder (default <home>/models/NAME)")] = None,
     overwrite: bool = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="print the model folder as JSON only")
+    ] = False,
 ) -> None:
-    """Generate a Llama-shaped model folder (config + locally trained tokenizer)."""
-    path = generate_model(dest or get_settings().models_dir / name, name, overwrite=overwrite)
-    console.print(f"{path} (digest {model_digest(path)[:16]})")
+    """Generate a Llama-shaped model folder (config + locally trained tokenizer). With
+    --json: ``{"shape", "path", "digest"}`` (the full sha256 of its files)."""
+    try:
+        path = generate_model(dest or get_settings().models_dir / name, name, overwrite=overwrite)
+    except FileExistsError:
+        raise CliError(
+            f"{dest or get_settings().models_dir / name} exists (--overwrite replaces it)"
+        ) from None
+    except ValueError as exc:  # an unknown shape
+        raise CliError(str(exc)) from None
+    digest = model_digest(path)
+    if json_out:
+        print_json({"shape": name, "path": str(path.resolve()), "digest": digest})
+        return
+    console.print(f"{path} (digest {digest[:16]})")
 
 
 def main() -> None:  # pragma: no cover - console entry
