@@ -29,9 +29,10 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.cli.client import Api, make_console, print_json
+from orchestrator.cli.client import Api, WaitTimeout, make_console, print_json
 from orchestrator.cli.common import ApiOpt, friendly
-from orchestrator.cli.specfile import load_spec_file
+from orchestrator.cli.report import plain
+from orchestrator.cli.specfile import CliError, load_spec_file
 from orchestrator.tuning.campaign_request import CampaignRequest
 from orchestrator.tuning.final_config import final_result
 
@@ -377,17 +378,42 @@ def campaign_show(
     interval: Annotated[
         float, typer.Option(min=0.1, help="seconds between two looks with --follow")
     ] = 10.0,
+    wait_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--wait-timeout",
+            min=0,
+            help="with --follow: give up waiting after this many seconds: exit code 3 "
+            "(the campaign keeps going)",
+        ),
+    ] = None,
 ) -> None:
-    """A campaign: status, path, candidates, confirmation, final configuration."""
+    """A campaign: status, path, candidates, confirmation, final configuration. With
+    --follow, exit 3 when --wait-timeout passed before it ended."""
+    if wait_timeout is not None and not follow:
+        raise CliError("--wait-timeout needs --follow (it bounds the wait for the end)")
+    deadline = None if wait_timeout is None else time.monotonic() + wait_timeout
+    # progress on stderr with --json, so stdout holds the JSON alone
+    progress = Console(stderr=True, soft_wrap=True) if as_json else console
     url = f"{_base(api)}/api/v1/campaigns/{campaign_id}"
     body = _call("GET", url, timeout=30)
     last = ""
     while follow and body.get("status") in ("queued", "running"):
         line = progress_line(body)
         if line != last:  # a line when something moved, not one per look
-            console.print(line, markup=False)
+            progress.print(line, markup=False)
             last = line
-        time.sleep(interval)
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WaitTimeout(
+                    f"--wait-timeout {plain(wait_timeout or 0)} s passed: campaign "
+                    f"{campaign_id} is {body.get('status')} (it keeps going; `vlab campaign "
+                    f"show {campaign_id} --follow` to wait again)"
+                )
+            time.sleep(min(interval, left))
+        else:
+            time.sleep(interval)
         body = _call("GET", url, timeout=30)
     if as_json:
         print_json({**body, **final_of(body)})

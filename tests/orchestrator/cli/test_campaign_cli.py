@@ -264,3 +264,30 @@ def test_show_follow_prints_progress_until_the_campaign_ends(
     assert "succeeded, done" in result.output and "path (adopted steps)" in result.output
     # an ended campaign: no waiting
     assert cli("show", cid, "--follow").exit_code == 0 and looks == [0.5]
+
+
+def test_show_follow_wait_timeout_exits_3_while_the_campaign_goes_on(
+    api: TestClient,
+    tmp_path: Path,
+    factory: sessionmaker[Session],
+    settings: Settings,  # noqa: F811
+) -> None:
+    """``--wait-timeout`` bounds ``--follow`` like ``submit``/``watch``: exit code 3, the
+    progress said, the reason last on stderr, nothing on stdout with --json; the campaign
+    keeps going and a later follow sees it end."""
+    cid = submit(tmp_path, campaign_doc(name="bounded"))
+    result = cli("show", cid, "--follow", "--interval", "0.1", "--wait-timeout", "0.3", "--json")
+    assert result.exit_code == 3, result.output
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith("queued (-): 0 of 40 runs"), lines
+    assert lines[-1].startswith("error: --wait-timeout 0.3 s passed: campaign " + cid)
+    assert "is queued (it keeps going" in lines[-1]
+
+    assert cli("show", cid, "--follow", "--wait-timeout", "0").exit_code == 3
+    assert cli("show", cid, "--wait-timeout", "5").exit_code == 2  # needs --follow
+
+    drive(factory, settings, cid)
+    ended = cli("show", cid, "--follow", "--wait-timeout", "0", "--json")
+    assert ended.exit_code == 0, ended.output
+    assert json.loads(ended.stdout)["status"] == "succeeded"
