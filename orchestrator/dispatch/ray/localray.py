@@ -14,7 +14,11 @@ on the home ends them (:func:`end_dead_local_ray`) before it starts its own Ray.
 The Ray session itself is under ``<home>/ray`` (``RAY_TMPDIR``, set around the start by
 :func:`orchestrator.cli.runtime.local_ray_under_home`); a home too long for Ray's Unix
 socket paths (at most 107 bytes) gets a short folder of its own under the system's temp
-folder, linked from ``<home>/ray``. The record above points at it.
+folder, linked from ``<home>/ray``. The record above points at it. Each start leaves a
+``session_<time>_<pid>`` folder there (Ray's logs, its object spill); before it starts a
+new one, a service removes those of the local Rays that no longer run but the newest
+:data:`KEEP_SESSIONS` (:func:`prune_local_ray_sessions`): a session of a live service (its
+record) or one a process still has a file open in is never touched.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -47,6 +52,9 @@ log = logging.getLogger(__name__)
 RECORDS_DIR = "local-ray"
 #: Seconds between two looks of :func:`watch_local_raylet` at the raylet (``/proc``).
 RAYLET_CHECK_INTERVAL_S = 0.2
+#: Session folders of ended local Rays kept under ``<home>/ray`` for post-mortems (their
+#: logs), the newest; older ones go when a service starts its local Ray.
+KEEP_SESSIONS = 3
 
 
 def start_local_ray(settings: Settings) -> None:
@@ -54,6 +62,7 @@ def start_local_ray(settings: Settings) -> None:
     this host), its processes marked as this service's, and note its session folder under
     the home."""
     home = settings.home.resolve()
+    prune_local_ray_sessions(home)
     marks = local_ray_marks(str(home))
     with _environment(marks):
         ray.init(
@@ -111,6 +120,87 @@ def end_dead_local_ray(home: Path) -> list[int]:
     for path, _ in dead:
         path.unlink(missing_ok=True)
     return sorted(found)
+
+
+def prune_local_ray_sessions(home: Path, keep: int = KEEP_SESSIONS) -> list[Path]:
+    """Remove the session folders under ``<home>/ray`` (the link followed) of the local
+    Rays that no longer run, but the ``keep`` newest of them; returns the folders removed.
+
+    Never removed: ``session_latest`` (Ray's link), a session noted by a live service
+    (``<home>/local-ray/<pid>.json``), and a session any process has a file open in (a
+    running Ray holds its logs open: this covers a Ray whose service wrote no record yet,
+    or of another home sharing the folder). "Newest" is the order of Ray's names
+    (``session_<YYYY-MM-DD_HH-MM-SS_ffffff>_<pid>``). A folder that cannot be removed is
+    logged and left."""
+    home = home.resolve()
+    root = (home / "ray").resolve()
+    if not root.is_dir():
+        return []
+    sessions = sorted(
+        p for p in root.iterdir() if p.name.startswith("session_") and not p.is_symlink()
+    )
+    sessions = [p for p in sessions if p.name != "session_latest" and p.is_dir()]
+    if len(sessions) <= keep:
+        return []
+    live = _live_sessions(home)
+    held = _held_folders(root, sessions)
+    ended = [p for p in sessions if p not in live and p not in held]
+    doomed = ended[: max(len(ended) - keep, 0)]
+    removed: list[Path] = []
+    for path in doomed:
+        try:
+            shutil.rmtree(path)
+        except OSError as exc:
+            log.warning("cannot remove the old Ray session %s: %s", path, exc)
+            continue
+        removed.append(path)
+    if removed:
+        log.info(
+            "removed %d session folder(s) of ended local Rays under %s (kept the newest %d)",
+            len(removed),
+            root,
+            keep,
+        )
+    return removed
+
+
+def _live_sessions(home: Path) -> set[Path]:
+    """The session folders noted by the live services of ``home`` (resolved)."""
+    live: set[Path] = set()
+    folder = home / RECORDS_DIR
+    for path in folder.glob("*.json") if folder.is_dir() else []:
+        try:
+            record = json.loads(path.read_text())
+            owner, session = str(record["owner"]), str(record["session_dir"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if owner_alive(owner):
+            live.add(Path(session).resolve())
+    return live
+
+
+def _held_folders(root: Path, sessions: list[Path]) -> set[Path]:
+    """Which of ``sessions`` (folders of ``root``) a process has a file open in, or its
+    working folder in (``/proc``; other users' processes are unreadable and not seen)."""
+    prefix = str(root) + "/"
+    by_name = {p.name: p for p in sessions}
+    held: set[Path] = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        links: list[str] = []
+        with contextlib.suppress(OSError):
+            links.append(os.readlink(f"/proc/{entry.name}/cwd"))
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{entry.name}/fd"):
+                with contextlib.suppress(OSError):
+                    links.append(os.readlink(f"/proc/{entry.name}/fd/{fd}"))
+        for link in links:
+            if link.startswith(prefix):
+                session = by_name.get(link[len(prefix) :].split("/", 1)[0])
+                if session is not None:
+                    held.add(session)
+    return held
 
 
 def watch_local_raylet(

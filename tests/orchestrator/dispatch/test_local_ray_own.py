@@ -12,7 +12,9 @@ from pathlib import Path
 
 from ray.cluster_utils import Cluster
 
+from orchestrator.dispatch.ray.localray import KEEP_SESSIONS
 from tests.conftest import REPO
+from tests.orchestrator.dispatch.test_local_ray_sessions import make_sessions
 
 #: Starts the service's local Ray as ``vlab up`` does, prints its cluster resources.
 PROBE = """
@@ -27,6 +29,8 @@ ray.shutdown()
 
 
 def test_a_local_ray_is_the_services_own_beside_a_running_cluster(tmp_path: Path) -> None:
+    """... and its start prunes the session folders ended Rays left under ``<home>/ray``."""
+    ended = make_sessions(tmp_path / "home" / "ray", KEEP_SESSIONS + 2)
     foreign = Cluster(
         initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"foreign": 1}}
     )
@@ -45,3 +49,4 @@ def test_a_local_ray_is_the_services_own_beside_a_running_cluster(tmp_path: Path
     resources = json.loads(done.stdout.strip().splitlines()[-1])
     assert "foreign" not in resources, resources
     assert resources["CPU"] >= 1
+    assert [p.is_dir() for p in ended] == [False, False] + [True] * KEEP_SESSIONS
