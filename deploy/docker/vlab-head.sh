@@ -31,6 +31,10 @@ for _ in $(seq 1 150); do
   sleep 2
 done
 
+# the container's log (kubectl logs) gets everything the service and its libraries write,
+# not only vlab's own lines (the image sets it too; set it to false to keep the rest in
+# $VLAB_HOME/logs/vlab.log)
+export VLAB_LOG_TO_CONSOLE="${VLAB_LOG_TO_CONSOLE:-true}"
 vlab up --host "${VLAB_API__HOST:-0.0.0.0}" --port "${VLAB_API__PORT:-8000}" &
 vlab_pid=$!
 

@@ -17,7 +17,12 @@ The service commands (``vlab up``, ``serve``, ``orchestrate``, ``migrate``, ``de
   those it starts.
 
 With ``--verbose`` the terminal shows every record at DEBUG for vlab's loggers and INFO
-for the others, and file descriptor 2 is left alone. The configuration is
+for the others, and file descriptor 2 is left alone. With ``VLAB_LOG_TO_CONSOLE=true``
+(:data:`CONSOLE_ENV`; the container image sets it: ``docker logs`` and ``kubectl logs``
+read a container's stdout and stderr, not a file inside it) every record goes to the
+terminal too, at INFO, and file descriptor 2 is left alone: Ray's, Postgres's and the
+engines' output reach the container's log; vlab's loggers stay at INFO (``--verbose``
+adds their DEBUG lines). The log file is written either way. The configuration is
 :func:`logging.config.dictConfig`'s.
 """
 
@@ -31,6 +36,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from orchestrator.cli.specfile import CliError
+
 #: The top-level logger names shown on the terminal when not verbose.
 OURS = ("orchestrator", "api", "jobs", "web", "uvicorn", "__main__")
 #: The log file, under the home.
@@ -42,10 +49,36 @@ LOG_BACKUPS = 3
 #: by :func:`adopt_library_loggers` once their library is loaded.
 SELF_HANDLED = ("ray", "transformers")
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+#: The environment variable that sends every record and fd 2 to the terminal (stderr), as
+#: a container's log wants; read here, before the settings, by :func:`to_console`.
+CONSOLE_ENV = "VLAB_LOG_TO_CONSOLE"
+#: The values of :data:`CONSOLE_ENV` that mean yes / no (case-insensitive).
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("", "0", "false", "no", "off")
 
 #: The log file this process writes (set by :func:`configure`; None: not configured).
 _log_path: Path | None = None
 _verbose = False
+_console = False
+
+
+class ConsoleSettingError(CliError):
+    """:data:`CONSOLE_ENV` holds neither a yes nor a no (one line, exit code 2)."""
+
+
+def to_console() -> bool:
+    """Whether :data:`CONSOLE_ENV` asks for everything on the terminal; a value that is
+    neither yes nor no raises :class:`ConsoleSettingError` (a typo must not silently
+    hide a container's log)."""
+    value = os.environ.get(CONSOLE_ENV, "").strip().lower()
+    if value in TRUE_WORDS:
+        return True
+    if value in FALSE_WORDS:
+        return False
+    raise ConsoleSettingError(
+        f"invalid setting {CONSOLE_ENV}: {os.environ[CONSOLE_ENV]!r} is neither true nor "
+        f"false ({', '.join(TRUE_WORDS)} / {', '.join(w for w in FALSE_WORDS if w)})"
+    )
 
 
 class OursOnly(logging.Filter):
@@ -65,15 +98,18 @@ def configured_log_path() -> Path | None:
     return _log_path
 
 
-def logging_config(path: Path, *, verbose: bool, terminal_level: int) -> dict[str, Any]:
-    """The :func:`logging.config.dictConfig` configuration (see the module's docstring)."""
+def logging_config(
+    path: Path, *, verbose: bool, terminal_level: int, console: bool = False
+) -> dict[str, Any]:
+    """The :func:`logging.config.dictConfig` configuration (see the module's docstring);
+    ``console``: every logger's records on the terminal (:data:`CONSOLE_ENV`)."""
     terminal: dict[str, Any] = {
         "class": "logging.StreamHandler",
         "stream": "ext://sys.stderr",
         "formatter": "plain",
         "level": logging.DEBUG if verbose else terminal_level,
     }
-    if not verbose:
+    if not verbose and not console:
         terminal["filters"] = ["ours"]
     return {
         "version": 1,
@@ -110,20 +146,24 @@ def configure(
     In a process whose ``sys.stderr`` is not file descriptor 2 (the command run inside
     another program: a test runner's ``CliRunner`` captures it), nothing is changed and
     None is returned: that program's logging is its own."""
-    global _log_path, _verbose
+    global _log_path, _verbose, _console
     if _log_path is not None:
         return _log_path
     if not _stderr_is_fd2():
         return None
+    console = to_console()
     path = log_path(home)
     path.parent.mkdir(parents=True, exist_ok=True)
     if not verbose:
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    if not verbose and not console:
         _point_fd2_at(path)
-    logging.config.dictConfig(logging_config(path, verbose=verbose, terminal_level=terminal_level))
+    logging.config.dictConfig(
+        logging_config(path, verbose=verbose, terminal_level=terminal_level, console=console)
+    )
     logging.captureWarnings(True)
-    _log_path, _verbose = path, verbose
+    _log_path, _verbose, _console = path, verbose, console
     adopt_library_loggers()
     return path
 
@@ -177,5 +217,6 @@ def _point_fd2_at(path: Path) -> None:
 
 
 def is_verbose() -> bool:
-    """Whether :func:`configure` ran with ``verbose``."""
-    return _verbose
+    """Whether :func:`configure` showed everything on the terminal: ``verbose``, or
+    :data:`CONSOLE_ENV` (no line then points at the log file for what is missing)."""
+    return _verbose or _console

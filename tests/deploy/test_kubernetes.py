@@ -39,6 +39,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from orchestrator.cli import logsetup
 from orchestrator.core.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -330,6 +331,9 @@ def test_every_vlab_setting_named_is_a_real_setting() -> None:
     env_lines = [ln for ln in DOCKERFILE.read_text().splitlines() if not ln.startswith("ARG")]
     names |= set(re.findall(r"\b(VLAB_[A-Z_]+)=", "\n".join(env_lines)))
     assert "VLAB_ENGINE__PYTHON" in names
+    # read by the logging set-up before the settings (orchestrator.cli.logsetup)
+    assert logsetup.CONSOLE_ENV in names
+    names.discard(logsetup.CONSOLE_ENV)
     for name in sorted(n for n in names if n.startswith("VLAB_")):
         model: Any = Settings
         for part in name.removeprefix("VLAB_").lower().split("__"):
@@ -432,3 +436,57 @@ def test_the_user_step_frees_uid_1000_on_ubuntu_24_04(tmp_path: Path, taken_by: 
     log = calls.read_text()
     assert ("userdel --remove ubuntu" in log) == (taken_by == "ubuntu")
     assert "useradd --create-home --uid 1000 --shell /bin/bash vlab" in log
+
+
+def _image_env() -> dict[str, str]:
+    """The Dockerfile's ``ENV`` settings (its one multi-line ENV step, as Docker joins it)."""
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    env: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("ENV "):
+            env |= dict(re.findall(r"([A-Z_]+)=(\S+)", line))
+    return env
+
+
+def test_container_logs_get_every_line_of_the_service(tmp_path: Path) -> None:
+    """A container's log (``docker logs``, ``kubectl logs``) is its stdout and stderr, not
+    ``$VLAB_HOME/logs/vlab.log``: the image sets ``VLAB_LOG_TO_CONSOLE=true`` for every
+    command it runs (its ``vlab up`` CMD, ``vlab migrate`` through ``kubectl exec``), and
+    the head's ``vlab-head`` runs ``vlab up`` with it when unset. The script runs here
+    with stand-ins of ``ray`` and ``vlab`` (no cluster, no image)."""
+    image = _image_env()
+    assert image["VLAB_LOG_TO_CONSOLE"] == "true"
+    assert logsetup.CONSOLE_ENV == "VLAB_LOG_TO_CONSOLE"
+    assert "vlab" in DOCKERFILE.read_text().splitlines()[-1]  # CMD ["vlab", "up", ...]
+
+    seen = tmp_path / "seen"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stubs = {
+        "ray": "exit 0",  # `ray status` answers at once; `ray stop` too
+        "vlab": f'echo "$* VLAB_LOG_TO_CONSOLE=${{VLAB_LOG_TO_CONSOLE:-unset}}" >> {seen}',
+    }
+    for name, body in stubs.items():
+        path = bin_dir / name
+        path.write_text(f"#!/bin/bash\n{body}\n")
+        path.chmod(0o755)
+    base = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        # Ray's head: runs until the script ends it (once `vlab up` has exited)
+        "KUBERAY_GEN_RAY_START_CMD": "exec tail -f /dev/null",
+    }
+    for extra in ({}, {"VLAB_LOG_TO_CONSOLE": "false"}):
+        done = subprocess.run(
+            ["bash", str(HEAD_SCRIPT)],
+            env={**base, **extra},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "vlab up exited (0)" in done.stderr
+    assert seen.read_text().splitlines() == [
+        "up --host 0.0.0.0 --port 8000 VLAB_LOG_TO_CONSOLE=true",
+        "up --host 0.0.0.0 --port 8000 VLAB_LOG_TO_CONSOLE=false",  # the operator's choice
+    ]

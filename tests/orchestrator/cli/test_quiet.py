@@ -27,16 +27,10 @@ LOG = Path("logs") / "vlab.log"
 
 
 def _env(home: Path, url: str, **extra: str) -> dict[str, str]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "DATABASE_URL": url,
-        "VLAB_HOME": str(home),
-        **extra,
-    }
-    for var in ("VLAB_TOKEN", "VLAB_API__AUTH", "VIRTUAL_ENV", "RAY_TMPDIR"):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "DATABASE_URL": url, "VLAB_HOME": str(home)}
+    for var in ("VLAB_TOKEN", "VLAB_API__AUTH", "VIRTUAL_ENV", "RAY_TMPDIR", logsetup.CONSOLE_ENV):
         env.pop(var, None)
-    return env
+    return {**env, **extra}
 
 
 @pytest.fixture
@@ -82,12 +76,15 @@ def test_configure_sends_library_output_to_the_log_and_keeps_ours_on_the_termina
     assert "our-line" in log and "our-debug" not in log
 
 
-def _python(code: str, home: Path) -> subprocess.CompletedProcess[str]:
-    """``code`` in a fresh interpreter of this project, ``home`` its first argument."""
+def _python(code: str, home: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter of this project, ``home`` its first argument,
+    ``extra`` added to its environment (:data:`logsetup.CONSOLE_ENV` only from there)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop(logsetup.CONSOLE_ENV, None)
     return subprocess.run(
         [sys.executable, "-c", code, str(home)],
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**env, **extra},
         capture_output=True,
         text=True,
         timeout=60,
@@ -111,6 +108,56 @@ def test_verbose_shows_library_output_on_the_terminal(tmp_path: Path) -> None:
     for line in ("ray-noise", "library-warning", "c-level-noise", "our-debug"):
         assert line in done.stderr, done.stderr
     assert "ray-noise" in (home / LOG).read_text()
+
+
+#: A library's logger, a Python warning, a C-level write to fd 2 and a child's stderr,
+#: then vlab's own lines (INFO and DEBUG), after ``logsetup.configure(home)``.
+NOISY = (
+    "import logging, os, subprocess, sys, warnings\n"
+    "from pathlib import Path\n"
+    "from orchestrator.cli import logsetup\n"
+    "logsetup.configure(Path(sys.argv[1]))\n"
+    "logging.getLogger('ray').warning('ray-noise')\n"
+    "warnings.warn('library-warning')\n"
+    "os.write(2, b'c-level-noise\\n')\n"
+    "subprocess.run(['sh', '-c', 'echo child-noise >&2'], check=True)\n"
+    "logging.getLogger('orchestrator.x').info('our-line')\n"
+    "logging.getLogger('orchestrator.x').debug('our-debug')\n"
+    "print('verbose' if logsetup.is_verbose() else 'quiet')\n"
+)
+
+
+@pytest.mark.parametrize("value", ["true", "1", "Yes", "ON"])
+def test_log_to_console_shows_library_output_on_the_terminal(tmp_path: Path, value: str) -> None:
+    """``VLAB_LOG_TO_CONSOLE`` (what the container image sets: a container's log is its
+    stdout/stderr): everything on stderr, fd 2 left alone; vlab's lines at INFO (no
+    DEBUG); the log file still written; no line sends the user to the file."""
+    home = tmp_path / "home"
+    done = _python(NOISY, home, VLAB_LOG_TO_CONSOLE=value)
+    assert done.returncode == 0, done.stderr
+    for line in ("ray-noise", "library-warning", "c-level-noise", "child-noise", "our-line"):
+        assert line in done.stderr, done.stderr
+    assert "our-debug" not in done.stderr
+    assert done.stdout == "verbose\n"
+    log = (home / LOG).read_text()
+    assert "ray-noise" in log and "our-line" in log
+
+
+@pytest.mark.parametrize("value", ["false", "0", "no", ""])
+def test_log_to_console_off_is_the_quiet_default(tmp_path: Path, value: str) -> None:
+    home = tmp_path / "home"
+    done = _python(NOISY, home, VLAB_LOG_TO_CONSOLE=value)
+    assert done.returncode == 0, done.stderr
+    assert [ln.split(": ", 1)[-1] for ln in done.stderr.splitlines()] == ["our-line"]
+    assert done.stdout == "quiet\n"
+    assert "child-noise" in (home / LOG).read_text()
+
+
+def test_a_log_to_console_typo_is_refused(tmp_path: Path) -> None:
+    done = _python(NOISY, tmp_path / "home", VLAB_LOG_TO_CONSOLE="ture")
+    assert done.returncode == 1
+    assert "invalid setting VLAB_LOG_TO_CONSOLE: 'ture' is neither true nor false" in (done.stderr)
+    assert not (tmp_path / "home").exists()
 
 
 def test_a_refusal_is_the_only_line_on_stderr_and_the_rest_is_in_the_log(
@@ -138,6 +185,49 @@ def test_a_refusal_is_the_only_line_on_stderr_and_the_rest_is_in_the_log(
     ], done.stderr
     assert done.stdout == "", done.stdout  # the refusal is the first and only line
     assert "alembic.runtime.migration" in (home / LOG).read_text()
+
+
+def test_in_a_container_vlab_up_writes_the_libraries_output_to_stderr(
+    server_url: str, tmp_path: Path
+) -> None:
+    """``vlab up`` with ``VLAB_LOG_TO_CONSOLE=true`` (as in the image): alembic's and
+    pgserver's lines reach stderr, what ``docker logs`` / ``kubectl logs`` read; the
+    refusal is still the last line. A typo in the value is refused in one line."""
+    home = tmp_path / "home"
+    nobody = free_port()
+    with fresh_database(server_url) as url:
+        env = _env(home, url, RAY_ADDRESS=f"127.0.0.1:{nobody}", VLAB_LOG_TO_CONSOLE="true")
+        done = subprocess.run(
+            [str(VLAB), "up", "--port", str(free_port())],
+            cwd=tmp_path,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        typo = subprocess.run(
+            [str(VLAB), "up", "--port", str(free_port())],
+            cwd=tmp_path,
+            env={**env, "VLAB_LOG_TO_CONSOLE": "maybe"},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert done.returncode == 2, done.stdout + done.stderr
+    errors = done.stderr.splitlines()
+    assert errors[-1] == (
+        f"error: cannot join the Ray cluster at 127.0.0.1:{nobody} (RAY_ADDRESS): "
+        "connection refused"
+    ), done.stderr
+    assert "alembic.runtime.migration" in done.stderr, done.stderr
+    assert "--verbose shows them here" not in done.stdout + done.stderr
+    assert typo.returncode == 2, typo.stdout + typo.stderr
+    assert typo.stderr.splitlines() == [
+        "error: invalid setting VLAB_LOG_TO_CONSOLE: 'maybe' is neither true nor false "
+        "(1, true, yes, on / 0, false, no, off)"
+    ], typo.stderr
 
 
 def test_local_ray_keeps_its_session_under_the_home_and_its_output_in_the_log(
