@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -21,7 +22,12 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session, load_only
 from sqlalchemy.sql.expression import ClauseElement, Executable
 
-from orchestrator.core.models import RUN_SORT_METRICS, Experiment, Run
+from orchestrator.core.models import RUN_SORT_METRICS, Experiment, Run, RunMetric
+
+#: The GIN trigram index on ``experiments.name`` (``pg_trgm``, migration 0014) that
+#: serves the experiment filter's ``ILIKE '%needle%'``. Optional, so not in the ORM
+#: models: it exists only on a server with the extension (not the embedded PostgreSQL).
+NAME_TRIGRAM_INDEX = "ix_experiments_name_trgm"
 
 
 @dataclass
@@ -116,7 +122,9 @@ class HistoryRepository:
     ``runs(<sort key>, id)`` for a metric (the ``sort_*`` columns, migration 0013) and
     every other column;
     filters by ``runs(status, created_at)``, ``runs(model_id, created_at)``, the GIN
-    index on ``runs.engine_args`` (``@>``). Deep pages go by keyset (``after``), counts
+    index on ``runs.engine_args`` (``@>``), the experiment's name by
+    :data:`NAME_TRIGRAM_INDEX` where the server has ``pg_trgm`` (else a scan of the
+    experiments). Deep pages go by keyset (``after``), counts
     above :attr:`EXACT_COUNT_UP_TO` are estimated. Figures: docs/BENCHMARKS.md.
     """
 
@@ -167,7 +175,10 @@ class HistoryRepository:
         if experiment:
             needle = experiment.replace("\\", "\\\\").replace("%", r"\%").replace("_", r"\_")
             # a subquery over the (much smaller) experiments table, then the runs by
-            # ix_runs_experiment_position, instead of filtering every joined run
+            # ix_runs_experiment_position, instead of filtering every joined run; the
+            # name's substring (case-insensitive, % and _ literal) from the trigram index
+            # NAME_TRIGRAM_INDEX where there is one (a needle of 3+ characters), else a
+            # scan of every experiment's name
             matching = select(Experiment.id).where(
                 (Experiment.id == experiment) | Experiment.name.ilike(f"%{needle}%", escape="\\")
             )
@@ -330,3 +341,55 @@ class HistoryRepository:
             {"limit": limit},
         )
         return [r[0] for r in rows]
+
+    #: An export's run row: field -> column (the order of the export's columns)
+    EXPORT_FIELDS = {
+        "id": Run.id,
+        "experiment_id": Run.experiment_id,
+        "variant": Run.name,
+        "repeat_index": Run.repeat_index,
+        "sequence": Run.sequence,
+        "status": Run.status,
+        "started_at": Run.started_at,
+        "finished_at": Run.finished_at,
+        "model_id": Run.model_id,
+        "model_digest": Run.model_digest,
+        "max_model_len": Run.max_model_len,
+        "request_list_hash": Run.request_list_hash,
+        "vllm_version": Run.vllm_version,
+        "layout": Run.layout,
+        "workload": Run.workload,
+        "engine_args": Run.explicit_engine_args,
+    }
+
+    def experiment_exists(self, experiment_id: str) -> bool:
+        """Whether there is an experiment ``experiment_id`` (its runs not loaded)."""
+        found = self.session.scalar(select(Experiment.id).where(Experiment.id == experiment_id))
+        return found is not None
+
+    def export_rows(self, experiment_id: str, batch_size: int) -> Iterator[list[dict[str, Any]]]:
+        """The runs of ``experiment_id`` in their order (position), ``batch_size`` at a
+        time, each a dict of :attr:`EXPORT_FIELDS` and ``metrics`` (its summary metrics
+        by name): read through a server-side cursor, so memory holds one batch whatever
+        the number of runs. Iterate it to the end (or close it) before the session's
+        next statement outside it."""
+        names = list(self.EXPORT_FIELDS)
+        result = self.session.execute(
+            select(*(col.label(name) for name, col in self.EXPORT_FIELDS.items()))
+            .where(Run.experiment_id == experiment_id)
+            .order_by(Run.position, Run.id),
+            execution_options={"yield_per": batch_size},
+        )
+        with result:
+            for part in result.partitions():
+                rows = [dict(zip(names, row, strict=True)) for row in part]
+                metrics: dict[str, dict[str, float]] = {row["id"]: {} for row in rows}
+                for rid, name, value in self.session.execute(
+                    select(RunMetric.run_id, RunMetric.name, RunMetric.value).where(
+                        RunMetric.run_id.in_(list(metrics))
+                    )
+                ):
+                    metrics[rid][name] = value
+                for row in rows:
+                    row["metrics"] = metrics[row["id"]]
+                yield rows
