@@ -9,9 +9,10 @@ Parquet export; any stored runs side by side (the ``/compare`` page:
 
 from __future__ import annotations
 
+import tempfile
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import IO, Any
 
 from sqlalchemy.orm import Session
 
@@ -24,7 +25,7 @@ from orchestrator.analysis.advisor import (
 )
 from orchestrator.analysis.capacity_compare import CapacityRepeat, compare_capacity
 from orchestrator.analysis.compare import ChangedVariable, RunData, VariantRef, compare_variant
-from orchestrator.analysis.export import runs_table, to_csv_bytes, to_parquet_bytes
+from orchestrator.analysis.export import EXPORT_BATCH, SPOOL_IN_MEMORY, write_export
 from orchestrator.analysis.findings import findings
 from orchestrator.analysis.side_by_side import Cell, compare_runs
 from orchestrator.analysis.trust import (
@@ -35,8 +36,9 @@ from orchestrator.analysis.trust import (
     trust_of,
 )
 from orchestrator.cluster.placement import reserved_devices
+from orchestrator.core.errors import NotFoundError
 from orchestrator.core.models import Experiment, Run
-from orchestrator.core.repositories import RunRepository
+from orchestrator.core.repositories import HistoryRepository, RunRepository
 from orchestrator.experiments.service import get_experiment, get_run
 
 
@@ -218,35 +220,40 @@ def capacity_repeats(
     return out
 
 
-def export(session: Session, experiment_id: str, fmt: str) -> bytes:
-    """The experiment's runs, one row each (config and metrics flattened), as CSV or Parquet."""
-    exp = get_experiment(session, experiment_id)
-    runs = list(exp.runs)
-    metrics = RunRepository(session).metrics_for([r.id for r in runs])
-    rows = [
-        {
-            "id": r.id,
-            "experiment_id": r.experiment_id,
-            "variant": r.name,
-            "repeat_index": r.repeat_index,
-            "sequence": r.sequence,
-            "status": r.status,
-            "started_at": r.started_at,
-            "finished_at": r.finished_at,
-            "model_id": r.model_id,
-            "model_digest": r.model_digest,
-            "max_model_len": r.max_model_len,
-            "request_list_hash": r.request_list_hash,
-            "vllm_version": r.vllm_version,
-            "layout": r.layout,
-            "workload": r.workload,
-            "engine_args": r.explicit_engine_args,
-            "metrics": metrics.get(r.id, {}),
-        }
-        for r in runs
-    ]
-    df = runs_table(rows)
-    return to_parquet_bytes(df) if fmt == "parquet" else to_csv_bytes(df)
+def export_file(
+    session: Session,
+    experiment_id: str,
+    fmt: str,
+    *,
+    batch_size: int = EXPORT_BATCH,
+    spool_in_memory: int = SPOOL_IN_MEMORY,
+) -> tuple[IO[bytes], int]:
+    """The experiment's runs, one row each (config and metrics flattened), as CSV or
+    Parquet: a temporary file (at its start) and its size in bytes.
+
+    Streamed: the runs are read ``batch_size`` at a time (a server-side cursor) and
+    written batch by batch (:func:`orchestrator.analysis.export.write_export`), the
+    file in memory up to ``spool_in_memory`` bytes and on disk beyond, so the memory
+    does not grow with the number of runs. Complete when returned: a database error
+    comes before the caller sends a byte. The caller closes the file.
+    """
+    history = HistoryRepository(session)
+    if not history.experiment_exists(experiment_id):
+        raise NotFoundError(f"no experiment {experiment_id}", code_hint="experiment_not_found")
+    out = tempfile.SpooledTemporaryFile(max_size=spool_in_memory)  # noqa: SIM115 (returned)
+    try:
+        write_export(
+            history.export_rows(experiment_id, batch_size),
+            fmt,
+            out,
+            spool_in_memory=spool_in_memory,
+        )
+        size = out.tell()
+        out.seek(0)
+    except BaseException:
+        out.close()
+        raise
+    return out, size
 
 
 def runs_as_data(session: Session, runs: list[Run]) -> dict[str, list[RunData]]:
