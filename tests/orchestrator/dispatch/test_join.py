@@ -11,11 +11,18 @@ against what the remote modules import.
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib.metadata
 import importlib.util
 import json
+import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -393,20 +400,182 @@ def _one_shot_server(reply: bytes | None) -> tuple[int, Any]:
             conn.recv(64)
             if reply is not None:
                 conn.sendall(reply)
-            conn.recv(64)  # hold the connection until the client is done
+            while conn.recv(4096):  # hold the connection until the client is done
+                pass
 
     threading.Thread(target=serve, daemon=True).start()
     return srv.getsockname()[1], srv
 
 
-#: what a gRPC server (Ray's GCS) answers HTTP/2's preface with: its SETTINGS frame
+#: what an HTTP/2 server answers the preface with first: its SETTINGS frame
 _H2_SETTINGS = b"\x00\x00\x06\x04\x00\x00\x00\x00\x00\x00\x03\x00\x00\x00\x64"
 
 
-def test_a_grpc_server_passes_the_gcs_check() -> None:
+def test_an_http2_server_that_never_answers_the_call_is_refused_within_the_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It says HTTP/2's SETTINGS and nothing more: ``ray.init`` would wait for minutes."""
+    _no_ray_init(monkeypatch)
     port, srv = _one_shot_server(_H2_SETTINGS)
-    with srv:
-        connect.check_gcs_reachable(f"127.0.0.1:{port}", 3)
+    started = time.monotonic()
+    with srv, pytest.raises(RayClusterError) as caught:
+        connect.init_ray(f"127.0.0.1:{port}", connect_timeout_s=1.5)
+    assert time.monotonic() - started < 1.5 + 1.0
+    text = str(caught.value)
+    assert text.startswith(
+        f"cannot join the Ray cluster at 127.0.0.1:{port} (RAY_ADDRESS): what answers there "
+        "is not a Ray GCS (no answer to a gRPC call within 1.5 s;"
+    ), text
+    assert "\n" not in text
+
+
+class TinyHttp2Server:
+    """A real HTTP/2 server (RFC 9113 over TCP, in a thread) that is not a gRPC one: it
+    answers every request ``404 Not Found`` with a text body, as a web server does
+    (``:status`` by HPACK's static index, the rest as literals). Records the header
+    blocks it was sent."""
+
+    HEADERS = (
+        bytes.fromhex("8d")  # :status 404
+        + bytes((0x40 | 31, 10)) + b"text/plain"  # content-type: its name HPACK's index 31
+        + bytes((0x00, 6)) + b"server" + bytes((2,)) + b"h2"
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.srv = socket.socket()
+        self.srv.bind(("127.0.0.1", 0))
+        self.srv.listen(1)
+        self.port = self.srv.getsockname()[1]
+        self.requests: list[bytes] = []
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+        head = len(payload).to_bytes(3, "big") + bytes((kind, flags))
+        return head + stream.to_bytes(4, "big") + payload
+
+    def serve(self) -> None:
+        conn, _ = self.srv.accept()
+        with conn, contextlib.suppress(OSError):
+            preface = b""
+            while len(preface) < 24:
+                preface += conn.recv(24 - len(preface))
+            assert preface == b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+            conn.sendall(self.frame(4, 0, 0))  # our SETTINGS
+            buf = b""
+            while True:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                buf += chunk
+                while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
+                    length = int.from_bytes(buf[:3], "big")
+                    kind, flags = buf[3], buf[4]
+                    stream = int.from_bytes(buf[5:9], "big")
+                    payload, buf = buf[9 : 9 + length], buf[9 + length :]
+                    if kind == 4 and not flags & 1:
+                        conn.sendall(self.frame(4, 1, 0))  # SETTINGS ACK
+                    if kind == 1:
+                        self.requests.append(payload)
+                    if stream and flags & 1:  # the request ended: answer it
+                        conn.sendall(
+                            self.frame(1, 4, stream, self.HEADERS)
+                            + self.frame(0, 1, stream, b"404 page not found\n")
+                        )
+
+    def close(self) -> None:
+        self.srv.close()
+
+
+def test_an_http2_server_that_is_not_grpc_is_refused_in_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """RAY_ADDRESS at a web server that speaks HTTP/2 (a gRPC-less proxy, an h2c app):
+    its HTTP/2 preface passes, but ``ray.init`` then retries for minutes. The probe's
+    gRPC call gets a 404 and no gRPC status: one line, at once."""
+    _no_ray_init(monkeypatch)
+    server = TinyHttp2Server()
+    started = time.monotonic()
+    try:
+        with pytest.raises(RayClusterError) as caught:
+            connect.init_ray(f"127.0.0.1:{server.port}", connect_timeout_s=5)
+    finally:
+        server.close()
+    assert time.monotonic() - started < 2
+    text = str(caught.value)
+    assert text.startswith(
+        f"cannot join the Ray cluster at 127.0.0.1:{server.port} (RAY_ADDRESS): what answers "
+        "there is not a Ray GCS (an HTTP/2 server that does not answer gRPC (HTTP 404);"
+    ), text
+    assert "\n" not in text
+    # it was asked the GCS's method, and no token was sent to it
+    (request,) = server.requests
+    assert connect.GCS_PROBE_METHOD.encode() in request
+    assert b"authorization" not in request.lower()
+
+
+def test_the_probe_reads_a_grpc_status_of_a_header_block_split_over_frames() -> None:
+    """Trailers-only answers (``grpc-status`` in the one header block), split into
+    HEADERS + CONTINUATION, with padding: UNIMPLEMENTED is not a GCS; UNAUTHENTICATED
+    (a token-authenticated GCS, left to ray.init) and OK are."""
+    for status, why in (
+        ("12", "a gRPC server without Ray's GCS service"),
+        ("16", None),
+        ("0", None),
+    ):
+        body = (
+            bytes.fromhex("88")  # :status 200
+            + connect._hpack_literal("content-type", "application/grpc")
+            + connect._hpack_literal("grpc-status", status)
+        )
+        payload = bytes([3]) + body[:7] + b"\0\0\0"  # pad length 3, then 3 bytes of padding
+        # END_STREAM on the HEADERS frame; its block ends in the CONTINUATION
+        reply = (
+            _H2_SETTINGS
+            + TinyHttp2Server.frame(1, 0x8 | 0x1, 1, payload)  # PADDED, END_STREAM
+            + TinyHttp2Server.frame(9, 0x4, 1, body[7:])  # CONTINUATION, END_HEADERS
+        )
+        a, b = socket.socketpair()
+        with a, b:
+            b.sendall(reply)
+            assert connect._not_a_gcs(a, "test:1", 2) == why, status
+
+
+def test_a_real_ray_gcs_passes_the_probe_in_well_under_a_second() -> None:
+    """A real GCS (a local Ray started by a subprocess) passes. Ray 2.60 turns token
+    authentication on for a local Ray, so the probe, which never sends a token, gets
+    UNAUTHENTICATED: a GCS's answer all the same (``ray.init`` then says what to set)."""
+    code = (
+        "import sys, ray\n"
+        "ray.init(address='local', include_dashboard=False, num_cpus=1)\n"
+        "print(ray._private.worker.global_worker.node.gcs_address, flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    # a short folder: Ray's socket paths under it must fit 107 bytes
+    folder = Path(tempfile.mkdtemp(prefix="vj-", dir="/tmp"))
+    env = {**os.environ, "RAY_TMPDIR": str(folder), "HOME": str(folder)}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        address = proc.stdout.readline().strip()
+        assert address, "the local Ray did not start"
+        started = time.monotonic()
+        connect.check_gcs_reachable(address, 5)
+        assert time.monotonic() - started < 1
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()  # it shuts its Ray down on exit
+        proc.wait(timeout=60)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.mark.parametrize(
