@@ -15,6 +15,12 @@ history pages (shapes in turn, no pause): the latency p50 and p99 over every req
 
 ``--keep``: keep the databases (``vlab_bench_<runs>``) and reuse them on the next run
 instead of seeding again (they are migrated to head either way).
+
+``--export-runs N`` (default 20000; 0: skip): the streamed export of one experiment of
+N/20 runs and of one of N runs (a scratch database of their own), CSV and Parquet:
+the time and (in another export, traced) the peak memory Python allocated
+(``tracemalloc``) of building the file (``orchestrator.analysis.service.export_file``):
+what grows with the runs is the file (on disk past 2 MiB), not the memory.
 """
 
 from __future__ import annotations
@@ -58,6 +64,9 @@ QUERIES = {
     "/ status=failed": "/?status=failed",
     "/ model filter": "/?model=bulk-model",
     "/ experiment name": "/?experiment=bulk-000-0001",
+    "/ experiment name, any case": "/?experiment=BULK-000-0001",
+    "/ experiment name, 2 % of experiments": "/?experiment=-0000",
+    "/ experiment id": "/?experiment={exp}",
     "/ date range (one day)": "/?since=2026-01-01&until=2026-01-01",
     "/ page 100": "/?page=100",
     "/ page 100, sort by TTFT p50": "/?page=100&sort=ttft_p50",
@@ -65,6 +74,7 @@ QUERIES = {
     "api runs sort hit rate": "/api/v1/runs?sort=hit_rate&limit=50",
     "api runs sort TTFT p99 asc": "/api/v1/runs?sort=ttft_p99&order=asc&limit=50",
     "api runs status=failed": "/api/v1/runs?status=failed&limit=50",
+    "api runs experiment name": "/api/v1/runs?experiment=bulk-000-0001&limit=50",
     "api experiments list": "/api/v1/experiments?limit=50",
     "api experiments list, offset 2000": "/api/v1/experiments?limit=50&offset=2000",
     "api export CSV (one experiment)": "/api/v1/experiments/{exp}/export?format=csv",
@@ -159,6 +169,44 @@ def _time(url: str) -> dict[str, float]:
     return out
 
 
+def _export_memory(admin: str, runs: int) -> list[tuple[int, str, float, float, float]]:
+    """``(runs, format, ms, peak MiB, file MiB)`` of the export of an experiment of
+    ``runs // 20`` runs and of one of ``runs`` (see ``--export-runs``)."""
+    import tracemalloc  # deferred: only this measurement traces allocations
+
+    from orchestrator.analysis.service import export_file
+
+    out = []
+    with scratch_database(admin, "vlab_bench_export") as url:
+        upgrade_to_head(url)
+        engine = create_engine(url)
+        factory = sessionmaker(bind=engine)
+        ids = {}
+        for n in (runs // 20, runs):
+            with factory.begin() as s:
+                bulk_history_sql(
+                    s, experiments=1, runs_per_experiment=n, name_prefix=f"x{n}", model=f"x{n}"
+                )
+                ids[n] = s.scalar(text(f"SELECT id FROM experiments WHERE name = 'x{n}-000-00000'"))
+        for fmt in ("csv", "parquet"):
+            with factory() as s:  # warm: imports, compiled statements
+                export_file(s, ids[runs // 20], fmt)[0].close()
+            for n, exp in ids.items():
+                t0 = time.perf_counter()
+                with factory() as s:
+                    export_file(s, exp, fmt)[0].close()
+                ms = (time.perf_counter() - t0) * 1000
+                tracemalloc.start()  # another export: tracing slows allocations down
+                with factory() as s:
+                    body, size = export_file(s, exp, fmt)
+                peak = tracemalloc.get_traced_memory()[1]
+                tracemalloc.stop()
+                body.close()
+                out.append((n, fmt, ms, peak / 2**20, size / 2**20))
+        engine.dispose()
+    return out
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -226,6 +274,7 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep and reuse vlab_bench_<runs>")
     ap.add_argument("--users", type=int, default=50)
     ap.add_argument("--user-requests", type=int, default=10)
+    ap.add_argument("--export-runs", type=int, default=20000, help="0: skip (see the docstring)")
     ap.add_argument("--serve", help=argparse.SUPPRESS)  # internal: the users' server
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -254,6 +303,13 @@ def main() -> None:
         )
         for n, (p50, p99, rate) in users.items():
             print(f"| {n} | {p50:.0f} | {p99:.0f} | {rate:.1f} |")
+    if args.export_runs:
+        print(
+            "\nStreamed export of one experiment (export_file, peak of tracemalloc):\n\n"
+            "| runs | format | ms | peak MiB | file MiB |\n|---:|---|---:|---:|---:|"
+        )
+        for n, fmt, ms, peak, size in _export_memory(admin, args.export_runs):
+            print(f"| {n} | {fmt} | {ms:.0f} | {peak:.1f} | {size:.1f} |")
 
 
 if __name__ == "__main__":

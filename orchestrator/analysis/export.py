@@ -161,7 +161,7 @@ def to_parquet_bytes(df: pd.DataFrame) -> bytes:
 #: Runs per batch of a streamed export: read from the database, and per Parquet row group.
 EXPORT_BATCH = 500
 #: Bytes a streamed export's temporary files hold in memory before they go to disk.
-SPOOL_IN_MEMORY = 8 * 1024 * 1024
+SPOOL_IN_MEMORY = 2 * 1024 * 1024
 
 #: How precisely pandas writes a datetime column to CSV: the finest any of its values
 #: needs (dates only, seconds, milliseconds, microseconds), for every value of it.
