@@ -254,8 +254,7 @@ class TableShape:
         """``rows`` (flattened, a part of those learnt) as their rows of the whole
         table: its columns, its dtypes (a column whose values in ``rows`` alone would
         infer another is built from them with the whole's)."""
-        columns = self.columns
-        df = pd.DataFrame.from_records(list(rows), columns=columns)
+        df = pd.DataFrame.from_records(list(rows), columns=list(self.dtypes))
         for col, dtype in self.dtypes.items():
             if df[col].dtype != dtype:
                 values = [row.get(col, np.nan) for row in rows]

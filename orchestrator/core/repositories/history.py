@@ -370,9 +370,8 @@ class HistoryRepository:
     def export_rows(self, experiment_id: str, batch_size: int) -> Iterator[list[dict[str, Any]]]:
         """The runs of ``experiment_id`` in their order (position), ``batch_size`` at a
         time, each a dict of :attr:`EXPORT_FIELDS` and ``metrics`` (its summary metrics
-        by name): read through a server-side cursor, so memory holds one batch whatever
-        the number of runs. Iterate it to the end (or close it) before the session's
-        next statement outside it."""
+        by name): read through a server-side cursor (and the batch's metrics by one
+        query), so memory holds one batch whatever the number of runs."""
         names = list(self.EXPORT_FIELDS)
         result = self.session.execute(
             select(*(col.label(name) for name, col in self.EXPORT_FIELDS.items()))
