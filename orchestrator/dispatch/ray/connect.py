@@ -20,6 +20,19 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from h2.config import H2Configuration
+from h2.connection import H2Connection
+from h2.events import (
+    ConnectionTerminated,
+    DataReceived,
+    ResponseReceived,
+    StreamEnded,
+    StreamReset,
+    TrailersReceived,
+)
+from h2.exceptions import H2Error
+from hyperframe.exceptions import HyperframeError
+from hyperframe.frame import Frame, SettingsFrame
 from ray.exceptions import AuthenticationError
 
 from orchestrator.core.errors import RayClusterError
@@ -153,167 +166,48 @@ def _gcs_host_port(address: str) -> tuple[str, int] | None:
     return (host, port) if host and 0 < port < 65536 else None
 
 
-#: HTTP/2's client connection preface and an empty SETTINGS frame (RFC 9113 section 3.4).
-_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 #: The gRPC method the probe calls: every Ray GCS serves it (``gcs_service.proto``), and
 #: its first client, Ray's ``GcsClient``, calls it too.
 GCS_PROBE_METHOD = "/ray.rpc.NodeInfoGcsService/GetClusterId"
 #: gRPC's status UNIMPLEMENTED: a gRPC server without that service.
 _GRPC_UNIMPLEMENTED = "12"
-#: HTTP/2 frame types (RFC 9113 section 6) and flags the probe reads.
-_DATA, _HEADERS, _RST_STREAM, _SETTINGS, _GOAWAY, _CONTINUATION = 0, 1, 3, 4, 7, 9
-_END_STREAM, _ACK, _END_HEADERS, _PADDED, _PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
-#: HPACK's static table (RFC 7541 appendix A), 1-based: the names, and the values of
-#: the entries that have one.
-_HPACK_STATIC: list[tuple[str, str]] = [
-    (":authority", ""), (":method", "GET"), (":method", "POST"), (":path", "/"),
-    (":path", "/index.html"), (":scheme", "http"), (":scheme", "https"), (":status", "200"),
-    (":status", "204"), (":status", "206"), (":status", "304"), (":status", "400"),
-    (":status", "404"), (":status", "500"), ("accept-charset", ""),
-    ("accept-encoding", "gzip, deflate"), ("accept-language", ""), ("accept-ranges", ""),
-    ("accept", ""), ("access-control-allow-origin", ""), ("age", ""), ("allow", ""),
-    ("authorization", ""), ("cache-control", ""), ("content-disposition", ""),
-    ("content-encoding", ""), ("content-language", ""), ("content-length", ""),
-    ("content-location", ""), ("content-range", ""), ("content-type", ""), ("cookie", ""),
-    ("date", ""), ("etag", ""), ("expect", ""), ("expires", ""), ("from", ""), ("host", ""),
-    ("if-match", ""), ("if-modified-since", ""), ("if-none-match", ""), ("if-range", ""),
-    ("if-unmodified-since", ""), ("last-modified", ""), ("link", ""), ("location", ""),
-    ("max-forwards", ""), ("proxy-authenticate", ""), ("proxy-authorization", ""),
-    ("range", ""), ("referer", ""), ("refresh", ""), ("retry-after", ""), ("server", ""),
-    ("set-cookie", ""), ("strict-transport-security", ""), ("transfer-encoding", ""),
-    ("user-agent", ""), ("vary", ""), ("via", ""), ("www-authenticate", ""),
-]  # fmt: skip
-
-
-def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    head = len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream.to_bytes(4, "big")
-    return head + payload
-
-
-def _hpack_literal(name: str, value: str) -> bytes:
-    """A header field as HPACK's "literal without indexing, new name", no Huffman."""
-    out = b"\x00"
-    for text in (name.encode(), value.encode()):
-        out += _hpack_int(len(text), 7, 0) + text
-    return out
-
-
-def _hpack_int(value: int, prefix: int, first: int) -> bytes:
-    """HPACK's integer with a ``prefix``-bit prefix, ``first`` the bits above it."""
-    top = (1 << prefix) - 1
-    if value < top:
-        return bytes((first | value,))
-    out, value = bytearray((first | top,)), value - top
-    while value >= 128:
-        out.append(value % 128 + 128)
-        value //= 128
-    out.append(value)
-    return bytes(out)
-
-
-class _Hpack:
-    """Just enough of an HPACK decoder (RFC 7541) to read a response's header names and
-    values; a Huffman-coded string reads as None (gRPC's C++ core, Ray's GCS, codes none)."""
-
-    def __init__(self) -> None:
-        self.dynamic: list[tuple[str | None, str | None]] = []
-
-    def entry(self, index: int) -> tuple[str | None, str | None]:
-        if 1 <= index <= len(_HPACK_STATIC):
-            return _HPACK_STATIC[index - 1]
-        pos = index - len(_HPACK_STATIC) - 1
-        if 0 <= pos < len(self.dynamic):
-            return self.dynamic[pos]
-        raise ValueError(f"HPACK index {index} out of range")
-
-    @staticmethod
-    def integer(data: bytes, pos: int, prefix: int) -> tuple[int, int]:
-        top = (1 << prefix) - 1
-        value = data[pos] & top
-        pos += 1
-        if value < top:
-            return value, pos
-        shift = 0
-        while True:
-            byte = data[pos]
-            pos += 1
-            value += (byte & 0x7F) << shift
-            shift += 7
-            if not byte & 0x80:
-                return value, pos
-
-    def string(self, data: bytes, pos: int) -> tuple[str | None, int]:
-        huffman = bool(data[pos] & 0x80)
-        length, pos = self.integer(data, pos, 7)
-        raw = data[pos : pos + length]
-        if len(raw) < length:
-            raise ValueError("HPACK string cut short")
-        return (None if huffman else raw.decode("latin-1")), pos + length
-
-    def decode(self, block: bytes) -> list[tuple[str | None, str | None]]:
-        fields: list[tuple[str | None, str | None]] = []
-        pos = 0
-        while pos < len(block):
-            byte = block[pos]
-            if byte & 0x80:  # indexed field
-                index, pos = self.integer(block, pos, 7)
-                fields.append(self.entry(index))
-                continue
-            if byte & 0xE0 == 0x20:  # dynamic table size update
-                _, pos = self.integer(block, pos, 5)
-                continue
-            indexing = bool(byte & 0x40)
-            index, pos = self.integer(block, pos, 6 if indexing else 4)
-            name: str | None
-            if index:
-                name = self.entry(index)[0]
-            else:
-                name, pos = self.string(block, pos)
-            value, pos = self.string(block, pos)
-            fields.append((name, value))
-            if indexing:
-                self.dynamic.insert(0, (name, value))
-        return fields
-
-
-def _probe_request(authority: str) -> bytes:
-    """HTTP/2's preface, then the call of :data:`GCS_PROBE_METHOD` on stream 1: its
-    headers and an empty gRPC message, the stream ended."""
-    headers = b"".join(
-        _hpack_literal(k, v)
-        for k, v in (
-            (":method", "POST"),
-            (":scheme", "http"),
-            (":path", GCS_PROBE_METHOD),
-            (":authority", authority),
-            ("content-type", "application/grpc"),
-            ("te", "trailers"),
-        )
-    )
-    return (
-        _H2_PREFACE
-        + _frame(_HEADERS, _END_HEADERS, 1, headers)
-        + _frame(_DATA, _END_STREAM, 1, b"\x00\x00\x00\x00\x00")  # an empty message
-    )
+_NOT_HTTP2 = "it does not speak HTTP/2, the protocol of Ray's gRPC"
 
 
 def _not_a_gcs(sock: socket.socket, authority: str, timeout_s: float) -> str | None:
     """Why the server on ``sock`` is not a Ray GCS, or None when it may be one.
 
     Makes one gRPC call a GCS answers (:data:`GCS_PROBE_METHOD`, an empty request, no
-    token sent) over HTTP/2 and reads the answer's headers: any gRPC status but
-    UNIMPLEMENTED is a GCS's (OK; UNAUTHENTICATED from a cluster with token
-    authentication, left to ``ray.init`` to say what to set). Not one: no HTTP/2 (Redis,
-    Postgres, HTTP/1), an HTTP/2 answer without a gRPC status (a web server), a gRPC
-    server without Ray's GCS service, or no answer within ``timeout_s`` (``ray.init``
-    would wait minutes). A TLS GCS (``RAY_USE_TLS``) is not probed."""
+    token sent) over HTTP/2 (the ``h2`` library) and reads the answer's headers and
+    trailers: any gRPC status but UNIMPLEMENTED is a GCS's (OK; UNAUTHENTICATED from a
+    cluster with token authentication, left to ``ray.init`` to say what to set). Not
+    one: no HTTP/2 (Redis, Postgres, HTTP/1: the first frame it sends is not SETTINGS),
+    an HTTP/2 answer without a gRPC status (a web server), a gRPC server without Ray's
+    GCS service, or no answer within ``timeout_s`` (``ray.init`` would wait minutes). A
+    TLS GCS (``RAY_USE_TLS``) is not probed."""
     if (os.environ.get("RAY_USE_TLS") or "").strip().lower() in ("1", "true"):
         return None
+    conn = H2Connection(H2Configuration(client_side=True, header_encoding="latin-1"))
+    conn.initiate_connection()
+    stream = conn.get_next_available_stream_id()
+    conn.send_headers(
+        stream,
+        [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", GCS_PROBE_METHOD),
+            (":authority", authority),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        ],
+    )
+    conn.send_data(stream, b"\x00\x00\x00\x00\x00", end_stream=True)  # an empty message
     try:
-        sock.sendall(_probe_request(authority))
+        sock.sendall(conn.data_to_send())
     except OSError:
         return "it closed the connection (not HTTP/2, the protocol of Ray's gRPC)"
-    reader = _AnswerReader(sock)
+    fields: dict[str, str | None] = {}
+    head = b""  # the server's first bytes, up to its first frame's header
     deadline = time.monotonic() + timeout_s
     while True:
         left = deadline - time.monotonic()
@@ -327,77 +221,31 @@ def _not_a_gcs(sock: socket.socket, authority: str, timeout_s: float) -> str | N
         except OSError:
             chunk = b""  # reset: what it said so far decides
         if not chunk:
-            return reader.closed()
-        done, why = reader.feed(chunk)
-        if done:
-            return why
-
-
-class _AnswerReader:
-    """The HTTP/2 frames of the answer to :func:`_probe_request`, as they arrive: the
-    header fields of stream 1, until its end (see :func:`_not_a_gcs`)."""
-
-    NOT_HTTP2 = "it does not speak HTTP/2, the protocol of Ray's gRPC"
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.hpack = _Hpack()
-        self.fields: dict[str, str | None] = {}
-        self.buf = b""
-        self.block = b""  # a header block not yet ended (CONTINUATION frames follow)
-        self.first = True  # no frame read yet
-        self.ended = False  # stream 1 ended (its last header block may still follow)
-
-    def closed(self) -> str | None:
-        """The verdict when the server closed the connection."""
-        return self.NOT_HTTP2 if self.first else _answer(self.fields)
-
-    def feed(self, chunk: bytes) -> tuple[bool, str | None]:
-        """Read ``chunk``: ``(True, why)`` once the answer decides, else ``(False, None)``."""
-        self.buf += chunk
-        while len(self.buf) >= 9:
-            if self.first and (self.buf[3] != _SETTINGS or self.buf[5:9] != bytes(4)):
-                # an HTTP/2 server's first frame is its SETTINGS (RFC 9113 section 3.4)
-                return True, self.NOT_HTTP2
-            length = int.from_bytes(self.buf[:3], "big")
-            if len(self.buf) < 9 + length:
-                break
-            kind, flags = self.buf[3], self.buf[4]
-            stream = int.from_bytes(self.buf[5:9], "big") & 0x7FFFFFFF
-            payload, self.buf = self.buf[9 : 9 + length], self.buf[9 + length :]
-            self.first = False
-            if kind == _SETTINGS and not flags & _ACK:
-                with contextlib.suppress(OSError):
-                    self.sock.sendall(_frame(_SETTINGS, _ACK, 0))
-            if kind == _GOAWAY or (kind == _RST_STREAM and stream == 1):
-                return True, _answer(self.fields)
-            if stream == 1 and kind in (_HEADERS, _CONTINUATION, _DATA):
-                problem = self.stream_frame(kind, flags, payload)
-                if problem is not None:
-                    return True, problem
-                if self.ended and not self.block:
-                    return True, _answer(self.fields)
-        return False, None
-
-    def stream_frame(self, kind: int, flags: int, payload: bytes) -> str | None:
-        """Take a frame of stream 1; a problem with it, or None."""
-        if flags & _END_STREAM and kind in (_HEADERS, _DATA):
-            self.ended = True
-        if kind == _HEADERS:
-            start = 1 if flags & _PADDED else 0
-            pad = payload[0] if flags & _PADDED else 0
-            start += 5 if flags & _PRIORITY else 0
-            self.block = payload[start : len(payload) - pad]
-        elif kind == _CONTINUATION:
-            self.block += payload
-        if kind != _DATA and flags & _END_HEADERS:
-            try:
-                decoded = self.hpack.decode(self.block)
-            except (ValueError, IndexError):
-                return "its HTTP/2 answer's headers do not decode"
-            self.fields.update((k, v) for k, v in decoded if k is not None)
-            self.block = b""
-        return None
+            return _NOT_HTTP2 if len(head) < 9 else _answer(fields)
+        if len(head) < 9:
+            # an HTTP/2 server's first frame is its SETTINGS (RFC 9113 section 3.4); h2
+            # would wait for the whole of a "frame" that Redis's or HTTP/1's reply makes up
+            head += chunk[: 9 - len(head)]
+            if len(head) == 9:
+                try:
+                    first, _ = Frame.parse_frame_header(memoryview(head))
+                except HyperframeError:
+                    return _NOT_HTTP2
+                if not isinstance(first, SettingsFrame):
+                    return _NOT_HTTP2
+        try:
+            events = conn.receive_data(chunk)
+        except H2Error as exc:
+            return f"its HTTP/2 answer does not decode ({exc})"
+        for event in events:
+            if isinstance(event, ResponseReceived | TrailersReceived):
+                fields.update((str(k), str(v)) for k, v in event.headers)  # str: decoded
+            elif isinstance(event, DataReceived):
+                conn.acknowledge_received_data(event.flow_controlled_length, stream)
+            elif isinstance(event, StreamEnded | StreamReset | ConnectionTerminated):
+                return _answer(fields)
+        with contextlib.suppress(OSError):
+            sock.sendall(conn.data_to_send())  # its SETTINGS acknowledged, window updates
 
 
 def _answer(fields: dict[str, str | None]) -> str | None:

@@ -26,8 +26,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import hpack
 import pytest
 import ray.cloudpickle
+from h2.config import H2Configuration
+from h2.connection import H2Connection
+from h2.events import RequestReceived, StreamEnded
+from hyperframe.frame import ContinuationFrame, HeadersFrame, SettingsFrame
 from ray.exceptions import AuthenticationError
 
 from orchestrator.core.errors import RayClusterError
@@ -408,7 +413,7 @@ def _one_shot_server(reply: bytes | None) -> tuple[int, Any]:
 
 
 #: what an HTTP/2 server answers the preface with first: its SETTINGS frame
-_H2_SETTINGS = b"\x00\x00\x06\x04\x00\x00\x00\x00\x00\x00\x03\x00\x00\x00\x64"
+_H2_SETTINGS = SettingsFrame(0, settings={SettingsFrame.MAX_CONCURRENT_STREAMS: 100}).serialize()
 
 
 def test_an_http2_server_that_never_answers_the_call_is_refused_within_the_timeout(
@@ -430,59 +435,36 @@ def test_an_http2_server_that_never_answers_the_call_is_refused_within_the_timeo
 
 
 class TinyHttp2Server:
-    """A real HTTP/2 server (RFC 9113 over TCP, in a thread) that is not a gRPC one: it
-    answers every request ``404 Not Found`` with a text body, as a web server does
-    (``:status`` by HPACK's static index, the rest as literals). Records the header
-    blocks it was sent."""
-
-    HEADERS = (
-        bytes.fromhex("8d")  # :status 404
-        + bytes((0x40 | 31, 10)) + b"text/plain"  # content-type: its name HPACK's index 31
-        + bytes((0x00, 6)) + b"server" + bytes((2,)) + b"h2"
-    )  # fmt: skip
+    """A real HTTP/2 server (the ``h2`` library over TCP, in a thread) that is not a gRPC
+    one: it answers every request ``404 Not Found`` with a text body, as a web server
+    does. Records the header fields of the requests it was sent."""
 
     def __init__(self) -> None:
         self.srv = socket.socket()
         self.srv.bind(("127.0.0.1", 0))
         self.srv.listen(1)
         self.port = self.srv.getsockname()[1]
-        self.requests: list[bytes] = []
+        self.requests: list[list[tuple[str, str]]] = []
         self.thread = threading.Thread(target=self.serve, daemon=True)
         self.thread.start()
 
-    @staticmethod
-    def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-        head = len(payload).to_bytes(3, "big") + bytes((kind, flags))
-        return head + stream.to_bytes(4, "big") + payload
-
     def serve(self) -> None:
         conn, _ = self.srv.accept()
+        h2 = H2Connection(H2Configuration(client_side=False, header_encoding="utf-8"))
+        h2.initiate_connection()  # our SETTINGS
         with conn, contextlib.suppress(OSError):
-            preface = b""
-            while len(preface) < 24:
-                preface += conn.recv(24 - len(preface))
-            assert preface == b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-            conn.sendall(self.frame(4, 0, 0))  # our SETTINGS
-            buf = b""
-            while True:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    return
-                buf += chunk
-                while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
-                    length = int.from_bytes(buf[:3], "big")
-                    kind, flags = buf[3], buf[4]
-                    stream = int.from_bytes(buf[5:9], "big")
-                    payload, buf = buf[9 : 9 + length], buf[9 + length :]
-                    if kind == 4 and not flags & 1:
-                        conn.sendall(self.frame(4, 1, 0))  # SETTINGS ACK
-                    if kind == 1:
-                        self.requests.append(payload)
-                    if stream and flags & 1:  # the request ended: answer it
-                        conn.sendall(
-                            self.frame(1, 4, stream, self.HEADERS)
-                            + self.frame(0, 1, stream, b"404 page not found\n")
+            conn.sendall(h2.data_to_send())
+            while chunk := conn.recv(65536):
+                for event in h2.receive_data(chunk):  # checks the client's preface too
+                    if isinstance(event, RequestReceived):
+                        self.requests.append([(str(k), str(v)) for k, v in event.headers])
+                    if isinstance(event, StreamEnded):  # the request ended: answer it
+                        h2.send_headers(
+                            event.stream_id,
+                            [(":status", "404"), ("content-type", "text/plain"), ("server", "h2")],
                         )
+                        h2.send_data(event.stream_id, b"404 page not found\n", end_stream=True)
+                conn.sendall(h2.data_to_send())
 
     def close(self) -> None:
         self.srv.close()
@@ -511,8 +493,8 @@ def test_an_http2_server_that_is_not_grpc_is_refused_in_seconds(
     assert "\n" not in text
     # it was asked the GCS's method, and no token was sent to it
     (request,) = server.requests
-    assert connect.GCS_PROBE_METHOD.encode() in request
-    assert b"authorization" not in request.lower()
+    assert (":path", connect.GCS_PROBE_METHOD) in request
+    assert "authorization" not in {name.lower() for name, _ in request}
 
 
 def test_the_probe_reads_a_grpc_status_of_a_header_block_split_over_frames() -> None:
@@ -524,17 +506,16 @@ def test_the_probe_reads_a_grpc_status_of_a_header_block_split_over_frames() -> 
         ("16", None),
         ("0", None),
     ):
-        body = (
-            bytes.fromhex("88")  # :status 200
-            + connect._hpack_literal("content-type", "application/grpc")
-            + connect._hpack_literal("grpc-status", status)
+        body = hpack.Encoder().encode(
+            [(":status", "200"), ("content-type", "application/grpc"), ("grpc-status", status)]
         )
-        payload = bytes([3]) + body[:7] + b"\0\0\0"  # pad length 3, then 3 bytes of padding
-        # END_STREAM on the HEADERS frame; its block ends in the CONTINUATION
+        # END_STREAM on the HEADERS frame (padded by 3 bytes); its block ends in the
+        # CONTINUATION
+        headers = HeadersFrame(1, body[:7], flags=["PADDED", "END_STREAM"], pad_length=3)
         reply = (
             _H2_SETTINGS
-            + TinyHttp2Server.frame(1, 0x8 | 0x1, 1, payload)  # PADDED, END_STREAM
-            + TinyHttp2Server.frame(9, 0x4, 1, body[7:])  # CONTINUATION, END_HEADERS
+            + headers.serialize()
+            + ContinuationFrame(1, body[7:], flags=["END_HEADERS"]).serialize()
         )
         a, b = socket.socketpair()
         with a, b:
