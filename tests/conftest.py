@@ -26,6 +26,9 @@ from orchestrator.core.db import (
 
 REPO = Path(__file__).resolve().parent.parent
 
+#: ``VLAB_TEST_CPU_LOG=<file>``: each test's wall and machine CPU seconds (tests/cpu_log.py).
+pytest_plugins = ["tests.cpu_log"]
+
 
 def engine_python() -> str | None:
     """The engine venv python: VLAB_ENGINE__PYTHON, else ./.engine-venv; None if absent."""
