@@ -29,7 +29,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.cli.client import Api, WaitTimeout, make_console, print_json
+from orchestrator.cli.client import Api, WaitTimeout, json_on_timeout, make_console, print_json
 from orchestrator.cli.common import ApiOpt, friendly
 from orchestrator.cli.report import plain
 from orchestrator.cli.specfile import CliError, load_spec_file
@@ -396,6 +396,25 @@ def campaign_show(
     # progress on stderr with --json, so stdout holds the JSON alone
     progress = Console(stderr=True, soft_wrap=True) if as_json else console
     url = f"{_base(api)}/api/v1/campaigns/{campaign_id}"
+    with json_on_timeout(as_json):
+        body = _follow(url, campaign_id, follow, interval, wait_timeout, deadline, progress)
+    if as_json:
+        print_json({**body, **final_of(body)})
+        return
+    print_campaign(body, console)
+
+
+def _follow(
+    url: str,
+    campaign_id: str,
+    follow: bool,
+    interval: float,
+    wait_timeout: float | None,
+    deadline: float | None,
+    progress: Console,
+) -> dict[str, Any]:
+    """The campaign; with ``follow``, once it ended (a progress line when something
+    moved), or :class:`WaitTimeout` (carrying it as it stands) once ``deadline`` passed."""
     body = _call("GET", url, timeout=30)
     last = ""
     while follow and body.get("status") in ("queued", "running"):
@@ -409,16 +428,14 @@ def campaign_show(
                 raise WaitTimeout(
                     f"--wait-timeout {plain(wait_timeout or 0)} s passed: campaign "
                     f"{campaign_id} is {body.get('status')} (it keeps going; `vlab campaign "
-                    f"show {campaign_id} --follow` to wait again)"
+                    f"show {campaign_id} --follow` to wait again)",
+                    {**body, **final_of(body)},
                 )
             time.sleep(min(interval, left))
         else:
             time.sleep(interval)
         body = _call("GET", url, timeout=30)
-    if as_json:
-        print_json({**body, **final_of(body)})
-        return
-    print_campaign(body, console)
+    return dict(body)
 
 
 @campaign_app.command("cancel")

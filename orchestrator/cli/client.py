@@ -20,6 +20,7 @@ import json
 import shutil
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -60,7 +61,13 @@ def run_label(run: dict[str, Any]) -> str:
 
 
 class WaitTimeout(TimeoutError):
-    """``--wait-timeout`` passed with runs unfinished: exit code 3."""
+    """``--wait-timeout`` passed with runs unfinished: exit code 3. ``document`` is what
+    the API answered last (the experiment or campaign as it stands): printed on stdout
+    with ``--json`` before the exit, so a CI script still has the id and the state."""
+
+    def __init__(self, message: str, document: Any = None) -> None:
+        super().__init__(message)
+        self.document = document
 
 
 class ApiError(CliError):
@@ -195,6 +202,18 @@ class Api:
 def print_json(doc: Any) -> None:
     """``doc`` as JSON on standard output (the API's shape, indented; nothing else)."""
     typer.echo(json.dumps(doc, indent=2, sort_keys=False, default=str))
+
+
+@contextmanager
+def json_on_timeout(json_out: bool) -> Iterator[None]:
+    """With ``--json``, a :class:`WaitTimeout` prints its document on stdout (the
+    experiment or campaign as the API answered it last) before it goes on to exit 3."""
+    try:
+        yield
+    except WaitTimeout as exc:
+        if json_out and exc.document is not None:
+            print_json(exc.document)
+        raise
 
 
 def fail(exit_code: int) -> typer.Exit:

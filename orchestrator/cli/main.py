@@ -25,7 +25,14 @@ from rich.table import Table
 from jobs.modelgen.generator import generate_model, model_digest
 from orchestrator.cli import serving
 from orchestrator.cli.campaign import campaign_app
-from orchestrator.cli.client import EXIT_UNAVAILABLE, Api, ApiError, print_json, run_label
+from orchestrator.cli.client import (
+    EXIT_UNAVAILABLE,
+    Api,
+    ApiError,
+    json_on_timeout,
+    print_json,
+    run_label,
+)
 from orchestrator.cli.common import (
     ApiOpt,
     api_url,
@@ -121,9 +128,10 @@ def submit(
         if json_out:
             print_json(created)
         return
-    exp = watch_exp(
-        base, created["id"], console=progress, interval_s=interval, timeout_s=wait_timeout
-    )
+    with json_on_timeout(json_out):
+        exp = watch_exp(
+            base, created["id"], console=progress, interval_s=interval, timeout_s=wait_timeout
+        )
     _finish(exp, json_out, base)
 
 
@@ -140,9 +148,10 @@ def watch(
     when a run failed, 3 when --wait-timeout passed first."""
     base = api_url(api)
     progress = Console(stderr=True) if json_out else console
-    exp = watch_exp(
-        base, experiment_id, console=progress, interval_s=interval, timeout_s=wait_timeout
-    )
+    with json_on_timeout(json_out):
+        exp = watch_exp(
+            base, experiment_id, console=progress, interval_s=interval, timeout_s=wait_timeout
+        )
     _finish(exp, json_out, base)
 
 

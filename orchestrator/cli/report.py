@@ -239,7 +239,8 @@ def watch(
             raise WaitTimeout(
                 f"--wait-timeout {plain(timeout_s)} s passed: experiment {experiment_id} has "
                 f"{len(active)} of {len(exp['runs'])} run(s) unfinished (they keep going; "
-                f"`vlab watch {experiment_id}` to wait again)"
+                f"`vlab watch {experiment_id}` to wait again)",
+                exp,
             )
         return bool(active)
 

@@ -133,7 +133,9 @@ def test_wait_timeout_exits_3_in_one_line(api: TestClient, factory: sessionmaker
     assert result.exit_code == 3, result.output
     errors = [ln for ln in lines_of(result.stderr) if ln.startswith("error:")]
     assert len(errors) == 1 and "--wait-timeout" in errors[0] and exp_id in errors[0]
-    assert result.stdout == ""
+    # with --json, the experiment as it stands on stdout (a CI script reads its id)
+    doc = json.loads(result.stdout)
+    assert doc["id"] == exp_id and doc["runs"][0]["status"] == "queued"
 
 
 def test_a_refusal_is_said_once_with_exit_2(api: TestClient, tmp_path: Path) -> None:
@@ -272,6 +274,10 @@ def test_submit_json_and_its_wait_timeout(api: TestClient) -> None:
     assert [ln for ln in lines_of(waited.stderr) if ln.startswith("error:")][0].count(
         "--wait-timeout"
     ) == 1
+    as_json = cli("submit", str(spec), "--wait-timeout", "0.2", "--interval", "0.05", "--json")
+    assert as_json.exit_code == 3, as_json.output
+    doc = json.loads(as_json.stdout)  # the experiment as it stands, for `jq -r .id`
+    assert doc["id"] and {r["status"] for r in doc["runs"]} == {"queued"}
 
 
 def test_pages_follow_a_next_link_a_cursor_or_the_offset(

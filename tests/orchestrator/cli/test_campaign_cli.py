@@ -273,12 +273,13 @@ def test_show_follow_wait_timeout_exits_3_while_the_campaign_goes_on(
     settings: Settings,  # noqa: F811
 ) -> None:
     """``--wait-timeout`` bounds ``--follow`` like ``submit``/``watch``: exit code 3, the
-    progress said, the reason last on stderr, nothing on stdout with --json; the campaign
-    keeps going and a later follow sees it end."""
+    progress said, the reason last on stderr, the campaign as it stands on stdout with
+    --json; the campaign keeps going and a later follow sees it end."""
     cid = submit(tmp_path, campaign_doc(name="bounded"))
     result = cli("show", cid, "--follow", "--interval", "0.1", "--wait-timeout", "0.3", "--json")
     assert result.exit_code == 3, result.output
-    assert result.stdout == ""
+    now = json.loads(result.stdout)
+    assert now["id"] == cid and now["status"] == "queued"
     lines = result.stderr.strip().splitlines()
     assert lines[0].startswith("queued (-): 0 of 40 runs"), lines
     assert lines[-1].startswith("error: --wait-timeout 0.3 s passed: campaign " + cid)
