@@ -56,12 +56,14 @@ check: venv lint
 ## test: lint, type-check and the whole test suite (real Postgres, Ray and vLLM CPU build):
 ## first all but the wall-clock tests in PYTEST_WORKERS processes (pytest-xdist; the
 ## real-vLLM tests in two groups, each one after another on one worker: tests/conftest.py),
-## then the tests marked timing by themselves; each pass prints its slowest tests.
-## PYTEST_WORKERS=0: one process.
+## then the tests marked timing in TIMING_WORKERS processes (the fault matrix on a worker of
+## its own: each timing test has at most one other beside it); each pass prints its slowest
+## tests. PYTEST_WORKERS=0 / TIMING_WORKERS=0: one process.
 PYTEST_WORKERS ?= 4
+TIMING_WORKERS ?= 2
 test: venv engine browser promtool ray-only lint
 	$(BIN)/pytest -q -rs --durations=15 -n $(PYTEST_WORKERS) --dist loadgroup -m "not timing"
-	$(BIN)/pytest -q -rs --durations=10 -m timing
+	$(BIN)/pytest -q -rs --durations=10 -n $(TIMING_WORKERS) --dist loadgroup -m timing
 
 clean:
 	rm -rf $(VENV) $(ENGINE_VENV) $(RAY_ONLY_VENV) .vlab

@@ -39,11 +39,13 @@ from tests.faults.matrix import PHASES, Cell, Row, findings, table
 #: Needs local Ray processes and minutes: left out of ``make check`` (``slow``); in ``make
 #: test`` its default cells run; ``VLAB_FAULT_MATRIX=0`` leaves it out, ``=full`` runs every cell.
 #: Its recovery bounds are the idle machine's measured overheads plus a slack
-#: (:data:`tests.faults.matrix.SLACK_S`), so it runs in the timing pass, alone: beside three
-#: other workers on 2 cores a claim after a killed launcher took over 15 s.
+#: (:data:`tests.faults.matrix.SLACK_S`), so it runs in the timing pass, on a worker of its
+#: own (its xdist group) with one other timing test at a time beside it: beside three other
+#: workers of the first pass a claim after a killed launcher took over 15 s.
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timing,
+    pytest.mark.xdist_group("fault-matrix"),
     pytest.mark.skipif(
         os.environ.get("VLAB_FAULT_MATRIX", "").strip() == "0",
         reason="fault matrix left out (VLAB_FAULT_MATRIX=0)",
