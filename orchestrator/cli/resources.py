@@ -18,6 +18,7 @@ from typing import Annotated, Any
 import typer
 from rich import box
 from rich.table import Table
+from rich.text import Text
 
 from orchestrator.cli.client import (
     EXIT_FAILED,
@@ -66,6 +67,38 @@ def _table(title: str, *columns: str) -> Table:
 # ----------------------------------------------------------------------------- runs
 
 
+def runs_table(items: list[dict[str, Any]], width: int) -> Table:
+    """One row per run: its name and id, status, change, TTFT p50; the id whole under the
+    name (to copy for ``runs show``), the changed variable whole (the change wraps at its
+    spaces, a long run name wraps, nothing is cut). Where the four columns do not fit
+    ``width`` (a terminal narrower than the id, the status, the longest changed
+    variable's name and the TTFT), the change goes under the id, in the first column."""
+    change_width = max(
+        min(max([len(k) for r in items for k in r.get("changes") or {}] + [0]), 40), 10
+    )
+    # a campaign's run name is one word (``engine_args.max_num_seqs=128``): whole too
+    first_width = max([36] + [len(w) for r in items for w in run_label(r).split()])
+    # the columns' widths, a space either side of each but the outer ones, and the rules
+    split = first_width + 9 + change_width + 7 + 2 * 3 + 5 <= width
+    table = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("run / id" if split else "run / id / change", min_width=first_width)
+    table.add_column("status", min_width=9)
+    if split:
+        table.add_column("change", min_width=change_width)
+    table.add_column("TTFT p50 ms", justify="right", width=7)
+    for col in table.columns:
+        col.overflow = "fold"  # wrap at spaces; only a word longer than its column folds
+    for r in items:
+        first = f"{run_label(r)}\n{r['id']}"
+        change = describe_change(r)
+        ttft = plain((r.get("metrics") or {}).get("median_ttft_ms"))
+        if split:
+            table.add_row(Text(first), r["status"], Text(change), ttft)
+        else:
+            table.add_row(Text(f"{first}\n{change}"), r["status"], ttft)
+    return table
+
+
 @runs_app.command("list")
 @friendly
 def runs_list(
@@ -111,22 +144,7 @@ def runs_list(
     if json_out:
         print_json(items)
         return
-    # the id whole under the run's name (to copy for `runs show`); the change whole
-    table = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("run / id", min_width=36)
-    table.add_column("status", min_width=9)
-    width = max([len(describe_change(r)) for r in items] + [6])
-    longest_name = max([len(k) for r in items for k in (r.get("changes") or {})] + [10])
-    table.add_column("change", min_width=min(longest_name, 40), max_width=max(width, 10))
-    table.add_column("TTFT p50 ms", justify="right", width=7)
-    for r in items:
-        m = r.get("metrics") or {}
-        table.add_row(
-            f"{run_label(r)}\n{r['id']}",
-            r["status"],
-            describe_change(r),
-            plain(m.get("median_ttft_ms")),
-        )
+    table = runs_table(items, console.width)
     console.print(table if items else "no runs match")
 
 

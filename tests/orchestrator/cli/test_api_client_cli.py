@@ -21,6 +21,7 @@ import httpx
 import pytest
 import yaml
 from fastapi.testclient import TestClient
+from rich.console import Console
 from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
@@ -102,6 +103,50 @@ def test_runs_list_follows_every_page_and_filters(api: TestClient, demo: str) ->
     assert "apc-on #1" in table.output and "apc-on #2" in table.output, table.output
     assert "#0" not in table.output
     assert all(r["id"] in table.output for r in all_runs)  # each id whole, to copy
+
+
+def at_width(monkeypatch: pytest.MonkeyPatch, width: int) -> None:
+    """The commands' console as a terminal ``width`` columns wide."""
+    from orchestrator.cli import campaign as cli_campaign
+    from orchestrator.cli import main as cli_main
+    from orchestrator.cli import resources as cli_resources
+
+    narrow = Console(width=width, color_system=None)
+    for module in (cli_resources, cli_campaign, cli_main):
+        monkeypatch.setattr(module, "console", narrow)
+
+
+@pytest.mark.parametrize("width", [70, 100])
+def test_runs_list_in_a_narrow_terminal_cuts_and_drops_nothing(
+    api: TestClient,
+    demo: str,
+    factory: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+    width: int,
+) -> None:
+    """A terminal narrower than 100 columns gets its width: the changed variable whole,
+    the TTFT column kept, each id whole; a campaign's one-word run name whole."""
+    at_width(monkeypatch, width)
+    runs = json.loads(cli("runs", "list", "--experiment-id", demo, "--json").output)
+    table = cli("runs", "list", "--experiment-id", demo)
+    assert table.exit_code == 0, table.output
+    out = table.output
+    assert max(len(ln) for ln in out.splitlines()) <= width, out
+    assert "engine_args.enable_prefix_caching =" in out and "…" not in out, out
+    assert "p50 ms" in out and "37.2" in out and "334" in out, out  # TTFT kept
+    assert all(r["id"] in out for r in runs), out
+    with unit_of_work(factory) as session:
+        exp_id = make_experiment(
+            session,
+            n_runs=1,
+            name="engine_args.enable_prefix_caching=true",
+            is_baseline=False,
+            changes={"engine_args.enable_prefix_caching": True},
+        ).id
+    campaign_run = cli("runs", "list", "--experiment-id", exp_id).output
+    assert max(len(ln) for ln in campaign_run.splitlines()) <= width, campaign_run
+    assert "engine_args.enable_prefix_caching=true " in campaign_run, campaign_run  # whole
+    assert "…" not in campaign_run
 
 
 def test_a_failed_run_makes_watch_and_show_exit_1(
