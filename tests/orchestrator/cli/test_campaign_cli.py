@@ -6,6 +6,7 @@ objective written as each run's stored metric). A fresh database per module."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,11 @@ def test_list_and_cancel(api: TestClient, tmp_path: Path) -> None:
     as_json = json.loads(cli("list", "--json").stdout)
     assert cid in [c["id"] for c in as_json]
     assert "output_throughput" in listed.output
+    # within 100 columns: the id and the updated time whole, nothing cut
+    assert max(len(ln) for ln in listed.output.splitlines()) <= 100, listed.output
+    row = next(ln for ln in listed.output.splitlines() if cid in ln)
+    assert re.search(r"\b\d{4}-\d\d-\d\d \d\d:\d\d\s*$", row), listed.output
+    assert "…" not in listed.output
     show = cli("show", cid)
     assert show.exit_code == 0 and "queued" in show.output and "not run (yet)" in show.output
     cancelled = cli("cancel", cid)
