@@ -47,6 +47,7 @@ from orchestrator.cli.report import print_results, run_outcome
 from orchestrator.cli.report import watch as watch_exp
 from orchestrator.cli.resources import compare, experiments_app, runs_app, schedules_app
 from orchestrator.cli.specfile import CliError, load_spec_file
+from orchestrator.cli.tables import keep_words
 from orchestrator.core import auth
 from orchestrator.core.db import unit_of_work
 from orchestrator.core.errors import EngineUnavailableError, TokenError
@@ -253,9 +254,11 @@ def token_list(
     if json_out:
         print_json(rows)
         return
-    table = Table("name", "role", "key id", "created", "by", "expires", "last used", "state")
+    table = Table("name", "role", "key id", "created / by", "expires / last used", "state")
     for col in table.columns:
         col.overflow = "fold"
+    table.columns[2].no_wrap = True  # the key id whole, on one line
+    table.columns[3].min_width = table.columns[4].min_width = 16  # a time on one line
 
     def when(t: Any) -> str:
         return str(t)[:16].replace("T", " ") if t else "–"
@@ -270,13 +273,12 @@ def token_list(
             t["name"],
             t["role"],
             t["key_id"],
-            when(t.get("created_at")),
-            t.get("created_by") or "–",
-            when(t.get("expires_at")),
-            when(t.get("last_used_at")),
+            f"{when(t.get('created_at'))}\n{t.get('created_by') or '–'}",
+            f"{when(t.get('expires_at'))}\n{when(t.get('last_used_at'))}",
             state,
         )
-    console.print(table if rows else "no tokens: the API is open on loopback addresses only")
+    none = "no tokens: the API is open on loopback addresses only"
+    console.print(keep_words(table) if rows else none)
 
 
 @token_app.command("revoke")

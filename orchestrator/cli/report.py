@@ -14,6 +14,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.progress_bar import ProgressBar
 from rich.table import Table
+from rich.text import Text
 
 from orchestrator.analysis.trust import RunTrust, SidesTrust, na_text, trust_of_doc
 from orchestrator.cli.client import (
@@ -26,6 +27,7 @@ from orchestrator.cli.client import (
     repeat_number,
     run_label,
 )
+from orchestrator.cli.tables import LONG_WORD, keep_words, verdict_cell
 from orchestrator.core.auth import client_auth_headers
 from orchestrator.core.states import ACTIVE
 
@@ -120,16 +122,18 @@ def _fmt(
     scale: float,
     fmt: str,
     trust: RunTrust | None = None,
+    mark: str = " (flagged)",
 ) -> str:
     """A run's metric; ``n/a (off)`` when the run cannot have it; a value a flag of the run
-    taints is dimmed and marked ``(flagged)`` (:mod:`orchestrator.analysis.trust`)."""
+    taints is dimmed and marked ``mark`` (`` (flagged)``; ``*`` in a narrow column, where
+    the word would be split) (:mod:`orchestrator.analysis.trust`)."""
     if trust is not None and key in trust.not_applicable:
         return na_text(trust.not_applicable[key])
     if not metrics or key not in metrics:
         return "-"
     text = fmt.format(metrics[key] * scale)
     if trust is not None and trust.reason(key):
-        return f"[dim]{text} (flagged)[/dim]"
+        return f"[dim]{text}{escape(mark)}[/dim]"
     return text
 
 
@@ -143,9 +147,10 @@ def result_table(exp: dict[str, Any], width: int | None = None) -> Table:
     run (the same repeat of the reference variant).
 
     A value a flag of its run taints (token bursts for TPOT, a warm prefix cache) is
-    dimmed and marked ``(flagged)``, and gives no ratio (the caption names the flags); the
-    hit rate of a run with prefix caching off reads ``n/a (off)``. ``width``: the
-    console's, to fit (no vertical rules; fixed figure widths below :data:`NARROW_BELOW`)."""
+    dimmed and marked ``(flagged)`` (``*`` where the figures are narrow, so that no word
+    is split), and gives no ratio (the caption names the flags); the hit rate of a run
+    with prefix caching off reads ``n/a (off)``. ``width``: the console's, to fit (no
+    vertical rules; fixed figure widths below :data:`NARROW_BELOW`)."""
     table = Table(title=f"results: {exp['name']} (model {exp['model_id']})", box=box.SIMPLE_HEAD)
     runs = exp["runs"]
     longest = max((len(run_label(r)) for r in runs), default=3)
@@ -173,7 +178,7 @@ def result_table(exp: dict[str, Any], width: int | None = None) -> Table:
                 "median_ttft_ms"
             )
             ratio = (
-                "[dim]flagged: no ratio[/dim]"
+                ("[dim]no ratio*[/dim]" if narrow else "[dim]flagged: no ratio[/dim]")
                 if why
                 else ttft_ratio_text(m["median_ttft_ms"], ref["median_ttft_ms"])
             )
@@ -183,12 +188,17 @@ def result_table(exp: dict[str, Any], width: int | None = None) -> Table:
         table.add_row(
             run_label(run),
             run["status"] + (" (partial)" if run.get("partial") else ""),
-            *[_fmt(m, key, scale, fmt, trust) for _, key, scale, fmt in RESULT_COLUMNS],
+            *[
+                _fmt(m, key, scale, fmt, trust, "*" if narrow else " (flagged)")
+                for _, key, scale, fmt in RESULT_COLUMNS
+            ],
             ratio,
         )
     if flagged:
-        table.caption = "flagged (no verdict from these values): " + "; ".join(
-            f"{name}: {why}" for name, why in flagged.items()
+        table.caption = (
+            ("* " if narrow else "")
+            + "flagged (no verdict from these values): "
+            + "; ".join(f"{name}: {why}" for name, why in flagged.items())
         )
     return table
 
@@ -318,17 +328,19 @@ def comparison_table(comp: dict[str, Any]) -> Group:
                 justify="right" if col in ("reference", "variant value", "ratio") else "left",
                 overflow="fold",
             )
-        for m in v["metrics"]:
-            if m["metric"] in KEY_COMPARISONS:
-                table.add_row(*metric_row(m))
-        for row in capacity_rows(v.get("capacity")):
-            table.add_row(*row)
+        rows = [metric_row(m) for m in v["metrics"] if m["metric"] in KEY_COMPARISONS]
+        notes: list[str] = []
+        for row in [*rows, *capacity_rows(v.get("capacity"))]:
+            table.add_row(*row[:-1], verdict_cell(row[-1], notes))
+        if v.get("capacity"):
             table.caption = (
                 "capacity: highest load meeting every SLO (mean over repeats; unknown unless "
                 "every repeat found one); its interval is a bracket, the envelope of the "
                 "searches' brackets (highest pass .. lowest fail), not a 95 % CI"
             )
-        tables.append(table)
+        tables.append(keep_words(table, cap=LONG_WORD))
+        # below the table, where a run's id and a reason's words are never split
+        tables += [Text(note) for note in notes]
     return Group(*tables)
 
 

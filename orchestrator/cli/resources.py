@@ -37,6 +37,7 @@ from orchestrator.cli.report import (
     regressions,
 )
 from orchestrator.cli.specfile import load_spec_file
+from orchestrator.cli.tables import keep_words
 
 console = make_console()
 
@@ -199,6 +200,8 @@ def experiments_list(limit: LimitOpt = 50, json_out: JsonOpt = False, api: ApiOp
         print_json(items)
         return
     table = _table("experiments", "id", "name", "model", "created", "status", "runs")
+    table.columns[0].no_wrap = True  # the id whole on one line, to copy
+    table.columns[0].min_width = 36
     for e in items:
         table.add_row(
             e["id"],
@@ -208,7 +211,7 @@ def experiments_list(limit: LimitOpt = 50, json_out: JsonOpt = False, api: ApiOp
             e["status"],
             str(e["run_count"]),
         )
-    console.print(table if items else "no experiments")
+    console.print(keep_words(table) if items else "no experiments")
 
 
 @experiments_app.command("show")
@@ -271,18 +274,21 @@ def schedules_list(limit: LimitOpt = 50, json_out: JsonOpt = False, api: ApiOpt 
     if json_out:
         print_json(items)
         return
-    table = _table("schedules", "id", "name", "kind", "cron", "state", "next fire", "last fire")
+    # the id whole under the name (to copy); the fire times under each other
+    table = _table(
+        "schedules", "schedule / id", "kind", "cron / timezone", "state", "next / last fire"
+    )
+    table.columns[0].min_width = 36
+    table.columns[-1].min_width = 16  # a time on one line
     for s in items:
         table.add_row(
-            s["id"],
-            s["name"],
+            Text(f"{s['name']}\n{s['id']}"),
             s["kind"],
-            f"{s['cron']} ({s['timezone']})",
+            Text(f"{s['cron']}\n{s['timezone']}"),
             "enabled" if s["enabled"] else "paused",
-            when((s.get("next_fire_times") or [None])[0]),
-            when(s.get("last_fire_at")),
+            f"{when((s.get('next_fire_times') or [None])[0])}\n{when(s.get('last_fire_at'))}",
         )
-    console.print(table if items else "no schedules")
+    console.print(keep_words(table) if items else "no schedules")
 
 
 @schedules_app.command("show")
@@ -330,7 +336,7 @@ def schedules_fires(
                 f.get("comparison") or "–",
                 regs or "none",
             )
-        console.print(table if fires else "no fires yet")
+        console.print(keep_words(table) if fires else "no fires yet")
     if newest is not None and newest.get("regressions"):
         raise typer.Exit(EXIT_FAILED)
 

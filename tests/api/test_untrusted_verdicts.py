@@ -166,14 +166,21 @@ def test_comparison_ladder_and_cli_give_no_verdict_from_flagged_numbers(
     assert "untrusted: no verdict" in compare and "token bursts" in compare
 
     # the CLI: the comparison table and the per-run table
-    def render(table: Any) -> str:
-        console = Console(record=True, width=400, color_system=None)
+    def render(table: Any, width: int = 400) -> str:
+        console = Console(record=True, width=width, color_system=None)
         console.print(table)
         return console.export_text()
 
     text = render(comparison_table(comp))
     tpot_line = next(ln for ln in text.splitlines() if "median_tpot_ms" in ln)
-    assert "untrusted: variant run" in tpot_line and "better" not in tpot_line
+    assert "untrusted (note 1)" in tpot_line and "better" not in tpot_line
+    # the reason, with the runs' ids, below the table: at 100 columns no id is split
+    note = next(ln for ln in text.splitlines() if ln.startswith("note 1: "))
+    assert note.startswith("note 1: untrusted: variant run ") and "token bursts" in note
+    narrow = render(comparison_table(comp), 100)
+    flagged_ids = [r["id"] for r in body["runs"] if r["id"] in text]
+    assert flagged_ids and all(i in narrow for i in flagged_ids), narrow
+    assert max(len(ln) for ln in narrow.splitlines()) <= 100, narrow
     hit_line = next(ln for ln in text.splitlines() if "prefix_cache_hit_rate" in ln)
     assert "n/a (off)" in hit_line and "not applicable" in hit_line
     assert "better" not in hit_line and "0.90, 0.90" not in hit_line
@@ -183,6 +190,11 @@ def test_comparison_ladder_and_cli_give_no_verdict_from_flagged_numbers(
     base_lines = [ln for ln in text.splitlines() if ln.lstrip("│ ").startswith("baseline")]
     assert len(base_lines) == 2 and all("n/a (off)" in ln for ln in base_lines)
     assert "flagged (no verdict from these values)" in " ".join(text.split())
+    # fixed narrow figure columns: marked `*`, never a split `(flagg` / `ed)`
+    exp_doc = client.get(f"/api/v1/experiments/{body['id']}").json()
+    narrow = render(result_table(exp_doc, 100), 100)
+    assert "flagg" not in narrow.split("flagged (no verdict")[0], narrow
+    assert "* flagged (no verdict from these values)" in " ".join(narrow.split()), narrow
 
 
 def _client_limited_doc() -> dict[str, Any]:

@@ -64,6 +64,19 @@ def test_experiments_show_fits_100_columns_with_the_changed_variable_whole(
     assert "faster" in out and "333.7" in out  # a ratio, a plain number
 
 
+def test_experiments_list_keeps_each_id_whole_beside_a_long_name(
+    api: TestClient, factory: sessionmaker[Session]
+) -> None:
+    with unit_of_work(factory) as session:
+        exp = make_experiment(session, n_runs=1)
+        exp.name = "a rather long experiment name: prefix caching on a long shared prompt"
+        exp_id = exp.id
+    table = cli("experiments", "list", "--limit", "0").output
+    assert exp_id in table, table
+    assert max(len(ln) for ln in table.splitlines()) <= 100, table
+    assert all(w in table.split() for w in ("experiment", "caching", "prompt")), table
+
+
 def test_json_shapes_parse_and_are_the_apis(api: TestClient, demo: str) -> None:
     exp = json.loads(cli("experiments", "show", demo, "--json").output)
     assert exp == api.get(f"/api/v1/experiments/{demo}").json()
@@ -236,6 +249,9 @@ def test_schedules_create_pause_resume_list_delete(api: TestClient, tmp_path: Pa
     assert sid in [s["id"] for s in listed]
     fires = cli("schedules", "fires", sid, "--json")
     assert fires.exit_code == 0 and json.loads(fires.stdout) == []
+    table = cli("schedules", "list")  # the id whole on one line, within 100 columns
+    assert table.exit_code == 0, table.output
+    assert sid in table.output and max(len(ln) for ln in table.output.splitlines()) <= 100
     assert cli("schedules", "delete", sid).exit_code == 0
     assert cli("schedules", "show", sid).exit_code == 2
 
@@ -253,6 +269,9 @@ def test_tokens_through_the_api_first_one_without_a_token(api: TestClient) -> No
     try:
         listed = json.loads(cli("token", "list", "--json").stdout)
         assert [t["role"] for t in listed] == ["admin"] and "token" not in listed[0]
+        table = cli("token", "list").output  # the key id whole, within 100 columns
+        assert listed[0]["key_id"] in table, table
+        assert max(len(ln) for ln in table.splitlines()) <= 100, table
         gone = cli("token", "revoke", listed[0]["name"])
         assert gone.exit_code == 0 and "revoked" in gone.output
     finally:
