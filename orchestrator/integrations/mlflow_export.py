@@ -223,9 +223,10 @@ def check_api_tracking_uri(uri: str | None, settings: MlflowSettings) -> str:
         what = f"{parts.scheme}:// stores" if parts.scheme else "paths"
         raise refuse(
             "the API exports to http(s) MLflow tracking servers only; "
-            f"{what} live on the service's own disk or in a database (an administrator "
-            "may allow them with VLAB_MLFLOW__ALLOW_LOCAL_STORES=true; `vlab export mlflow` "
-            "and `vlab export mlflow-campaign` on the command line take any URI)",
+            f"{what} live on the service's own disk or in a database (the service's "
+            "administrator may allow them with VLAB_MLFLOW__ALLOW_LOCAL_STORES=true; "
+            "`vlab export mlflow` and `vlab export mlflow-campaign` go through this API, "
+            "so the service's setting decides for them too)",
             "uri_scheme_refused",
         )
     if problem is not None:  # an unknown scheme, dot segments, a file:// MLflow refuses

@@ -399,6 +399,10 @@ def test_uri_policy_of_the_api(monkeypatch: pytest.MonkeyPatch) -> None:
             check_api_tracking_uri(refused, strict)
         assert caught.value.errors[0]["loc"] == ["body", "tracking_uri"]
         assert caught.value.errors[0]["type"] == "uri_scheme_refused"
+        # the CLI goes through the API: no advice that the command line takes any URI
+        said = caught.value.errors[0]["msg"]
+        assert "VLAB_MLFLOW__ALLOW_LOCAL_STORES=true" in said and "any URI" not in said
+        assert "the service's setting decides" in said
     for bad in ("http://", "https://host:port", None, "  "):
         with pytest.raises(ExportRequestInvalidError):
             check_api_tracking_uri(bad, strict)
