@@ -60,6 +60,17 @@ def run_label(run: dict[str, Any]) -> str:
     return f"{run['name']} #{repeat_number(run)}"
 
 
+def say_unsuccessful(exp: dict[str, Any]) -> None:
+    """``N of M run(s) did not succeed: <run> <status>, ...`` on standard error (one line,
+    however narrow the terminal): why ``submit``, ``watch`` and ``experiments show`` exit 1."""
+    bad = [r for r in exp["runs"] if r["status"] != "succeeded"]
+    Console(stderr=True, soft_wrap=True).print(
+        f"{len(bad)} of {len(exp['runs'])} run(s) did not succeed: "
+        + ", ".join(f"{run_label(r)} {r['status']}" for r in bad),
+        markup=False,
+    )
+
+
 class WaitTimeout(TimeoutError):
     """``--wait-timeout`` passed with runs unfinished: exit code 3. ``document`` is what
     the API answered last (the experiment or campaign as it stands): printed on stdout

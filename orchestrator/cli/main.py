@@ -31,7 +31,7 @@ from orchestrator.cli.client import (
     ApiError,
     json_on_timeout,
     print_json,
-    run_label,
+    say_unsuccessful,
 )
 from orchestrator.cli.common import (
     ApiOpt,
@@ -99,12 +99,7 @@ def _finish(exp: dict[str, Any], json_out: bool, base: str) -> None:
         print_results(exp, console, base)
     code = run_outcome(exp)
     if code:
-        bad = [r for r in exp["runs"] if r["status"] != "succeeded"]
-        Console(stderr=True, soft_wrap=True).print(
-            f"{len(bad)} of {len(exp['runs'])} run(s) did not succeed: "
-            + ", ".join(f"{run_label(r)} {r['status']}" for r in bad),
-            markup=False,
-        )
+        say_unsuccessful(exp)
         raise typer.Exit(code)
 
 

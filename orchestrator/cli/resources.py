@@ -27,6 +27,7 @@ from orchestrator.cli.client import (
     print_json,
     repeat_number,
     run_label,
+    say_unsuccessful,
 )
 from orchestrator.cli.common import ApiOpt, friendly
 from orchestrator.cli.report import (
@@ -226,6 +227,7 @@ def experiments_show(experiment_id: str, json_out: JsonOpt = False, api: ApiOpt 
     else:
         print_results(exp, console, client.base)
     if any(r["status"] in ("failed", "cancelled", "blocked") for r in exp.get("runs", [])):
+        say_unsuccessful(exp)
         raise typer.Exit(EXIT_FAILED)
 
 

@@ -181,7 +181,13 @@ def test_a_failed_run_makes_watch_and_show_exit_1(
     as_json = cli("watch", exp_id, "--json", "--interval", "0.05")
     assert as_json.exit_code == 1
     assert json.loads(as_json.stdout)["id"] == exp_id  # stdout is the JSON alone
-    assert cli("experiments", "show", exp_id).exit_code == 1
+    shown = cli("experiments", "show", exp_id)
+    assert shown.exit_code == 1
+    # why, as submit and watch say it (on stderr; stdout keeps the JSON alone with --json)
+    assert "1 of 2 run(s) did not succeed: v1 #1 failed" in shown.stderr, shown.output
+    shown_json = cli("experiments", "show", exp_id, "--json")
+    assert shown_json.exit_code == 1 and "did not succeed" in shown_json.stderr
+    assert json.loads(shown_json.stdout)["id"] == exp_id
 
 
 def test_wait_timeout_exits_3_in_one_line(api: TestClient, factory: sessionmaker[Session]) -> None:
