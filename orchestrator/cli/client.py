@@ -19,9 +19,11 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import typer
@@ -47,6 +49,38 @@ def make_console() -> Console:
     if sys.stdout.isatty():
         return Console(width=min(shutil.get_terminal_size().columns, TABLE_WIDTH))
     return Console(width=TABLE_WIDTH, color_system=None)
+
+
+def check_api_url(value: str | None) -> str | None:
+    """``--api``: an ``http(s)://host[:port]`` base URL, else a usage error (exit 2), not
+    an attempt to reach it (which would say "cannot reach", exit 4)."""
+    if value is None:
+        return value
+    parts = urlsplit(value.strip())
+    try:
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:
+        port_ok = False
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        raise typer.BadParameter(
+            f"{value!r} is not the API's base URL: give http(s)://host[:port], "
+            "e.g. http://127.0.0.1:8000"
+        )
+    return value
+
+
+def check_uuid(value: str | None) -> str | None:
+    """An id option (``--experiment-id``): a UUID as the API gives ids, else a usage error
+    (exit 2) rather than a filter that matches nothing."""
+    if value is None:
+        return value
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        raise typer.BadParameter(
+            f"{value!r} is not an id (a UUID such as those `vlab experiments list` shows)"
+        ) from None
+    return value
 
 
 def repeat_number(run: dict[str, Any]) -> int:

@@ -27,6 +27,7 @@ from orchestrator.cli.client import (
     EXIT_USAGE,
     ApiError,
     WaitTimeout,
+    check_api_url,
     make_console,
     problem_lines,
     repeat_number,
@@ -41,7 +42,10 @@ from orchestrator.core.settings import Settings, get_settings
 # At most 100 columns, terminal or not (logs, CI): the tables wrap their cells to fit.
 console = make_console()
 
-ApiOpt = Annotated[str | None, typer.Option("--api", help="API base URL (default from settings)")]
+ApiOpt = Annotated[
+    str | None,
+    typer.Option("--api", help="API base URL (default from settings)", callback=check_api_url),
+]
 
 
 def api_url(api: str | None) -> str:

@@ -23,6 +23,7 @@ from rich.text import Text
 from orchestrator.cli.client import (
     EXIT_FAILED,
     Api,
+    check_uuid,
     make_console,
     print_json,
     repeat_number,
@@ -104,7 +105,9 @@ def runs_table(items: list[dict[str, Any]], width: int) -> Table:
 @runs_app.command("list")
 @friendly
 def runs_list(
-    experiment_id: Annotated[str | None, typer.Option(help="the runs of one experiment")] = None,
+    experiment_id: Annotated[
+        str | None, typer.Option(help="the runs of one experiment (its id)", callback=check_uuid)
+    ] = None,
     status: Annotated[
         str | None, typer.Option(help="queued, preparing, running, succeeded, failed, ...")
     ] = None,

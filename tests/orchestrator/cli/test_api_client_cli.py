@@ -224,6 +224,24 @@ def test_unreachable_service_exits_4_in_one_line() -> None:
     assert line.startswith("error: cannot reach the API at http://127.0.0.1:9")
 
 
+@pytest.mark.parametrize("command", [["runs", "list"], ["campaign", "list"], ["watch", "x"]])
+def test_an_api_that_is_not_a_url_is_bad_input_exit_2(command: list[str]) -> None:
+    for bad in ("notaurl", "ftp://host", "http://", "http://host:port"):
+        result = CliRunner().invoke(app, [*command, "--api", bad])
+        assert result.exit_code == 2, result.output  # bad input, not "cannot reach" (4)
+        assert "cannot reach" not in result.output and "base URL" in result.output
+
+
+def test_runs_list_experiment_id_must_be_an_id(api: TestClient, demo: str) -> None:
+    """The API answers 200 and no runs for an id that is no UUID (it filters by it); the
+    command says the input is bad instead of "no runs match"."""
+    assert api.get("/api/v1/runs", params={"experiment_id": "not-a-uuid"}).json()["items"] == []
+    result = cli("runs", "list", "--experiment-id", "not-a-uuid")
+    assert result.exit_code == 2, result.output
+    assert "no runs match" not in result.output and "not an id" in result.output
+    assert cli("runs", "list", "--experiment-id", demo).exit_code == 0
+
+
 def test_compare_exits_1_on_a_regression(api: TestClient, demo: str) -> None:
     comp = api.get(f"/api/v1/experiments/{demo}/comparison").json()
     worse = cli_report.regressions(comp)
