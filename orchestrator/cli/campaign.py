@@ -30,7 +30,14 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.cli.client import Api, WaitTimeout, json_on_timeout, make_console, print_json
+from orchestrator.cli.client import (
+    Api,
+    WaitTimeout,
+    json_on_timeout,
+    make_console,
+    page_url,
+    print_json,
+)
 from orchestrator.cli.common import ApiOpt, friendly
 from orchestrator.cli.report import plain
 from orchestrator.cli.specfile import CliError, load_spec_file
@@ -254,7 +261,7 @@ def print_campaign(body: dict[str, Any], out: Console) -> None:
         markup=False,
     )
     if body.get("url"):
-        out.print(f"  {body['url']}", markup=False)
+        out.print(f"  {page_url(body['url'])}", markup=False, soft_wrap=True)
     if body.get("space_proposal"):
         out.rule("space proposed by vlab")
         out.print(proposal_table(body))
@@ -332,7 +339,10 @@ def campaign_submit(
     if json_out:
         print_json(created)
         return
-    console.print(f"campaign [bold]{created['id']}[/bold] ({created['status']}): {created['url']}")
+    console.print(
+        f"campaign [bold]{created['id']}[/bold] ({created['status']}): {page_url(created['url'])}",
+        soft_wrap=True,
+    )
     console.print(f"follow it with: vlab campaign show {created['id']}", markup=False)
 
 

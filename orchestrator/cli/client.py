@@ -83,6 +83,14 @@ def check_uuid(value: str | None) -> str | None:
     return value
 
 
+def page_url(url: str) -> str:
+    """The dashboard's page for an API resource URL, what a person opens:
+    ``<base>/api/v1/runs/<id>`` -> ``<base>/runs/<id>`` (experiments and campaigns alike;
+    the base, a public URL or a path prefix included, kept). ``--json`` keeps the API's."""
+    head, sep, tail = url.partition("/api/v1/")
+    return f"{head}/{tail}" if sep else url
+
+
 def repeat_number(run: dict[str, Any]) -> int:
     """A run's repeat as people count it (from 1, as the dashboard and MLflow name it);
     the API's ``repeat_index`` counts from 0."""

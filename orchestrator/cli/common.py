@@ -29,6 +29,7 @@ from orchestrator.cli.client import (
     WaitTimeout,
     check_api_url,
     make_console,
+    page_url,
     problem_lines,
     repeat_number,
 )
@@ -185,9 +186,11 @@ def submit_spec(
         raise ApiError(problem_lines(resp), code)
     created: dict[str, Any] = resp.json()
     # URLs are never wrapped (a terminal or a log must be able to open them whole)
-    out.print(f"experiment [bold]{created['id']}[/bold]: {created['url']}", soft_wrap=True)
+    out.print(
+        f"experiment [bold]{created['id']}[/bold]: {page_url(created['url'])}", soft_wrap=True
+    )
     for run in created["runs"]:
-        line = f"  run {run['name']} (repeat {repeat_number(run)}): {run['url']}"
+        line = f"  run {run['name']} (repeat {repeat_number(run)}): {page_url(run['url'])}"
         out.print(line, soft_wrap=True, markup=False)
     estimate = created.get("capacity_estimate")
     if isinstance(estimate, dict) and estimate.get("experiment_s_max") is not None:

@@ -23,6 +23,7 @@ from orchestrator.cli.client import (
     EXIT_UNAVAILABLE,
     ApiError,
     WaitTimeout,
+    page_url,
     problem_lines,
     repeat_number,
     run_label,
@@ -591,6 +592,7 @@ def print_results(
         )
     for run in exp["runs"]:
         number = repeat_number(run)
-        console.print(f"  {run['name']} #{number}: {run['url']}", markup=False)
+        line = f"  {run['name']} #{number}: {page_url(run['url'])}"
+        console.print(line, markup=False, soft_wrap=True)  # a link whole, to open
         if run.get("error"):
             console.print(f"    [red]error:[/red] {run['error'][:2000]}")

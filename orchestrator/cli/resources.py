@@ -25,6 +25,7 @@ from orchestrator.cli.client import (
     Api,
     check_uuid,
     make_console,
+    page_url,
     print_json,
     repeat_number,
     run_label,
@@ -177,7 +178,7 @@ def runs_show(run_id: str, json_out: JsonOpt = False, api: ApiOpt = None) -> Non
         console.print(table)
     if run.get("error"):
         console.print(f"  error: {' '.join(str(run['error']).split())[:2000]}", markup=False)
-    console.print(f"  {run['url']}", markup=False)
+    console.print(f"  {page_url(run['url'])}", markup=False, soft_wrap=True)
 
 
 @runs_app.command("cancel")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -366,6 +367,26 @@ def test_submit_json_and_its_wait_timeout(api: TestClient) -> None:
     assert as_json.exit_code == 3, as_json.output
     doc = json.loads(as_json.stdout)  # the experiment as it stands, for `jq -r .id`
     assert doc["id"] and {r["status"] for r in doc["runs"]} == {"queued"}
+
+
+def test_links_printed_are_the_dashboards_pages(api: TestClient, demo: str) -> None:
+    """submit, runs show and experiments show print the page a person opens (``/runs/<id>``,
+    ``/experiments/<id>``), not the API's JSON; --json keeps the API's shapes."""
+    spec = Path(__file__).resolve().parents[3] / "examples" / "quick-tiny.yaml"
+    made = cli("submit", str(spec), "--no-watch")
+    assert made.exit_code == 0, made.output
+    assert "/api/v1/" not in made.output, made.output
+    exp_id = re.search(rf"{API}/experiments/([0-9a-f-]{{36}})", made.output)
+    assert exp_id is not None, made.output
+    exp = api.get(f"/api/v1/experiments/{exp_id.group(1)}").json()
+    assert all(f"{API}/runs/{r['id']}" in made.output for r in exp["runs"]), made.output
+    run = exp["runs"][0]
+    shown = cli("runs", "show", run["id"])
+    assert f"  {API}/runs/{run['id']}" in shown.output and "/api/v1/" not in shown.output
+    assert json.loads(cli("runs", "show", run["id"], "--json").stdout)["url"] == run["url"]
+    assert run["url"] == f"{API}/api/v1/runs/{run['id']}"  # the API's own, unchanged
+    results = cli("experiments", "show", demo).output
+    assert "/api/v1/runs/" not in results and f"{API}/runs/" in results, results
 
 
 def test_pages_follow_a_next_link_a_cursor_or_the_offset(
