@@ -35,15 +35,16 @@ from orchestrator.core.states import ACTIVE
 #: Run statuses that make ``vlab submit`` / ``vlab watch`` exit 1.
 FAILED_STATUSES = ("failed", "cancelled", "blocked")
 
-# (header, metric key, scale, format)
+# (header, metric key, scale, suffix): values as :func:`plain` writes them (three
+# significant figures, whole from 1000), the unit in the header or the suffix
 RESULT_COLUMNS: list[tuple[str, str, float, str]] = [
-    ("TTFT p50 ms", "median_ttft_ms", 1.0, "{:.1f}"),
-    ("TTFT p99 ms", "p99_ttft_ms", 1.0, "{:.1f}"),
-    ("TPOT p50 ms", "median_tpot_ms", 1.0, "{:.1f}"),
-    ("E2EL p50 ms", "median_e2el_ms", 1.0, "{:.1f}"),
-    ("out tok/s", "output_throughput", 1.0, "{:.1f}"),
-    ("prefix hit rate", "prefix_cache_hit_rate", 100.0, "{:.1f}%"),
-    ("KV usage peak", "kv_cache_usage_peak", 100.0, "{:.1f}%"),
+    ("TTFT p50 ms", "median_ttft_ms", 1.0, ""),
+    ("TTFT p99 ms", "p99_ttft_ms", 1.0, ""),
+    ("TPOT p50 ms", "median_tpot_ms", 1.0, ""),
+    ("E2EL p50 ms", "median_e2el_ms", 1.0, ""),
+    ("out tok/s", "output_throughput", 1.0, ""),
+    ("prefix hit rate", "prefix_cache_hit_rate", 100.0, "%"),
+    ("KV usage peak", "kv_cache_usage_peak", 100.0, "%"),
 ]
 
 
@@ -121,7 +122,7 @@ def _fmt(
     metrics: dict[str, float] | None,
     key: str,
     scale: float,
-    fmt: str,
+    suffix: str,
     trust: RunTrust | None = None,
     mark: str = " (flagged)",
 ) -> str:
@@ -132,7 +133,7 @@ def _fmt(
         return na_text(trust.not_applicable[key])
     if not metrics or key not in metrics:
         return "-"
-    text = fmt.format(metrics[key] * scale)
+    text = plain(metrics[key] * scale) + suffix
     if trust is not None and trust.reason(key):
         return f"[dim]{text}{escape(mark)}[/dim]"
     return text
@@ -190,8 +191,8 @@ def result_table(exp: dict[str, Any], width: int | None = None) -> Table:
             run_label(run),
             run["status"] + (" (partial)" if run.get("partial") else ""),
             *[
-                _fmt(m, key, scale, fmt, trust, "*" if narrow else " (flagged)")
-                for _, key, scale, fmt in RESULT_COLUMNS
+                _fmt(m, key, scale, suffix, trust, "*" if narrow else " (flagged)")
+                for _, key, scale, suffix in RESULT_COLUMNS
             ],
             ratio,
         )

@@ -174,11 +174,36 @@ def runs_show(run_id: str, json_out: JsonOpt = False, api: ApiOpt = None) -> Non
     if metrics:
         table = _table("metrics", "metric", "value")
         for key, value in sorted(metrics.items()):
-            table.add_row(key, plain(value, "ms" if key.endswith("_ms") else ""))
+            table.add_row(key, metric_text(key, value))
         console.print(table)
     if run.get("error"):
         console.print(f"  error: {' '.join(str(run['error']).split())[:2000]}", markup=False)
     console.print(f"  {page_url(run['url'])}", markup=False, soft_wrap=True)
+
+
+#: Metrics that are fractions, shown as percentages (as the result table shows them).
+FRACTIONS = ("prefix_cache_hit_rate", "kv_cache_usage_mean", "kv_cache_usage_peak")
+
+
+def metric_text(key: str, value: Any) -> str:
+    """A run's metric with its unit, as the tables write it: ``42.9 ms``, ``3.91 s``,
+    ``65.4 tok/s``, ``4.09 req/s``, ``90.2%`` (a hit rate or a cache usage); counts bare."""
+    if key in FRACTIONS or key.endswith("_fraction"):
+        return plain(value * 100) + "%" if isinstance(value, int | float) else plain(value)
+    base = key.removesuffix("_per_device")
+    if base.endswith("_ms"):
+        unit = "ms"
+    elif base == "duration" or base.endswith("_s"):
+        unit = "s"
+    elif base in ("request_throughput", "request_goodput", "goodput"):
+        unit = "req/s"
+    elif base.endswith("_throughput"):
+        unit = "tok/s"
+    else:
+        unit = ""
+    if unit and base != key:
+        unit += " per device"
+    return plain(value, unit)
 
 
 @runs_app.command("cancel")

@@ -62,7 +62,25 @@ def test_experiments_show_fits_100_columns_with_the_changed_variable_whole(
     assert max(len(ln) for ln in out.splitlines()) <= 100, out
     assert "engine_args.enable_prefix_caching" in out  # whole, on one line
     assert "…" not in out and "e+0" not in out
-    assert "faster" in out and "333.7" in out  # a ratio, a plain number
+    assert "faster" in out and "334" in out  # a ratio, a plain number
+    # three significant figures, whole from 1000, as docs/USAGE.md says (not 333.7)
+    assert "333.7" not in out and "90.2%" in out, out
+
+
+def test_runs_show_gives_each_metric_its_unit(api: TestClient, demo: str) -> None:
+    run = api.get(f"/api/v1/experiments/{demo}").json()["runs"][1]
+    out = cli("runs", "show", run["id"]).output
+    rows = {
+        cells[0]: cells[1]
+        for ln in out.splitlines()
+        if len(cells := [c.strip() for c in ln.strip("│ ").split("│")]) == 2
+    }
+    assert rows["duration"].endswith(" s"), out
+    assert rows["median_ttft_ms"].endswith(" ms"), out
+    assert rows["output_throughput"].endswith(" tok/s"), out
+    assert rows["request_throughput"].endswith(" req/s"), out
+    assert rows["prefix_cache_hit_rate"] == "90.2%", out
+    assert rows["completed"] == "16", out  # a count: bare
 
 
 def test_experiments_list_keeps_each_id_whole_beside_a_long_name(
