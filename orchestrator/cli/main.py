@@ -273,7 +273,7 @@ def token_list(
             state,
         )
     none = "no tokens: the API is open on loopback addresses only"
-    console.print(keep_words(table) if rows else none)
+    console.print(keep_words(table, console.width) if rows else none)
 
 
 @token_app.command("revoke")

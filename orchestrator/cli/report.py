@@ -299,7 +299,7 @@ KEY_COMPARISONS = (
 )
 
 
-def comparison_table(comp: dict[str, Any]) -> Group:
+def comparison_table(comp: dict[str, Any], width: int | None = None) -> Group:
     """Each variant vs its reference, one table each: ratio with its interval and the
     verdict; the table's title names the variant, its reference and the changed variable
     whole (``apc-on vs baseline: engine_args.enable_prefix_caching false -> true``).
@@ -340,7 +340,7 @@ def comparison_table(comp: dict[str, Any]) -> Group:
                 "every repeat found one); its interval is a bracket, the envelope of the "
                 "searches' brackets (highest pass .. lowest fail), not a 95 % CI"
             )
-        tables.append(keep_words(table, cap=LONG_WORD))
+        tables.append(keep_words(table, width, cap=LONG_WORD))
         # below the table, where a run's id and a reason's words are never split
         tables += [Text(note) for note in notes]
     return Group(*tables)
@@ -582,7 +582,7 @@ def print_results(
         )
         if resp.status_code == 200:
             comp = resp.json()
-            console.print(comparison_table(comp))
+            console.print(comparison_table(comp, console.width))
             for f in comp.get("findings", []):
                 console.print(f"  [yellow]finding[/yellow] {f['variant']}: {f['message']}")
     reuse = exp.get("server_reuse") or {}

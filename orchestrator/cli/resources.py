@@ -229,19 +229,26 @@ def experiments_list(limit: LimitOpt = 50, json_out: JsonOpt = False, api: ApiOp
     if json_out:
         print_json(items)
         return
-    table = _table("experiments", "id", "name", "model", "created", "status", "runs")
-    table.columns[0].no_wrap = True  # the id whole on one line, to copy
-    table.columns[0].min_width = 36
+    # the name over the id (whole on its line, to copy): fits 70 columns as well as 100
+    table = Table(
+        title="experiments",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+    )
+    table.add_column("experiment / id", min_width=36, overflow="fold")
+    table.add_column("model", overflow="fold")
+    table.add_column("created", overflow="fold")
+    table.add_column("status / runs", overflow="fold")
     for e in items:
         table.add_row(
-            e["id"],
-            e["name"],
-            e["model_id"],
+            Text(f"{e['name']}\n{e['id']}"),
+            Text(e["model_id"]),
             when(e["created_at"]),
-            e["status"],
-            str(e["run_count"]),
+            f"{e['status']}\n{e['run_count']} run(s)",
         )
-    console.print(keep_words(table) if items else "no experiments")
+    console.print(keep_words(table, console.width) if items else "no experiments")
 
 
 @experiments_app.command("show")
@@ -276,7 +283,7 @@ def compare(
     if json_out:
         print_json(comp)
     else:
-        console.print(comparison_table(comp))
+        console.print(comparison_table(comp, console.width))
         for f in comp.get("findings", []):
             console.print(f"  finding {f['variant']}: {f['message']}", markup=False)
         for line in found:
@@ -319,7 +326,7 @@ def schedules_list(limit: LimitOpt = 50, json_out: JsonOpt = False, api: ApiOpt 
             "enabled" if s["enabled"] else "paused",
             f"{when((s.get('next_fire_times') or [None])[0])}\n{when(s.get('last_fire_at'))}",
         )
-    console.print(keep_words(table) if items else "no schedules")
+    console.print(keep_words(table, console.width) if items else "no schedules")
 
 
 @schedules_app.command("show")
@@ -367,7 +374,7 @@ def schedules_fires(
                 f.get("comparison") or "–",
                 regs or "none",
             )
-        console.print(keep_words(table) if fires else "no fires yet")
+        console.print(keep_words(table, console.width) if fires else "no fires yet")
     if newest is not None and newest.get("regressions"):
         raise typer.Exit(EXIT_FAILED)
 

@@ -2,31 +2,44 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.errors import MarkupError
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 
-def keep_words(table: Table, cap: int = 30) -> Table:
-    """``table`` with no word split across lines: each column at least as wide as its
-    longest word (header included; up to ``cap``, past which a word folds), so cells wrap
-    at spaces only. rich shrinks the widest columns first when a table is too wide, and
-    would fold an id or a word there; a column marked ``no_wrap`` (an id) is left as it
-    is."""
+def keep_words(table: Table, width: int | None = None, cap: int = 30) -> Table:
+    """``table`` with no word split across lines where it fits ``width``: each column at
+    least as wide as its longest word (header included; up to ``cap``, past which a word
+    folds), so cells wrap at spaces only. rich shrinks the widest columns first when a
+    table is too wide, and would fold an id or a word there; a column marked ``no_wrap``
+    (an id) is left as it is. Where those widths do not fit ``width`` (a narrow terminal)
+    they are not imposed: rich folds words rather than cut the table at the edge; where
+    they fit but rich's shrinking would go below them, the columns get fixed widths.
+    ``width`` None: the minimums alone (the console's width unknown)."""
+    wanted, natural = [], []
     for col in table.columns:
+        texts = [_plain(c) for c in (col.header, *col._cells) if isinstance(c, str | Text)]
+        natural.append(max([len(line) for t in texts for line in t.splitlines()] + [1]))
         if col.no_wrap:
+            wanted.append(max(col.min_width or 0, natural[-1]))
             continue
-        cells: list[Any] = [col.header, *col._cells]
-        words = [
-            len(word)
-            for cell in cells
-            if isinstance(cell, str | Text)
-            for word in _plain(cell).split()
-        ]
-        col.min_width = max(col.min_width or 0, min(max(words, default=0), cap))
+        words = [len(word) for t in texts for word in t.split()]
+        wanted.append(max(col.min_width or 0, min(max(words, default=0), cap)))
+    padding = sum(table._get_padding_width(i) for i in range(len(table.columns)))
+    room = 10**6 if width is None else width - padding - table._extra_width
+    if sum(wanted) > room:
+        return table
+    widths = [max(n, w) for n, w in zip(natural, wanted, strict=True)]
+    squeeze = sum(widths) > room  # rich's own shrinking would go below the minimums
+    while sum(widths) > room:
+        i = max(range(len(widths)), key=lambda k: widths[k] - wanted[k])
+        widths[i] -= 1
+    for col, least, fixed in zip(table.columns, wanted, widths, strict=True):
+        if not col.no_wrap:
+            col.min_width = least
+        if squeeze:
+            col.width = fixed
     return table
 
 

@@ -83,16 +83,19 @@ def test_runs_show_gives_each_metric_its_unit(api: TestClient, demo: str) -> Non
     assert rows["completed"] == "16", out  # a count: bare
 
 
+@pytest.mark.parametrize("width", [70, 100])
 def test_experiments_list_keeps_each_id_whole_beside_a_long_name(
-    api: TestClient, factory: sessionmaker[Session]
+    api: TestClient, factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch, width: int
 ) -> None:
+    at_width(monkeypatch, width)
     with unit_of_work(factory) as session:
         exp = make_experiment(session, n_runs=1)
         exp.name = "a rather long experiment name: prefix caching on a long shared prompt"
         exp_id = exp.id
     table = cli("experiments", "list", "--limit", "0").output
     assert exp_id in table, table
-    assert max(len(ln) for ln in table.splitlines()) <= 100, table
+    assert max(len(ln) for ln in table.splitlines()) <= width, table
+    assert "succeeded" in table.split() or "queued" in table.split(), table  # not cut
     assert all(w in table.split() for w in ("experiment", "caching", "prompt")), table
 
 
