@@ -28,7 +28,7 @@ from orchestrator.cli.client import (
     repeat_number,
     run_label,
 )
-from orchestrator.cli.tables import LONG_WORD, keep_words, verdict_cell
+from orchestrator.cli.tables import LONG_WORD, keep_words, split_columns, verdict_cell
 from orchestrator.core.auth import client_auth_headers
 from orchestrator.core.states import ACTIVE
 
@@ -570,7 +570,7 @@ def print_results(
 ) -> None:
     console = console or Console()
     console.print(variants_table(exp))
-    console.print(result_table(exp, console.width))
+    console.print(*split_columns(result_table(exp, console.width), console.width))
     capacity = run_capacity_table(exp)
     if capacity is not None:
         console.print(capacity)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from rich.errors import MarkupError
 from rich.markup import escape
 from rich.table import Table
@@ -66,3 +68,36 @@ def verdict_cell(verdict: str, notes: list[str]) -> str:
     notes.append(f"note {len(notes) + 1}: {text}")
     head = text.split(":")[0].split(" (")[0]
     return f"{escape(head)} (note {len(notes)})"
+
+
+def split_columns(table: Table, width: int, keep: int = 2) -> list[Table]:
+    """``table`` as one table, or, where its columns' minimum widths do not fit ``width``
+    (a narrow terminal), as several: each repeats the first ``keep`` columns (the run and
+    its status) and takes as many of the rest as fit, so no column is dropped or squeezed
+    to nothing. The title goes on the first, the caption on the last."""
+    padding = 2  # a space either side of each cell
+    need = [max(c.width or 0, c.min_width or 0, 4) + padding + 1 for c in table.columns]
+    if sum(need) + 1 <= width:
+        return [table]
+    groups: list[list[int]] = []
+    for i in range(keep, len(table.columns)):
+        if groups and sum(need[j] for j in [*range(keep), *groups[-1], i]) + 1 <= width:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    parts = []
+    for n, group in enumerate(groups):
+        part = Table(
+            title=table.title if n == 0 else None,
+            title_justify=table.title_justify,
+            caption=table.caption if n == len(groups) - 1 else None,
+            box=table.box,
+        )
+        for i in [*range(keep), *group]:
+            col = dataclasses.replace(table.columns[i])
+            col._cells = list(table.columns[i]._cells)
+            col._index = len(part.columns)
+            part.columns.append(col)
+        part.rows = list(table.rows)
+        parts.append(part)
+    return parts

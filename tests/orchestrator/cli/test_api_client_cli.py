@@ -184,6 +184,22 @@ def test_runs_list_in_a_narrow_terminal_cuts_and_drops_nothing(
     assert "…" not in campaign_run
 
 
+def test_results_in_a_narrow_terminal_keep_every_column(
+    api: TestClient, demo: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At 70 columns the results table comes in two parts, each with the run and its
+    status, rather than dropping the run's column or squeezing it to nothing."""
+    at_width(monkeypatch, 70)
+    out = cli("experiments", "show", demo).output
+    start = out.index("results: ")
+    results = out[start : out.index("comparison (", start)]
+    assert max(len(ln) for ln in results.splitlines()) <= 70, results
+    for label in ("baseline #1", "apc-on #1", "baseline #2", "apc-on #2"):
+        assert results.count(label) == 2, results  # in both parts
+    for figure in ("334", "90.2%", "7.77x", "tok/s", "KV"):
+        assert figure in results, results
+
+
 def test_a_failed_run_makes_watch_and_show_exit_1(
     api: TestClient, factory: sessionmaker[Session]
 ) -> None:
