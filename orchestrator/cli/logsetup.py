@@ -5,7 +5,9 @@ The service commands (``vlab up``, ``serve``, ``orchestrate``, ``migrate``, ``de
 :func:`configure` first. Without ``--verbose``:
 
 - the terminal shows the records of vlab's own loggers (``orchestrator``, ``api``,
-  ``jobs``, ``web``) and uvicorn's, at ``terminal_level``;
+  ``jobs``, ``web``) at ``terminal_level``, and the API server's (uvicorn's) errors;
+  its start-up lines and one access line per request go to the log file only (the
+  command prints where it listens);
 - every record (third-party ones too: Ray, pgserver, alembic, urllib3, ...) and every
   Python warning (:func:`logging.captureWarnings`) goes to ``<home>/logs/vlab.log``;
 - what is written to file descriptor 2 below Python (Ray's C++ core, the subprocesses
@@ -15,6 +17,10 @@ The service commands (``vlab up``, ``serve``, ``orchestrate``, ``migrate``, ``de
 - transformers' advisory warnings are off (``TRANSFORMERS_VERBOSITY=error``,
   ``TRANSFORMERS_NO_ADVISORY_WARNINGS=1``, unless set already), in this process and in
   those it starts.
+
+Either way MLflow does not install a stderr handler of its own when imported
+(``MLFLOW_CONFIGURE_LOGGING=false``, unless set already): its records (``Creating
+initial MLflow database tables...``) go where every library's go.
 
 With ``--verbose`` the terminal shows every record at DEBUG for vlab's loggers and INFO
 for the others, and file descriptor 2 is left alone. With ``VLAB_LOG_TO_CONSOLE=true``
@@ -39,7 +45,11 @@ from typing import Any
 from orchestrator.cli.specfile import CliError
 
 #: The top-level logger names shown on the terminal when not verbose.
-OURS = ("orchestrator", "api", "jobs", "web", "uvicorn", "__main__")
+OURS = ("orchestrator", "api", "jobs", "web", "__main__")
+#: The API server's loggers: on the terminal from this level (its errors: a failed
+#: start, an exception in a request), below it (start-up lines, access lines) in the file.
+SERVER = ("uvicorn",)
+SERVER_TERMINAL_LEVEL = logging.ERROR
 #: The log file, under the home.
 LOG_FILE = Path("logs") / "vlab.log"
 #: Rotate the log file at this size, keeping this many old ones.
@@ -82,10 +92,12 @@ def to_console() -> bool:
 
 
 class OursOnly(logging.Filter):
-    """Pass the records of vlab's own loggers (:data:`OURS`)."""
+    """Pass the records of vlab's own loggers (:data:`OURS`), and the API server's
+    (:data:`SERVER`) from :data:`SERVER_TERMINAL_LEVEL`."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.name.split(".", 1)[0] in OURS
+        top = record.name.split(".", 1)[0]
+        return top in OURS or (top in SERVER and record.levelno >= SERVER_TERMINAL_LEVEL)
 
 
 def log_path(home: Path) -> Path:
@@ -154,6 +166,8 @@ def configure(
     console = to_console()
     path = log_path(home)
     path.parent.mkdir(parents=True, exist_ok=True)
+    # MLflow's records through the root's handlers, not a stderr handler of its own
+    os.environ.setdefault("MLFLOW_CONFIGURE_LOGGING", "false")
     if not verbose:
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")

@@ -204,7 +204,8 @@ class Runtime:
         return self._serve_in_thread(app, host, port, "metrics")
 
     def _serve_in_thread(self, app: FastAPI, host: str, port: int, name: str) -> uvicorn.Server:
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning")
+        # log_config None: uvicorn's records go through the service's logging (logsetup)
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", log_config=None)
         server = uvicorn.Server(config)
         t = threading.Thread(target=server.run, name=name, daemon=True)
         t.start()
@@ -221,7 +222,9 @@ class Runtime:
         """Serve the API until Ctrl-C or SIGTERM (what ``uvicorn.run`` does), or until
         the local Ray's raylet dies (:meth:`_raylet_died` stops it)."""
         server = uvicorn.Server(
-            uvicorn.Config(self.make_app(), host=host, port=port, log_level="info")
+            # log_config None: its start-up and access lines go through the service's
+            # logging (the log file; the terminal shows its errors: logsetup)
+            uvicorn.Config(self.make_app(), host=host, port=port, log_level="info", log_config=None)
         )
         self._foreground = server
         try:

@@ -121,19 +121,43 @@ def serve(
 def _serve_foreground(
     host: str | None, port: int | None, verbose: bool, orchestrator: bool
 ) -> None:
-    """The API in the foreground (with the orchestrator beside it for ``up``) until Ctrl-C."""
+    """The API in the foreground (with the orchestrator beside it for ``up``) until Ctrl-C
+    or SIGTERM, which stop it cleanly (exit code 0: Postgres and a local Ray stopped)."""
     _setup_logging(verbose)
     settings = _bound(get_settings(), host, port)
+    host, port = settings.api.host, settings.api.port
+    _check_port_free(host, port)
+    # SIGTERM and SIGINT stop what started, as in `vlab demo`; uvicorn handles both while
+    # it serves, then restores this handler and raises the signal again: it ends here
+    stop = _stop_on_sigterm()
     rt = open_runtime(settings)
     try:
-        _auth_preflight(settings, rt)
-        if orchestrator:
-            rt.start_orchestrator()
-            _print_device_kind(rt)
-        _say_log()
-        rt.serve_api_foreground(settings.api.host, settings.api.port)
+        with contextlib.suppress(KeyboardInterrupt):
+            _auth_preflight(settings, rt)
+            if orchestrator:
+                rt.start_orchestrator()
+                _stop_on_sigterm(stop)  # again: ray.init installs a SIGTERM handler
+                _print_device_kind(rt)
+            _say_log()
+            _say_dashboard(settings)
+            rt.serve_api_foreground(host, port)
     finally:
+        stop.set()  # a signal while it stops interrupts nothing
         rt.stop()
+
+
+def _say_dashboard(settings: Settings) -> None:
+    """The one line saying where the service listens (uvicorn's own is in the log):
+    ``VLAB_API__PUBLIC_URL`` when set, else the address it binds."""
+    host, port = settings.api.host, settings.api.port
+    base = (settings.api.public_url or "").rstrip("/") or (
+        f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    )
+    console.print(
+        f"dashboard: {base}/ (API: {base}/api/v1, OpenAPI: {base}/docs)",
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 @friendly
@@ -147,24 +171,28 @@ def orchestrate(
 ) -> None:
     """Run the orchestrator only: claim queued runs and execute them through Ray."""
     _setup_logging(verbose)
-    rt = open_runtime(get_settings())
-    rt.start_orchestrator()
-    # after Ray's start (ray.init installs a SIGTERM handler of its own that aborts), before
-    # the line that says the orchestrator is up
-    done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
-    _print_device_kind(rt)
-    _say_log()
     if metrics_port is not None:
-        rt.start_metrics_thread(metrics_host, metrics_port)
-        console.print(
-            f"metrics: http://{metrics_host}:{metrics_port}/metrics", markup=False, soft_wrap=True
-        )
+        _check_port_free(metrics_host, metrics_port, "--metrics-port")
+    stop = _stop_on_sigterm()  # SIGTERM and Ctrl-C stop what started (exit code 0)
+    rt = open_runtime(get_settings())
     try:
-        done.wait()
-    except KeyboardInterrupt:
-        pass
+        with contextlib.suppress(KeyboardInterrupt):
+            rt.start_orchestrator()
+            # after Ray's start (ray.init installs a SIGTERM handler of its own that
+            # aborts), before the line that says the orchestrator is up
+            _stop_on_sigterm(stop)
+            _print_device_kind(rt)
+            _say_log()
+            if metrics_port is not None:
+                rt.start_metrics_thread(metrics_host, metrics_port)
+                console.print(
+                    f"metrics: http://{metrics_host}:{metrics_port}/metrics",
+                    markup=False,
+                    soft_wrap=True,
+                )
+            stop.wait()
     finally:
+        stop.set()  # a signal while it stops interrupts nothing
         rt.stop()
 
 
@@ -254,23 +282,27 @@ def demo(
         raise typer.Exit(1)
 
 
-def _check_port_free(host: str, port: int) -> None:
-    """Refuse in one line, before anything starts, when ``host:port`` is taken."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+def _check_port_free(host: str, port: int, option: str = "--port or VLAB_API__PORT") -> None:
+    """Refuse in one line (exit code 2), before anything starts, when ``host:port`` is
+    taken (or cannot be bound); ``option``: what picks another port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as exc:
             raise CliError(
                 f"cannot serve on {host}:{port}: {exc.strerror or exc}; pick another port "
-                "with --port or VLAB_API__PORT"
+                f"with {option}"
             ) from None
 
 
 def _stop_on_sigterm(stop: threading.Event | None = None) -> threading.Event:
     """An event SIGTERM sets (``stop``, or a new one); SIGTERM also interrupts the main
-    thread as Ctrl-C does (a demo still starting or watching its runs stops the same
-    way)."""
+    thread as Ctrl-C does (a service still starting, or a demo watching its runs, stops
+    the same way), once: a later signal while it stops is ignored. The service commands
+    (``up``, ``serve``, ``orchestrate``, ``demo``) catch that ``KeyboardInterrupt``, stop
+    what they started and exit 0, what a process manager expects of a SIGTERM."""
     stop = stop or threading.Event()
 
     def on_sigterm(*_: Any) -> None:

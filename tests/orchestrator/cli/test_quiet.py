@@ -76,6 +76,32 @@ def test_configure_sends_library_output_to_the_log_and_keeps_ours_on_the_termina
     assert "our-line" in log and "our-debug" not in log
 
 
+def test_the_api_servers_and_mlflows_info_lines_go_to_the_log_and_their_errors_show(
+    tmp_path: Path,
+) -> None:
+    """uvicorn's start-up and access lines (INFO) and MLflow's (which installs a stderr
+    handler of its own on import unless told not to) are in the log file only; uvicorn's
+    errors (a failed start, an exception in a request) still reach the terminal."""
+    code = (
+        "import logging, sys\n"
+        "from pathlib import Path\n"
+        "from orchestrator.cli import logsetup\n"
+        "logsetup.configure(Path(sys.argv[1]))\n"
+        "import mlflow\n"
+        "logging.getLogger('mlflow.store.db.utils').info('mlflow-noise')\n"
+        "logging.getLogger('uvicorn.error').info('Started server process [1]')\n"
+        "logging.getLogger('uvicorn.access').info('GET /healthz 200')\n"
+        "logging.getLogger('uvicorn.error').error('uvicorn-error')\n"
+    )
+    home = tmp_path / "home"
+    done = _python(code, home)
+    assert done.returncode == 0, done.stderr
+    assert [ln.split(": ", 1)[-1] for ln in done.stderr.splitlines()] == ["uvicorn-error"]
+    log = (home / LOG).read_text()
+    for line in ("mlflow-noise", "Started server process", "GET /healthz 200", "uvicorn-error"):
+        assert line in log, (line, log)
+
+
 def _python(code: str, home: Path, **extra: str) -> subprocess.CompletedProcess[str]:
     """``code`` in a fresh interpreter of this project, ``home`` its first argument,
     ``extra`` added to its environment (:data:`logsetup.CONSOLE_ENV` only from there)."""
