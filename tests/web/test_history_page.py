@@ -48,6 +48,9 @@ def test_history_lists_runs_newest_first_with_metrics(
         for r in page.locator("#rows tr").all()
     }
     assert hit["baseline"] == "off" and hit["apc-on"] == "90.2 %"
+    # every run is numbered from 1, as the run page, the CLI and MLflow number it
+    names = [r.locator("td").nth(1).inner_text() for r in page.locator("#rows tr").all()]
+    assert "baseline #1" in names, names
     ttft = first.locator("td").nth(8).inner_text()
     assert ttft != "–" and float(ttft.replace(",", "")) > 0
     screenshot(page, "history")
