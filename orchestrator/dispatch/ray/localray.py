@@ -95,17 +95,12 @@ def end_dead_local_ray(home: Path) -> list[int]:
     owner's session folder; each alone, never their process group (which may hold the
     shell or process manager that started both services). The dead owners' records go."""
     home = home.resolve()
-    folder = home / RECORDS_DIR
     dead: list[tuple[Path, str]] = []
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        try:
-            record = json.loads(path.read_text())
-            owner, session = str(record["owner"]), str(record["session_dir"])
-        except (OSError, ValueError, KeyError, TypeError):
+    for path, record in _records(home):
+        if record is None:
             path.unlink(missing_ok=True)
-            continue
-        if not owner_alive(owner):
-            dead.append((path, session))
+        elif not owner_alive(record[0]):
+            dead.append((path, record[1]))
     found = local_ray_processes(str(home), session_dirs=[s for _, s in dead])
     if found:
         log.warning(
@@ -166,17 +161,25 @@ def prune_local_ray_sessions(home: Path, keep: int = KEEP_SESSIONS) -> list[Path
 
 def _live_sessions(home: Path) -> set[Path]:
     """The session folders noted by the live services of ``home`` (resolved)."""
-    live: set[Path] = set()
+    return {
+        Path(record[1]).resolve()
+        for _, record in _records(home)
+        if record is not None and owner_alive(record[0])
+    }
+
+
+def _records(home: Path) -> list[tuple[Path, tuple[str, str] | None]]:
+    """The services' records of ``home`` (``<home>/local-ray/<pid>.json``), each with its
+    ``(owner, session_dir)``, or None where the record cannot be read."""
     folder = home / RECORDS_DIR
-    for path in folder.glob("*.json") if folder.is_dir() else []:
+    found: list[tuple[Path, tuple[str, str] | None]] = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
             record = json.loads(path.read_text())
-            owner, session = str(record["owner"]), str(record["session_dir"])
+            found.append((path, (str(record["owner"]), str(record["session_dir"]))))
         except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if owner_alive(owner):
-            live.add(Path(session).resolve())
-    return live
+            found.append((path, None))
+    return found
 
 
 def _held_folders(root: Path, sessions: list[Path]) -> set[Path]:
