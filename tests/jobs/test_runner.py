@@ -3,8 +3,8 @@
 Without vLLM: a fake engine python (test double) that crashes or hangs, to
 check that failures and cancellation become a :class:`RunResult` and that no
 process is left. With vLLM (``@pytest.mark.engine``, ``VLAB_ENGINE__PYTHON``
-pointing at the engine venv's python): real runs on the tiny model, APC on
-and off.
+pointing at the engine venv's python): a real run on the tiny model with APC
+off (APC on: tests/jobs/test_runner_real_vllm.py, on the runner tests' shared server).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 from jobs.engine.processes import group_members
 from jobs.run.runner import execute
 from jobs.run.segment import drop_unobserved_gauges, itl_burst_fraction, parse_engine_log
-from jobs.schemas import EngineLaunch, Progress, RequestRecord, RunJob, RunResult, WorkloadSpec
+from jobs.schemas import EngineLaunch, RequestRecord, RunJob, RunResult, WorkloadSpec
 from tests.conftest import ENGINE_PYTHON, needs_engine
 
 FAKE_ENGINE_PYTHON = """\
@@ -129,34 +129,6 @@ def test_execute_bad_model_dir_fails_without_engine(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- real vLLM
 
 ENGINE_ARGS = {"load_format": "dummy", "max_model_len": 2048}
-
-
-@pytest.mark.engine
-@needs_engine
-def test_execute_real_apc_on(tmp_path: Path, tiny_model_dir: Path) -> None:
-    assert ENGINE_PYTHON is not None
-    progress: list[Progress] = []
-    job = _job(
-        tmp_path,
-        tiny_model_dir,
-        ENGINE_PYTHON,
-        {**ENGINE_ARGS, "enable_prefix_caching": True},
-    )
-    result = execute(job, progress=progress.append)
-    assert result.status == "succeeded", result.error
-    assert [r.warmup for r in result.requests] == [True] + [False] * 4
-    assert all(r.success for r in result.requests)
-    assert result.metrics["completed"] == 4
-    assert result.metrics["mean_ttft_ms"] > 0
-    assert result.metrics["prefix_cache_hit_rate"] > 0
-    assert result.engine_info["prefix_cache_reset_ok"] is True
-    assert result.engine_info.get("vllm_version", "").startswith("0.")
-    assert {s.phase for s in result.samples} >= {"before", "after"}
-    for key in ("startup_s", "warmup_s", "measure_s", "total_s"):
-        assert result.timings[key] > 0
-    done = [p.requests_done for p in progress if p.phase == "measuring"]
-    assert done[-1] == 4
-    _assert_no_engine_left(result)
 
 
 @pytest.mark.engine

@@ -5,8 +5,8 @@ OpenAI-compatible HTTP API with the standard library (``/health``,
 ``/metrics``, ``/reset_prefix_cache``, streamed ``/v1/chat/completions``) and
 can die after a given number of chat requests; it checks the batch flow,
 the server dying mid-batch, cancellation, and that no process is left. With
-vLLM (``needs_engine``): two segments on the tiny model with APC on, the
-second on the reused server after a prefix cache reset.
+vLLM (``needs_engine``): TP=2 with a core list per rank (segments on a reused real
+server after a prefix cache reset: tests/jobs/test_runner_real_vllm.py).
 """
 
 from __future__ import annotations
@@ -317,51 +317,6 @@ def test_execute_is_a_one_segment_batch(tmp_path: Path, tiny_model_dir: Path) ->
 
 
 # --------------------------------------------------------------------------- real vLLM
-
-
-@pytest.mark.engine
-@needs_engine
-def test_batch_real_two_segments_apc_on(tmp_path: Path, tiny_model_dir: Path) -> None:
-    assert ENGINE_PYTHON is not None
-    # Same request list (same seed) in both segments: without a reset, every
-    # request of segment 1 would hit the blocks segment 0 left behind.
-    job = _batch(
-        tmp_path,
-        tiny_model_dir,
-        ENGINE_PYTHON,
-        [_workload(concurrency=1), _workload(concurrency=2)],
-        {"load_format": "dummy", "max_model_len": 2048, "enable_prefix_caching": True},
-        port=8143,
-    )
-    results = execute_batch(job)
-    assert [r.status for r in results] == ["succeeded", "succeeded"], [r.error for r in results]
-    first, second = results
-    assert second.engine_info["server_reused"] is True
-    assert second.engine_info["cache_isolation"] == "reset_prefix_cache"
-    assert second.engine_info["prefix_cache_reset_ok"] is True
-    assert second.engine_info["pgid"] == first.engine_info["pgid"]
-    assert second.timings["startup_saved_s"] == first.timings["startup_s"]
-    assert first.engine_info["request_list_hash"] == second.engine_info["request_list_hash"]
-    for r in results:
-        assert r.metrics["completed"] == 4
-        assert {s.phase for s in r.samples} >= {"before", "after"}
-
-    q1, h1 = first.metrics["prefix_cache_queries_delta"], first.metrics["prefix_cache_hits_delta"]
-    q2, h2 = second.metrics["prefix_cache_queries_delta"], second.metrics["prefix_cache_hits_delta"]
-    assert q1 == q2 > 0  # the same prompts were looked up
-    assert h1 > 0  # APC works within a segment
-    # After the reset, segment 1 starts from an empty cache: at most the hits of
-    # segment 0 (its concurrency 2 can only lower them). Without the reset,
-    # every request (the first included) would hit its whole prompt's blocks.
-    assert h2 <= h1
-    # The first measured request of each segment missed entirely: the misses
-    # cover at least its whole prompt.
-    for r in results:
-        first_measured = next(x for x in r.requests if not x.warmup)
-        assert first_measured.prompt_tokens is not None
-        misses = r.metrics["prefix_cache_queries_delta"] - r.metrics["prefix_cache_hits_delta"]
-        assert misses >= first_measured.prompt_tokens
-    _assert_no_engine_left(results)
 
 
 @pytest.mark.engine

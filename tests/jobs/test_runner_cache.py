@@ -16,8 +16,8 @@ inflated TTFT 49x and throughput 2.32x in vllm-project/vllm#54227.
 The warm-ups never share the measured prefix (:mod:`jobs.load.workload`), so a run's own
 warm-up cannot contaminate it; an earlier run on the same server can.
 
-With vLLM (``needs_engine``): three runs on one real server, the third after a reset that
-answers success and does nothing; vLLM's own ``cached_tokens`` flag it.
+With vLLM: three runs on one real server, the third after a reset that answers success
+and does nothing; vLLM's own ``cached_tokens`` flag it (tests/jobs/test_runner_real_vllm.py).
 """
 
 from __future__ import annotations
@@ -27,12 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from jobs.engine.server import EngineServer
 from jobs.run.runner import execute_batch
 from jobs.schemas import BatchJob, EngineLaunch, RunResult, RunSegment, WorkloadSpec
-from tests.conftest import ENGINE_PYTHON, needs_engine
 from tests.jobs.test_runner_batch import _assert_no_engine_left
 
 REPO = Path(__file__).resolve().parents[2]
@@ -216,61 +212,3 @@ def test_counters_alone_catch_the_warm_cache(tmp_path: Path, tiny_model_dir: Pat
     assert counters["requests_sent"] == 1 and counters["self_hit_bound"] == 0.0
     assert check["counter_hits"] == counters["hits"] > 0
     assert "the prefix cache hit counter grew by" in check["note"]
-
-
-# --------------------------------------------------------------------------- real vLLM
-
-
-@pytest.mark.engine
-@needs_engine
-def test_real_vllm_clean_reset_and_a_reset_that_did_nothing(
-    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Three runs with the same request list on one real vLLM server (APC on, cached tokens
-    reported as the orchestrator launches it). The first two get a real reset: clean. The
-    third's reset is replaced by one that answers success and does nothing (what an older
-    API server did when the block pool refused): vLLM itself reports the first request's
-    cached tokens, and the check flags the run."""
-    assert ENGINE_PYTHON is not None
-    real_reset = EngineServer.reset_prefix_cache
-    calls: list[int] = []
-
-    def reset(self: EngineServer, *args: Any, **kwargs: Any) -> bool:
-        calls.append(1)
-        return True if len(calls) == 3 else real_reset(self, *args, **kwargs)
-
-    monkeypatch.setattr(EngineServer, "reset_prefix_cache", reset)
-    workload = {"num_requests": 3, "prefix_tokens": 256, "output_tokens": 4, "warmup_requests": 1}
-    job = BatchJob(
-        launch=EngineLaunch(
-            engine_python=ENGINE_PYTHON,
-            model_dir=str(tiny_model_dir),
-            served_model_name="tiny",
-            engine_args={
-                "load_format": "dummy",
-                "max_model_len": 2048,
-                "enable_prefix_caching": True,
-                "enable_prompt_tokens_details": True,
-            },
-            startup_timeout_s=600,
-            log_path=str(tmp_path / "server.log"),
-        ),
-        segments=[
-            RunSegment(run_id=name, workload=WorkloadSpec.model_validate(workload))
-            for name in ("a", "b", "c")
-        ],
-        scrape_interval_s=0.5,
-        request_timeout_s=120,
-    )
-    results = execute_batch(job)
-    assert [r.status for r in results] == ["succeeded"] * 3, [r.error for r in results]
-    assert len(calls) == 3
-    a, b, c = (r.engine_info["cache_contamination"] for r in results)
-    for clean, run in ((a, results[0]), (b, results[1])):
-        assert clean["status"] == "clean", clean
-        assert _measured(run)[0].cached_tokens == 0  # vLLM 0.32 reports the 0
-    assert c["status"] == "contaminated", c
-    found = _measured(results[2])[0].cached_tokens
-    assert found is not None and found >= 128  # whole blocks of the 256-token prefix
-    assert c["cached_tokens_first_request"] == found
-    _assert_no_engine_left(results)
