@@ -95,7 +95,27 @@ WORKLOAD = {
 }
 
 
-def test_engine_failure_then_apc_experiment(stack: dict[str, Any]) -> None:
+@pytest.fixture(scope="module")
+def ladder(stack: dict[str, Any]) -> dict[str, Any]:
+    """The ladder (steps 1-4 on the tiny model, 2 interleaved repeats, TP=1 vs TP=2 on two
+    cores), run to its end once for the module's tests."""
+    api = stack["api"]
+    spec = {
+        "name": "ladder",
+        "model": "tiny",
+        "preset": "ladder",
+        "repeats": 2,
+        "baseline": {
+            "engine_args": {"max_model_len": 2048},
+            "workload": {**WORKLOAD, "num_requests": 8, "long_input_tokens": 768},
+        },
+    }
+    created = httpx.post(f"{api}/api/v1/experiments", json=spec, timeout=300)
+    assert created.status_code == 201, created.text
+    return wait_terminal(api, created.json()["id"], timeout_s=1800)
+
+
+def test_engine_failure_then_apc_experiment(stack: dict[str, Any], ladder: dict[str, Any]) -> None:
     api = stack["api"]
     rt: Runtime = stack["rt"]
     factory: sessionmaker[Session] = rt.session_factory  # type: ignore[assignment]
@@ -119,39 +139,24 @@ def test_engine_failure_then_apc_experiment(stack: dict[str, Any]) -> None:
     finally:
         settings.engine.resolve_configs = True
     assert bad.status_code == 201, bad.text
-    # 2) the demo experiment on the tiny model: APC off vs on
-    good = httpx.post(
-        f"{api}/api/v1/experiments",
-        json={
-            "name": "apc off vs on",
-            "model": "tiny",
-            "baseline": {
-                "engine_args": {"enable_prefix_caching": False, "max_model_len": 2048},
-                "workload": WORKLOAD,
-            },
-            "variants": [
-                {"name": "apc-on", "changes": {"engine_args.enable_prefix_caching": True}}
-            ],
-            "repeats": 1,
-        },
-        timeout=300,
-    )
-    assert good.status_code == 201, good.text
-
     failed = wait_terminal(api, bad.json()["id"])
     run = failed["runs"][0]
     assert run["status"] == "failed"
     assert run["error"] and "max_model_len" in run["error"]
     assert processes_with_env(f"VLAB_RUN_ID={run['id']}") == []
 
-    exp = wait_terminal(api, good.json()["id"])
-    base, apc = exp["runs"]
+    # 2) APC off vs on on the tiny model: the ladder's first two steps (repeat 0), which
+    # differ in enable_prefix_caching only (a vLLM start costs ~30 CPU-s: shared runs)
+    workload = ladder["spec"]["baseline"]["workload"]
+    by = {(r["name"], r["repeat_index"]): r for r in ladder["runs"]}
+    base, apc = by[("1-baseline", 0)], by[("2-apc-on", 0)]
     assert base["status"] == "succeeded", base["error"]
     assert apc["status"] == "succeeded", apc["error"]
+    assert base["engine_args"]["enable_prefix_caching"] is False
     for r in (base, apc):
         assert processes_with_env(f"VLAB_RUN_ID={r['id']}") == []
         m = r["metrics"]
-        assert m["completed"] == WORKLOAD["num_requests"] and m["failed"] == 0
+        assert m["completed"] == workload["num_requests"] and m["failed"] == 0
         assert m["median_ttft_ms"] > 0 and m["p99_ttft_ms"] >= m["median_ttft_ms"]
         assert m["median_e2el_ms"] >= m["median_ttft_ms"]
         assert m["output_throughput"] > 0
@@ -162,7 +167,7 @@ def test_engine_failure_then_apc_experiment(stack: dict[str, Any]) -> None:
         assert r["engine_info"]["gpu_telemetry"]["available"] is False
         assert "CPU" in r["engine_info"]["gpu_telemetry"]["note"]
         assert not [k for k in m if k.startswith("gpu_") or k.startswith("energy_")]
-        n = WORKLOAD["num_requests"]
+        n = workload["num_requests"]
         assert (r["progress"]["requests_done"], r["progress"]["requests_total"]) == (n, n)
     # APC off: no prefix cache hits; APC on: the shared prefix hits
     assert base["metrics"].get("prefix_cache_hits_delta", 0) == 0
@@ -189,8 +194,8 @@ def test_engine_failure_then_apc_experiment(stack: dict[str, Any]) -> None:
             )
             assert n_metrics and n_metrics > 10
             reqs = s.scalars(select(RunRequest).where(RunRequest.run_id == r["id"])).all()
-            assert len(reqs) == WORKLOAD["num_requests"] + WORKLOAD["warmup_requests"]
-            assert sum(q.warmup for q in reqs) == WORKLOAD["warmup_requests"]
+            assert len(reqs) == workload["num_requests"] + workload["warmup_requests"]
+            assert sum(q.warmup for q in reqs) == workload["warmup_requests"]
             assert all(q.success and q.ttft_s and q.output_tokens == 8 for q in reqs)
             phases = set(
                 s.scalars(select(RunSample.phase).where(RunSample.run_id == r["id"])).all()
@@ -225,22 +230,12 @@ def test_reconcile_fails_a_stale_run_whose_supervisor_is_gone(stack: dict[str, A
         assert "supervisor" in (got.status_reason or "")
 
 
-def test_tuning_ladder_with_repeats_server_reuse_and_comparison(stack: dict[str, Any]) -> None:
+def test_tuning_ladder_with_repeats_server_reuse_and_comparison(
+    stack: dict[str, Any], ladder: dict[str, Any]
+) -> None:
     """Ladder steps 1-4 on the tiny model, 2 interleaved repeats, TP=1 vs TP=2 on two cores."""
     api = stack["api"]
-    spec = {
-        "name": "ladder",
-        "model": "tiny",
-        "preset": "ladder",
-        "repeats": 2,
-        "baseline": {
-            "engine_args": {"max_model_len": 2048},
-            "workload": {**WORKLOAD, "num_requests": 8, "long_input_tokens": 768},
-        },
-    }
-    created = httpx.post(f"{api}/api/v1/experiments", json=spec, timeout=300)
-    assert created.status_code == 201, created.text
-    exp = wait_terminal(api, created.json()["id"], timeout_s=1800)
+    exp = ladder
     bad = [(r["name"], r["error"]) for r in exp["runs"] if r["status"] != "succeeded"]
     assert bad == []
     names = [v["name"] for v in exp["variants"]]
