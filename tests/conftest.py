@@ -53,12 +53,15 @@ needs_engine = pytest.mark.skipif(
 WEB_TESTS = REPO / "tests" / "web"
 
 #: The real-vLLM test modules of the first engine group; the others form the second. Split
-#: by the durations of a fresh-clone run of the parallel pass (docs/BENCHMARKS.md): about
-#: 17 min each beside the other workers.
+#: by the durations of the fresh-clone runs of the parallel pass (docs/BENCHMARKS.md): the
+#: ladder's module (6 vLLM starts) with TP=2 and the two engine kills; in the second group
+#: PP=2 over two nodes, the service SIGKILLed under vLLM, capacity APC off/on, the
+#: runner's shared server and the resolutions.
 ENGINE_GROUP_A = frozenset(
     {
         "tests/test_end_to_end.py",
         "tests/jobs/test_runner_batch.py",
+        "tests/jobs/test_run_truth_vllm.py",
         "tests/jobs/test_engine.py",
         "tests/jobs/test_nodeprobe.py",
     }
