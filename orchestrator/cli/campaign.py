@@ -41,8 +41,6 @@ from orchestrator.cli.client import (
 from orchestrator.cli.common import ApiOpt, friendly
 from orchestrator.cli.report import plain
 from orchestrator.cli.specfile import CliError, load_spec_file
-from orchestrator.tuning.campaign_request import CampaignRequest
-from orchestrator.tuning.final_config import final_result
 
 campaign_app = typer.Typer(
     help="Tuning campaigns: vlab finds a workload's best configuration one variable at a "
@@ -104,6 +102,11 @@ def final_of(body: dict[str, Any]) -> dict[str, Any]:
     answer carries them, else rebuilt from its ``request`` and ``incumbent``."""
     if body.get("serve_command"):
         return {"serve_command": body["serve_command"], "spec": body.get("spec")}
+    # deferred: the tuning room (scipy, through the campaigns' decisions: about 1 s), for
+    # an answer without its final configuration only
+    from orchestrator.tuning.campaign_request import CampaignRequest
+    from orchestrator.tuning.final_config import final_result
+
     try:
         request = CampaignRequest.model_validate(body.get("request") or {})
     except ValidationError:

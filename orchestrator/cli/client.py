@@ -17,6 +17,7 @@ unfinished), :data:`EXIT_UNAVAILABLE` 4 (the service cannot be reached or failed
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import uuid
@@ -30,8 +31,19 @@ import typer
 from rich.console import Console
 
 from orchestrator.cli.specfile import CliError
-from orchestrator.core.auth import client_auth_headers
 from orchestrator.core.settings import get_settings
+
+#: The API token the commands send, as a bearer token (what the service calls
+#: ``orchestrator.core.auth.TOKEN_ENV``; read here so that a command calling the API
+#: does not load the service's authentication, its models and SQLAlchemy).
+TOKEN_ENV = "VLAB_TOKEN"
+
+
+def client_auth_headers() -> dict[str, str]:
+    """``Authorization`` for the command line's API calls, from ``VLAB_TOKEN`` if set."""
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    return {"authorization": f"Bearer {token}"} if token else {}
+
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import getpass
 import json
 import os
 import re
@@ -18,8 +17,6 @@ from pydantic import BaseModel, ValidationError
 from pydantic_settings import SettingsError
 from rich.console import Console
 from rich.markup import escape
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, OperationalError
 
 from orchestrator.cli.client import (
     EXIT_TIMEOUT,
@@ -28,15 +25,14 @@ from orchestrator.cli.client import (
     ApiError,
     WaitTimeout,
     check_api_url,
+    client_auth_headers,
     make_console,
     page_url,
     problem_lines,
     repeat_number,
 )
 from orchestrator.cli.report import ReportError
-from orchestrator.cli.runtime import Runtime
 from orchestrator.cli.specfile import CliError
-from orchestrator.core.auth import client_auth_headers
 from orchestrator.core.errors import RayClusterError
 from orchestrator.core.settings import Settings, get_settings
 
@@ -200,31 +196,3 @@ def submit_spec(
             markup=False,
         )
     return created
-
-
-def safe_url(url: str) -> str:
-    """The database URL without its password."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return url.split("@")[-1]
-
-
-def open_runtime(settings: Settings) -> Runtime:
-    rt = Runtime(settings)
-    try:
-        rt.start_database()
-    except OperationalError as exc:
-        rt.stop()
-        reason = str(exc.orig) if exc.orig is not None else str(exc)
-        first = (reason.strip().splitlines() or [type(exc).__name__])[0]
-        url = settings.database_url or rt.url or "(embedded)"
-        raise CliError(f"cannot reach the database at {safe_url(url)}: {one_line(first)}") from None
-    return rt
-
-
-def cli_actor() -> str:
-    try:
-        return f"cli:{getpass.getuser()}"
-    except Exception:  # noqa: BLE001 - no user name (containers): still say where it came from
-        return "cli"

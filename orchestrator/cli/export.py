@@ -22,7 +22,6 @@ from rich.table import Table
 from orchestrator.cli.client import Api, make_console, print_json, repeat_number
 from orchestrator.cli.common import ApiOpt, friendly
 from orchestrator.cli.specfile import CliError
-from orchestrator.integrations.mlflow_export import tracking_uri_problem
 
 export_app = typer.Typer(
     help="Export an experiment's runs, or a tuning campaign, to another system (MLflow).",
@@ -57,6 +56,10 @@ def _target(
 ) -> dict[str, Any]:
     """The request body's shared fields; a URI MLflow cannot take is refused here, in one
     line, before anything is sent."""
+    # deferred: the MLflow export's module (SQLAlchemy, the experiments' service: about
+    # 1 s), for its check of the URI only
+    from orchestrator.integrations.mlflow_export import tracking_uri_problem
+
     uri = (tracking_uri or "").strip() or None
     if uri is not None and (problem := tracking_uri_problem(uri)):
         raise CliError(problem)

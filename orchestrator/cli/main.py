@@ -9,12 +9,16 @@ sent as a bearer token), ``vlab token create|list|revoke`` too; only ``vlab toke
 --database`` (the first token of a service to listen beyond loopback) writes to the
 database. ``--json`` prints the API's answers; the exit codes are in
 :mod:`orchestrator.cli.client`.
+
+This module imports none of the service's machinery (the API's app, the database, the
+dispatcher, the analyses: :mod:`orchestrator.cli.runtime`), so that ``vlab --help`` and
+the API's clients start fast: the commands that start a service or open the database
+import it when they run (``tests/orchestrator/cli/test_startup.py`` keeps it so).
 """
 
 from __future__ import annotations
 
 import warnings
-from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -33,27 +37,15 @@ from orchestrator.cli.client import (
     print_json,
     say_unsuccessful,
 )
-from orchestrator.cli.common import (
-    ApiOpt,
-    api_url,
-    cli_actor,
-    console,
-    friendly,
-    open_runtime,
-    submit_spec,
-)
+from orchestrator.cli.common import ApiOpt, api_url, console, friendly, submit_spec
 from orchestrator.cli.export import export_app
 from orchestrator.cli.report import print_results, run_outcome
 from orchestrator.cli.report import watch as watch_exp
 from orchestrator.cli.resources import compare, experiments_app, runs_app, schedules_app
 from orchestrator.cli.specfile import CliError, load_spec_file
 from orchestrator.cli.tables import keep_words
-from orchestrator.core import auth
-from orchestrator.core.db import unit_of_work
-from orchestrator.core.errors import EngineUnavailableError, TokenError
-from orchestrator.core.repositories import AuditRepository, utcnow
+from orchestrator.core.errors import EngineUnavailableError
 from orchestrator.core.settings import get_settings
-from orchestrator.experiments.engine_catalog import load_catalog
 
 HELP = (
     "vlab: controlled vLLM experiments on Ray. `vlab up` runs the service (API, dashboard, "
@@ -180,7 +172,11 @@ def token_create(
     if expires_in_days is not None and not 1 / 24 <= expires_in_days <= 3650:
         raise CliError("--expires-in-days must be between 1/24 (an hour) and 3650")
     if database:
-        created = _token_create_in_database(name, role, expires_in_days)
+        # deferred: the service's wiring (its database, its authentication, SQLAlchemy),
+        # which the commands calling the API never load
+        from orchestrator.cli.runtime import create_token_in_database
+
+        created = create_token_in_database(get_settings(), name, role, expires_in_days)
     else:
         body: dict[str, Any] = {"name": name, "role": role}
         if expires_in_days is not None:
@@ -204,37 +200,6 @@ def token_create(
         "or export VLAB_TOKEN=<token> for the other commands",
         markup=False,
     )
-
-
-def _token_create_in_database(
-    name: str, role: str, expires_in_days: float | None
-) -> dict[str, Any]:
-    """The bootstrap path of ``token create --database``: the token written in the
-    configured database (started for the command, stopped after)."""
-    rt = open_runtime(get_settings())
-    try:
-        actor = cli_actor()
-        with unit_of_work(rt.sessions) as session:
-            token, secret = auth.create_token(
-                session,
-                name=name,
-                role=role,
-                created_by=actor,
-                expires_at=utcnow() + timedelta(days=expires_in_days) if expires_in_days else None,
-            )
-            AuditRepository(session).add(actor=actor, action="token.create", target=name)
-            made = {
-                "id": token.id,
-                "name": token.name,
-                "role": token.role,
-                "key_id": token.key_id,
-                "token": secret,
-            }
-    except TokenError as exc:
-        raise CliError(exc.detail) from None
-    finally:
-        rt.stop()
-    return made
 
 
 @token_app.command("list")
@@ -302,6 +267,10 @@ def engine_args(
     """List (and cache) the engine arguments the installed vLLM accepts. With --json:
     ``{"vllm_version", "count", "args": [{"name", "options", "type", "default",
     "choices", "is_bool_flag", "group", "help"}]}``, the arguments sorted by name."""
+    # deferred: the engine's catalogue (numpy, through the engine's contract), which the
+    # commands calling the API never load
+    from orchestrator.experiments.engine_catalog import load_catalog
+
     try:
         cat = load_catalog(get_settings(), refresh=refresh)
     except EngineUnavailableError as exc:

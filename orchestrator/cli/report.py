@@ -23,13 +23,13 @@ from orchestrator.cli.client import (
     EXIT_UNAVAILABLE,
     ApiError,
     WaitTimeout,
+    client_auth_headers,
     page_url,
     problem_lines,
     repeat_number,
     run_label,
 )
 from orchestrator.cli.tables import LONG_WORD, keep_words, split_columns, verdict_cell
-from orchestrator.core.auth import client_auth_headers
 from orchestrator.core.states import ACTIVE
 
 #: Run statuses that make ``vlab submit`` / ``vlab watch`` exit 1.

@@ -1,12 +1,17 @@
 """Process wiring: database (embedded or external), migrations, Ray, dispatcher, API server.
 
 Used by the CLI (``vlab up``, ``vlab serve``, ``vlab orchestrate``, ``vlab demo``)
-and by the integration tests, so every entry point starts the same way.
+and by the integration tests, so every entry point starts the same way; also the
+commands' own work on the database (the token of ``vlab token create --database``, the
+demo's token, the auth check before a service starts). Heavy (the API's app with every
+route, the dispatcher, SQLAlchemy): the CLI loads it only in the commands that start a
+service or open the database, never in the API's client commands.
 """
 
 from __future__ import annotations
 
 import contextlib
+import getpass
 import hashlib
 import logging
 import os
@@ -17,23 +22,32 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 from sqlalchemy import Engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.app import create_app
 from api.routes import metrics as metrics_routes
 from orchestrator.cli.logsetup import adopt_library_loggers
+from orchestrator.cli.specfile import CliError
+from orchestrator.core import auth
 from orchestrator.core.db import (
     make_engine,
     make_session_factory,
     resolve_database_url,
     stop_embedded_postgres,
+    unit_of_work,
     upgrade_to_head,
 )
+from orchestrator.core.errors import TokenError
+from orchestrator.core.repositories import AuditRepository, TokenRepository, utcnow
 from orchestrator.core.settings import Settings
 from orchestrator.dispatch.dispatcher import Dispatcher
 from orchestrator.experiments.model_resolution import set_model_locator
@@ -310,3 +324,106 @@ class Runtime:
             # registrations of dead processes are dropped), not only at interpreter exit
             stop_embedded_postgres(self.pgdata)
             self.pgdata = None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def safe_url(url: str) -> str:
+    """The database URL without its password."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url.split("@")[-1]
+
+
+def open_runtime(settings: Settings) -> Runtime:
+    """A :class:`Runtime` with its database started and migrated; an unreachable database
+    is a :class:`CliError` naming it (without its password)."""
+    rt = Runtime(settings)
+    try:
+        rt.start_database()
+    except OperationalError as exc:
+        rt.stop()
+        reason = str(exc.orig) if exc.orig is not None else str(exc)
+        first = (reason.strip().splitlines() or [type(exc).__name__])[0]
+        url = settings.database_url or rt.url or "(embedded)"
+        raise CliError(
+            f"cannot reach the database at {safe_url(url)}: {_one_line(first)}"
+        ) from None
+    return rt
+
+
+def cli_actor() -> str:
+    try:
+        return f"cli:{getpass.getuser()}"
+    except Exception:  # noqa: BLE001 - no user name (containers): still say where it came from
+        return "cli"
+
+
+def auth_warning(settings: Settings, rt: Runtime) -> str | None:
+    """The loud warning of ``VLAB_API__AUTH=none`` (None: nothing to say); a service that
+    may not start (a non-loopback address without a token) is a :class:`CliError`."""
+    try:
+        return auth.startup_check(settings, rt.sessions)
+    except auth.AuthSetupError as exc:
+        raise CliError(str(exc)) from None
+
+
+def create_token_in_database(
+    settings: Settings, name: str, role: str, expires_in_days: float | None
+) -> dict[str, Any]:
+    """The bootstrap path of ``vlab token create --database``: the token written in the
+    configured database (started for the command, stopped after)."""
+    rt = open_runtime(settings)
+    try:
+        actor = cli_actor()
+        with unit_of_work(rt.sessions) as session:
+            token, secret = auth.create_token(
+                session,
+                name=name,
+                role=role,
+                created_by=actor,
+                expires_at=utcnow() + timedelta(days=expires_in_days) if expires_in_days else None,
+            )
+            AuditRepository(session).add(actor=actor, action="token.create", target=name)
+            made = {
+                "id": token.id,
+                "name": token.name,
+                "role": token.role,
+                "key_id": token.key_id,
+                "token": secret,
+            }
+    except TokenError as exc:
+        raise CliError(exc.detail) from None
+    finally:
+        rt.stop()
+    return made
+
+
+def create_demo_token(rt: Runtime) -> str | None:
+    """When tokens exist and ``VLAB_TOKEN`` is unset: a one-day operator token for the
+    demo's own API calls (revoked when it ends: :func:`revoke_demo_token`), set as
+    ``VLAB_TOKEN``; returns its id, or None."""
+    if os.environ.get(auth.TOKEN_ENV):
+        return None
+    with unit_of_work(rt.sessions) as session:
+        if not TokenRepository(session).any_active(utcnow()):
+            return None
+        token, secret = auth.create_token(
+            session,
+            name=f"demo-{os.getpid()}-{int(utcnow().timestamp())}",
+            role="operator",
+            created_by=cli_actor(),
+            expires_at=utcnow() + timedelta(days=1),
+        )
+        token_id = token.id
+    os.environ[auth.TOKEN_ENV] = secret
+    return token_id
+
+
+def revoke_demo_token(rt: Runtime, token_id: str) -> None:
+    os.environ.pop(auth.TOKEN_ENV, None)
+    with unit_of_work(rt.sessions) as session:
+        auth.revoke_token(session, token_id, by="demo")

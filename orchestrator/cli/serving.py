@@ -5,35 +5,24 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import signal
 import socket
 import threading
-from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
 from orchestrator.cli import logsetup
-from orchestrator.cli.common import (
-    cli_actor,
-    console,
-    friendly,
-    open_runtime,
-    submit_spec,
-)
+from orchestrator.cli.common import console, friendly, submit_spec
 from orchestrator.cli.report import print_results
 from orchestrator.cli.report import watch as watch_exp
-from orchestrator.cli.runtime import Runtime
 from orchestrator.cli.specfile import CliError, load_spec_file
-from orchestrator.core import auth
-from orchestrator.core.auth import AuthSetupError, startup_check
-from orchestrator.core.db import unit_of_work
-from orchestrator.core.repositories import TokenRepository, utcnow
 from orchestrator.core.settings import Settings, get_settings
-from orchestrator.experiments.engine_catalog import load_catalog
+
+if TYPE_CHECKING:
+    from orchestrator.cli.runtime import Runtime
 
 Verbose = Annotated[
     bool,
@@ -85,13 +74,23 @@ def _bound(settings: Settings, host: str | None, port: int | None) -> Settings:
     return settings.model_copy(update={"api": settings.api.model_copy(update=changes)})
 
 
+def open_runtime(settings: Settings) -> Runtime:
+    """The service's :class:`~orchestrator.cli.runtime.Runtime`, its database started
+    (:func:`orchestrator.cli.runtime.open_runtime`)."""
+    # deferred: the service's wiring (the API's app, the dispatcher: about 2 s), loaded
+    # by the commands that start a service only
+    from orchestrator.cli.runtime import open_runtime as open_service_runtime
+
+    return open_service_runtime(settings)
+
+
 def _auth_preflight(settings: Settings, rt: Runtime) -> None:
     """Refuse to serve on a non-loopback address without a token (one line, exit 2), or
     print the loud warning of ``VLAB_API__AUTH=none``; before Ray starts."""
-    try:
-        warning = startup_check(settings, rt.sessions)
-    except AuthSetupError as exc:
-        raise CliError(str(exc)) from None
+    # deferred: the service's authentication, in the service's wiring (a service is starting)
+    from orchestrator.cli.runtime import auth_warning
+
+    warning = auth_warning(settings, rt)
     if warning:
         Console(stderr=True, soft_wrap=True).print(
             warning, style="bold red", markup=False, soft_wrap=True
@@ -224,6 +223,11 @@ def demo(
 ) -> None:
     """Start everything, run the demo experiment (APC off vs on), print the results and
     the dashboard's pages, then keep the service running until Ctrl-C (``--exit``: stop)."""
+    # deferred: the service's wiring (the API's app, the dispatcher: about 2 s) and the
+    # engine's catalogue (numpy), which the API's client commands never load
+    from orchestrator.cli.runtime import create_demo_token, revoke_demo_token
+    from orchestrator.experiments.engine_catalog import load_catalog
+
     _setup_logging(verbose, logging.WARNING)
     settings = _bound(get_settings(), "127.0.0.1", port)
     port = settings.api.port
@@ -237,7 +241,7 @@ def demo(
     demo_token = None
     failed = False
     try:
-        demo_token = _demo_token(rt)
+        demo_token = create_demo_token(rt)
         console.print("reading the engine's argument list ...")
         cat = load_catalog(settings)
         console.print(f"  vLLM {cat.vllm_version}, {len(cat.args)} engine arguments")
@@ -276,7 +280,7 @@ def demo(
     finally:
         console.print("stopping ...")
         if demo_token is not None:
-            _revoke_demo_token(rt, demo_token)
+            revoke_demo_token(rt, demo_token)
         rt.stop()
     if failed:
         raise typer.Exit(1)
@@ -330,29 +334,3 @@ def _print_dashboard(base: str, exp: dict[str, Any]) -> None:
         query = "&".join(f"run={run_id}" for run_id in firsts.values())
         console.print(f"  compare:    {base}/compare?{query}", markup=False, soft_wrap=True)
     console.print(f"  history:    {base}/", markup=False, soft_wrap=True)
-
-
-def _demo_token(rt: Runtime) -> str | None:
-    """When tokens exist and ``VLAB_TOKEN`` is unset: a one-day operator token for the
-    demo's own API calls (revoked when it ends); returns its id, or None."""
-    if os.environ.get(auth.TOKEN_ENV):
-        return None
-    with unit_of_work(rt.sessions) as session:
-        if not TokenRepository(session).any_active(utcnow()):
-            return None
-        token, secret = auth.create_token(
-            session,
-            name=f"demo-{os.getpid()}-{int(utcnow().timestamp())}",
-            role="operator",
-            created_by=cli_actor(),
-            expires_at=utcnow() + timedelta(days=1),
-        )
-        token_id = token.id
-    os.environ[auth.TOKEN_ENV] = secret
-    return token_id
-
-
-def _revoke_demo_token(rt: Runtime, token_id: str) -> None:
-    os.environ.pop(auth.TOKEN_ENV, None)
-    with unit_of_work(rt.sessions) as session:
-        auth.revoke_token(session, token_id, by="demo")
