@@ -33,9 +33,8 @@ from rich.console import Console
 from orchestrator.cli.specfile import CliError
 from orchestrator.core.settings import get_settings
 
-#: The API token the commands send, as a bearer token (what the service calls
-#: ``orchestrator.core.auth.TOKEN_ENV``; read here so that a command calling the API
-#: does not load the service's authentication, its models and SQLAlchemy).
+#: The environment variable holding the API token the commands send, as a bearer token
+#: (the demo sets it for the commands it runs: :mod:`orchestrator.cli.runtime`).
 TOKEN_ENV = "VLAB_TOKEN"
 
 

@@ -35,6 +35,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.app import create_app
 from api.routes import metrics as metrics_routes
+from orchestrator.cli.client import TOKEN_ENV
 from orchestrator.cli.logsetup import adopt_library_loggers
 from orchestrator.cli.specfile import CliError
 from orchestrator.core import auth
@@ -406,7 +407,7 @@ def create_demo_token(rt: Runtime) -> str | None:
     """When tokens exist and ``VLAB_TOKEN`` is unset: a one-day operator token for the
     demo's own API calls (revoked when it ends: :func:`revoke_demo_token`), set as
     ``VLAB_TOKEN``; returns its id, or None."""
-    if os.environ.get(auth.TOKEN_ENV):
+    if os.environ.get(TOKEN_ENV):
         return None
     with unit_of_work(rt.sessions) as session:
         if not TokenRepository(session).any_active(utcnow()):
@@ -419,11 +420,11 @@ def create_demo_token(rt: Runtime) -> str | None:
             expires_at=utcnow() + timedelta(days=1),
         )
         token_id = token.id
-    os.environ[auth.TOKEN_ENV] = secret
+    os.environ[TOKEN_ENV] = secret
     return token_id
 
 
 def revoke_demo_token(rt: Runtime, token_id: str) -> None:
-    os.environ.pop(auth.TOKEN_ENV, None)
+    os.environ.pop(TOKEN_ENV, None)
     with unit_of_work(rt.sessions) as session:
         auth.revoke_token(session, token_id, by="demo")

@@ -43,7 +43,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-import os
 import re
 import secrets
 from dataclasses import dataclass
@@ -79,8 +78,6 @@ TOKEN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,99}$"
 _KEY_ID = re.compile(r"^[0-9a-f]{16}$")
 #: ``last_used_at`` is written at most this often per token (seconds)
 LAST_USED_GRANULARITY_S = 60.0
-#: the environment variable the command line reads its token from
-TOKEN_ENV = "VLAB_TOKEN"
 ACTOR_KEY = "vlab.actor"
 
 
@@ -396,9 +393,3 @@ def _stamp(session: Session, _flush_context: Any, _instances: Any) -> None:
                 obj.cancelled_by = actor
         elif isinstance(obj, Schedule) and any(_changed(obj, a) for a in _SCHEDULE_SETTINGS):
             obj.updated_by = actor
-
-
-def client_auth_headers() -> dict[str, str]:
-    """``Authorization`` for the command line's API calls, from ``VLAB_TOKEN`` if set."""
-    token = os.environ.get(TOKEN_ENV, "").strip()
-    return {"authorization": f"Bearer {token}"} if token else {}
