@@ -122,12 +122,20 @@ def children(pid: int) -> list[int]:
 
 def engine_pids(run_id: str) -> list[int]:
     """Live pids whose environment marks them as an engine process of run ``run_id``."""
-    marker = f"VLAB_RUN_ID={run_id}".encode()
-    found = []
+    return engine_pids_of([run_id])[run_id]
+
+
+def engine_pids_of(run_ids: list[str]) -> dict[str, list[int]]:
+    """:func:`engine_pids` of each of ``run_ids``, in one pass over ``/proc``."""
+    markers = {f"VLAB_RUN_ID={run_id}".encode(): run_id for run_id in run_ids}
+    found: dict[str, list[int]] = {run_id: [] for run_id in run_ids}
     for pid in _pids():
         env = _read(f"/proc/{pid}/environ")
-        if env is not None and marker in env.split(b"\0") and alive(pid):
-            found.append(pid)
+        if env is None or b"VLAB_RUN_ID=" not in env:
+            continue
+        for item in env.split(b"\0"):
+            if item in markers and alive(pid):
+                found[markers[item]].append(pid)
     return found
 
 
@@ -604,8 +612,9 @@ class Sampler:
 
     def _loop(self) -> None:
         while not self._stop.wait(0.1):
-            for run_id in list(self.runs[-3:]):
-                for pid in engine_pids(run_id):
+            # one pass over /proc for the runs that may be going (the last three)
+            for run_id, pids in engine_pids_of(list(self.runs[-3:])).items():
+                for pid in pids:
                     pgid = process_group(pid)
                     # a server (not a probe the launch runs in the engine environment)
                     if pgid is not None and "vllm_launcher.py serve" in cmdline(pid):
@@ -691,6 +700,7 @@ __all__ = [
     "ServiceProcess",
     "alive",
     "engine_pids",
+    "engine_pids_of",
     "free_port",
     "have_postgres_binaries",
     "wait_for",

@@ -280,8 +280,10 @@ def current_phase(d: Deployment, w: Watch, st: RunState | None) -> str | None:
     return "claimed"
 
 
-def at_target(d: Deployment, w: Watch, st: RunState | None, target: str) -> bool:
-    if st is None or current_phase(d, w, st) != target:
+def at_target(w: Watch, st: RunState | None, phase: str | None, target: str) -> bool:
+    """Whether the run, in ``phase`` (:func:`current_phase` of ``st``), is where the
+    cell's fault goes."""
+    if st is None or phase != target:
         return False
     if target == "measuring":  # some records durable first
         return st.requests >= w.profile.warmups + 4
@@ -507,9 +509,9 @@ class Row:
             phase = current_phase(d, w, st)
             if phase == "terminal":
                 break
-            if at_target(d, w, st, target) and (pid := self._pid(w.run_id)) is not None:
+            if at_target(w, st, phase, target) and (pid := self._pid(w.run_id)) is not None:
                 break
-            time.sleep(0.03)
+            time.sleep(0.05)
         if pid is None or st is None:
             cell.outcome = "missed"
             cell.notes.append(f"the run did not show phase {target} (last seen: {phase})")
