@@ -152,7 +152,9 @@ def test_campaign_goes_on_after_kill_9_of_the_service(server_url: str, tmp_path:
             d.api.kill(signal.SIGKILL)
             t_kill = time.monotonic()
             before_row, before, before_metrics = _snapshot(d, cid)
-            restart_s = d.start_orchestrator() + d.start_api()
+            t_restart = time.monotonic()
+            d.start()  # both at once, as a process manager restarts them
+            restart_s = time.monotonic() - t_restart
 
             def ended() -> bool:
                 return _snapshot(d, cid)[0].status in ("succeeded", "failed", "cancelled")

@@ -32,6 +32,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -162,6 +163,7 @@ class ServiceProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self._out: IO[bytes] | None = None
         self.groups: list[int] = []  # every session it ran in (cleaned at the end)
+        self._terminated = False  # SIGTERM sent to the current process
 
     @property
     def pid(self) -> int:
@@ -171,6 +173,7 @@ class ServiceProcess:
     def start(self, ready: Callable[[], bool], timeout_s: float = 90.0) -> float:
         """Start it; returns the seconds until ``ready()``. Raises if it exits first."""
         self._out = self.log.open("ab")
+        self._terminated = False
         t0 = time.monotonic()
         self.proc = subprocess.Popen(
             self.argv,
@@ -203,10 +206,16 @@ class ServiceProcess:
             if sig == signal.SIGKILL:
                 self.proc.wait(timeout=30)
 
+    def terminate(self) -> None:
+        """SIGTERM, once (:meth:`close` waits for it)."""
+        if self.proc is not None and self.proc.poll() is None and not self._terminated:
+            self.proc.send_signal(signal.SIGTERM)
+            self._terminated = True
+
     def close(self) -> None:
         """SIGTERM, then SIGKILL to everything left in each session it ran in."""
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.terminate()
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -430,8 +439,12 @@ class Deployment:
         return took
 
     def start(self) -> None:
-        self.start_orchestrator()
-        self.start_api()
+        """Both processes at once (neither waits for the other, as under a process
+        manager); raises if either does not come up."""
+        with ThreadPoolExecutor(1) as pool:
+            orchestrator = pool.submit(self.start_orchestrator)
+            self.start_api()
+            orchestrator.result()
 
     def ray_processes(self) -> dict[str, int]:
         """``{"gcs": pid, "raylet": pid}`` of the running orchestrator's local Ray."""
@@ -571,10 +584,13 @@ class Deployment:
     # -- the end ------------------------------------------------------------------------
 
     def close(self) -> None:
-        for proc in (self.api, self.orchestrator):
-            if proc is not None:
-                with contextlib.suppress(Exception):
-                    proc.close()
+        procs = [p for p in (self.api, self.orchestrator) if p is not None]
+        for proc in procs:  # both told to stop first: they shut down side by side
+            with contextlib.suppress(Exception):
+                proc.terminate()
+        for proc in procs:
+            with contextlib.suppress(Exception):
+                proc.close()
         if self.engine is not None:
             self.engine.dispose()
 
