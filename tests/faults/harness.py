@@ -343,6 +343,10 @@ def _postgres_bin() -> Path:
 # --------------------------------------------------------------------------- the deployment
 
 
+#: Held while a deployment migrates its database (deployments may start in two threads).
+_MIGRATING = threading.Lock()
+
+
 @dataclass
 class RunState:
     status: str | None
@@ -389,7 +393,8 @@ class Deployment:
         for var in ("VLAB_TOKEN", "VLAB_API__AUTH", "VIRTUAL_ENV"):
             self.env.pop(var, None)
         self.api_port = free_port()
-        upgrade_to_head(self.database_url)
+        with _MIGRATING:  # alembic's context is global to the process
+            upgrade_to_head(self.database_url)
         self.engine = create_engine(
             normalize_url(self.database_url),
             pool_pre_ping=True,
