@@ -85,6 +85,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jobs.capacity import loadsteps
+from jobs.engine.processes import group_members
 from jobs.engine.server import EngineCancelledError, EngineDiedError, EngineError, EngineServer
 from jobs.load.workload import build_requests, request_list_hash
 from jobs.modelgen.generator import load_tokenizer
@@ -232,7 +233,8 @@ def execute_batch(
 #: Seconds to wait, after the port refused a connection, for the dead process to show.
 _REFUSED_WAIT_S = 2.0
 #: Seconds to wait, after an engine process was seen gone, for the engine's own log lines
-#: about it (they are the run's error; without them only our observation is reported).
+#: about it (they are the run's error; without them only our observation is reported);
+#: the wait ends sooner when no process of the engine is left to write them.
 _DEATH_LINES_WAIT_S = 3.0
 
 
@@ -435,12 +437,16 @@ class _Batch:
         done = [r for r in seg.records if not r.warmup]
         ok = sum(1 for r in done if r.success)
         # we see a process gone within 0.1 s; vLLM's own lines about it ("engine core
-        # exited unexpectedly", EngineDeadError) follow a moment later: wait for them
+        # exited unexpectedly", EngineDeadError) follow a moment later: wait for them,
+        # unless no process of the engine is left to write them (SIGKILLed whole)
         lines = server.run_error_lines()
         deadline = time.monotonic() + _DEATH_LINES_WAIT_S
         while not lines and time.monotonic() < deadline:
+            writers_gone = server.pgid is None or not group_members(server.pgid)
             time.sleep(0.1)
-            lines = server.run_error_lines()
+            lines = server.run_error_lines()  # what they wrote before they went included
+            if writers_gone:
+                break
         raise EngineDiedError(
             f"the vLLM engine died during run {seg.run_id}: {reason}; seen {at:.1f} s into "
             f"the run, when the load was stopped ({ok} measured requests had succeeded, "
