@@ -43,7 +43,11 @@ from tests.external_ray import RayOnlyCluster, free_port, ray_only_python
 from tests.simgpu import NODE_ENV, NVIDIA_SMI_DIR, STATE_ENV, write_inventory
 from tests.simgpu.engine import write_engine_python
 
-pytestmark = pytest.mark.slow
+#: One xdist group: the cluster and the service are module fixtures (a ``ray start`` head and
+#: worker, the service shipping its code and requirements to them): spread over the
+#: workers, each worker that got one of these tests built its own (three set-ups of 50-90 s
+#: in a fresh-clone CI).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("external-ray")]
 
 VLAB = Path(sys.executable).with_name("vlab")
 

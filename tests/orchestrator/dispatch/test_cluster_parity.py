@@ -35,6 +35,10 @@ from orchestrator.core.settings import EngineSettings, OrchestratorSettings, Set
 from orchestrator.dispatch.dispatcher import LaunchBlocked, LaunchRefused, NoCapacity
 from orchestrator.dispatch.ray.backend import RayRunBackend
 
+#: One xdist group: the Ray cluster is a module fixture, built once for the module's tests
+#: (spread over the workers, each would build its own).
+pytestmark = pytest.mark.xdist_group("cluster-parity")
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:

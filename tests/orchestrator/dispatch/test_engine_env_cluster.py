@@ -52,6 +52,11 @@ MISSING = "/nonexistent/vlab-engine/bin/python"
 SOURCE = "VLAB_ENGINE__PYTHON_BY_NODE[vlab-engine=broken]"
 
 
+#: One xdist group: the Ray cluster is a module fixture, built once for the module's tests
+#: (spread over the workers, each would build its own).
+pytestmark = pytest.mark.xdist_group("engine-env-cluster")
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     if ray.is_initialized():
