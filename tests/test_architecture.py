@@ -27,14 +27,14 @@ run the checker on small fake trees, so a checker that finds nothing fails too.
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+
+from tests.imports import loaded_after
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -692,16 +692,8 @@ def test_queries_in_repositories_commits_in_the_unit_of_work(tree: dict[str, Mod
 def test_api_web_and_cli_processes_load_without_ray() -> None:
     """Importing the API, the dashboard and the CLI does not load Ray (whatever way a
     module tries: a static import, importlib, or a top-level import of dispatch.ray)."""
-    code = (
-        "import sys, api.app, web.pages, orchestrator.cli.main, orchestrator.cli.runtime; "
-        "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')"
-        " or m.startswith('orchestrator.dispatch.ray')))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "[]", out.stdout
+    entry_points = ["api.app", "web.pages", "orchestrator.cli.main", "orchestrator.cli.runtime"]
+    assert loaded_after(entry_points, ["ray", "orchestrator.dispatch.ray"]) == []
 
 
 # --------------------------------------------------------------------------- meta-tests

@@ -36,6 +36,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.app import create_app
 from api.routes import metrics as metrics_routes
 from orchestrator.cli.client import TOKEN_ENV
+from orchestrator.cli.common import one_line
 from orchestrator.cli.logsetup import adopt_library_loggers
 from orchestrator.cli.specfile import CliError
 from orchestrator.core import auth
@@ -327,10 +328,6 @@ class Runtime:
             self.pgdata = None
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
 def safe_url(url: str) -> str:
     """The database URL without its password."""
     try:
@@ -350,9 +347,7 @@ def open_runtime(settings: Settings) -> Runtime:
         reason = str(exc.orig) if exc.orig is not None else str(exc)
         first = (reason.strip().splitlines() or [type(exc).__name__])[0]
         url = settings.database_url or rt.url or "(embedded)"
-        raise CliError(
-            f"cannot reach the database at {safe_url(url)}: {_one_line(first)}"
-        ) from None
+        raise CliError(f"cannot reach the database at {safe_url(url)}: {one_line(first)}") from None
     return rt
 
 
