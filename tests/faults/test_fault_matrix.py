@@ -152,11 +152,25 @@ def _run_rows(
     return done
 
 
-def _main_rows(server_url: str, model: Path, tmp_path: Path) -> list[dict[str, Cell]]:
-    """The rows on the test database's deployment."""
+Rows = list[tuple[str, str, tuple]]
+
+
+def _plan() -> tuple[Rows, Rows]:
+    """The rows to run (:func:`_selected`) on the test database's deployment and on the
+    private-Postgres one (where there are Postgres binaries: :data:`ON_POSTGRES_DEPLOYMENT`
+    then :data:`POSTGRES_ROWS`; else none there, those rows stay on the first)."""
+    rows = _selected(ROWS)
+    if not have_postgres_binaries():
+        return rows, []
+    moved = [row for row in rows if row[:2] in ON_POSTGRES_DEPLOYMENT]
+    return [row for row in rows if row not in moved], moved + _selected(POSTGRES_ROWS)
+
+
+def _main_rows(
+    main_rows: Rows, server_url: str, model: Path, tmp_path: Path
+) -> list[dict[str, Cell]]:
+    """``main_rows`` on the test database's deployment."""
     results: list[dict[str, Cell]] = []
-    moved = ON_POSTGRES_DEPLOYMENT if have_postgres_binaries() else ()
-    main_rows = [row for row in _selected(ROWS) if row[:2] not in moved]
     if main_rows:
         with fresh_database(server_url) as url:
             for d in _deployment(tmp_path / "main", url, model):
@@ -164,13 +178,13 @@ def _main_rows(server_url: str, model: Path, tmp_path: Path) -> list[dict[str, C
     return results
 
 
-def _side_rows(server_url: str, model: Path, tmp_path: Path) -> list[dict[str, Cell]]:
-    """The rows of the private-Postgres and the two-node deployments, one deployment
-    after the other."""
+def _side_rows(
+    pg_rows: Rows, server_url: str, model: Path, tmp_path: Path
+) -> list[dict[str, Cell]]:
+    """``pg_rows`` on the private-Postgres deployment, then the two-node deployment's rows,
+    one deployment after the other."""
     results: list[dict[str, Cell]] = []
-    moved = [row for row in _selected(ROWS) if row[:2] in ON_POSTGRES_DEPLOYMENT]
-    pg_rows = moved + _selected(POSTGRES_ROWS)
-    if pg_rows and have_postgres_binaries():
+    if pg_rows:
         pg = PrivatePostgres(tmp_path / "pg")
         pg.start()
         try:  # its own server: its default database serves
@@ -201,8 +215,9 @@ def test_fault_matrix(server_url: str, model: Path, tmp_path: Path) -> None:
     # cell is waiting (for a run's phase, a timer, a restart), not CPU. The latter stay in
     # this thread: Ray's test cluster sets signal handlers, which only the main thread may.
     with ThreadPoolExecutor(1, thread_name_prefix="fault-main") as pool:
-        main = pool.submit(_main_rows, server_url, model, tmp_path)
-        side = _side_rows(server_url, model, tmp_path)
+        main_rows, pg_rows = _plan()
+        main = pool.submit(_main_rows, main_rows, server_url, model, tmp_path)
+        side = _side_rows(pg_rows, server_url, model, tmp_path)
         results = main.result() + side
     report = "\n".join(
         [
