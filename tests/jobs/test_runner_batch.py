@@ -136,7 +136,6 @@ def _batch(
     engine_python: str,
     workloads: list[WorkloadSpec],
     engine_args: dict[str, object] | None = None,
-    port: int = 0,
 ) -> BatchJob:
     return BatchJob(
         launch=EngineLaunch(
@@ -144,7 +143,7 @@ def _batch(
             model_dir=str(model_dir),
             served_model_name="tiny",
             engine_args=engine_args or {},
-            port=port,
+            port=0,
             startup_timeout_s=600,
             log_path=str(tmp_path / "server.log"),
         ),

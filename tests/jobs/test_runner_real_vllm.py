@@ -35,6 +35,7 @@ from jobs.engine.server import EngineServer
 from jobs.run.runner import execute_batch
 from jobs.schemas import BatchJob, EngineLaunch, Progress, RunResult, RunSegment, WorkloadSpec
 from tests.conftest import ENGINE_PYTHON, needs_engine
+from tests.jobs.test_runner_cache import _measured
 
 #: ``timing``: the open-loop run checks the client kept up with its schedule (dispatch lag
 #: under 500 ms at 4 req/s), which beside the first pass's four workers it did not (939 ms
@@ -141,10 +142,6 @@ def batch(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Ite
         mp.setattr(EngineServer, "reset_prefix_cache", reset)
         results = execute_batch(job, progress=progress.append)
     yield Batch(results, progress, len(calls))
-
-
-def _measured(run: RunResult) -> list[Any]:
-    return [r for r in run.requests if not r.warmup]
 
 
 def test_every_run_succeeded_in_order_and_no_engine_is_left(batch: Batch) -> None:
