@@ -1,17 +1,22 @@
 """Where the suite's CPU goes: with ``VLAB_TEST_CPU_LOG=<file>`` each test (its setup, call
-and teardown) appends ``nodeid<TAB>wall seconds<TAB>CPU seconds`` to the file.
+and teardown) appends ``nodeid<TAB>wall s<TAB>machine CPU s<TAB>own CPU s<TAB>children CPU s``
+to the file.
 
 The CPU seconds are the whole machine's (``/proc/stat``: user, nice, system, irq, softirq),
 because the processes a test starts (Ray's, vLLM's, the service's) leave pytest's process
 tree and ``time`` or ``resource.getrusage`` miss them. So the figures mean something only in
 a serial run (``-p no:xdist``) on an otherwise quiet machine; a module-scoped fixture's
-start is counted in its module's first test. docs/BENCHMARKS.md ("Where the suite's CPU
+start is counted in its module's first test. The last two columns hold in a parallel run
+too: the pytest process's own CPU (the test's code and the threads it runs in-process: an
+API, an orchestrator, a Ray driver) and that of the child processes it waited for
+(``RUSAGE_CHILDREN``). docs/BENCHMARKS.md ("Where the suite's CPU
 goes") has the command and a run's figures.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import time
 from collections.abc import Iterator
 from typing import IO
@@ -47,6 +52,14 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if _log is None:
         yield
         return
-    wall0, cpu0 = time.monotonic(), machine_cpu_s()
+    wall0, cpu0, own0, kids0 = time.monotonic(), machine_cpu_s(), time.process_time(), _children()
     yield
-    _log.write(f"{item.nodeid}\t{time.monotonic() - wall0:.2f}\t{machine_cpu_s() - cpu0:.2f}\n")
+    wall, cpu = time.monotonic() - wall0, machine_cpu_s() - cpu0
+    own, kids = time.process_time() - own0, _children() - kids0
+    _log.write(f"{item.nodeid}\t{wall:.2f}\t{cpu:.2f}\t{own:.2f}\t{kids:.2f}\n")
+
+
+def _children() -> float:
+    """CPU seconds of this process's children that have been waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime

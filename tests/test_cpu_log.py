@@ -1,4 +1,4 @@
-"""The suite's CPU log (tests/cpu_log.py): one line per test with its wall and machine CPU."""
+"""The suite's CPU log (tests/cpu_log.py): one line per test with its wall and CPU figures."""
 
 from __future__ import annotations
 
@@ -41,9 +41,10 @@ def test_each_test_gets_its_wall_and_the_cpu_of_the_processes_it_started(tmp_pat
         for line in log.read_text().splitlines()
     }
     assert set(rows) == {"test_busy_child", "test_idle"}
-    wall, cpu = (float(v) for v in rows["test_busy_child"])
-    assert cpu >= 0.9 and wall >= 0.9  # the child's CPU, which getrusage of pytest misses
-    assert float(rows["test_idle"][1]) < 0.9
+    wall, cpu, own, kids = (float(v) for v in rows["test_busy_child"])
+    assert cpu >= 0.9 and wall >= 0.9  # the child's CPU, which pytest's own CPU misses
+    assert own < 0.9 and kids >= 0.9  # ... and which the waited-for children's figure has
+    assert float(rows["test_idle"][1]) < 0.9 and float(rows["test_idle"][3]) < 0.9
 
 
 def test_no_log_without_the_setting(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ applied (docs/DEPLOY.md says so).
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import re
 import shutil
@@ -103,14 +104,18 @@ def one(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- validation
 
 
-def _crd_schema() -> dict[str, Any]:
-    crd = yaml.safe_load(CRD.read_text())
-    (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+@functools.cache
+def crd() -> dict[str, Any]:
+    """The vendored RayCluster CRD (0.9 MB of YAML), read once and only by the tests that
+    use it (not at collection, which every pytest-xdist worker repeats), with libyaml."""
+    doc: dict[str, Any] = yaml.load(CRD.read_text(), Loader=yaml.CSafeLoader)
+    return doc
+
+
+def raycluster_schema() -> dict[str, Any]:
+    (v1,) = [v for v in crd()["spec"]["versions"] if v["name"] == "v1"]
     schema: dict[str, Any] = v1["schema"]["openAPIV3Schema"]
     return schema
-
-
-RAYCLUSTER_SCHEMA = _crd_schema()
 
 
 def pruned_fields(value: Any, schema: dict[str, Any], path: str = "") -> Iterator[str]:
@@ -150,9 +155,10 @@ def validation_errors(objs: list[dict[str, Any]]) -> list[str]:
     for obj in objs:
         name = f"{obj.get('kind')}/{(obj.get('metadata') or {}).get('name')}"
         if obj.get("apiVersion") == "ray.io/v1" and obj.get("kind") == "RayCluster":
-            validator = jsonschema.Draft4Validator(RAYCLUSTER_SCHEMA)
+            schema = raycluster_schema()
+            validator = jsonschema.Draft4Validator(schema)
             errors += [f"{name}: {e.json_path}: {e.message}" for e in validator.iter_errors(obj)]
-            errors += [f"{name}: unknown field {p}" for p in pruned_fields(obj, RAYCLUSTER_SCHEMA)]
+            errors += [f"{name}: unknown field {p}" for p in pruned_fields(obj, schema)]
             try:
                 templates = list(_pod_templates(obj))
             except (KeyError, TypeError) as exc:
@@ -189,7 +195,7 @@ def test_vendored_crd_is_kuberay_v1_7_0_with_its_licence() -> None:
     digest = hashlib.sha256(CRD.read_bytes()).hexdigest()
     assert digest in readme, "the CRD changed: update deploy/kubernetes/vendor/kuberay/README.md"
     assert "Apache License" in (CRD.parent / "LICENSE").read_text()
-    assert yaml.safe_load(CRD.read_text())["metadata"]["name"] == "rayclusters.ray.io"
+    assert crd()["metadata"]["name"] == "rayclusters.ray.io"
 
 
 def test_base_renders_without_kustomize_as_kustomize_does() -> None:
