@@ -63,6 +63,8 @@ def _spec(name: str, num_requests: int) -> dict[str, Any]:
         "name": name,
         "model": "tiny",
         "baseline": {
+            # not enforce_eager: vLLM 0.32's CPU build with PP=2 and enforce_eager dies at
+            # the first request (EngineCore: KeyError in the scheduler's update_from_output)
             "engine_args": {"max_model_len": 1024},
             "layout": {"tensor_parallel_size": 1, "pipeline_parallel_size": 2},
             "workload": {

@@ -128,7 +128,9 @@ def test_execute_bad_model_dir_fails_without_engine(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- real vLLM
 
-ENGINE_ARGS = {"load_format": "dummy", "max_model_len": 2048}
+#: enforce_eager: no torch.compile warm-up, about 6 CPU-s less a start on the 2-core machine
+#: (docs/BENCHMARKS.md); no test here is about compilation.
+ENGINE_ARGS = {"load_format": "dummy", "max_model_len": 2048, "enforce_eager": True}
 
 
 @pytest.mark.engine

@@ -328,7 +328,12 @@ def test_execute_real_tp2_with_thread_binding(tmp_path: Path, tiny_model_dir: Pa
         engine_python=ENGINE_PYTHON,
         model_dir=str(tiny_model_dir),
         served_model_name="tiny",
-        engine_args={"tensor_parallel_size": 2, "load_format": "dummy", "max_model_len": 2048},
+        engine_args={
+            "tensor_parallel_size": 2,
+            "load_format": "dummy",
+            "max_model_len": 2048,
+            "enforce_eager": True,  # no torch.compile warm-up: ~6 CPU-s less a rank
+        },
         env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"},
         port=8144,
         startup_timeout_s=600,

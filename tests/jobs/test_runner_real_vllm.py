@@ -120,6 +120,7 @@ def batch(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Ite
             engine_args={
                 "load_format": "dummy",
                 "max_model_len": 2048,
+                "enforce_eager": True,  # no torch.compile warm-up: ~6 CPU-s less a start
                 "enable_prefix_caching": True,
                 "enable_prompt_tokens_details": True,
             },
