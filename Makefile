@@ -61,9 +61,12 @@ check: venv lint
 ## tests. PYTEST_WORKERS=0 / TIMING_WORKERS=0: one process.
 PYTEST_WORKERS ?= 4
 TIMING_WORKERS ?= 2
+## Bytecode is written (PYTHONDONTWRITEBYTECODE set empty, where a machine sets it): the
+## suite starts hundreds of Python processes that import our packages, and pytest's workers
+## would each compile and assertion-rewrite every test module again.
 test: venv engine browser promtool ray-only lint
-	$(BIN)/pytest -q -rs --durations=15 -n $(PYTEST_WORKERS) --dist loadgroup -m "not timing"
-	$(BIN)/pytest -q -rs --durations=10 -n $(TIMING_WORKERS) --dist loadgroup -m timing
+	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -q -rs --durations=15 -n $(PYTEST_WORKERS) --dist loadgroup -m "not timing"
+	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -q -rs --durations=10 -n $(TIMING_WORKERS) --dist loadgroup -m timing
 
 clean:
 	rm -rf $(VENV) $(ENGINE_VENV) $(RAY_ONLY_VENV) .vlab
