@@ -35,6 +35,10 @@ logger = logging.getLogger(__name__)
 _SCRAPE_TIMEOUT_S = 10.0
 #: Seconds between two looks at the engine's processes while a segment runs.
 ENGINE_WATCH_INTERVAL_S = 0.1
+#: After a refused ``POST /reset_prefix_cache``: how long to wait for the engine's death
+#: before the refusal is taken for what it says (vLLM's processes exit within a second or
+#: two of their engine core's fatal error).
+RESET_DEATH_WAIT_S = 3.0
 
 
 class Batch(Protocol):
@@ -147,7 +151,13 @@ class _Drive:
         )
         apc_maybe_on = self.batch.job.launch.engine_args.get("enable_prefix_caching") is not False
         if not reset_ok and something_cached and apc_maybe_on:
-            server.check_alive()
+            # an engine that died in the warm-up (its engine core's fatal error) refuses
+            # the reset too, before its processes are seen gone: that is its death, not a
+            # missing dev mode, so give the death a moment to show
+            deadline = time.monotonic() + RESET_DEATH_WAIT_S
+            while server.death() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            self.batch.raise_if_dead(server, seg)
             raise EngineError(
                 "POST /reset_prefix_cache failed before the measured requests; the measured "
                 f"numbers would include {what} prefix cache (is VLLM_SERVER_DEV_MODE=1 set?)"

@@ -41,6 +41,7 @@ argv = sys.argv
 port = int(argv[argv.index("--port") + 1])
 die_after = {die_after!r}
 freeze_after = {freeze_after!r}
+reset = {reset!r}  # None: resets work; "refused": 404 (no dev mode); "dying": 500, then exit
 state = {{"chats": 0, "queries": 0, "hits": 0, "resets": 0}}
 lock = threading.Lock()
 print("INFO fake engine starting", flush=True)
@@ -74,6 +75,16 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)) or 0)
+        if self.path == "/reset_prefix_cache" and reset == "refused":
+            self._send(404, json.dumps({{"detail": "Not Found"}}))
+            return
+        if self.path == "/reset_prefix_cache" and reset == "dying":
+            # as vLLM's API server whose engine core died in the warm-up: the reset
+            # fails with EngineDeadError, and the processes exit a moment later
+            print("ERROR fake engine: EngineCore encountered a fatal error.", flush=True)
+            self._send(500, json.dumps({{"error": "EngineDeadError"}}))
+            threading.Timer(0.5, os._exit, args=(1,)).start()
+            return
         if self.path == "/reset_prefix_cache":
             state["resets"] += 1
             print(f"INFO fake engine: prefix cache reset #{{state['resets']}}", flush=True)
@@ -113,11 +124,16 @@ ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
 
 
-def _fake_engine(tmp_path: Path, die_after: int | None, freeze_after: int | None = None) -> str:
-    path = tmp_path / f"fake_http_engine_{die_after}_{freeze_after}"
+def _fake_engine(
+    tmp_path: Path,
+    die_after: int | None,
+    freeze_after: int | None = None,
+    reset: str | None = None,
+) -> str:
+    path = tmp_path / f"fake_http_engine_{die_after}_{freeze_after}_{reset}"
     path.write_text(
         FAKE_HTTP_ENGINE.format(
-            python=sys.executable, die_after=die_after, freeze_after=freeze_after
+            python=sys.executable, die_after=die_after, freeze_after=freeze_after, reset=reset
         )
     )
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
@@ -188,6 +204,25 @@ def test_server_that_stops_answering_ends_the_run_partial(
     assert first.engine_info["partial"] is True
     assert second.status == "failed" and not second.partial
     _assert_no_engine_left(results)
+
+
+@pytest.mark.parametrize("reset", ["refused", "dying"])
+def test_a_failed_prefix_cache_reset_fails_the_run_with_its_cause(
+    tmp_path: Path, tiny_model_dir: Path, reset: str
+) -> None:
+    """A reset refused by a live server (no dev mode) fails the run saying so; one refused
+    by an engine that died in the warm-up fails it as that death, not as a dev-mode
+    problem (vLLM's processes exit a moment after their engine core's fatal error)."""
+    job = _batch(tmp_path, tiny_model_dir, _fake_engine(tmp_path, None, reset=reset), [_workload()])
+    (result,) = execute_batch(job)
+    assert result.status == "failed"
+    error = result.error or ""
+    if reset == "refused":
+        assert "POST /reset_prefix_cache failed" in error and "VLLM_SERVER_DEV_MODE=1" in error
+    else:
+        assert "engine died" in error and "VLLM_SERVER_DEV_MODE" not in error, error
+        assert "EngineCore encountered a fatal error" in error
+    _assert_no_engine_left([result])
 
 
 def test_batch_fake_engine_reuses_the_server(tmp_path: Path, tiny_model_dir: Path) -> None:
