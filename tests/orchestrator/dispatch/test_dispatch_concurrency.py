@@ -33,7 +33,9 @@ def setup(tmp_path: Path, server_url: str) -> Iterator[dict[str, Any]]:
     with ray_and_database(
         tmp_path,
         server_url,
-        FAKE_HTTP_ENGINE.format(python=sys.executable, die_after=None, freeze_after=None),
+        FAKE_HTTP_ENGINE.format(
+            python=sys.executable, die_after=None, freeze_after=None, reset=None
+        ),
     ) as found:
         yield found
 
