@@ -25,7 +25,7 @@ from collections import Counter
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
-#: (kind, test on the command line and process name), first match wins.
+#: (kind, texts to find in the process's name and command line), first match wins.
 KINDS: list[tuple[str, str]] = [
     ("vLLM (API server, engine core, workers, resolutions)", "engine-venv|VLLM|vllm"),
     ("pytest-xdist workers", "exec(eval(sys.stdin"),

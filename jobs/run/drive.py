@@ -60,7 +60,7 @@ class Batch(Protocol):
 
     def check_cancel(self) -> None: ...
 
-    def raise_if_dead(self, server: EngineServer, seg: Segment) -> None: ...
+    def raise_if_dead(self, server: EngineServer, seg: Segment, wait_s: float = 0.0) -> None: ...
 
 
 async def drive(batch: Batch, server: EngineServer, seg: Segment, reused: bool) -> None:
@@ -154,10 +154,7 @@ class _Drive:
             # an engine that died in the warm-up (its engine core's fatal error) refuses
             # the reset too, before its processes are seen gone: that is its death, not a
             # missing dev mode, so give the death a moment to show
-            deadline = time.monotonic() + RESET_DEATH_WAIT_S
-            while server.death() is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)
-            self.batch.raise_if_dead(server, seg)
+            self.batch.raise_if_dead(server, seg, wait_s=RESET_DEATH_WAIT_S)
             raise EngineError(
                 "POST /reset_prefix_cache failed before the measured requests; the measured "
                 f"numbers would include {what} prefix cache (is VLLM_SERVER_DEV_MODE=1 set?)"

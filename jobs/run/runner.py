@@ -413,20 +413,23 @@ class _Batch:
             raise enginewatch.hang_error(server, seg)
         self.finish(seg, status, error)
 
-    def raise_if_dead(self, server: EngineServer, seg: Segment) -> None:
+    def raise_if_dead(self, server: EngineServer, seg: Segment, wait_s: float = 0.0) -> None:
         """Raise :class:`EngineDiedError` when the engine died or its port refused us.
 
+        ``wait_s``: how long to give a death to show (its processes exit a moment after
+        the sign the caller saw); after a refused port at least :data:`_REFUSED_WAIT_S`.
         The message says which process went, when in the run it was seen, and what
         had been measured; ``log_lines`` are the error lines logged since the server
         became healthy.
         """
         reason = seg.dead or server.death()
-        if reason is None and seg.refused:
-            # the port closed: give the process a moment to be seen gone
-            deadline = time.monotonic() + _REFUSED_WAIT_S
+        if seg.refused:
+            wait_s = max(wait_s, _REFUSED_WAIT_S)  # the port closed
+        if reason is None and wait_s > 0:
+            deadline = time.monotonic() + wait_s
             while (reason := server.death()) is None and time.monotonic() < deadline:
                 time.sleep(0.05)
-            if reason is None:
+            if reason is None and seg.refused:
                 reason = (
                     f"the vLLM server at {server.base_url} refused connections (nothing "
                     "listens on its port) although its processes still run"

@@ -124,6 +124,15 @@ ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
 
 
+def fake_engine_script(
+    die_after: int | None = None, freeze_after: int | None = None, reset: str | None = None
+) -> str:
+    """The text of :data:`FAKE_HTTP_ENGINE` (a TEST DOUBLE engine python) for these modes."""
+    return FAKE_HTTP_ENGINE.format(
+        python=sys.executable, die_after=die_after, freeze_after=freeze_after, reset=reset
+    )
+
+
 def _fake_engine(
     tmp_path: Path,
     die_after: int | None,
@@ -131,11 +140,7 @@ def _fake_engine(
     reset: str | None = None,
 ) -> str:
     path = tmp_path / f"fake_http_engine_{die_after}_{freeze_after}_{reset}"
-    path.write_text(
-        FAKE_HTTP_ENGINE.format(
-            python=sys.executable, die_after=die_after, freeze_after=freeze_after, reset=reset
-        )
-    )
+    path.write_text(fake_engine_script(die_after, freeze_after, reset))
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return str(path)
 

@@ -8,7 +8,6 @@ standard library), since three vLLM servers at once do not fit this machine.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from orchestrator.core.states import is_terminal
 from orchestrator.dispatch.dispatcher import Dispatcher
 from orchestrator.dispatch.ray.backend import RayRunBackend
 from tests.factories import make_experiment
-from tests.jobs.test_runner_batch import FAKE_HTTP_ENGINE
+from tests.jobs.test_runner_batch import fake_engine_script
 from tests.orchestrator.dispatch.raydb import ray_and_database
 
 
@@ -33,9 +32,7 @@ def setup(tmp_path: Path, server_url: str) -> Iterator[dict[str, Any]]:
     with ray_and_database(
         tmp_path,
         server_url,
-        FAKE_HTTP_ENGINE.format(
-            python=sys.executable, die_after=None, freeze_after=None, reset=None
-        ),
+        fake_engine_script(),
     ) as found:
         yield found
 
