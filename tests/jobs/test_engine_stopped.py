@@ -137,9 +137,22 @@ def test_stop_kills_an_engine_stopped_while_it_drains(tmp_path: Path, which: str
         api, core = _started(server)
         target = api if which == "api server" else core
         stopped_at: list[float] = []
+        # stop() sends SIGTERM then SIGCONT: a SIGSTOP that lands between the two (the
+        # engine can say it drains before the SIGCONT leaves on a loaded machine) is undone
+        # by it, and the engine then drains as a healthy one would. Stop it after the SIGCONT.
+        continued = threading.Event()
+        send = server._signal_group
+
+        def signal_group(pgid: int, sig: signal.Signals) -> None:
+            send(pgid, sig)
+            if sig == signal.SIGCONT:
+                continued.set()
+
+        server._signal_group = signal_group  # type: ignore[method-assign]
 
         def stop_it_while_it_drains() -> None:
             _until(lambda: f"{which} draining" in server.log_text(), 30, server.log_text())
+            assert continued.wait(30), "stop() never sent SIGCONT"
             os.kill(target, signal.SIGSTOP)
             # from the signal: stop() may see the stop (and SIGKILL the group) before
             # this thread polls, so the target is stopped, a zombie or gone by then
