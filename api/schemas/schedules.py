@@ -142,7 +142,8 @@ class FireBrief(BaseModel):
 
 
 class Regression(BaseModel):
-    """A metric that got worse than in the previous completed sweep (95 % interval).
+    """A metric that got worse than in the previous completed sweep (95 % interval), by at
+    least the regression floor (5 %: ``orchestrator.analysis.regression``).
 
     Capacity: ``reference_value`` / ``value`` are the mean capacities, None where a sweep
     found only a bound (``at least``/``below``); then the interval is one-sided (``ci_low``

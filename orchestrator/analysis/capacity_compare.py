@@ -72,7 +72,8 @@ interval, verdict and statement are the same over per-device ends: TP=2 on the s
 devices compares fairly with TP=1 on two devices, and a variant that reserves more
 devices must raise capacity by more than the device count to raise it per device.
 :func:`capacity_regression` is a ``lower`` verdict, one-sided or not, never an
-``unknown`` or ``untrusted`` one.
+``unknown`` or ``untrusted`` one, whose drop passes the regression floor
+(:mod:`orchestrator.analysis.regression`: 5 % by default).
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from orchestrator.analysis.regression import MIN_CHANGE, capacity_is_regression
 from orchestrator.analysis.trust import finite_number
 
 CapacityVerdict = Literal["higher", "lower", "no_change", "unknown", "untrusted"]
@@ -552,7 +554,10 @@ def compare_capacity(
     return out
 
 
-def capacity_regression(comp: CapacityComparison) -> bool:
+def capacity_regression(comp: CapacityComparison, min_change: float = MIN_CHANGE) -> bool:
     """A capacity drop: the verdict is ``lower`` (the ratio's whole interval, or its
-    upper bound, below 1); never from ``unknown`` or ``untrusted``."""
-    return comp.verdict == "lower"
+    upper bound, below 1) and the drop passes the regression floor (the ratio, or its
+    upper bound when a side is only a bound, at or below ``1 / (1 + min_change)``:
+    :func:`orchestrator.analysis.regression.capacity_is_regression`); never from
+    ``unknown`` or ``untrusted``."""
+    return capacity_is_regression(comp.verdict, comp.ratio, comp.ci_high, min_change)

@@ -351,21 +351,6 @@ def level(value: Any) -> str:
     return json.dumps(value) if value is None or isinstance(value, bool) else str(value)
 
 
-def regressions(comp: dict[str, Any]) -> list[str]:
-    """``<variant> <metric>: worse`` for each key metric a variant made worse than its
-    reference (verdict ``worse``, or a capacity verdict ``lower``): what makes
-    ``vlab compare`` exit 1."""
-    found = []
-    for v in comp.get("variants", []):
-        for m in v.get("metrics", []):
-            if m.get("verdict") == "worse":
-                found.append(f"{v['variant']} {m['metric']}: worse")
-        cap = v.get("capacity") or {}
-        if cap.get("verdict") == "lower":
-            found.append(f"{v['variant']} capacity: lower")
-    return found
-
-
 def metric_row(m: dict[str, Any]) -> tuple[str, ...]:
     """A comparison row's ``(metric, reference, variant value, ratio, interval, verdict)``.
 

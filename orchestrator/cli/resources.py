@@ -4,10 +4,11 @@ REST API (:class:`orchestrator.cli.client.Api`), never the database.
 
 Every command takes ``--json`` (the API's answer as it is: a list command prints a JSON
 array of the list's items, every page followed) and ``--api``. ``vlab compare`` exits 1
-when a variant is worse than its reference (a key metric's verdict ``worse``, or capacity
-``lower``); ``vlab schedules fires`` exits 1 when the newest compared fire of a sweep
-found regressions. The shapes and exit codes are in docs/USAGE.md ("The command line as
-an API client").
+when a variant is worse than its reference past the regression floor (a metric's verdict
+``worse``, or capacity ``lower``, by at least ``--min-change`` percent, 5 by default:
+:mod:`orchestrator.analysis.regression`); ``vlab schedules fires`` exits 1 when the
+newest compared fire of a sweep found regressions. The shapes and exit codes are in
+docs/USAGE.md ("The command line as an API client").
 """
 
 from __future__ import annotations
@@ -20,6 +21,15 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.analysis.regression import (
+    MIN_CHANGE,
+    bad_change,
+    capacity_is_regression,
+    capacity_size,
+    is_regression,
+    percent,
+)
+from orchestrator.analysis.trust import finite_number
 from orchestrator.cli.client import (
     EXIT_FAILED,
     Api,
@@ -37,7 +47,6 @@ from orchestrator.cli.report import (
     describe_change,
     plain,
     print_results,
-    regressions,
 )
 from orchestrator.cli.specfile import load_spec_file
 from orchestrator.cli.tables import keep_words
@@ -270,22 +279,79 @@ def experiments_show(experiment_id: str, json_out: JsonOpt = False, api: ApiOpt 
 # ----------------------------------------------------------------------------- compare
 
 
+Worse = tuple[str, str, float | None, bool]
+
+
+def _worse(comp: dict[str, Any], min_change: float) -> list[Worse]:
+    """``(<variant> <metric>, worse | lower, its size in the bad direction, a regression?)``
+    for each metric whose verdict is ``worse`` and each capacity ``lower``; whether it is
+    a regression is :mod:`orchestrator.analysis.regression`'s rule (the floor)."""
+    out: list[Worse] = []
+    for v in comp.get("variants", []):
+        for m in v.get("metrics", []):
+            if m.get("verdict") == "worse":
+                d, ratio = str(m.get("direction")), finite_number(m.get("ratio"))
+                past = is_regression(d, "worse", ratio, min_change)
+                out.append((f"{v['variant']} {m['metric']}", "worse", bad_change(d, ratio), past))
+        cap = v.get("capacity") or {}
+        if cap.get("verdict") == "lower":
+            ratio, high = finite_number(cap.get("ratio")), finite_number(cap.get("ci_high"))
+            past = capacity_is_regression("lower", ratio, high, min_change)
+            size = bad_change("higher_is_better", capacity_size(ratio, high))
+            out.append((f"{v['variant']} capacity", "lower", size, past))
+    return out
+
+
+def regressions(comp: dict[str, Any], min_change: float = MIN_CHANGE) -> list[str]:
+    """``<variant> <metric>: worse`` for each metric a variant made worse than its
+    reference past the regression floor (verdict ``worse``, or a capacity verdict
+    ``lower``, by at least ``min_change``: :func:`orchestrator.analysis.regression.
+    is_regression`): what makes ``vlab compare`` exit 1."""
+    return [f"{name}: {word}" for name, word, _, past in _worse(comp, min_change) if past]
+
+
+def under_floor(comp: dict[str, Any], min_change: float = MIN_CHANGE) -> list[str]:
+    """``<variant> median_tpot_ms worse by 0.2 %: under the 5 % regression floor, not a
+    regression``, for each worse verdict the floor keeps from being a regression."""
+    floor = percent(min_change)
+    return [
+        f"{name} {word}{'' if size is None else f' by {percent(size)}'}: under the {floor} "
+        "regression floor, not a regression"
+        for name, word, size, past in _worse(comp, min_change)
+        if not past
+    ]
+
+
 @friendly
 def compare(
     experiment_id: Annotated[str, typer.Argument(help="the experiment")],
     json_out: JsonOpt = False,
     api: ApiOpt = None,
+    min_change: Annotated[
+        float,
+        typer.Option(
+            "--min-change",
+            min=0.0,
+            metavar="PCT",
+            help="the regression floor in percent: a worse verdict smaller than this is "
+            "no regression (0: every worse verdict is one)",
+        ),
+    ] = 100.0 * MIN_CHANGE,
 ) -> None:
     """Each variant vs its reference (GET /api/v1/experiments/{id}/comparison): ratio,
-    95 % interval, verdict. Exits 1 when a variant is worse (a regression)."""
+    95 % interval, verdict. Exits 1 when a variant is worse by at least --min-change
+    percent (a regression); a smaller worse change is said below the table, not a
+    regression."""
     comp = Api(api).call("GET", f"/api/v1/experiments/{experiment_id}/comparison", timeout_s=300)
-    found = regressions(comp)
+    found = regressions(comp, min_change / 100.0)
     if json_out:
         print_json(comp)
     else:
         console.print(comparison_table(comp, console.width))
         for f in comp.get("findings", []):
             console.print(f"  finding {f['variant']}: {f['message']}", markup=False)
+        for line in under_floor(comp, min_change / 100.0):
+            console.print(line, markup=False)
         for line in found:
             console.print(f"regression: {line}", markup=False)
     if found:

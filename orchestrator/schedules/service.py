@@ -38,6 +38,7 @@ from orchestrator.analysis.capacity_compare import (
     compare_capacity,
 )
 from orchestrator.analysis.compare import compare_variant
+from orchestrator.analysis.regression import is_regression
 from orchestrator.analysis.service import capacity_repeats, runs_as_data
 from orchestrator.core.db import unit_of_work
 from orchestrator.core.errors import (
@@ -323,14 +324,20 @@ def sweep_regressions(
     For each variant name in both sweeps, the new runs (variant side) are
     compared with the previous sweep's runs of that name (reference side) by
     :func:`orchestrator.analysis.compare.compare_variant` (hierarchical bootstrap, 95 %);
-    a metric whose verdict is ``worse`` is a regression. A metric a flag of either
-    sweep's runs taints (token bursts, a warm prefix cache: :mod:`orchestrator.analysis.
-    trust`) has no verdict and is listed in ``withheld`` with the reason, never as a
-    regression. Capacity under SLOs too:
+    a metric whose verdict is ``worse`` by at least the regression floor
+    (:data:`orchestrator.analysis.regression.MIN_CHANGE`, 5 %: the point ratio at or
+    beyond ``1.05``, or ``1 / 1.05`` for a higher-is-better metric;
+    :func:`orchestrator.analysis.regression.is_regression`) is a regression; a smaller
+    worse change is not, and is not listed (``withheld`` is for untrusted metrics
+    only). A metric a flag of either sweep's runs taints (token bursts, a warm prefix
+    cache: :mod:`orchestrator.analysis.trust`) has no verdict and is listed in
+    ``withheld`` with the reason, never as a regression. Capacity under SLOs too:
     where both sweeps' runs of a variant stored capacity searches, the new
     capacity is compared with the previous one by
     :func:`orchestrator.analysis.capacity_compare.compare_capacity` and a ``lower`` verdict
-    (the ratio's interval, or its upper bound when a sweep found only a bound, below 1;
+    (the ratio's interval, or its upper bound when a sweep found only a bound, below 1)
+    whose ratio (or that upper bound) is at or below ``1 / 1.05`` (the same floor;
+    :func:`orchestrator.analysis.capacity_compare.capacity_regression`;
     ``reference_value``/``value`` None where a side has no mean capacity, ``statement``
     with the bounds) is a regression with
     ``metric`` ``"capacity"``, ``unit`` the search variable's (``requests/s`` or
@@ -383,7 +390,7 @@ def _regressions_of(
     for c in compare_variant(*metric_sides, n_boot=n_boot, seed=0):
         if not c.trustworthy:
             withheld.append({"variant": variant, "metric": c.metric, "reason": c.untrusted_reason})
-        elif c.verdict == "worse":
+        elif is_regression(c.direction, c.verdict, c.ratio):
             regressions.append(
                 {
                     "variant": variant,

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
 from orchestrator.cli import client as cli_client
-from orchestrator.cli import report as cli_report
+from orchestrator.cli import resources as cli_resources
 from orchestrator.cli.main import app
 from orchestrator.core import auth
 from orchestrator.core.db import unit_of_work
@@ -282,16 +282,79 @@ def test_runs_list_experiment_id_must_be_an_id(api: TestClient, demo: str) -> No
 
 def test_compare_exits_1_on_a_regression(api: TestClient, demo: str) -> None:
     comp = api.get(f"/api/v1/experiments/{demo}/comparison").json()
-    worse = cli_report.regressions(comp)
+    worse = cli_resources.regressions(comp)
     result = cli("compare", demo)
     assert result.exit_code == (1 if worse else 0), result.output
     assert max(len(ln) for ln in result.output.splitlines()) <= 100
     assert "e+0" not in result.output
-    # the verdict of a metric flipped to worse: exit 1 and the regression named
+    # the verdict of a metric flipped to worse, 30 % worse: a regression named
     regressed = json.loads(json.dumps(comp))
-    regressed["variants"][0]["metrics"][0]["verdict"] = "worse"
-    assert cli_report.regressions(regressed)
-    assert cli_report.regressions({"variants": []}) == []
+    regressed["variants"][0]["metrics"][0].update(verdict="worse", ratio=1.3)
+    assert cli_resources.regressions(regressed)
+    assert cli_resources.regressions({"variants": []}) == []
+
+
+def _tpot_worse(comp: dict[str, Any], ratio: float) -> dict[str, Any]:
+    """``comp`` with apc-on's TPOT p50 ``worse`` at ``ratio``, its interval tight around
+    it, and every other worse verdict gone: the statistics say worse, the size varies."""
+    out = json.loads(json.dumps(comp))
+    for v in out["variants"]:
+        v["capacity"] = None
+        for m in v["metrics"]:
+            if m["verdict"] == "worse":
+                m["verdict"] = "no clear difference"
+            if v["variant"] == "apc-on" and m["metric"] == "median_tpot_ms":
+                m.update(verdict="worse", ratio=ratio, ci_low=ratio - 0.001, ci_high=ratio + 0.001)
+                m.update(variant=m["reference"] * ratio, ci_of="ratio")
+    return out
+
+
+def test_compare_a_tiny_worse_is_under_the_floor_and_exits_0(
+    api: TestClient, demo: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A significant but negligible worse change (TPOT +0.2 %, tight interval) keeps its
+    ``worse`` verdict in the table, is said once under the 5 % floor, and does not fail
+    the command; a large one does; ``--min-change 0`` makes any worse verdict fail it."""
+    comp = api.get(f"/api/v1/experiments/{demo}/comparison").json()
+    served: dict[str, Any] = {}
+    real_call = cli_client.Api.call
+
+    def call(self: cli_client.Api, method: str, path: str, **kw: Any) -> Any:
+        if path.endswith("/comparison"):
+            return served["comp"]
+        return real_call(self, method, path, **kw)
+
+    monkeypatch.setattr(cli_client.Api, "call", call)
+    served["comp"] = _tpot_worse(comp, 1.002)
+    tiny = cli("compare", demo)
+    assert tiny.exit_code == 0, tiny.output
+    notes = [ln for ln in lines_of(tiny.output) if "regression floor" in ln]
+    assert notes == [
+        "apc-on median_tpot_ms worse by 0.2 %: under the 5 % regression floor, not a regression"
+    ]
+    assert "regression:" not in tiny.output
+    assert "worse" in [c.strip() for c in _row(tiny.output, "median_tpot_ms")]  # the verdict
+    # --json: the API's answer as it is, the same exit code
+    as_json = cli("compare", demo, "--json")
+    assert as_json.exit_code == 0 and json.loads(as_json.output) == served["comp"]
+    # no floor: any worse verdict is a regression again
+    strict = cli("compare", demo, "--min-change", "0")
+    assert strict.exit_code == 1, strict.output
+    assert "regression: apc-on median_tpot_ms: worse" in strict.output
+    assert "regression floor" not in strict.output
+    served["comp"] = _tpot_worse(comp, 1.3)
+    large = cli("compare", demo)
+    assert large.exit_code == 1, large.output
+    assert "regression: apc-on median_tpot_ms: worse" in large.output
+    assert "regression floor" not in large.output
+    assert cli("compare", demo, "--min-change", "40").exit_code == 0
+    assert cli("compare", demo, "--min-change", "-1").exit_code == 2
+
+
+def _row(table: str, metric: str) -> list[str]:
+    """The cells of ``metric``'s row in a rich table."""
+    (line,) = [ln for ln in table.splitlines() if ln.startswith("│") and f" {metric} " in ln]
+    return line.strip("│ ").split("│")
 
 
 def test_schedules_create_pause_resume_list_delete(api: TestClient, tmp_path: Path) -> None:

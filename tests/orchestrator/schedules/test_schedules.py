@@ -20,6 +20,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.app import create_app
+from orchestrator.analysis.compare import compare_variant
+from orchestrator.analysis.service import runs_as_data
 from orchestrator.core.models import Experiment, Run, Schedule, ScheduleFire
 from orchestrator.core.settings import Settings
 from orchestrator.experiments.engine_catalog import load_catalog
@@ -458,3 +460,30 @@ def test_a_one_sided_capacity_drop_is_a_regression_and_unknown_never(
     assert cap["statement"] == "lower: at most 0.35x (at least 24 -> found 8 [8, 8.4] requests/s)"
     page = client.get(f"/schedules/{sched.id}").text
     assert "lower: at most 0.35x" in page
+
+
+def test_a_worse_change_under_the_floor_is_no_regression(
+    client: TestClient,
+    factory: sessionmaker[Session],
+    settings: Settings,  # noqa: F811
+) -> None:
+    # the baseline's TTFT 0.2 % longer in the new sweep, the same in every repeat: its
+    # output throughput (100 / TTFT) falls 0.2 % with an interval of no width, a "worse"
+    # verdict under the 5 % floor; apc-on's TTFT quadruples: a regression
+    sched, first, second = _sweeps(factory, settings, repeats=2)
+    ttft = {"baseline": (0.05, 0.0501), "apc-on": (0.05, 0.2)}
+    for k, f in enumerate((first, second)):
+        for rid, name in _run_ids(factory, f):
+            _finish(factory, rid, ttft[name][k])
+    with factory() as s:
+        exp = {f: s.get(Experiment, f.experiment_id) for f in (first, second)}
+        old, new = (runs_as_data(s, list(e.runs)) for e in exp.values() if e is not None)
+        stats = compare_variant(new["baseline"], old["baseline"], n_boot=1000, seed=0)
+    (tput,) = [c for c in stats if c.metric == "output_throughput"]
+    assert tput.verdict == "worse" and tput.ratio == pytest.approx(0.05 / 0.0501)
+    newest, _ = client.get(f"/api/v1/schedules/{sched.id}/fires").json()["items"]
+    assert newest["comparison"] == "compared"
+    listed = {(r["variant"], r["metric"]) for r in newest["regressions"]}
+    assert ("apc-on", "output_throughput") in listed and ("apc-on", "median_ttft_ms") in listed
+    assert not any(v == "baseline" for v, _ in listed)
+    assert newest["withheld"] == []  # withheld is for untrusted metrics only
