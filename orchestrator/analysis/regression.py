@@ -94,6 +94,46 @@ def capacity_is_regression(
     return past_floor("higher_is_better", size, min_change)
 
 
+def drop(direction: str, ratio: float | None) -> float | None:
+    """The size of a change as a person reads "worse by X %", as a fraction: the rise
+    ``ratio - 1`` for a lower-is-better metric, the drop ``1 - ratio`` for a
+    higher-is-better one (a capacity too: a throughput ratio 0.96 is a 4 % drop);
+    negative when the ratio lies on the good side; None without a finite ratio or for a
+    neutral metric. What is printed; the floor compares :func:`bad_change` (for a
+    higher-is-better metric the 5 % floor is a drop of 4.76 %: a ratio at most 1 / 1.05)."""
+    if ratio is None or not math.isfinite(ratio):
+        return None
+    if direction == "lower_is_better":
+        return ratio - 1.0
+    if direction == "higher_is_better":
+        return 1.0 - ratio
+    return None
+
+
+def floor_drop(direction: str, min_change: float) -> float:
+    """The :func:`drop` the floor ``min_change`` is: ``min_change`` itself for a
+    lower-is-better metric, ``1 - 1 / (1 + min_change)`` for a higher-is-better one
+    (5 %: a drop of 4.76 %)."""
+    if direction == "higher_is_better":
+        return 1.0 - 1.0 / (1.0 + min_change)
+    return min_change
+
+
+def percents_apart(size: float, floor: float) -> tuple[str, str]:
+    """``size`` and ``floor`` (fractions, ``size`` below ``floor``) as percentages that
+    never read as equal: ``("4.96 %", "5 %")`` for 0.0496 and 0.05, not ``5.0 %`` and
+    ``5 %``; each as :func:`percent` writes it where that already tells them apart, else
+    with as many decimals as it takes (the floor whole where it is a whole percent)."""
+    size_text, floor_text = percent(size), percent(floor)
+    whole = floor_text if "." not in floor_text else None
+    for decimals in range(2, 10):
+        if float(size_text.split()[0]) < float(floor_text.split()[0]):
+            return size_text, floor_text
+        size_text = f"{100.0 * size:.{decimals}f} %"
+        floor_text = whole or f"{100.0 * floor:.{decimals}f} %"
+    return f"just under {floor_text}", floor_text
+
+
 def percent(fraction: float) -> str:
     """``0.2 %``, ``5 %``, ``0.012 %``: a fraction as a percentage for a sentence."""
     pct = 100.0 * fraction

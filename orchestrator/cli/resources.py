@@ -13,6 +13,7 @@ docs/USAGE.md ("The command line as an API client").
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,11 +24,13 @@ from rich.text import Text
 
 from orchestrator.analysis.regression import (
     MIN_CHANGE,
-    bad_change,
     capacity_is_regression,
     capacity_size,
+    drop,
+    floor_drop,
     is_regression,
     percent,
+    percents_apart,
 )
 from orchestrator.analysis.trust import finite_number
 from orchestrator.cli.client import (
@@ -48,7 +51,7 @@ from orchestrator.cli.report import (
     plain,
     print_results,
 )
-from orchestrator.cli.specfile import load_spec_file
+from orchestrator.cli.specfile import CliError, load_spec_file
 from orchestrator.cli.tables import keep_words
 
 console = make_console()
@@ -166,8 +169,10 @@ def runs_list(
 @runs_app.command("show")
 @friendly
 def runs_show(run_id: str, json_out: JsonOpt = False, api: ApiOpt = None) -> None:
-    """One run (GET /api/v1/runs/{id}): status, change, metrics, error."""
-    run = Api(api).get(f"/api/v1/runs/{run_id}")
+    """One run (GET /api/v1/runs/{id}): status, change, metrics, its findings
+    (GET /api/v1/runs/{id}/findings; not with --json, which is the run as it is), error."""
+    client = Api(api)
+    run = client.get(f"/api/v1/runs/{run_id}")
     if json_out:
         print_json(run)
         return
@@ -185,6 +190,10 @@ def runs_show(run_id: str, json_out: JsonOpt = False, api: ApiOpt = None) -> Non
         for key, value in sorted(metrics.items()):
             table.add_row(key, metric_text(key, value))
         console.print(table)
+    findings = client.get(f"/api/v1/runs/{run_id}/findings").get("findings") or []
+    console.print("  findings:" if findings else "  findings: none", markup=False)
+    for f in findings:
+        console.print(f"    {f['severity']} {f['code']}: {f['message']}", markup=False)
     if run.get("error"):
         console.print(f"  error: {' '.join(str(run['error']).split())[:2000]}", markup=False)
     console.print(f"  {page_url(run['url'])}", markup=False, soft_wrap=True)
@@ -279,47 +288,99 @@ def experiments_show(experiment_id: str, json_out: JsonOpt = False, api: ApiOpt 
 # ----------------------------------------------------------------------------- compare
 
 
-Worse = tuple[str, str, float | None, bool]
+#: ``(<variant> <metric>, worse | lower, its direction, its ratio, a regression?)``.
+Worse = tuple[str, str, str, float | None, bool]
 
 
 def _worse(comp: dict[str, Any], min_change: float) -> list[Worse]:
-    """``(<variant> <metric>, worse | lower, its size in the bad direction, a regression?)``
-    for each metric whose verdict is ``worse`` and each capacity ``lower``; whether it is
-    a regression is :mod:`orchestrator.analysis.regression`'s rule (the floor)."""
+    """``(<variant> <metric>, worse | lower, its direction, its point ratio (a capacity's
+    :func:`capacity_size`), a regression?)`` for each metric whose verdict is ``worse``
+    and each capacity ``lower``; whether it is a regression is
+    :mod:`orchestrator.analysis.regression`'s rule (the floor)."""
     out: list[Worse] = []
     for v in comp.get("variants", []):
         for m in v.get("metrics", []):
             if m.get("verdict") == "worse":
                 d, ratio = str(m.get("direction")), finite_number(m.get("ratio"))
                 past = is_regression(d, "worse", ratio, min_change)
-                out.append((f"{v['variant']} {m['metric']}", "worse", bad_change(d, ratio), past))
+                out.append((f"{v['variant']} {m['metric']}", "worse", d, ratio, past))
         cap = v.get("capacity") or {}
         if cap.get("verdict") == "lower":
             ratio, high = finite_number(cap.get("ratio")), finite_number(cap.get("ci_high"))
             past = capacity_is_regression("lower", ratio, high, min_change)
-            size = bad_change("higher_is_better", capacity_size(ratio, high))
-            out.append((f"{v['variant']} capacity", "lower", size, past))
+            size = capacity_size(ratio, high)
+            out.append((f"{v['variant']} capacity", "lower", "higher_is_better", size, past))
     return out
 
 
+def _sized(word: str, direction: str, ratio: float | None, min_change: float | None) -> str:
+    """``worse by 30.0 %``: the verdict and its size as a person reads it (the rise of a
+    lower-is-better metric, the drop of a higher-is-better one: :func:`orchestrator.
+    analysis.regression.drop`), never negative (``worse (its point ratio is on the good
+    side of 1)``); with ``min_change`` (a size under that floor) as many decimals as it
+    takes never to read as the floor (``4.96 %``, not ``5.0 %``)."""
+    size = drop(direction, ratio)
+    if size is None:
+        return word
+    if size < 0:
+        return f"{word} (its point ratio is on the good side of 1)"
+    if min_change is None:
+        return f"{word} by {percent(size)}"
+    return f"{word} by {percents_apart(size, floor_drop(direction, min_change))[0]}"
+
+
 def regressions(comp: dict[str, Any], min_change: float = MIN_CHANGE) -> list[str]:
-    """``<variant> <metric>: worse`` for each metric a variant made worse than its
-    reference past the regression floor (verdict ``worse``, or a capacity verdict
+    """``<variant> <metric>: worse by 30.0 %`` for each metric a variant made worse than
+    its reference past the regression floor (verdict ``worse``, or a capacity verdict
     ``lower``, by at least ``min_change``: :func:`orchestrator.analysis.regression.
     is_regression`): what makes ``vlab compare`` exit 1."""
-    return [f"{name}: {word}" for name, word, _, past in _worse(comp, min_change) if past]
+    return [
+        f"{name}: {_sized(word, d, ratio, None)}"
+        for name, word, d, ratio, past in _worse(comp, min_change)
+        if past
+    ]
 
 
 def under_floor(comp: dict[str, Any], min_change: float = MIN_CHANGE) -> list[str]:
     """``<variant> median_tpot_ms worse by 0.2 %: under the 5 % regression floor, not a
-    regression``, for each worse verdict the floor keeps from being a regression."""
-    floor = percent(min_change)
-    return [
-        f"{name} {word}{'' if size is None else f' by {percent(size)}'}: under the {floor} "
-        "regression floor, not a regression"
-        for name, word, size, past in _worse(comp, min_change)
-        if not past
-    ]
+    regression``, for each worse verdict the floor keeps from being a regression; for a
+    higher-is-better metric the drop the floor is follows it (``(a drop of 4.8 % here)``)."""
+    lines = []
+    for name, word, d, ratio, past in _worse(comp, min_change):
+        if past:
+            continue
+        floor = f"{percent(min_change)} regression floor"
+        if d == "higher_is_better":
+            size, at = drop(d, ratio), floor_drop(d, min_change)
+            shown = percents_apart(size, at)[1] if size is not None and size >= 0 else None
+            floor += f" (a drop of {shown or percent(at)} here)"
+        lines.append(
+            f"{name} {_sized(word, d, ratio, min_change)}: under the {floor}, not a regression"
+        )
+    return lines
+
+
+def no_verdict(comp: dict[str, Any]) -> list[str]:
+    """``no verdict for apc-on: every metric is untrusted or not applicable, so this
+    comparison checked nothing``, for each variant none of whose metrics (nor its
+    capacity) has a verdict: a green exit code from it rests on no evidence."""
+    lines = []
+    for v in comp.get("variants", []):
+        metrics = v.get("metrics") or []
+        cap = v.get("capacity") or {}
+        if all(
+            m.get("verdict") in ("untrusted", "not applicable") or m.get("trustworthy") is False
+            for m in metrics
+        ) and (not cap or cap.get("verdict") in ("untrusted", "unknown")):
+            lines.append(
+                f"no verdict for {v['variant']}: every metric is untrusted or not "
+                "applicable, so this comparison checked nothing"
+            )
+    return lines
+
+
+#: The largest --min-change (percent): a floor above it would make every change pass.
+MAX_MIN_CHANGE = 1000.0
 
 
 @friendly
@@ -331,17 +392,19 @@ def compare(
         float,
         typer.Option(
             "--min-change",
-            min=0.0,
             metavar="PCT",
-            help="the regression floor in percent: a worse verdict smaller than this is "
-            "no regression (0: every worse verdict is one)",
+            help="the regression floor in percent, 0 to 1000: a worse verdict smaller than "
+            "this is no regression (0: every worse verdict is one)",
         ),
     ] = 100.0 * MIN_CHANGE,
 ) -> None:
     """Each variant vs its reference (GET /api/v1/experiments/{id}/comparison): ratio,
     95 % interval, verdict. Exits 1 when a variant is worse by at least --min-change
     percent (a regression); a smaller worse change is said below the table, not a
-    regression."""
+    regression; so is a variant with no verdict at all (every metric untrusted or not
+    applicable)."""
+    if not (math.isfinite(min_change) and 0.0 <= min_change <= MAX_MIN_CHANGE):
+        raise CliError(f"--min-change must be a percent from 0 to {MAX_MIN_CHANGE:.0f}")
     comp = Api(api).call("GET", f"/api/v1/experiments/{experiment_id}/comparison", timeout_s=300)
     found = regressions(comp, min_change / 100.0)
     if json_out:
@@ -354,6 +417,8 @@ def compare(
             console.print(line, markup=False)
         for line in found:
             console.print(f"regression: {line}", markup=False)
+        for line in no_verdict(comp):
+            console.print(line, markup=False)
     if found:
         raise typer.Exit(EXIT_FAILED)
 

@@ -12,8 +12,11 @@ from orchestrator.analysis.regression import (
     MIN_CHANGE,
     bad_change,
     capacity_is_regression,
+    drop,
+    floor_drop,
     is_regression,
     percent,
+    percents_apart,
 )
 from tests.orchestrator.analysis.test_capacity_compare import doc, rep
 
@@ -65,6 +68,28 @@ def test_the_size_in_the_bad_direction_and_its_words() -> None:
     assert bad_change("higher_is_better", 0.8) == pytest.approx(0.25)
     assert bad_change("neutral", 2.0) is None and bad_change("lower_is_better", None) is None
     assert percent(0.002) == "0.2 %" and percent(MIN_CHANGE) == "5 %"
+
+
+def test_the_size_printed_is_the_rise_or_the_drop_a_person_reads() -> None:
+    """A throughput ratio 0.96 is a 4 % drop (not 1 / 0.96 - 1 = 4.2 %); a latency ratio
+    1.3 a 30 % rise; the 5 % floor is a drop of 4.76 % for a higher-is-better metric."""
+    assert drop("higher_is_better", 0.96) == pytest.approx(0.04)
+    assert drop("lower_is_better", 1.3) == pytest.approx(0.3)
+    assert drop("lower_is_better", 0.995) == pytest.approx(-0.005)  # the good side
+    assert drop("neutral", 2.0) is None and drop("higher_is_better", None) is None
+    assert floor_drop("higher_is_better", MIN_CHANGE) == pytest.approx(1 - 1 / 1.05)
+    assert floor_drop("lower_is_better", MIN_CHANGE) == MIN_CHANGE
+    # a ratio of 1 / 1.05 drops exactly the floor's drop: a regression, as the rule says
+    assert is_regression("higher_is_better", "worse", 1 - floor_drop("higher_is_better", 0.05))
+
+
+def test_a_size_under_the_floor_never_reads_as_the_floor() -> None:
+    assert percents_apart(0.0496, 0.05) == ("4.96 %", "5 %")
+    assert percents_apart(0.002, 0.05) == ("0.2 %", "5 %")
+    assert percents_apart(0.0476, 1 - 1 / 1.05) == ("4.760 %", "4.762 %")
+    size, floor = percents_apart(0.04999, 0.05)
+    assert (size, floor) == ("4.999 %", "5 %")
+    assert percents_apart(0.05 - 1e-12, 0.05) == ("just under 5 %", "5 %")
 
 
 def test_capacity_lower_needs_its_ratio_or_one_sided_bound_past_the_floor() -> None:

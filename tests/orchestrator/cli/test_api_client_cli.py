@@ -83,6 +83,38 @@ def test_runs_show_gives_each_metric_its_unit(api: TestClient, demo: str) -> Non
     assert rows["completed"] == "16", out  # a count: bare
 
 
+def test_runs_show_prints_the_runs_findings_below_its_metrics(
+    api: TestClient, demo: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each finding of ``GET /runs/{id}/findings`` on a line (severity, code, message)
+    below the metrics; ``--json`` stays the run as the API gives it (no key added)."""
+    run = api.get(f"/api/v1/experiments/{demo}").json()["runs"][1]
+    findings = api.get(f"/api/v1/runs/{run['id']}/findings").json()["findings"]
+    if not findings:  # the recorded run has none: the API's answer, with two
+        advice = {"scope": "run", "run_id": run["id"], "action": "-", "evidence": {}}
+        findings = [
+            {**advice, "code": "client_stalled", "severity": "warning",
+             "message": "the load generator stalled for 1.2 s"},
+            {**advice, "code": "tpot_bursty", "severity": "info", "message": "TPOT in bursts"},
+        ]  # fmt: skip
+        real_get = cli_client.Api.get
+
+        def get(self: cli_client.Api, path: str, **params: Any) -> Any:
+            if path.endswith("/findings"):
+                return {"run_id": run["id"], "findings": findings}
+            return real_get(self, path, **params)
+
+        monkeypatch.setattr(cli_client.Api, "get", get)
+    shown = cli("runs", "show", run["id"])
+    assert shown.exit_code == 0, shown.output
+    out = [ln.strip() for ln in shown.output.splitlines()]
+    said = [f"{f['severity']} {f['code']}: {f['message']}" for f in findings]
+    assert all(line in out for line in said), shown.output
+    assert out.index(said[0]) > max(i for i, ln in enumerate(out) if "median_ttft_ms" in ln)
+    as_json = cli("runs", "show", run["id"], "--json")
+    assert json.loads(as_json.stdout) == api.get(f"/api/v1/runs/{run['id']}").json()
+
+
 @pytest.mark.parametrize("width", [70, 100])
 def test_experiments_list_keeps_each_id_whole_beside_a_long_name(
     api: TestClient, factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch, width: int
@@ -348,7 +380,118 @@ def test_compare_a_tiny_worse_is_under_the_floor_and_exits_0(
     assert "regression: apc-on median_tpot_ms: worse" in large.output
     assert "regression floor" not in large.output
     assert cli("compare", demo, "--min-change", "40").exit_code == 0
-    assert cli("compare", demo, "--min-change", "-1").exit_code == 2
+    assert "regression: apc-on median_tpot_ms: worse by 30 %" in large.output  # its size
+    # a floor out of 0..1000 % (or not finite) is bad input: one line, exit 2
+    for bad in ("-1", "nan", "inf", "1e308", "1001"):
+        refused = cli("compare", demo, "--min-change", bad)
+        assert refused.exit_code == 2, refused.output
+        (line,) = lines_of(refused.output)
+        assert line == "error: --min-change must be a percent from 0 to 1000", line
+    assert cli("compare", demo, "--min-change", "1000").exit_code == 0
+    # just under the floor: never reads as the floor itself (not "5.0 %")
+    served["comp"] = _tpot_worse(comp, 1.0496)
+    near = [ln for ln in lines_of(cli("compare", demo).output) if "regression floor" in ln]
+    assert near == [
+        "apc-on median_tpot_ms worse by 4.96 %: under the 5 % regression floor, not a regression"
+    ]
+    # worse, its interval above 1 but its point ratio below: no negative size
+    served["comp"] = _tpot_worse(comp, 0.995)
+    for m in served["comp"]["variants"][-1]["metrics"]:
+        if m["metric"] == "median_tpot_ms":
+            m.update(ci_low=1.001, ci_high=1.01)
+    odd = cli("compare", demo)
+    assert "-0.5" not in odd.output and "by -" not in odd.output, odd.output
+    assert (
+        "apc-on median_tpot_ms worse (its point ratio is on the good side of 1): under the 5 % "
+        "regression floor, not a regression"
+    ) in " ".join(odd.output.split()), odd.output  # wrapped at 100 columns
+
+
+def test_compare_sizes_a_higher_is_better_worse_by_its_drop() -> None:
+    """A throughput ratio 0.96 reads "worse by 4 %" (the drop), not 1 / 0.96 - 1 = 4.2 %;
+    the 5 % floor is a drop of 4.76 %: a 4.76 % drop stays under it, said apart from it."""
+
+    def comp(ratio: float) -> dict[str, Any]:
+        metric = {"metric": "output_throughput", "verdict": "worse", "ratio": ratio,
+                  "direction": "higher_is_better"}  # fmt: skip
+        return {"variants": [{"variant": "apc-on", "metrics": [metric]}]}
+
+    assert cli_resources.under_floor(comp(0.96)) == [
+        "apc-on output_throughput worse by 4 %: under the 5 % regression floor (a drop of "
+        "4.8 % here), not a regression"
+    ]
+    (line,) = cli_resources.under_floor(comp(0.9524))
+    assert "worse by 4.760 %" in line and "a drop of 4.762 % here" in line, line
+    assert cli_resources.regressions(comp(0.9)) == ["apc-on output_throughput: worse by 10 %"]
+    assert cli_resources.regressions(comp(0.952)) == ["apc-on output_throughput: worse by 4.8 %"]
+
+
+def test_compare_says_a_variant_with_no_verdict_checked_nothing(
+    api: TestClient, demo: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every metric of apc-on untrusted or not applicable: the exit code stays 0 (no
+    regression), but a line below the table says the comparison checked nothing;
+    ``--json`` stays the API's answer."""
+    comp = api.get(f"/api/v1/experiments/{demo}/comparison").json()
+    blind = json.loads(json.dumps(comp))
+    for v in blind["variants"]:
+        v["capacity"] = None
+        for i, m in enumerate(v["metrics"]):
+            if i % 2:
+                m.update(verdict="not applicable", ratio=None)
+            else:
+                m.update(verdict="untrusted", trustworthy=False, untrusted_reason="warm cache")
+    real_call = cli_client.Api.call
+
+    def call(self: cli_client.Api, method: str, path: str, **kw: Any) -> Any:
+        return blind if path.endswith("/comparison") else real_call(self, method, path, **kw)
+
+    monkeypatch.setattr(cli_client.Api, "call", call)
+    result = cli("compare", demo)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())  # wrapped at 100 columns
+    assert said.count("no verdict for ") == len(blind["variants"]), result.output
+    for v in blind["variants"]:
+        assert (
+            f"no verdict for {v['variant']}: every metric is untrusted or not applicable, so "
+            "this comparison checked nothing"
+        ) in said, result.output
+    as_json = cli("compare", demo, "--json")
+    assert as_json.exit_code == 0 and json.loads(as_json.stdout) == blind
+    assert cli_resources.no_verdict(comp) == []  # the recorded comparison has verdicts
+
+
+def test_compare_says_a_shared_untrusted_reason_once(
+    api: TestClient, demo: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Several metrics flagged for the same run, with the same long reason (a run's id
+    in it): one note below the table, each row referring to its number."""
+    comp = api.get(f"/api/v1/experiments/{demo}/comparison").json()
+    flagged = json.loads(json.dumps(comp))
+    v = flagged["variants"][-1]
+    why = f"variant run {uuid.uuid4()}: its load generator stalled"
+    other = f"reference run {uuid.uuid4()}: a warm prefix cache"
+    shown = [m for m in v["metrics"] if m["metric"] in ("median_ttft_ms", "p99_ttft_ms",
+             "median_tpot_ms", "median_e2el_ms")]  # fmt: skip
+    assert len(shown) == 4
+    for i, m in enumerate(shown):
+        m.update(verdict="untrusted", trustworthy=False, untrusted_reason=why if i != 2 else other)
+    real_call = cli_client.Api.call
+
+    def call(self: cli_client.Api, method: str, path: str, **kw: Any) -> Any:
+        return flagged if path.endswith("/comparison") else real_call(self, method, path, **kw)
+
+    monkeypatch.setattr(cli_client.Api, "call", call)
+    out = cli("compare", demo).output
+    notes = [ln for ln in lines_of(out) if ln.startswith("note ")]
+    assert notes == [f"note 1: untrusted: {why}", f"note 2: untrusted: {other}"], out
+    cells = {m["metric"]: _row(out, m["metric"])[-1].strip() for m in shown}
+    assert cells == {
+        "median_ttft_ms": "untrusted (note 1)",
+        "p99_ttft_ms": "untrusted (note 1)",
+        "median_tpot_ms": "untrusted (note 2)",
+        "median_e2el_ms": "untrusted (note 1)",
+    }, out
 
 
 def _row(table: str, metric: str) -> list[str]:
