@@ -333,7 +333,7 @@ def comparison_table(comp: dict[str, Any], width: int | None = None) -> Group:
         rows = [metric_row(m) for m in v["metrics"] if m["metric"] in KEY_COMPARISONS]
         notes: list[str] = []
         for row in [*rows, *capacity_rows(v.get("capacity"))]:
-            table.add_row(*row[:-1], shared_note_cell(row[-1], notes))
+            table.add_row(*row[:-1], verdict_cell(row[-1], notes))
         if v.get("capacity"):
             table.caption = (
                 "capacity: highest load meeting every SLO (mean over repeats; unknown unless "
@@ -344,22 +344,6 @@ def comparison_table(comp: dict[str, Any], width: int | None = None) -> Group:
         # below the table, where a run's id and a reason's words are never split
         tables += [Text(note) for note in notes]
     return Group(*tables)
-
-
-def shared_note_cell(verdict: str, notes: list[str]) -> str:
-    """:func:`orchestrator.cli.tables.verdict_cell`, each distinct note said once: a
-    verdict whose reason a row before it already put in a note (several metrics flagged
-    for the same run) refers to that note's number instead of adding another."""
-    fresh: list[str] = []
-    cell = verdict_cell(verdict, fresh)
-    if not fresh:
-        return cell
-    text = fresh[0].split(": ", 1)[1]  # "note 1: <the whole verdict>"
-    said = [n.split(": ", 1)[1] for n in notes]
-    number = said.index(text) + 1 if text in said else len(notes) + 1
-    if number > len(notes):
-        notes.append(f"note {number}: {text}")
-    return f"{cell.removesuffix('(note 1)')}(note {number})"
 
 
 def level(value: Any) -> str:

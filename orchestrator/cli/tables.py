@@ -61,13 +61,18 @@ LONG_WORD = 20
 def verdict_cell(verdict: str, notes: list[str]) -> str:
     """The verdict as the cell shows it: itself, or, when its reason holds a word too long
     for a column (a run's id), ``untrusted (note 2)`` with the whole verdict in ``notes``
-    (``note 2: untrusted: variant run <id>: ...``), printed below the table."""
+    (``note 2: untrusted: variant run <id>: ...``), printed below the table; a verdict a
+    row before it already put in a note (several metrics flagged for the same run) refers
+    to that note instead of adding another."""
     text = _plain(verdict)
     if all(len(word) <= LONG_WORD for word in text.split()):
         return verdict
-    notes.append(f"note {len(notes) + 1}: {text}")
+    said = [note.split(": ", 1)[1] for note in notes]
+    if text not in said:
+        notes.append(f"note {len(notes) + 1}: {text}")
+    number = said.index(text) + 1 if text in said else len(notes)
     head = text.split(":")[0].split(" (")[0]
-    return f"{escape(head)} (note {len(notes)})"
+    return f"{escape(head)} (note {number})"
 
 
 def split_columns(table: Table, width: int, keep: int = 2) -> list[Table]:
