@@ -27,7 +27,9 @@ from tests.factories import make_experiment
 from tests.ports import free_port
 
 #: needs_engine skips without the engine environment, except under CI (it fails there).
-pytestmark = [pytest.mark.engine, needs_engine]
+# the ladder fixture waits up to 1800 s for its runs (six engine starts, twice as long on
+# a slow day's 2-core machine): the hang guard follows that bound, not the suite's 900 s
+pytestmark = [pytest.mark.engine, needs_engine, pytest.mark.timeout(2400)]
 
 ENGINE = ENGINE_PYTHON or "<no engine environment: run `make engine`>"
 
