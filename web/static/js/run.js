@@ -481,5 +481,8 @@
       await Promise.all([loadDistributions(m.metrics), root.dataset.hasLog === "true" ? loadLog() : null]);
     }
   }
-  start().catch((e) => console.warn("run page:", e.message));
+  // data-loaded: the first load (charts, distributions, log) is done, for whoever waits on it
+  start()
+    .catch((e) => console.warn("run page:", e.message))
+    .finally(() => { root.dataset.loaded = "true"; });
 })();
