@@ -56,11 +56,12 @@ check: venv lint
 ## test: lint, type-check and the whole test suite (real Postgres, Ray and vLLM CPU build):
 ## first all but the wall-clock tests in PYTEST_WORKERS processes (pytest-xdist; the
 ## real-vLLM tests in two groups, each one after another on one worker: tests/conftest.py),
-## then the tests marked timing in TIMING_WORKERS processes (the fault matrix on a worker of
-## its own: each timing test has at most one other beside it); each pass prints its slowest
-## tests. PYTEST_WORKERS=0 / TIMING_WORKERS=0: one process.
+## then the tests marked timing in TIMING_WORKERS processes (one: each timing test alone on
+## the machine; beside the fault matrix, a 2-core machine at half speed failed two of them,
+## which pass alone); each pass prints its slowest tests. PYTEST_WORKERS=0 /
+## TIMING_WORKERS=0: one process.
 PYTEST_WORKERS ?= 4
-TIMING_WORKERS ?= 2
+TIMING_WORKERS ?= 1
 ## Bytecode is written (PYTHONDONTWRITEBYTECODE set empty, where a machine sets it): the
 ## suite starts hundreds of Python processes that import our packages, and pytest's workers
 ## would each compile and assertion-rewrite every test module again.

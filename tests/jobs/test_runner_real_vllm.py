@@ -28,8 +28,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from jobs.capacity.steadystate import CLIENT_LAG_FLOOR_MS
 from jobs.engine.processes import group_members
 from jobs.engine.server import EngineServer
 from jobs.run.runner import execute_batch
@@ -249,7 +251,13 @@ def test_template_multiturn_open_loop_and_replay_on_one_server(batch: Batch) -> 
     assert all(r.scheduled_s is not None for r in records)
     assert second.metrics["request_goodput"] > 0
     assert second.metrics["goodput_fraction"] == 1.0
-    assert second.metrics["max_dispatch_lag_ms"] < 500  # the client kept up with 4 req/s
+    # the client kept up with 4 req/s, by the rule a capacity step is judged by: lag p90
+    # under max(50 ms, 2 mean gaps); its max is one late wake-up of a loop sharing 2 cores
+    # with the engine (0.65 s once in CI) and says nothing of keeping up
+    lags = sorted(r.start_s - (r.scheduled_s or 0.0) for r in records)
+    p90_ms = 1000.0 * float(np.percentile(lags, 90))
+    assert p90_ms < max(CLIENT_LAG_FLOOR_MS, 2 * 1000.0 / 4), lags
+    assert second.metrics["mean_dispatch_lag_ms"] < 250, lags
 
     # 3. replay: both APIs, the trace's spacing
     replayed = sorted((r for r in third.requests if not r.warmup), key=lambda r: r.index)
