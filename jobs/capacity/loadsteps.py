@@ -93,7 +93,8 @@ class StepMeasurement:
     (requests still in flight have no record); ``measured_s``: seconds from the first
     start to the last end of the records not marked ``warmup`` (the run's throughputs'
     time); ``step``: what the search made of it (None for a step cut short by the run's
-    end).
+    end); ``stalls``: the load generator's stalls (:class:`jobs.load.stalls.LoopWatch`)
+    when it ran on the runner's event loop (None: in worker processes, not watched).
     """
 
     records: list[RequestRecord]
@@ -106,6 +107,7 @@ class StepMeasurement:
     client_workers: int | None = None
     cut: bool = False
     measured_s: float | None = None
+    stalls: list[tuple[float, float]] | None = None
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from jobs.capacity.loadsteps import PhaseCut, StepLimits, StepMeasurement
 from jobs.engine.server import EngineError, EngineServer
 from jobs.load import loadgen
 from jobs.load.loadpool import run_load_workers
+from jobs.load.stalls import LoopWatch
 from jobs.load.workerplan import cores_off_engine
 from jobs.run import enginewatch, journal
 from jobs.run.segment import Segment
@@ -192,6 +193,9 @@ class _Drive:
             t_measure, cpu = time.perf_counter(), time.thread_time()
             workers = seg.capacity.load_workers if seg.capacity is not None else 1
             binding = self.batch.job.launch.env.get("VLLM_CPU_OMP_THREADS_BIND")
+            # one worker runs the load on this event loop: watch it for stalls
+            loop_watch = LoopWatch(seg.t0) if workers == 1 else None
+            watching = asyncio.create_task(loop_watch.run()) if loop_watch else None
             try:  # one process (in this one) or several, off the engine's cores when known
                 pooled = await run_load_workers(
                     base_url,
@@ -211,6 +215,10 @@ class _Drive:
                 records = pooled.records
             finally:
                 measure_s, cpu = time.perf_counter() - t_measure, time.thread_time() - cpu
+                if watching is not None:
+                    watching.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await watching
                 if cut is not None:
                     await cut.stop()
                 stop_scraping.set()
@@ -226,6 +234,7 @@ class _Drive:
             cpu = pooled.client_cpu_s
         step.client_cpu_s, step.client_workers = cpu, len(pooled.workers) or 1
         step.cut = cut is not None and cut.fired
+        step.stalls = loop_watch.stalls if loop_watch is not None and pooled.in_process else None
         return step
 
     async def _drive_capacity(

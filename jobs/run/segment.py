@@ -21,6 +21,7 @@ from jobs.capacity import loadsteps
 from jobs.capacity.loadsteps import SearchOutcome, StepMeasurement
 from jobs.capacity.search import CapacityResult
 from jobs.load import loadgen
+from jobs.load.stalls import stall_metrics
 from jobs.schemas import ChatRequest, MetricSample, RequestRecord, RunSegment
 from jobs.signals import cachecheck, enginemetrics, histograms
 
@@ -254,6 +255,8 @@ class Segment:
             burst = itl_burst_fraction(records)
             if burst is not None:
                 self.metrics["itl_burst_fraction"] = burst
+            if step.stalls is not None:
+                self.metrics.update(stall_metrics(step.stalls, records))
         counter_notes: list[str] = []
         self.metrics.update(enginemetrics.summarize_samples(step.samples, counter_notes))
         if counter_notes:

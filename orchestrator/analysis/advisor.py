@@ -41,13 +41,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from orchestrator.analysis.prefix import hit_rate_finding
-from orchestrator.analysis.trust import BURSTY, TTFT_LAG_MS
+from orchestrator.analysis.trust import BURSTY, TTFT_LAG_MS, client_stalled
 
 #: Rollback order of every finding code (lower first).
 RANK: dict[str, int] = {
     "warm_cache": 0,
     "warm_cache_contamination": 0,
     "token_bursts": 0,
+    "client_stalled": 0,
     "out_of_memory": 1,
     "context_cap_does_not_fit": 1,
     "kv_estimate_mismatch": 2,
@@ -214,7 +215,8 @@ def _memory_findings(
 def _measurement_findings(
     rid: str, run: Mapping[str, Any], info: Mapping[str, Any], metrics: Mapping[str, float]
 ) -> list[Advice]:
-    """Measurements that mislead: a warm prefix cache, streamed tokens in bursts."""
+    """Measurements that mislead: a warm prefix cache, streamed tokens in bursts, a load
+    generator that stalled."""
     out: list[Advice] = []
     warm = info.get("cache_contamination") or {}
     if warm.get("status") == "contaminated":
@@ -261,6 +263,31 @@ def _measurement_findings(
                     "median_ttft_ms": metrics.get("median_ttft_ms"),
                     "median_e2el_ms": metrics.get("median_e2el_ms"),
                     "server_mean_ttft_ms": metrics.get("server_mean_ttft_ms"),
+                },
+            )
+        )
+    stalled = client_stalled(metrics) if run.get("status") == "succeeded" else None
+    if stalled is not None:
+        out.append(
+            Advice(
+                code="client_stalled",
+                severity="warning",
+                scope="run",
+                run_id=rid,
+                message=stalled,
+                action=(
+                    "measure again with the load generator on cores the engine does not use "
+                    "(VLLM_CPU_OMP_THREADS_BIND) or on another node, and nothing else "
+                    "competing for its CPU; no comparison takes a verdict from this run"
+                ),
+                evidence={
+                    k: metrics.get(k)
+                    for k in (
+                        "client_stall_s",
+                        "max_client_stall_ms",
+                        "client_stalled_request_fraction",
+                        "duration",
+                    )
                 },
             )
         )

@@ -24,6 +24,12 @@ Flags of a run (:func:`run_trust`) and of a capacity step (:func:`step_untrusted
   them throughput, goodput, queueing and capacity).
 - ``client_limited`` (a capacity step's verdict): the load generator could not deliver
   the step's load, so none of that step's numbers decides anything.
+- ``client_stalled``: the load generator's event loop stalled (:mod:`jobs.load.stalls`:
+  a wake-up at least 0.1 s late) long enough to move at least :data:`STALLED_REQUESTS` of
+  the measured requests by a tenth of their E2EL or TTFT
+  (``client_stalled_request_fraction``), or for at least :data:`STALLED_TIME` of the
+  measured phase (``client_stall_s`` over ``duration``): the client could not keep up,
+  so its clocks and its pace measured itself, not the server. Every number of the run.
 
 Not applicable is not a taint and never 0: :data:`NOT_APPLICABLE` names what a run
 cannot have (the prefix cache hit rate of a run with prefix caching off); such a
@@ -50,6 +56,21 @@ BURST_GAP_S = 1e-4
 BURSTY = 0.5
 #: With token bursts, a client TTFT this much (ms) above the server's flags TTFT too.
 TTFT_LAG_MS = 20.0
+#: A client stall overlapping at least this share of the measured requests flags the run
+#: (a p99 moves when 1 % of the requests move).
+STALLED_REQUESTS = 0.01
+#: Client stalls adding up to at least this share of the measured phase flag the run (no
+#: request went out meanwhile: the throughputs lose up to as much).
+STALLED_TIME = 0.05
+#: The stored run metrics :func:`run_trust` reads.
+TRUST_METRICS = (
+    "itl_burst_fraction",
+    "mean_ttft_client_minus_server_ms",
+    "client_stall_s",
+    "max_client_stall_ms",
+    "client_stalled_request_fraction",
+    "duration",
+)
 
 #: Every number of the run (or step).
 ALL = "*"
@@ -62,6 +83,7 @@ TAINTS: dict[str, frozenset[str]] = {
     "client_ttft_lag": frozenset({"ttft"}),
     "warm_cache": frozenset({ALL}),
     "client_limited": frozenset({ALL}),
+    "client_stalled": frozenset({ALL}),
 }
 
 #: Metrics computed from others, by the quantities they are computed from.
@@ -209,6 +231,9 @@ def run_trust(
             flags["client_ttft_lag"] = (
                 f"token bursts: the client's TTFT is {lag:.0f} ms above the server's"
             )
+    stalled = client_stalled(metrics)
+    if stalled is not None:
+        flags["client_stalled"] = stalled
     if cache_contamination == "contaminated":
         flags["warm_cache"] = (
             "measured on a warm prefix cache: the reset before its measured requests left "
@@ -222,6 +247,33 @@ def run_trust(
         capacity_objectives=(
             None if capacity_objectives is None else frozenset(capacity_objectives)
         ),
+    )
+
+
+def client_stalled(metrics: Mapping[str, Any]) -> str | None:
+    """Why the run's client could not keep up (the ``client_stalled`` flag's evidence), or
+    None: its stalls moved :data:`STALLED_REQUESTS` of the measured requests or added up
+    to :data:`STALLED_TIME` of the measured phase. None for a run without the stall
+    metrics (stored before the runner watched its client, or a load in worker processes)."""
+    share = finite_number(metrics.get("client_stalled_request_fraction"))
+    total = finite_number(metrics.get("client_stall_s"))
+    longest = finite_number(metrics.get("max_client_stall_ms"))
+    duration = finite_number(metrics.get("duration"))
+    if share is None or total is None or longest is None:
+        return None
+    of_time = total / duration if duration else None
+    if share < STALLED_REQUESTS and (of_time is None or of_time < STALLED_TIME):
+        return None
+    time_part = f", {of_time:.0%} of the measured phase" if of_time is not None else ""
+    moved = (
+        f", long enough to move {share:.0%} of the measured requests' latencies by a tenth or more"
+        if share > 0
+        else ""
+    )
+    return (
+        f"the load generator stalled: its event loop could not run for {total:.2f} s in all "
+        f"(longest {longest / 1000.0:.2f} s{time_part}){moved}, so its timings and its pace "
+        "measured the client, not the server"
     )
 
 

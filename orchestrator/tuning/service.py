@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestrator.analysis.trust import not_applicable_of, run_trust
+from orchestrator.analysis.trust import TRUST_METRICS, not_applicable_of, run_trust
 from orchestrator.campaigns.loop import Campaign as CoreCampaign
 from orchestrator.campaigns.outcomes import OrderHook, Outcome, Phase, PlannedRun
 from orchestrator.campaigns.space import show_level
@@ -169,15 +169,11 @@ def _keep_orders(row: Campaign, orders: RoundOrders) -> None:
     row.result = {**(row.result or {}), "order": orders.kept}
 
 
-#: The stored run metrics the findings read (:func:`orchestrator.analysis.trust.run_trust`).
-_TRUST_METRICS = ("itl_burst_fraction", "mean_ttft_client_minus_server_ms")
-
-
 def _metric_names(request: CampaignRequest) -> list[str]:
     """The stored run metrics a campaign decides from: its objective's, its constraints'
     and what the findings that may flag them read."""
     named = [request.objective.metric, *(c.metric for c in request.constraints)]
-    return [*(stored_metric(m) for m in named), *_TRUST_METRICS]
+    return [*(stored_metric(m) for m in named), *TRUST_METRICS]
 
 
 def _seconds(hours: float | None) -> float | None:

@@ -187,3 +187,23 @@ def test_token_bursts_warn_about_the_measurement_first() -> None:
     assert "TTFT is 65 ms above the server's" in found[0].message
     assert "server_mean_ttft_ms" in found[0].action
     assert run_findings(r, {**r["metrics"], "itl_burst_fraction": 0.2}) == []
+
+
+def test_a_stalled_load_generator_is_said_first_with_its_evidence() -> None:
+    """The trial's supervisor SIGSTOPped for 11 s in a 38.6 s run: a finding, ranked with
+    the other measurement warnings; a run whose client kept up has none."""
+    r = _run()
+    stalled = {
+        **r["metrics"],
+        "duration": 38.6,
+        "client_stall_s": 11.1,
+        "max_client_stall_ms": 11090.0,
+        "client_stalled_request_fraction": 0.02,
+    }
+    found = run_findings(r, stalled)
+    assert [f.code for f in found] == ["client_stalled"]
+    assert "11.09 s" in found[0].message and "29% of the measured phase" in found[0].message
+    assert found[0].evidence["client_stall_s"] == 11.1
+    assert "VLLM_CPU_OMP_THREADS_BIND" in str(found[0].action)
+    kept_up = {**stalled, "client_stall_s": 0.2, "client_stalled_request_fraction": 0.0}
+    assert run_findings(r, kept_up) == []

@@ -16,6 +16,8 @@ from orchestrator.analysis.compare import METRICS, RunData, VariantRef, compare_
 from orchestrator.analysis.findings import findings
 from orchestrator.analysis.trust import (
     BURSTY,
+    STALLED_REQUESTS,
+    STALLED_TIME,
     TAINTS,
     burst_fraction,
     objectives_of_capacity,
@@ -194,3 +196,40 @@ def test_hit_rate_without_prefix_caching_is_not_applicable_never_zero() -> None:
     found = findings(by_variant, {"baseline": ref, "apc-on": var}, refs, n_boot=N_BOOT)
     (flat,) = [f for f in found if f.code == "hit_rate_up_e2e_flat"]
     assert flat.message.startswith("prefix cache hit rate rose from n/a (off) to 0.90")
+
+
+def _stalls(share: float, total_s: float, duration: float = 40.0) -> dict[str, float]:
+    return {
+        "duration": duration,
+        "client_stall_s": total_s,
+        "max_client_stall_ms": total_s * 1000.0,
+        "client_stalled_request_fraction": share,
+    }
+
+
+def test_a_stalled_client_gives_no_verdict_on_any_number() -> None:
+    """The load generator's stalls moved 1 % of the requests, or took 5 % of the phase:
+    every metric of the run is untrusted; under both, or without the stall metrics (runs
+    stored before the runner watched its client), nothing is flagged."""
+    assert TAINTS["client_stalled"] == {"*"}
+    by_requests = run_trust("r", _stalls(STALLED_REQUESTS, 0.3))
+    by_time = run_trust("r", _stalls(0.0, STALLED_TIME * 40.0))
+    for flags in (by_requests, by_time):
+        assert all(flags.reason(m.name) for m in METRICS) and flags.reason("capacity")
+        assert "the load generator stalled" in str(flags.reason("output_throughput"))
+    assert "5% of the measured phase)," in str(by_time.reason("median_e2el_ms"))
+    assert "requests' latencies" not in str(by_time.reason("median_e2el_ms"))
+    assert "move 1% of the measured requests'" in str(by_requests.reason("median_e2el_ms"))
+    below = _stalls(STALLED_REQUESTS - 0.001, STALLED_TIME * 40.0 - 0.01)
+    assert not run_trust("r", below).flags
+    assert not run_trust("r", {"duration": 40.0}).flags
+
+    ref = [run("b", i, [req(0.1 + 0.01 * k) for k in range(8)], _stalls(0.0, 0.0)) for i in (0, 1)]
+    var = [run("v", i, [req(0.05 + 0.01 * k) for k in range(8)]) for i in (0, 1)]
+    clean = {c.metric: c for c in compare_variant(var, ref, n_boot=N_BOOT)}
+    assert clean["median_ttft_ms"].verdict == "better"
+    var[1] = var[1].model_copy(update={"metrics": _stalls(0.05, 11.1)})
+    comps = {c.metric: c for c in compare_variant(var, ref, n_boot=N_BOOT)}
+    ttft = comps["median_ttft_ms"]
+    assert ttft.verdict == "untrusted" and ttft.ratio is None
+    assert str(ttft.untrusted_reason).startswith("variant run v-1: the load generator stalled")
