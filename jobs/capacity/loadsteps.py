@@ -406,7 +406,9 @@ async def drive(
         if m.client_cpu_s is not None and m.duration_s > 0:
             signals.client_cpu = m.client_cpu_s / m.duration_s
             signals.client_workers = m.client_workers or 1
-        m.step = search.record(load, m.records, signals, m.duration_s, plan=plan, cut=m.cut)
+        m.step = search.record(
+            load, m.records, signals, m.duration_s, plan=plan, cut=m.cut, stalls=m.stalls
+        )
         m.records = mark_step_warmup(m.records, plan)
         m.measured_s = measured_wall([r for r in m.records if not r.warmup])
         report(f"{label}: {m.step.verdict}")

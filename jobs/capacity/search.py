@@ -397,6 +397,7 @@ class CapacitySearch:
         *,
         plan: StepPlan | None = None,
         cut: bool = False,
+        stalls: Sequence[tuple[float, float]] | None = None,
     ) -> CapacityStep:
         """Decide one measured step at ``load`` and move the search on.
 
@@ -410,6 +411,8 @@ class CapacitySearch:
             plan: how the step was driven (default :meth:`plan` of ``load``).
             cut: the step was cut ``drain_s`` after its last arrival; its planned
                 requests without a record count as failed.
+            stalls: the load generator's stalls during the step (:class:`jobs.load.stalls.
+                LoopWatch`; None: not watched): enough of them make it ``client_limited``.
 
         Returns:
             The step as stored (also in :meth:`result`'s ``steps``).
@@ -426,6 +429,7 @@ class CapacitySearch:
             client_cpu=signals.client_cpu,
             client_workers=signals.client_workers,
             client_ceiling=self.client_ceiling,
+            stalls=stalls,
         )
         if not self._steps:  # the first step's first request found the server idle
             self.unloaded_s = unloaded_time(records, "min") or self.unloaded_s

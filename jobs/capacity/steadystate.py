@@ -62,7 +62,10 @@ the arrived count falls short of the asked one by more than :data:`ARRIVAL_SHORT
 (and 2 requests) with more client lag than slot wait; client lag p90 over
 ``max(``:data:`CLIENT_LAG_FLOOR_MS` ``, 2 mean gaps)``; the load generator's CPU at
 :data:`CLIENT_CPU_BUSY` of a core per process or more (``client_cpu / client_workers``);
-the step's load above a known ``client_ceiling`` (req/s).
+the step's load above a known ``client_ceiling`` (req/s); the load generator's own
+stalls (:func:`jobs.load.stalls.step_stall_limit`: its event loop could not run long
+enough to move 1 % of the measured requests by a tenth, or for 5 % of the measured part;
+watched when the load runs on the runner's event loop).
 
 **Server evidence** (listed in the step's ``saturation_evidence``): failed requests
 over 5 % (errors, timeouts, requests cut by the drain limit), the server's waiting queue
@@ -90,6 +93,7 @@ from jobs.capacity.stepplan import (  # re-exported: capacity_spec imports them 
     StepPlan,
     unloaded_time,
 )
+from jobs.load.stalls import step_stall_limit
 
 __all__ = [
     "Growth",
@@ -356,12 +360,14 @@ def analyze(
     client_cpu: float | None = None,
     client_workers: int | None = None,
     client_ceiling: float | None = None,
+    stalls: Sequence[tuple[float, float]] | None = None,
 ) -> StepDynamics:
     """The step's steadiness signals and client limits (rules in the module docstring).
 
     ``records``: the step's records (earlier warm-ups, ``warmup=True``, are ignored);
     ``client_cpu``: load-generator CPU seconds per wall second over the step, summed
-    over its ``client_workers`` processes.
+    over its ``client_workers`` processes; ``stalls``: the load generator's stalls
+    (:class:`jobs.load.stalls.LoopWatch`, on the records' clock; None: not watched).
     """
     load = [r for r in records if not r.warmup]
     out = StepDynamics()
@@ -385,6 +391,8 @@ def analyze(
         out.too_short = f"{len(when)} measured request(s)"
         return out
     t_w, t_e = min(when), max(when)
+    if stalls is not None and (stalled := step_stall_limit(stalls, out.measured, (t_w, t_e))):
+        out.client_limits.append(stalled)
     length = t_e - t_w
     out.measured_s = length
     if length <= 0:

@@ -21,10 +21,21 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from jobs.schemas import RequestRecord
+if TYPE_CHECKING:  # jobs.schemas imports the capacity search, which imports this module
+    from jobs.schemas import RequestRecord
 
-__all__ = ["STALL_S", "STALL_SHARE", "TICK_S", "LoopWatch", "stall_metrics"]
+__all__ = [
+    "STALLED_REQUESTS",
+    "STALLED_TIME",
+    "STALL_S",
+    "STALL_SHARE",
+    "TICK_S",
+    "LoopWatch",
+    "stall_metrics",
+    "step_stall_limit",
+]
 
 #: How often the watch wakes (s).
 TICK_S = 0.05
@@ -33,6 +44,12 @@ STALL_S = 0.1
 #: A stall moves a request's numbers when it is at least this share of its E2EL (or,
 #: overlapping its wait for the first token, of its TTFT).
 STALL_SHARE = 0.1
+#: A capacity step is ``client_limited`` when its stalls moved this share of its measured
+#: requests or took this share of its measured part (:func:`step_stall_limit`): the rule
+#: ``orchestrator.analysis.trust.client_stalled`` applies to a run (its
+#: ``STALLED_REQUESTS`` and ``STALLED_TIME``; jobs imports nothing of ours).
+STALLED_REQUESTS = 0.01
+STALLED_TIME = 0.05
 
 
 class LoopWatch:
@@ -100,3 +117,29 @@ def stall_metrics(
         "max_client_stall_ms": max((end - begin for begin, end in stalls), default=0.0) * 1000.0,
         "client_stalled_request_fraction": hit / len(measured),
     }
+
+
+def step_stall_limit(
+    stalls: Sequence[tuple[float, float]],
+    measured: Sequence[RequestRecord],
+    window: tuple[float, float],
+) -> str | None:
+    """Why a capacity step's load generator, not its server, set its numbers (a
+    ``client_limited`` step), or None: its stalls inside the measured part ``window``
+    (``(first, last)`` due time or start of the ``measured`` requests) moved
+    :data:`STALLED_REQUESTS` of them or took :data:`STALLED_TIME` of the window."""
+    if not measured:
+        return None
+    first, last = window
+    inside = [(max(a, first), min(b, last)) for a, b in stalls if a < last and b > first]
+    total = sum(b - a for a, b in inside)
+    share = sum(1 for r in measured if _stalled_upon(r, stalls)) / len(measured)
+    of_time = total / (last - first) if last > first else 0.0
+    if share < STALLED_REQUESTS and of_time < STALLED_TIME:
+        return None
+    longest = max((b - a for a, b in stalls), default=0.0)
+    return (
+        f"the load generator stalled: its event loop could not run for {total:.2f} s of the "
+        f"measured part ({of_time:.0%}; longest stall {longest:.2f} s), long enough to move "
+        f"{share:.0%} of the measured requests' latencies by a tenth or more"
+    )

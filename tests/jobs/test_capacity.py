@@ -651,3 +651,26 @@ def test_noisy_stub_reports_uncertain_not_a_wrong_capacity() -> None:
         assert result.capacity is None and result.note, trace
     else:
         assert result.status in ("found", "below_min"), trace
+
+
+def test_a_step_whose_load_generator_stalled_is_client_limited_not_failed() -> None:
+    """The same steady step passes; with a 1 s stall of the load generator in the middle of
+    its measured part (its event loop could not run: a stopped or starved client) it is
+    ``client_limited``, with the stall as the reason, never a fail blamed on the server.
+    Stalls that moved no request and took under 5 % of the part change nothing."""
+    spec = CapacitySpec.model_validate({**TTFT_SPEC, "min": 1, "max": 10, "remeasure": 0})
+    search = CapacitySearch(spec)
+    plan = search.plan(1)
+    records = _steady(plan, _noisy(50, 5))
+    measured = [r for r in records if r.index >= plan.warmup_requests]
+    middle = measured[len(measured) // 2].start_s
+    assert CapacitySearch(spec).record(1, records, StepSignals(), plan=plan).verdict == "pass"
+    step = CapacitySearch(spec).record(
+        1, records, StepSignals(), plan=plan, stalls=[(middle - 0.5, middle + 0.5)]
+    )
+    assert step.verdict == "client_limited"
+    assert "the load generator stalled" in str(step.client_limit)
+    # a 0.15 s stall between requests (each 100 ms long, 1 s apart): none moved, 0.3 %
+    gap = (measured[0].start_s + 0.5, measured[0].start_s + 0.65)
+    quiet = CapacitySearch(spec).record(1, records, StepSignals(), plan=plan, stalls=[gap])
+    assert quiet.verdict == "pass"
