@@ -2,18 +2,30 @@
 
 Every time the load generator takes (a request's start, each streamed chunk's arrival)
 is read on its event loop. When that loop cannot run (the process stopped, starved of
-CPU by the engine beside it, a long garbage collection, swapped out), the requests in
-flight keep their clocks running and no new request goes out: the latencies of those
-requests and the phase's throughput then measure the client, not the server. Nothing
-in the records says so by itself (the same gap comes from a slow engine step), so
-:class:`LoopWatch` measures it directly: a task on the same loop that wakes every
-:data:`TICK_S` seconds and notes each wake-up at least :data:`STALL_S` late as a stall
-``(start_s, end_s)`` on the records' clock.
+CPU by the engine beside it, a long garbage collection, swapped out), the chunks that
+arrive meanwhile are timed when it runs again, and no new request goes out: the
+latencies of those requests and the phase's pace then measure the client, not the
+server. Nothing in the records says so by itself (the same gap comes from a slow engine
+step), so :class:`LoopWatch` measures it directly: a task on the same loop that wakes
+every :data:`TICK_S` seconds and notes each wake-up at least :data:`STALL_S` late as a
+stall ``(a, b]`` on the records' clock (``a`` when it was due, ``b`` when it ran).
 
-:func:`stall_metrics` turns the stalls and the phase's records into the run's numbers
-(``client_stall_s``, ``max_client_stall_ms``, ``client_stalled_request_fraction``);
-which of them make a run's numbers untrustworthy is
-:func:`orchestrator.analysis.trust.run_trust`'s to say (flag ``client_stalled``).
+Which requests a stall moved: asyncio runs the I/O callbacks an iteration found ready
+before its due timers, so a chunk that arrived while the loop could not run is timed in
+``(a, b]``. A request is *moved* when its first token or its last chunk was timed in a
+stall at least :data:`STALL_SHARE` of its TTFT or E2EL long (chunks in between move its
+ITL, not its TTFT or E2EL). A stall that only delayed a request's start moved the pace,
+not that request's latency (its clock starts when it is sent).
+
+:func:`stall_metrics` gives the run's numbers (``client_stall_s``,
+``max_client_stall_ms``, ``client_stalled_requests``, ``client_stalled_request_fraction``);
+:func:`stall_reason` the rule that makes them matter, applied to a capacity step here and
+to a run by :func:`orchestrator.analysis.trust.client_stalled` (the same rule and
+thresholds: jobs imports nothing of ours): the stalls took :data:`STALLED_TIME` of the
+measured phase (its pace), or moved :data:`STALLED_REQUESTS` of the measured requests and
+at least :data:`MIN_STALLED_REQUESTS` (a central percentile or a mean can move), or one
+of them lasted :data:`LONG_STALL_S` or more and moved a request (a tail off by a second
+or more).
 """
 
 from __future__ import annotations
@@ -27,6 +39,8 @@ if TYPE_CHECKING:  # jobs.schemas imports the capacity search, which imports thi
     from jobs.schemas import RequestRecord
 
 __all__ = [
+    "LONG_STALL_S",
+    "MIN_STALLED_REQUESTS",
     "STALLED_REQUESTS",
     "STALLED_TIME",
     "STALL_S",
@@ -34,6 +48,7 @@ __all__ = [
     "TICK_S",
     "LoopWatch",
     "stall_metrics",
+    "stall_reason",
     "step_stall_limit",
 ]
 
@@ -41,15 +56,17 @@ __all__ = [
 TICK_S = 0.05
 #: A wake-up at least this late (s) is a stall: the loop could not run for that long.
 STALL_S = 0.1
-#: A stall moves a request's numbers when it is at least this share of its E2EL (or,
-#: overlapping its wait for the first token, of its TTFT).
+#: A stall moves a request when it is at least this share of the TTFT (first token
+#: timed in it) or the E2EL (last chunk timed in it).
 STALL_SHARE = 0.1
-#: A capacity step is ``client_limited`` when its stalls moved this share of its measured
-#: requests or took this share of its measured part (:func:`step_stall_limit`): the rule
-#: ``orchestrator.analysis.trust.client_stalled`` applies to a run (its
-#: ``STALLED_REQUESTS`` and ``STALLED_TIME``; jobs imports nothing of ours).
-STALLED_REQUESTS = 0.01
+#: Stalls adding up to this share of the measured phase matter (its pace).
 STALLED_TIME = 0.05
+#: Stalls that moved this share of the measured requests, and at least
+#: :data:`MIN_STALLED_REQUESTS` of them, matter (a mean or a central percentile can move).
+STALLED_REQUESTS = 0.05
+MIN_STALLED_REQUESTS = 2
+#: A stall this long (s) that moved a request matters (a tail off by a second or more).
+LONG_STALL_S = 1.0
 
 
 class LoopWatch:
@@ -75,25 +92,20 @@ class LoopWatch:
             due = now + self.tick_s
 
 
-def _stalled_upon(record: RequestRecord, stalls: Sequence[tuple[float, float]]) -> bool:
-    """Whether a stall may have moved ``record``'s numbers by at least
-    :data:`STALL_SHARE`: one overlapping its span (its due time in an open loop, else its
-    start, to its last chunk) at least that share of its E2EL, or overlapping its TTFT
-    (start to first token) at least that share of its TTFT. A request with no E2EL
-    (failed) is never: it has no latency to move."""
+def _moved(record: RequestRecord, stalls: Sequence[tuple[float, float]]) -> bool:
+    """Whether a stall moved ``record``'s TTFT or E2EL (module docstring); a request with
+    no E2EL (failed) has no latency to move."""
     if record.e2el_s is None:
         return False
-    due = record.scheduled_s
-    begin = record.start_s if due is None else min(due, record.start_s)
     end = record.start_s + record.e2el_s
-    first = None if record.ttft_s is None else record.start_s + record.ttft_s
+    ttft = record.ttft_s
+    first = None if ttft is None else record.start_s + ttft
     for a, b in stalls:
-        if a >= end or b <= begin:
-            continue
         length = b - a
-        if length >= STALL_SHARE * record.e2el_s:
+        if a < end <= b and length >= STALL_SHARE * record.e2el_s:
             return True
-        if first is not None and a < first and length >= STALL_SHARE * (record.ttft_s or 0.0):
+        in_ttft = first is not None and ttft is not None and a < first <= b
+        if in_ttft and length >= STALL_SHARE * (ttft or 0.0):
             return True
     return False
 
@@ -105,18 +117,41 @@ def stall_metrics(
 
     - ``client_stall_s``: the stalls' summed length (s);
     - ``max_client_stall_ms``: the longest stall (ms; 0 without one);
-    - ``client_stalled_request_fraction``: the share of the measured requests a stall may
-      have moved by :data:`STALL_SHARE` of their E2EL or TTFT (:func:`_stalled_upon`).
+    - ``client_stalled_requests`` / ``client_stalled_request_fraction``: the measured
+      requests a stall moved (:func:`_moved`), as a count and a share of the measured.
     """
     measured = [r for r in records if not r.warmup]
     if not measured:
         return {}
-    hit = sum(1 for r in measured if _stalled_upon(r, stalls))
+    moved = sum(1 for r in measured if _moved(r, stalls))
     return {
-        "client_stall_s": float(sum(end - begin for begin, end in stalls)),
-        "max_client_stall_ms": max((end - begin for begin, end in stalls), default=0.0) * 1000.0,
-        "client_stalled_request_fraction": hit / len(measured),
+        "client_stall_s": float(sum(b - a for a, b in stalls)),
+        "max_client_stall_ms": max((b - a for a, b in stalls), default=0.0) * 1000.0,
+        "client_stalled_requests": float(moved),
+        "client_stalled_request_fraction": moved / len(measured),
     }
+
+
+def stall_reason(
+    total_s: float, longest_s: float, moved: int, measured: int, phase_s: float | None
+) -> str | None:
+    """Why stalls make a phase's numbers the client's (module docstring's rule), or None."""
+    of_time = total_s / phase_s if phase_s else None
+    share = moved / measured if measured else 0.0
+    if not (
+        (of_time is not None and of_time >= STALLED_TIME)
+        or (share >= STALLED_REQUESTS and moved >= MIN_STALLED_REQUESTS)
+        or (longest_s >= LONG_STALL_S and moved >= 1)
+    ):
+        return None
+    time_part = f"; {of_time:.1%} of the measured phase" if of_time is not None else ""
+    return (
+        f"the load generator stalled: its event loop could not run for {total_s:.2f} s in "
+        f"all (longest {longest_s:.2f} s{time_part}), and {moved} of {measured} measured "
+        f"requests ({share:.1%}) had their first token or last chunk timed at the end of a "
+        "stall of a tenth of that latency or more, so its timings and its pace measured "
+        "the client, not the server"
+    )
 
 
 def step_stall_limit(
@@ -125,21 +160,17 @@ def step_stall_limit(
     window: tuple[float, float],
 ) -> str | None:
     """Why a capacity step's load generator, not its server, set its numbers (a
-    ``client_limited`` step), or None: its stalls inside the measured part ``window``
-    (``(first, last)`` due time or start of the ``measured`` requests) moved
-    :data:`STALLED_REQUESTS` of them or took :data:`STALLED_TIME` of the window."""
+    ``client_limited`` step), or None: :func:`stall_reason` over the stalls inside the
+    measured part ``window`` (``(first, last)`` due time or start of the ``measured``)."""
     if not measured:
         return None
     first, last = window
     inside = [(max(a, first), min(b, last)) for a, b in stalls if a < last and b > first]
-    total = sum(b - a for a, b in inside)
-    share = sum(1 for r in measured if _stalled_upon(r, stalls)) / len(measured)
-    of_time = total / (last - first) if last > first else 0.0
-    if share < STALLED_REQUESTS and of_time < STALLED_TIME:
-        return None
-    longest = max((b - a for a, b in stalls), default=0.0)
-    return (
-        f"the load generator stalled: its event loop could not run for {total:.2f} s of the "
-        f"measured part ({of_time:.0%}; longest stall {longest:.2f} s), long enough to move "
-        f"{share:.0%} of the measured requests' latencies by a tenth or more"
+    moved = sum(1 for r in measured if _moved(r, stalls))
+    return stall_reason(
+        sum(b - a for a, b in inside),
+        max((b - a for a, b in stalls), default=0.0),
+        moved,
+        len(measured),
+        last - first if last > first else None,
     )

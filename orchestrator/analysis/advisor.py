@@ -285,6 +285,7 @@ def _measurement_findings(
                     for k in (
                         "client_stall_s",
                         "max_client_stall_ms",
+                        "client_stalled_requests",
                         "client_stalled_request_fraction",
                         "duration",
                     )

@@ -24,12 +24,15 @@ Flags of a run (:func:`run_trust`) and of a capacity step (:func:`step_untrusted
   them throughput, goodput, queueing and capacity).
 - ``client_limited`` (a capacity step's verdict): the load generator could not deliver
   the step's load, so none of that step's numbers decides anything.
-- ``client_stalled``: the load generator's event loop stalled (:mod:`jobs.load.stalls`:
-  a wake-up at least 0.1 s late) long enough to move at least :data:`STALLED_REQUESTS` of
-  the measured requests by a tenth of their E2EL or TTFT
-  (``client_stalled_request_fraction``), or for at least :data:`STALLED_TIME` of the
-  measured phase (``client_stall_s`` over ``duration``): the client could not keep up,
-  so its clocks and its pace measured itself, not the server. Every number of the run.
+- ``client_stalled``: the load generator's event loop stalled (:mod:`jobs.load.stalls`: a
+  wake-up at least 0.1 s late; a request is *moved* when its first token or last chunk was
+  timed at the end of a stall of a tenth of that latency or more) and the stalls took
+  :data:`STALLED_TIME` of the measured phase, or moved :data:`STALLED_REQUESTS` of the
+  measured requests and at least :data:`MIN_STALLED_REQUESTS`, or one lasted
+  :data:`LONG_STALL_S` and moved a request: the client could not keep up, so its clocks
+  and its pace measured itself. Every number the client times or paces (latencies,
+  throughputs, goodput, the load the server saw: queue, KV cache, energy); not the
+  prefix cache hit rate, which counts the server's cache lookups whatever the pace.
 
 Not applicable is not a taint and never 0: :data:`NOT_APPLICABLE` names what a run
 cannot have (the prefix cache hit rate of a run with prefix caching off); such a
@@ -56,18 +59,23 @@ BURST_GAP_S = 1e-4
 BURSTY = 0.5
 #: With token bursts, a client TTFT this much (ms) above the server's flags TTFT too.
 TTFT_LAG_MS = 20.0
-#: A client stall overlapping at least this share of the measured requests flags the run
-#: (a p99 moves when 1 % of the requests move).
-STALLED_REQUESTS = 0.01
-#: Client stalls adding up to at least this share of the measured phase flag the run (no
-#: request went out meanwhile: the throughputs lose up to as much).
+#: Client stalls adding up to this share of the measured phase flag the run (no request
+#: went out meanwhile: the throughputs lose up to as much). The rule and its thresholds
+#: are ``jobs.load.stalls.stall_reason``'s (a capacity step's); analysis imports no jobs.
 STALLED_TIME = 0.05
+#: Stalls that moved this share of the measured requests, and at least
+#: :data:`MIN_STALLED_REQUESTS`, flag the run (a mean or a central percentile can move).
+STALLED_REQUESTS = 0.05
+MIN_STALLED_REQUESTS = 2
+#: A stall this long (s) that moved a request flags the run (a tail off by a second).
+LONG_STALL_S = 1.0
 #: The stored run metrics :func:`run_trust` reads.
 TRUST_METRICS = (
     "itl_burst_fraction",
     "mean_ttft_client_minus_server_ms",
     "client_stall_s",
     "max_client_stall_ms",
+    "client_stalled_requests",
     "client_stalled_request_fraction",
     "duration",
 )
@@ -83,7 +91,24 @@ TAINTS: dict[str, frozenset[str]] = {
     "client_ttft_lag": frozenset({"ttft"}),
     "warm_cache": frozenset({ALL}),
     "client_limited": frozenset({ALL}),
-    "client_stalled": frozenset({ALL}),
+    # every quantity but the prefix cache hit rate (quantities() names a metric's own)
+    "client_stalled": LATENCY
+    | {
+        "output_throughput",
+        "request_throughput",
+        "total_token_throughput",
+        "request_goodput",
+        "goodput_fraction",
+        "kv_cache_usage_peak",
+        "num_requests_waiting_peak",
+        "server_mean_queue_ms",
+        "server_mean_prefill_ms",
+        "server_mean_decode_ms",
+        "energy_per_output_token_j",
+        "gpu_mean_power_w",
+        "gpu_mean_utilization_pct",
+        "output_tokens_per_s_per_user",
+    },
 }
 
 #: Metrics computed from others, by the quantities they are computed from.
@@ -252,28 +277,33 @@ def run_trust(
 
 def client_stalled(metrics: Mapping[str, Any]) -> str | None:
     """Why the run's client could not keep up (the ``client_stalled`` flag's evidence), or
-    None: its stalls moved :data:`STALLED_REQUESTS` of the measured requests or added up
-    to :data:`STALLED_TIME` of the measured phase. None for a run without the stall
-    metrics (stored before the runner watched its client, or a load in worker processes)."""
-    share = finite_number(metrics.get("client_stalled_request_fraction"))
+    None (the rule in the module docstring, as ``jobs.load.stalls.stall_reason``). None
+    for a run without the stall metrics (stored before the runner watched its client, or
+    a capacity search's: its steps are judged instead)."""
     total = finite_number(metrics.get("client_stall_s"))
-    longest = finite_number(metrics.get("max_client_stall_ms"))
+    longest_ms = finite_number(metrics.get("max_client_stall_ms"))
+    moved = finite_number(metrics.get("client_stalled_requests"))
+    share = finite_number(metrics.get("client_stalled_request_fraction"))
+    if total is None or longest_ms is None or moved is None or share is None:
+        return None
     duration = finite_number(metrics.get("duration"))
-    if share is None or total is None or longest is None:
-        return None
     of_time = total / duration if duration else None
-    if share < STALLED_REQUESTS and (of_time is None or of_time < STALLED_TIME):
+    longest = longest_ms / 1000.0
+    if not (
+        (of_time is not None and of_time >= STALLED_TIME)
+        or (share >= STALLED_REQUESTS and moved >= MIN_STALLED_REQUESTS)
+        or (longest >= LONG_STALL_S and moved >= 1)
+    ):
         return None
-    time_part = f", {of_time:.0%} of the measured phase" if of_time is not None else ""
-    moved = (
-        f", long enough to move {share:.0%} of the measured requests' latencies by a tenth or more"
-        if share > 0
-        else ""
-    )
+    measured = round(moved / share) if share > 0 else None
+    of_measured = f" of {measured}" if measured is not None else ""
+    time_part = f"; {of_time:.1%} of the measured phase" if of_time is not None else ""
     return (
-        f"the load generator stalled: its event loop could not run for {total:.2f} s in all "
-        f"(longest {longest / 1000.0:.2f} s{time_part}){moved}, so its timings and its pace "
-        "measured the client, not the server"
+        f"the load generator stalled: its event loop could not run for {total:.2f} s in "
+        f"all (longest {longest:.2f} s{time_part}), and {moved:.0f}{of_measured} measured "
+        f"requests ({share:.1%}) had their first token or last chunk timed at the end of a "
+        "stall of a tenth of that latency or more, so its timings and its pace measured "
+        "the client, not the server"
     )
 
 

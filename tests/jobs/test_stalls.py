@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from jobs.load.stalls import STALL_S, STALL_SHARE, TICK_S, LoopWatch, stall_metrics
+from jobs.load.stalls import (
+    STALL_S,
+    STALL_SHARE,
+    TICK_S,
+    LoopWatch,
+    stall_metrics,
+    stall_reason,
+)
 from jobs.run.runner import execute_batch
 from jobs.schemas import Progress, RequestRecord
 from orchestrator.analysis.trust import run_trust
@@ -54,30 +61,50 @@ def test_a_blocked_loop_is_one_stall_on_the_records_clock() -> None:
     assert all(b - a >= STALL_S for a, b in watch.stalls)
 
 
-def test_stall_numbers_count_only_requests_a_stall_may_have_moved() -> None:
+def test_a_stall_moves_the_requests_it_timed_by_a_tenth_of_their_latency() -> None:
+    """A request is moved when its first token or last chunk was timed at the end of a
+    stall ``(a, b]`` at least a tenth of its TTFT or E2EL long; a stall it was merely in
+    flight through (its chunks timed later) or one that only delayed its start is not."""
     stalls = [(10.0, 10.5)]  # 0.5 s
-    long_request = _rec(5.0, e2el=8.0, ttft=4.0)  # 0.5 s is 6 % of its 8 s, after its TTFT
-    short_request = _rec(9.8, e2el=1.0, ttft=0.5)  # 50 % of its E2EL
-    ttft_hit = _rec(9.0, e2el=20.0, ttft=2.0)  # 2.5 % of E2EL, 25 % of its TTFT window
-    before = _rec(1.0, e2el=2.0, ttft=0.5)  # ended before the stall
-    due_in_stall = _rec(10.6, e2el=1.0, ttft=0.2, scheduled_s=10.2)  # open loop, sent late
+    ended_in_it = _rec(9.8, e2el=0.6, ttft=0.1)  # last chunk timed at 10.4: 0.5 >= 0.06
+    first_in_it = _rec(9.0, e2el=20.0, ttft=1.2)  # first token at 10.2: 0.5 >= 0.12
+    through_it = _rec(5.0, e2el=8.0, ttft=4.0)  # first at 9.0, last at 13.0: not moved
+    long_end = _rec(4.6, e2el=5.8, ttft=5.4)  # both in it, but 0.5 < a tenth of 5.8 / 5.4
+    started_late = _rec(10.5, e2el=1.0, ttft=0.2, scheduled_s=10.1)  # open loop, sent late
     failed = _rec(10.1, e2el=None)  # no latency to move, counted among the measured
-    warmup = _rec(10.1, e2el=0.5, warmup=True)  # not measured
+    warmup = _rec(9.9, e2el=0.5, warmup=True)  # not measured
     got = stall_metrics(
-        stalls, [long_request, short_request, ttft_hit, before, due_in_stall, failed, warmup]
+        stalls, [ended_in_it, first_in_it, through_it, long_end, started_late, failed, warmup]
     )
     assert got["client_stall_s"] == pytest.approx(0.5)
     assert got["max_client_stall_ms"] == pytest.approx(500.0)
-    # short_request, ttft_hit and due_in_stall of 6 measured
-    assert got["client_stalled_request_fraction"] == pytest.approx(3 / 6)
-    assert STALL_SHARE == 0.1  # the 6 % / 25 % cases above sit either side of it
-    clean = stall_metrics([], [long_request, short_request])
+    assert got["client_stalled_requests"] == 2  # ended_in_it and first_in_it, of 6
+    assert got["client_stalled_request_fraction"] == pytest.approx(2 / 6)
+    assert STALL_SHARE == 0.1
+    clean = stall_metrics([], [ended_in_it, first_in_it])
     assert clean == {
         "client_stall_s": 0.0,
         "max_client_stall_ms": 0.0,
+        "client_stalled_requests": 0.0,
         "client_stalled_request_fraction": 0.0,
     }
     assert stall_metrics(stalls, [warmup]) == {}
+
+
+def test_the_rule_that_makes_stalls_matter() -> None:
+    """Stalls matter when they took 5 % of the phase, or moved 5 % of the measured requests
+    and two or more, or one of a second or more moved a request; a demo run's one 0.1 s
+    hiccup that moved 1 of 16 requests does not."""
+    assert stall_reason(0.2, 0.1, 1, 16, 14.75) is None  # the trial's demo run
+    assert stall_reason(0.88, 0.225, 1, 60, 40.0) is None
+    by_time = stall_reason(0.75, 0.2, 0, 60, 14.75)  # 5.1 % of the phase
+    assert by_time is not None and "5.1% of the measured phase" in by_time
+    assert stall_reason(0.3, 0.2, 2, 40, 60.0) is not None  # 5 % and two requests
+    assert stall_reason(0.3, 0.2, 2, 41, 60.0) is None  # 4.9 %
+    assert stall_reason(5.66, 5.02, 1, 60, 366.0) is not None  # a 5 s SIGSTOP, 1 moved
+    assert stall_reason(5.66, 5.02, 0, 60, 366.0) is None  # it moved nothing
+    text = str(stall_reason(5.66, 5.02, 1, 60, 366.0))
+    assert "1.5% of the measured phase" in text and "1 of 60 measured requests (1.7%)" in text
 
 
 def test_a_run_whose_client_stalls_says_so_and_gives_no_verdict(
@@ -85,9 +112,9 @@ def test_a_run_whose_client_stalls_says_so_and_gives_no_verdict(
 ) -> None:
     """Through the runner on a fake engine (8 tokens, 5 ms apart): the progress report of
     the third measured request blocks the runner's event loop for 0.6 s, as a stopped or
-    starved supervisor would; the request in flight beside it is moved by far more than a
-    tenth of its E2EL. The run still succeeds (what was measured is kept) but its stall
-    numbers say so and no comparison takes a verdict from it."""
+    starved supervisor would: half the measured phase or more. The run still succeeds
+    (what was measured is kept) but its stall numbers say so and no comparison takes a
+    verdict from it."""
     blocked: list[float] = []
 
     def progress(p: Progress) -> None:
@@ -107,7 +134,9 @@ def test_a_run_whose_client_stalls_says_so_and_gives_no_verdict(
     m = result.metrics
     assert m["client_stall_s"] >= 0.6 - 2 * TICK_S
     assert m["max_client_stall_ms"] >= (0.6 - 2 * TICK_S) * 1000.0
-    assert m["client_stalled_request_fraction"] >= 0.1  # the one beside it, of 10
+    # the request in flight beside it ended during the stall (timed at its end) or before
+    assert m["client_stalled_requests"] in (0, 1)
+    assert m["client_stalled_request_fraction"] == m["client_stalled_requests"] / 10
     trust = run_trust(result.run_id, m)
     assert "client_stalled" in trust.flags
     assert trust.reason("median_ttft_ms") and trust.reason("request_throughput")

@@ -198,12 +198,20 @@ def test_a_stalled_load_generator_is_said_first_with_its_evidence() -> None:
         "duration": 38.6,
         "client_stall_s": 11.1,
         "max_client_stall_ms": 11090.0,
+        "client_stalled_requests": 1.0,
         "client_stalled_request_fraction": 0.02,
     }
     found = run_findings(r, stalled)
     assert [f.code for f in found] == ["client_stalled"]
-    assert "11.09 s" in found[0].message and "29% of the measured phase" in found[0].message
+    assert "11.09 s" in found[0].message and "28.8% of the measured phase" in found[0].message
+    assert "1 of 50 measured requests (2.0%)" in found[0].message
     assert found[0].evidence["client_stall_s"] == 11.1
     assert "VLLM_CPU_OMP_THREADS_BIND" in str(found[0].action)
-    kept_up = {**stalled, "client_stall_s": 0.2, "client_stalled_request_fraction": 0.0}
+    kept_up = {
+        **stalled,
+        "client_stall_s": 0.2,
+        "max_client_stall_ms": 101.0,
+        "client_stalled_requests": 1.0,
+        "client_stalled_request_fraction": 1 / 16,
+    }
     assert run_findings(r, kept_up) == []
