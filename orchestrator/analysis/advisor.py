@@ -266,7 +266,15 @@ def _measurement_findings(
                 },
             )
         )
-    stalled = client_stalled(metrics) if run.get("status") == "succeeded" else None
+    if run.get("status") == "succeeded":
+        out += _stall_findings(rid, metrics)
+    return out
+
+
+def _stall_findings(rid: str, metrics: Mapping[str, float]) -> list[Advice]:
+    """A load generator that stalled (:func:`orchestrator.analysis.trust.client_stalled`)."""
+    stalled = client_stalled(metrics)
+    out: list[Advice] = []
     if stalled is not None:
         out.append(
             Advice(
@@ -278,7 +286,7 @@ def _measurement_findings(
                 action=(
                     "measure again with the load generator on cores the engine does not use "
                     "(VLLM_CPU_OMP_THREADS_BIND) or on another node, and nothing else "
-                    "competing for its CPU; no comparison takes a verdict from this run"
+                    "competing for its CPU; nothing its client timed gives a verdict"
                 ),
                 evidence={
                     k: metrics.get(k)

@@ -270,8 +270,8 @@ def _retry_reasons(
 def _flagged(run: Run, metrics: dict[str, dict[str, float]], metric: str) -> str | None:
     """Why a finding withholds ``run``'s ``metric`` from any verdict
     (:mod:`orchestrator.analysis.trust`: token bursts, the client's TTFT lag, a warm prefix
-    cache, a load generator that stalled), each finding by name and its evidence (``client_ttft_lag: ...; ...``); None
-    when nothing flags it."""
+    cache, a load generator that stalled), each finding by name and its evidence
+    (``client_ttft_lag: ...; ...``); None when nothing flags it."""
     warm = (run.engine_info or {}).get("cache_contamination") or {}
     trust = run_trust(
         run.id,
