@@ -21,11 +21,14 @@ not that request's latency (its clock starts when it is sent).
 ``max_client_stall_ms``, ``client_stalled_requests``, ``client_stalled_request_fraction``);
 :func:`stall_reason` the rule that makes them matter, applied to a capacity step here and
 to a run by :func:`orchestrator.analysis.trust.client_stalled` (the same rule and
-thresholds: jobs imports nothing of ours): the stalls took :data:`STALLED_TIME` of the
-measured phase (its pace), or moved :data:`STALLED_REQUESTS` of the measured requests and
-at least :data:`MIN_STALLED_REQUESTS` (a central percentile or a mean can move), or one
-of them lasted :data:`LONG_STALL_S` or more and moved a request (a tail off by a second
-or more).
+thresholds: jobs imports nothing of ours): the loop lost :data:`LOST_S` or more in all,
+and the stalls took :data:`STALLED_TIME` of the measured phase (its pace), or moved
+:data:`STALLED_REQUESTS` of the measured requests and at least
+:data:`MIN_STALLED_REQUESTS` (a central percentile or a mean can move), or one of them
+lasted :data:`LONG_STALL_S` or more and moved a request (a tail off by a second or more).
+Less than :data:`LOST_S` in all is stored and shown, never flagged: a shared machine
+takes a tenth of a second from a process here and there, and requests lasting
+milliseconds (a stub engine's, a test's) would be "moved" by every one of them.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ if TYPE_CHECKING:  # jobs.schemas imports the capacity search, which imports thi
 
 __all__ = [
     "LONG_STALL_S",
+    "LOST_S",
     "MIN_STALLED_REQUESTS",
     "STALLED_REQUESTS",
     "STALLED_TIME",
@@ -67,6 +71,8 @@ STALLED_REQUESTS = 0.05
 MIN_STALLED_REQUESTS = 2
 #: A stall this long (s) that moved a request matters (a tail off by a second or more).
 LONG_STALL_S = 1.0
+#: Stalls adding up to less than this (s) never matter (module docstring).
+LOST_S = 1.0
 
 
 class LoopWatch:
@@ -138,7 +144,7 @@ def stall_reason(
     """Why stalls make a phase's numbers the client's (module docstring's rule), or None."""
     of_time = total_s / phase_s if phase_s else None
     share = moved / measured if measured else 0.0
-    if not (
+    if total_s < LOST_S or not (
         (of_time is not None and of_time >= STALLED_TIME)
         or (share >= STALLED_REQUESTS and moved >= MIN_STALLED_REQUESTS)
         or (longest_s >= LONG_STALL_S and moved >= 1)

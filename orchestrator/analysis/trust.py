@@ -26,8 +26,9 @@ Flags of a run (:func:`run_trust`) and of a capacity step (:func:`step_untrusted
   the step's load, so none of that step's numbers decides anything.
 - ``client_stalled``: the load generator's event loop stalled (:mod:`jobs.load.stalls`: a
   wake-up at least 0.1 s late; a request is *moved* when its first token or last chunk was
-  timed at the end of a stall of a tenth of that latency or more) and the stalls took
-  :data:`STALLED_TIME` of the measured phase, or moved :data:`STALLED_REQUESTS` of the
+  timed at the end of a stall of a tenth of that latency or more), the loop lost
+  :data:`LOST_S` or more in all, and the stalls took :data:`STALLED_TIME` of the measured
+  phase, or moved :data:`STALLED_REQUESTS` of the
   measured requests and at least :data:`MIN_STALLED_REQUESTS`, or one lasted
   :data:`LONG_STALL_S` and moved a request: the client could not keep up, so its clocks
   and its pace measured itself. Every number the client times or paces (latencies,
@@ -69,6 +70,9 @@ STALLED_REQUESTS = 0.05
 MIN_STALLED_REQUESTS = 2
 #: A stall this long (s) that moved a request flags the run (a tail off by a second).
 LONG_STALL_S = 1.0
+#: Stalls adding up to less than this (s) never flag a run: a shared machine takes a
+#: tenth of a second from a process here and there (the numbers stay stored and shown).
+LOST_S = 1.0
 #: The stored run metrics :func:`run_trust` reads.
 TRUST_METRICS = (
     "itl_burst_fraction",
@@ -289,7 +293,7 @@ def client_stalled(metrics: Mapping[str, Any]) -> str | None:
     duration = finite_number(metrics.get("duration"))
     of_time = total / duration if duration else None
     longest = longest_ms / 1000.0
-    if not (
+    if total < LOST_S or not (
         (of_time is not None and of_time >= STALLED_TIME)
         or (share >= STALLED_REQUESTS and moved >= MIN_STALLED_REQUESTS)
         or (longest >= LONG_STALL_S and moved >= 1)

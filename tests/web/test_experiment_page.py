@@ -193,6 +193,10 @@ def test_real_experiment_header_and_ladder(
     expect(apc.locator("td.change")).to_have_text("enable_prefix_caching:false → true")
     expect(apc.locator("td.ref")).to_have_text("baseline")
     expect(rows.nth(0).locator("td.change")).to_have_text("baseline")
+    # the caption names every flag that greys a value, a stalled load generator too
+    expect(page.locator("#ladder-section p.muted").first).to_contain_text(
+        "(token bursts for TPOT and ITL, a warm prefix cache, a load generator that stalled)"
+    )
     screenshot(page, "experiment")
 
 

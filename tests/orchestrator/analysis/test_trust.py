@@ -17,6 +17,7 @@ from orchestrator.analysis.findings import findings
 from orchestrator.analysis.trust import (
     BURSTY,
     LONG_STALL_S,
+    LOST_S,
     MIN_STALLED_REQUESTS,
     STALLED_REQUESTS,
     STALLED_TIME,
@@ -211,12 +212,14 @@ def _stalls(moved: int, measured: int, total_s: float, longest_s: float) -> dict
 
 
 def test_a_stalled_client_gives_no_verdict_on_what_it_timed_or_paced() -> None:
-    """The load generator's stalls took 5 % of the phase, or moved 5 % of the requests and
-    two or more, or one of a second moved a request: every number the client timed or
-    paced is untrusted, not the prefix cache hit rate. A 0.1 s hiccup that moved 1 of 16
-    requests (the README demo's run), or runs stored before the watch, flag nothing."""
+    """The load generator lost a second or more in all and its stalls took 5 % of the
+    phase, or moved 5 % of the requests and two or more, or one of a second moved a
+    request: every number the client timed or paced is untrusted, not the prefix cache hit
+    rate. A 0.1 s hiccup that moved 1 of 16 requests (the README demo's run), 0.9 s of
+    hiccups that moved most of a stub run's requests, or runs stored before the watch,
+    flag nothing."""
     by_time = run_trust("r", _stalls(0, 60, STALLED_TIME * 40.0, 0.3))
-    by_requests = run_trust("r", _stalls(MIN_STALLED_REQUESTS, 40, 0.3, 0.2))
+    by_requests = run_trust("r", _stalls(MIN_STALLED_REQUESTS, 40, LOST_S, 0.2))
     by_length = run_trust("r", _stalls(1, 60, LONG_STALL_S, LONG_STALL_S))
     for flags in (by_time, by_requests, by_length):
         for m in METRICS:
@@ -229,7 +232,8 @@ def test_a_stalled_client_gives_no_verdict_on_what_it_timed_or_paced() -> None:
     assert STALLED_REQUESTS == 0.05
     for quiet in (
         _stalls(1, 16, 0.2, 0.1),  # one request, short
-        _stalls(MIN_STALLED_REQUESTS, 41, 0.3, 0.2),  # 4.9 %
+        _stalls(MIN_STALLED_REQUESTS, 41, LOST_S, 0.2),  # 4.9 %
+        _stalls(20, 24, 0.9, 0.3),  # 83 % moved, under a second lost in all
         _stalls(0, 60, 1.5, 1.5),  # a long stall (3.8 % of the phase) that moved nothing
     ):
         assert not run_trust("r", quiet).flags, quiet
