@@ -174,7 +174,8 @@ def list_schedule_fires(
     A fired sweep whose runs are all terminal is compared with the previous
     completed sweep of the schedule, variant by variant (same name): a metric
     whose 95 % bootstrap interval lies on the bad side and whose change passes the
-    regression floor (5 %: :mod:`orchestrator.analysis.regression`) is a regression
+    regression floor (5 %: :mod:`orchestrator.analysis.regression`) is a regression, a
+    smaller worse change is listed in ``under_floor``
     (:func:`orchestrator.schedules.service.sweep_regressions`; computed on read).
     """
     sched = schedule_service.get_schedule(session, schedule_id)

@@ -181,6 +181,13 @@ class FireOut(FireBrief):
     comparison: str
     compared_with: dict[str, Any] | None
     regressions: list[Regression]
+    under_floor: list[Regression] = Field(
+        default_factory=list,
+        description=(
+            "worse verdicts (a capacity: lower) smaller than the regression floor (5 %): "
+            "not regressions, listed so that nothing worse goes unsaid"
+        ),
+    )
     withheld: list[Withheld] = Field(
         default_factory=list,
         description="metrics with no verdict: flagged untrustworthy for a compared run",

@@ -319,7 +319,8 @@ def sweep_regressions(
     "compared",
     "compared_with": {"fire_time", "experiment_id"} | None, "regressions":
     [{"variant", "metric", "unit", "reference_value", "value", "ratio", "ci_low",
-    "ci_high", "ci_of", "statement"}], "withheld": [{"variant", "metric", "reason"}]}``.
+    "ci_high", "ci_of", "statement"}], "under_floor": [the same shape], "withheld":
+    [{"variant", "metric", "reason"}]}``.
     ``pending`` while the sweep has unfinished runs.
     For each variant name in both sweeps, the new runs (variant side) are
     compared with the previous sweep's runs of that name (reference side) by
@@ -328,10 +329,11 @@ def sweep_regressions(
     (:data:`orchestrator.analysis.regression.MIN_CHANGE`, 5 %: the point ratio at or
     beyond ``1.05``, or ``1 / 1.05`` for a higher-is-better metric;
     :func:`orchestrator.analysis.regression.is_regression`) is a regression; a smaller
-    worse change is not, and is not listed (``withheld`` is for untrusted metrics
-    only). A metric a flag of either sweep's runs taints (token bursts, a warm prefix
-    cache: :mod:`orchestrator.analysis.trust`) has no verdict and is listed in
-    ``withheld`` with the reason, never as a regression. Capacity under SLOs too:
+    worse change is not, and is listed in ``under_floor`` (the same shape), so nothing
+    worse goes unsaid (``withheld`` is for untrusted metrics only). A metric a flag of
+    either sweep's runs taints (token bursts, a warm prefix cache, a stalled client:
+    :mod:`orchestrator.analysis.trust`) has no verdict and is listed in ``withheld``
+    with the reason, never as a regression. Capacity under SLOs too:
     where both sweeps' runs of a variant stored capacity searches, the new
     capacity is compared with the previous one by
     :func:`orchestrator.analysis.capacity_compare.compare_capacity` and a ``lower`` verdict
@@ -341,9 +343,15 @@ def sweep_regressions(
     ``reference_value``/``value`` None where a side has no mean capacity, ``statement``
     with the bounds) is a regression with
     ``metric`` ``"capacity"``, ``unit`` the search variable's (``requests/s`` or
-    ``concurrent requests``) and ``ci_of`` ``"ratio"``. Computed on read.
+    ``concurrent requests``) and ``ci_of`` ``"ratio"`` (a smaller ``lower``: in
+    ``under_floor``). Computed on read.
     """
-    empty: dict[str, Any] = {"compared_with": None, "regressions": [], "withheld": []}
+    empty: dict[str, Any] = {
+        "compared_with": None,
+        "regressions": [],
+        "under_floor": [],
+        "withheld": [],
+    }
     if fire.campaign_id is not None:  # a campaign's fire: its movement says what changed
         return {"comparison": "not_a_sweep", **empty}
     if fire.status != "fired" or fire.experiment_id is None:
@@ -363,35 +371,33 @@ def sweep_regressions(
     new, old = runs_as_data(session, list(exp.runs)), runs_as_data(session, list(prev_exp.runs))
     new_caps = capacity_repeats(list(exp.runs), new)
     old_caps = capacity_repeats(list(prev_exp.runs), old)
-    regressions: list[dict[str, Any]] = []
-    withheld: list[dict[str, Any]] = []
+    lists: dict[str, list[dict[str, Any]]] = {"regressions": [], "under_floor": [], "withheld": []}
     for variant in [v["name"] for v in exp.variants if v["name"] in old]:
         metric_sides = (new.get(variant, []), old[variant])
         capacity_sides = (new_caps.get(variant, []), old_caps.get(variant, []))
-        found, held = _regressions_of(variant, metric_sides, capacity_sides, n_boot)
-        regressions += found
-        withheld += held
+        for key, rows in _regressions_of(variant, metric_sides, capacity_sides, n_boot).items():
+            lists[key] += rows
     return {
         "comparison": "compared",
         "compared_with": {"fire_time": prev_fire.fire_time, "experiment_id": prev_exp.id},
-        "regressions": regressions,
-        "withheld": withheld,
+        **lists,
     }
 
 
 def _regressions_of(
     variant: str, metric_sides: tuple[Any, Any], capacity_sides: tuple[Any, Any], n_boot: int
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """One variant's regressions and withheld metrics, new side against the previous
-    sweep's: every metric (:func:`compare_variant`), then the capacity when both sides
-    stored capacity searches."""
-    regressions: list[dict[str, Any]] = []
-    withheld: list[dict[str, Any]] = []
+) -> dict[str, list[dict[str, Any]]]:
+    """One variant's ``regressions``, worse changes ``under_floor`` and ``withheld``
+    metrics, new side against the previous sweep's: every metric
+    (:func:`compare_variant`), then the capacity when both sides stored capacity searches."""
+    out: dict[str, list[dict[str, Any]]] = {"regressions": [], "under_floor": [], "withheld": []}
+    withheld = out["withheld"]
     for c in compare_variant(*metric_sides, n_boot=n_boot, seed=0):
         if not c.trustworthy:
             withheld.append({"variant": variant, "metric": c.metric, "reason": c.untrusted_reason})
-        elif is_regression(c.direction, c.verdict, c.ratio):
-            regressions.append(
+        elif c.verdict == "worse":
+            key = "regressions" if is_regression(c.direction, c.verdict, c.ratio) else "under_floor"
+            out[key].append(
                 {
                     "variant": variant,
                     "metric": c.metric,
@@ -406,12 +412,12 @@ def _regressions_of(
                 }
             )
     if not (_searched(capacity_sides[0]) and _searched(capacity_sides[1])):
-        return regressions, withheld
+        return out
     cap = compare_capacity(*capacity_sides)
     if not cap.trustworthy:
         withheld.append({"variant": variant, "metric": "capacity", "reason": cap.untrusted_reason})
-    elif capacity_regression(cap):
-        regressions.append(
+    elif cap.verdict == "lower":
+        out["regressions" if capacity_regression(cap) else "under_floor"].append(
             {
                 "variant": variant,
                 "metric": "capacity",
@@ -425,7 +431,7 @@ def _regressions_of(
                 "statement": _capacity_statement(cap),
             }
         )
-    return regressions, withheld
+    return out
 
 
 def _capacity_statement(cap: CapacityComparison) -> str:

@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session
 
 from api.deps import SessionDep
 from orchestrator.analysis.compare import METRICS_BY_NAME
+from orchestrator.analysis.regression import MIN_CHANGE, percent
 from orchestrator.core.models import Schedule, ScheduleFire
 from orchestrator.core.repositories import (
     ExperimentRepository,
@@ -202,6 +203,9 @@ def fire_view(session: Session, sched: Schedule, fire: ScheduleFire) -> dict[str
         "comparison": check["comparison"],
         "compared_with": compared_with,
         "regressions": [_regression_row(r) for r in check["regressions"]],
+        # worse, but by less than the regression floor: said, never a regression
+        "under_floor": [_regression_row(r) for r in check.get("under_floor", [])],
+        "floor": percent(MIN_CHANGE),
         # metrics a flag of a compared run taints: no verdict, never a regression
         "withheld": [
             {**w, "label": metric_label(METRICS_BY_NAME[w["metric"]])}

@@ -487,3 +487,13 @@ def test_a_worse_change_under_the_floor_is_no_regression(
     assert ("apc-on", "output_throughput") in listed and ("apc-on", "median_ttft_ms") in listed
     assert not any(v == "baseline" for v, _ in listed)
     assert newest["withheld"] == []  # withheld is for untrusted metrics only
+    # ... but said: the baseline's worse changes under the floor, none of apc-on's
+    under = {(r["variant"], r["metric"]): r for r in newest["under_floor"]}
+    assert ("baseline", "output_throughput") in under and ("baseline", "p99_ttft_ms") in under
+    assert under["baseline", "output_throughput"]["ratio"] == pytest.approx(0.05 / 0.0501)
+    assert not any(v == "apc-on" for v, _ in under)
+    assert not set(under) & listed
+    page = client.get(f"/schedules/{sched.id}").text
+    assert f"{len(under)} metrics worse by less than the 5 % regression floor" in page
+    assert 'class="under-floor-row" data-metric="output_throughput" data-variant="baseline"' in page
+    assert "×0.998 [0.998, 0.998]" in page
