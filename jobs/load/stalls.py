@@ -10,12 +10,15 @@ step), so :class:`LoopWatch` measures it directly: a task on the same loop that 
 every :data:`TICK_S` seconds and notes each wake-up at least :data:`STALL_S` late as a
 stall ``(a, b]`` on the records' clock (``a`` when it was due, ``b`` when it ran).
 
-Which requests a stall moved: asyncio runs the I/O callbacks an iteration found ready
-before its due timers, so a chunk that arrived while the loop could not run is timed in
-``(a, b]``. A request is *moved* when its first token or its last chunk was timed in a
-stall at least :data:`STALL_SHARE` of its TTFT or E2EL long (chunks in between move its
-ITL, not its TTFT or E2EL). A stall that only delayed a request's start moved the pace,
-not that request's latency (its clock starts when it is sent).
+Which requests a stall moved: a chunk that arrived while the loop could not run is timed
+once the loop runs again, at the end of the stall or just after it (the watch's late
+timer and the backlog of reads share the iterations after ``b``: a trial timed every
+request in flight through a 3 s stop 0.4-6 ms after ``b``). A request is *moved* when it
+was sent before the stall ended and its first token or its last chunk was timed in
+``(a, b +`` :data:`CATCH_UP_S` ``]``, with the stall at least :data:`STALL_SHARE` of its
+TTFT or E2EL long (chunks in between move its ITL, not its TTFT or E2EL). A stall that
+only delayed a request's start moved the pace, not that request's latency (its clock
+starts when it is sent).
 
 :func:`stall_metrics` gives the run's numbers (``client_stall_s``,
 ``max_client_stall_ms``, ``client_stalled_requests``, ``client_stalled_request_fraction``);
@@ -42,6 +45,7 @@ if TYPE_CHECKING:  # jobs.schemas imports the capacity search, which imports thi
     from jobs.schemas import RequestRecord
 
 __all__ = [
+    "CATCH_UP_S",
     "LONG_STALL_S",
     "LOST_S",
     "MIN_STALLED_REQUESTS",
@@ -63,6 +67,8 @@ STALL_S = 0.1
 #: A stall moves a request when it is at least this share of the TTFT (first token
 #: timed in it) or the E2EL (last chunk timed in it).
 STALL_SHARE = 0.1
+#: How long after a stall's end (s) what arrived during it may still be timed (one tick).
+CATCH_UP_S = TICK_S
 #: Stalls adding up to this share of the measured phase matter (its pace).
 STALLED_TIME = 0.05
 #: Stalls that moved this share of the measured requests, and at least
@@ -107,10 +113,12 @@ def _moved(record: RequestRecord, stalls: Sequence[tuple[float, float]]) -> bool
     ttft = record.ttft_s
     first = None if ttft is None else record.start_s + ttft
     for a, b in stalls:
-        length = b - a
-        if a < end <= b and length >= STALL_SHARE * record.e2el_s:
+        if record.start_s >= b:  # sent after it: its clock started after the stall
+            continue
+        length, until = b - a, b + CATCH_UP_S
+        if a < end <= until and length >= STALL_SHARE * record.e2el_s:
             return True
-        in_ttft = first is not None and ttft is not None and a < first <= b
+        in_ttft = first is not None and ttft is not None and a < first <= until
         if in_ttft and length >= STALL_SHARE * (ttft or 0.0):
             return True
     return False

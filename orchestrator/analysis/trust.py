@@ -299,15 +299,24 @@ def client_stalled(metrics: Mapping[str, Any]) -> str | None:
         or (longest >= LONG_STALL_S and moved >= 1)
     ):
         return None
-    measured = round(moved / share) if share > 0 else None
-    of_measured = f" of {measured}" if measured is not None else ""
     time_part = f"; {of_time:.1%} of the measured phase" if of_time is not None else ""
+    if moved >= 1:
+        measured = round(moved / share) if share > 0 else None
+        of_measured = f" of {measured}" if measured is not None else ""
+        timed = (
+            f"{moved:.0f}{of_measured} measured requests ({share:.1%}) had their first "
+            "token or last chunk timed at the end of a stall of a tenth of that latency or "
+            "more"
+        )
+    else:
+        timed = (
+            "no measured request was timed at the end of one, but no request goes out "
+            "while the loop cannot run"
+        )
     return (
         f"the load generator stalled: its event loop could not run for {total:.2f} s in "
-        f"all (longest {longest:.2f} s{time_part}), and {moved:.0f}{of_measured} measured "
-        f"requests ({share:.1%}) had their first token or last chunk timed at the end of a "
-        "stall of a tenth of that latency or more, so its timings and its pace measured "
-        "the client, not the server"
+        f"all (longest {longest:.2f} s{time_part}), and {timed}, so its timings and its "
+        "pace measured the client, not the server"
     )
 
 

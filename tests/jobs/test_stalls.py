@@ -62,9 +62,10 @@ def test_a_blocked_loop_is_one_stall_on_the_records_clock() -> None:
 
 
 def test_a_stall_moves_the_requests_it_timed_by_a_tenth_of_their_latency() -> None:
-    """A request is moved when its first token or last chunk was timed at the end of a
-    stall ``(a, b]`` at least a tenth of its TTFT or E2EL long; a stall it was merely in
-    flight through (its chunks timed later) or one that only delayed its start is not."""
+    """A request sent before a stall ``(a, b]`` ended is moved when its first token or
+    last chunk was timed at its end (up to a tick after ``b``), the stall at least a tenth
+    of its TTFT or E2EL long; a stall it was merely in flight through (its chunks timed
+    later) or one that only delayed its start is not."""
     stalls = [(10.0, 10.5)]  # 0.5 s
     ended_in_it = _rec(9.8, e2el=0.6, ttft=0.1)  # last chunk timed at 10.4: 0.5 >= 0.06
     first_in_it = _rec(9.0, e2el=20.0, ttft=1.2)  # first token at 10.2: 0.5 >= 0.12
@@ -73,13 +74,21 @@ def test_a_stall_moves_the_requests_it_timed_by_a_tenth_of_their_latency() -> No
     started_late = _rec(10.5, e2el=1.0, ttft=0.2, scheduled_s=10.1)  # open loop, sent late
     failed = _rec(10.1, e2el=None)  # no latency to move, counted among the measured
     warmup = _rec(9.9, e2el=0.5, warmup=True)  # not measured
+    # timed just after the stall's end, as a trial timed every request in flight through a
+    # 3 s stop (the backlog of reads after the loop's return): moved
+    caught_up = _rec(9.9, e2el=0.602)  # last chunk timed at 10.502
+    # sent once the loop ran again, its first token 10 ms later: its clock began after it
+    sent_after = _rec(10.501, e2el=0.3, ttft=0.01)
     got = stall_metrics(
-        stalls, [ended_in_it, first_in_it, through_it, long_end, started_late, failed, warmup]
+        stalls,
+        [ended_in_it, first_in_it, through_it, long_end, started_late, failed, warmup]
+        + [caught_up, sent_after],
     )
     assert got["client_stall_s"] == pytest.approx(0.5)
     assert got["max_client_stall_ms"] == pytest.approx(500.0)
-    assert got["client_stalled_requests"] == 2  # ended_in_it and first_in_it, of 6
-    assert got["client_stalled_request_fraction"] == pytest.approx(2 / 6)
+    # ended_in_it, first_in_it and caught_up, of 8
+    assert got["client_stalled_requests"] == 3
+    assert got["client_stalled_request_fraction"] == pytest.approx(3 / 8)
     assert STALL_SHARE == 0.1
     clean = stall_metrics([], [ended_in_it, first_in_it])
     assert clean == {
@@ -137,7 +146,8 @@ def test_a_run_whose_client_stalls_says_so_and_gives_no_verdict(
     m = result.metrics
     assert m["client_stall_s"] >= 1.2 - 2 * TICK_S
     assert m["max_client_stall_ms"] >= (1.2 - 2 * TICK_S) * 1000.0
-    # the request in flight beside it ended during the stall (timed at its end) or before
+    # the request in flight beside it ended during the stall (timed at its end: moved, its
+    # 40 ms E2EL a tenth of 1.2 s many times over) or before it
     assert m["client_stalled_requests"] in (0, 1)
     assert m["client_stalled_request_fraction"] == m["client_stalled_requests"] / 10
     trust = run_trust(result.run_id, m)

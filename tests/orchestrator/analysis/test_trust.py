@@ -228,6 +228,9 @@ def test_a_stalled_client_gives_no_verdict_on_what_it_timed_or_paced() -> None:
         assert flags.reason("capacity")
         assert "the load generator stalled" in str(flags.reason("output_throughput"))
     assert "5.0% of the measured phase" in str(by_time.reason("median_e2el_ms"))
+    # it moved no request: said so, never "0 measured requests (0.0%)"
+    assert "no measured request was timed at the end of one" in str(by_time.reason("mean_itl_ms"))
+    assert "0 measured" not in str(by_time.reason("median_e2el_ms"))
     assert "2 of 40 measured requests (5.0%)" in str(by_requests.reason("median_e2el_ms"))
     assert STALLED_REQUESTS == 0.05
     for quiet in (
