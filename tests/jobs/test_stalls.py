@@ -146,9 +146,9 @@ def test_a_run_whose_client_stalls_says_so_and_gives_no_verdict(
     m = result.metrics
     assert m["client_stall_s"] >= 1.2 - 2 * TICK_S
     assert m["max_client_stall_ms"] >= (1.2 - 2 * TICK_S) * 1000.0
-    # the request in flight beside it ended during the stall (timed at its end: moved, its
-    # 40 ms E2EL a tenth of 1.2 s many times over) or before it
-    assert m["client_stalled_requests"] in (0, 1)
+    # how many requests the stalls moved depends on the machine: the request in flight
+    # beside the block (if it was still out), and on a loaded machine those that other
+    # 0.1 s stalls moved (4 of 10 in one CI: the fake engine's requests last 40 ms)
     assert m["client_stalled_request_fraction"] == m["client_stalled_requests"] / 10
     trust = run_trust(result.run_id, m)
     assert "client_stalled" in trust.flags

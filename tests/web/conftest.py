@@ -93,7 +93,9 @@ def browser() -> Iterator[Browser]:
 @pytest.fixture
 def page(browser: Browser) -> Iterator[Page]:
     """A fresh page (1400x900); the test fails on any console error, page error or
-    failed request it saw."""
+    failed request it saw, but a request the page itself gave up (``net::ERR_ABORTED``:
+    a fetch still out when the test leaves the page or the page polls again; a server
+    that fails answers with a status or drops the connection, never this)."""
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     pg = context.new_page()
     problems: list[str] = []
@@ -102,8 +104,18 @@ def page(browser: Browser) -> Iterator[Page]:
         lambda m: problems.append(f"console.error: {m.text}") if m.type == "error" else None,
     )
     pg.on("pageerror", lambda e: problems.append(f"pageerror: {e}"))
-    pg.on("requestfailed", lambda r: problems.append(f"requestfailed: {r.url} {r.failure}"))
+    pg.on(
+        "requestfailed",
+        lambda r: (
+            None
+            if r.failure == "net::ERR_ABORTED"
+            else problems.append(f"requestfailed: {r.url} {r.failure}")
+        ),
+    )
     pg.set_default_timeout(15_000)
+    # a page's first load on a 2-core machine running the suite beside real vLLM took over
+    # 15 s once in CI; what a test waits for after it keeps 15 s
+    pg.set_default_navigation_timeout(45_000)
     allowed: list[str] = []
     pg._vlab_allowed_errors = allowed  # type: ignore[attr-defined]
     yield pg
